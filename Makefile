@@ -1,0 +1,34 @@
+# Everything a fresh machine needs: a virtual environment from the lock file, the
+# anon binary from its npm package, and (at run time) an embedded PostgreSQL.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install anon run test lint bench clean
+
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+anon: $(STAMP)
+	$(BIN)/comfyveil anon install
+
+run: install anon
+	$(BIN)/comfyveil run
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: install anon
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

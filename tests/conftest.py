@@ -1,0 +1,59 @@
+"""Shared fixtures: a clean environment and a guard against leaving loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = [
+    "tests.fixtures.comfy",
+    "tests.fixtures.database",
+    "tests.fixtures.anyone",
+    "tests.fixtures.telegram",
+]
+
+DATA_DIR = Path(__file__).parent / "data"
+OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
+
+
+@pytest.fixture(autouse=True)
+def _clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test sees the developer's configuration, database or token."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("COMFYVEIL_") or name in {"DATABASE_URL", "ANON_BINARY"}:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COMFYVEIL_DATA_DIR", str(tmp_path / "comfyveil-data"))
+
+
+_real_connect = socket.socket.connect
+
+
+def _is_local(address: object) -> bool:
+    if isinstance(address, (str, bytes)):  # AF_UNIX
+        return True
+    host = address[0] if isinstance(address, tuple) else address
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail any test whose process opens a socket to a non-loopback address."""
+
+    def guarded_connect(self: socket.socket, address: object) -> object:
+        if not _is_local(address):
+            pytest.fail(f"network access outside loopback refused: {address!r}")
+        return _real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    yield
