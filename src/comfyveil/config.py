@@ -32,11 +32,12 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_JOB_TIMEOUT = 1800.0  # seconds a job may run on a GPU before it is failed
 
 
-def default_data_dir() -> Path:
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where comfyveil keeps its embedded database, anon state and outputs."""
-    if env := os.environ.get("COMFYVEIL_DATA_DIR"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    env = os.environ if environ is None else environ
+    if data_dir := env.get("COMFYVEIL_DATA_DIR"):
+        return Path(data_dir).expanduser()
+    base = env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "comfyveil"
 
 
@@ -95,7 +96,7 @@ class WorkerConfig:
 @dataclass(frozen=True)
 class AnyoneConfig:
     enabled: bool = True  # start anon when a backend needs it
-    binary: Path | None = None  # else ANON_BINARY, else the one `comfyveil anon install` put in data_dir
+    binary: Path | None = None  # else ANON_BINARY, else what `comfyveil anon install` put
     socks: str | None = None  # "127.0.0.1:PORT" of an anon/Tor the operator runs; we start none
     control: str | None = None  # "127.0.0.1:PORT" of that daemon's control port
     cookie_file: Path | None = None
@@ -171,7 +172,7 @@ def from_mapping(
         {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
          "workflows"},
     )
-    data_dir = _path(top["data_dir"], base) if "data_dir" in top else default_data_dir()
+    data_dir = _path(top["data_dir"], base) if "data_dir" in top else default_data_dir(env)
 
     db = _take(top.get("database", {}), "database", {"url", "data_dir"})
     database = DatabaseConfig(
@@ -221,8 +222,12 @@ def from_mapping(
     if len(set(names)) != len(names):
         raise ConfigError("two backends have the same name; give each [[backends]] its own name")
 
-    limits = LimitsConfig(**_take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__)))
-    worker = WorkerConfig(**_take(top.get("worker", {}), "worker", set(WorkerConfig.__annotations__)))
+    limits = LimitsConfig(
+        **_take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__))
+    )
+    worker = WorkerConfig(
+        **_take(top.get("worker", {}), "worker", set(WorkerConfig.__annotations__))
+    )
     an = _take(
         top.get("anyone", {}), "anyone",
         {"enabled", "binary", "socks", "control", "cookie_file", "telegram"},

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from comfyveil import config
+from comfyveil.errors import ConfigError
+
+
+def test_defaults_without_a_file_point_at_local_comfyui(tmp_path: Path) -> None:
+    settings = config.load(environ={"COMFYVEIL_DATA_DIR": str(tmp_path)})
+    (backend,) = settings.backend_list()
+    assert backend.url == "http://127.0.0.1:8188"
+    assert settings.database.url is None
+    assert settings.database_dir == tmp_path / "postgres"
+
+
+def test_full_file_is_read_and_relative_paths_resolve_beside_it(tmp_path: Path) -> None:
+    token = tmp_path / "bot.token"
+    token.write_text("123:SECRET\n")
+    token.chmod(0o600)
+    cfg = tmp_path / "comfyveil.toml"
+    cfg.write_text(
+        """
+data_dir = "state"
+[telegram]
+token_file = "bot.token"
+admins = [1]
+allow = [2, -100]
+[[backends]]
+name = "gpu0"
+url = "http://127.0.0.1:8188/"
+[[backends]]
+name = "remote"
+url = "http://abc.anon"
+auth_key_file = "keys/remote.auth_private"
+[limits]
+daily_quota = 5
+"""
+    )
+    settings = config.load(cfg, environ={})
+    assert settings.data_dir == tmp_path / "state"
+    assert settings.telegram.token == "123:SECRET"
+    assert settings.telegram.admins == (1,)
+    assert [b.name for b in settings.backends] == ["gpu0", "remote"]
+    assert settings.backends[0].url == "http://127.0.0.1:8188"
+    assert settings.backends[1].auth_key_file == tmp_path / "keys/remote.auth_private"
+    assert settings.limits.daily_quota == 5
+    assert "SECRET" not in repr(settings)
+
+
+def test_environment_wins_for_secrets_and_database(tmp_path: Path) -> None:
+    settings = config.from_mapping(
+        {"database": {"url": "postgresql://file"}},
+        environ={"DATABASE_URL": "postgresql://env", "COMFYVEIL_TELEGRAM_TOKEN": "1:ENV"},
+    )
+    assert settings.database.url == "postgresql://env"
+    assert settings.telegram.token == "1:ENV"
+
+
+def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "bot.token"
+    token.write_text("123:SECRET")
+    token.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        config.from_mapping({"telegram": {"token_file": str(token)}}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"telegram": {"tokn_file": "x"}}, r"unknown key\(s\) in \[telegram\]: tokn_file"),
+        ({"backends": [{"name": "a"}]}, "has no url"),
+        ({"backends": [{"url": "ftp://x"}]}, "must start with http"),
+        ({"backends": [{"url": "http://a"}, {"url": "http://b", "name": "gpu0"}]}, "same name"),
+        ({"anyone": {"control": "127.0.0.1:1"}}, "needs anyone.socks"),
+        ({"telegram": {"admins": ["me"]}}, "numeric Telegram ids"),
+    ],
+)
+def test_mistakes_are_refused_with_a_sentence(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.from_mapping(raw, environ={})
+
+
+def test_missing_explicit_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.toml", environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[telegram\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(bad, environ={})
