@@ -90,3 +90,13 @@ def test_missing_explicit_file_and_bad_toml(tmp_path: Path) -> None:
     bad.write_text("[telegram\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         config.load(bad, environ={})
+
+
+def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
+    example = Path(__file__).parents[2] / "comfyveil.example.toml"
+    settings = config.load(example, environ={})
+    defaults = config.from_mapping({}, environ={})
+    assert settings.limits == defaults.limits
+    assert settings.worker == defaults.worker
+    assert settings.telegram == defaults.telegram
+    assert settings.anyone == defaults.anyone
