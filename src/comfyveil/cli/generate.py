@@ -1,0 +1,121 @@
+"""`comfyveil generate`: run one workflow on one ComfyUI server, save its outputs.
+
+    comfyveil generate f an astronaut riding a horse --set steps=4 --out out/
+    comfyveil generate qwen "put a red hat on it" --image photo.png
+
+Progress goes to stderr; the saved paths go to stdout, one per line, so the command
+composes with shell pipelines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from comfyveil import config
+from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import execute, workflow
+from comfyveil.errors import UsageError
+from comfyveil.telegram import images
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="run a workflow once on a ComfyUI server and save its outputs",
+        description="Run WORKFLOW (a shipped name, a command such as f, or a path to "
+        "NAME.toml) with PROMPT on a ComfyUI server and save every output into DIR.",
+    )
+    parser.add_argument("workflow", metavar="WORKFLOW")
+    parser.add_argument("prompt", metavar="PROMPT", nargs="*", help="the prompt text")
+    parser.add_argument(
+        "--image", action="append", default=[], type=Path, metavar="FILE",
+        help="an input image, for workflows that take one (repeat for several)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], dest="values", metavar="NAME=VALUE",
+        help="set a workflow parameter, e.g. --set steps=4 (repeatable)",
+    )
+    parser.add_argument(
+        "--server", default=None, metavar="URL",
+        help=f"ComfyUI server (default: first configured backend, else "
+        f"{config.DEFAULT_COMFYUI_URL})",
+    )
+    parser.add_argument("--out", type=Path, default=Path(), metavar="DIR")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE")
+    parser.add_argument(
+        "--timeout", type=float, default=config.DEFAULT_JOB_TIMEOUT, metavar="SECONDS",
+        help="give up when the job has not finished after this long",
+    )
+    parser.set_defaults(handler=run)
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, str]:
+    """Turn ["steps=4", "seed=1"] into {"steps": "4", "seed": "1"}."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set needs NAME=VALUE, got {pair!r}")
+        values[name.strip()] = value
+    return values
+
+
+def read_images(
+    wf: workflow.Workflow, paths: list[Path], settings: config.Settings
+) -> dict[str, execute.InputImage]:
+    """Check each --image file and bind it to the workflow's image parameters in order."""
+    names = list(wf.image_params)
+    if len(paths) > len(names):
+        allowed = "no image" if not names else f"{len(names)} image(s)"
+        raise UsageError(f"workflow {wf.name} takes {allowed}, got {len(paths)}")
+    bound: dict[str, execute.InputImage] = {}
+    for name, path in zip(names, paths, strict=False):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            checked = images.check_image(
+                data,
+                max_bytes=settings.limits.max_image_bytes,
+                max_pixels=settings.limits.max_image_pixels,
+            )
+        except UsageError as exc:
+            raise UsageError(f"{path}: {exc}") from exc
+        bound[name] = execute.InputImage(checked.data, checked.mime)
+    return bound
+
+
+async def run(args: argparse.Namespace) -> int:
+    settings = config.load(args.config)
+    try:
+        wf = workflow.find(args.workflow, extra_dirs=settings.workflow_dirs)
+    except workflow.WorkflowError as exc:
+        raise UsageError(str(exc)) from exc
+    values: dict[str, object] = dict(parse_assignments(args.values))
+    if args.prompt:
+        if wf.prompt_param is None:
+            raise UsageError(f"workflow {wf.name} takes no prompt")
+        values[wf.prompt_param] = " ".join(args.prompt)
+    inputs = read_images(wf, args.image, settings)
+    values.update({name: image.upload_name for name, image in inputs.items()})
+    validated = wf.validate(values)
+
+    backend = settings.backend_list()[0]
+    url = (args.server or backend.url).rstrip("/")
+    name = backend.name if args.server is None else "server"
+    progress = execute.ProgressPrinter(sys.stderr)
+    progress.set_graph(wf.graph)
+    try:
+        async with comfy_client.ComfyClient(url, name=name) as client:
+            outcome = await execute.execute(
+                client, wf, validated, inputs, on_event=progress.on_event, timeout=args.timeout
+            )
+    finally:
+        progress.close()
+    for path in execute.save_outputs(outcome.files, args.out):
+        print(path)
+    return 0
