@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config
+from comfyveil import config, images
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import execute, workflow
 from comfyveil.errors import UsageError
-from comfyveil.telegram import images
 
 
 def register(subparsers: Any) -> None:

@@ -1,0 +1,136 @@
+"""Check that a file a user sent is a real, complete image within our limits (pure).
+
+Pillow decodes in C and blocks: call :func:`check_image` with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, UnidentifiedImageError
+
+from comfyveil import errors
+
+ACCEPTED_FORMATS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+ASK = "Send a JPEG, PNG or WebP photo."
+
+# Signatures of files people send by mistake, so the answer can name what they sent.
+_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
+    (0, b"%PDF", "a PDF"),
+    (0, b"PK\x03\x04", "a ZIP archive"),
+    (0, b"\x1aE\xdf\xa3", "a video"),
+    (4, b"ftyp", "a video"),
+    (0, b"ID3", "an audio file"),
+    (0, b"OggS", "an audio or video file"),
+    (0, b"\x7fELF", "a program"),
+    (0, b"MZ", "a program"),
+)
+# Images Pillow cannot read here (phones send these): name the format, don't call it "not an image".
+_UNSUPPORTED_IMAGES: tuple[tuple[bytes, str], ...] = (
+    (b"ftypheic", "HEIC"),
+    (b"ftypheix", "HEIC"),
+    (b"ftypmif1", "HEIF"),
+    (b"ftypavif", "AVIF"),
+)
+_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
+
+
+class ImageRejected(errors.UsageError):
+    """That file is not an image we can use."""
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    """An image that decoded completely and is within the limits."""
+
+    data: bytes
+    width: int
+    height: int
+    format: str  # Pillow's name: JPEG, PNG, WEBP
+    mime: str
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage:
+    """Decode ``data`` fully and check it against the limits.
+
+    Raises:
+        ImageRejected: with a sentence for the user: not an image (naming what it looks
+            like), an unsupported format, damaged or incomplete, too many bytes or pixels.
+    """
+    if not data:
+        raise ImageRejected(f"That file is empty. {ASK}")
+    if len(data) > max_bytes:
+        raise ImageRejected(
+            f"That file is {_megabytes(len(data))}; the limit is {_megabytes(max_bytes)}."
+        )
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns past MAX_IMAGE_PIXELS; our own limit below decides instead.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        found = _BOMB_PIXELS.search(str(exc))
+        size = _megapixels(int(found.group(1))) if found else "too large to open"
+        raise ImageRejected(
+            f"That image is {size}; the limit is {_megapixels(max_pixels)}."
+        ) from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        for signature, kind in _UNSUPPORTED_IMAGES:
+            if data[4 : 4 + len(signature)] == signature:
+                raise ImageRejected(
+                    f"That photo is in {kind} format, which is not supported. {ASK}"
+                ) from exc
+        raise ImageRejected(f"That file is not an image ({_looks_like(data)}). {ASK}") from exc
+    with image:
+        width, height = image.size
+        if image.format not in ACCEPTED_FORMATS:
+            kind = image.format or "unknown"
+            raise ImageRejected(f"That image is a {kind} file. {ASK}")
+        if width * height > max_pixels:
+            raise ImageRejected(
+                f"That image is {_megapixels(width * height)}; "
+                f"the limit is {_megapixels(max_pixels)}."
+            )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image.load()
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise ImageRejected(
+                f"That image is damaged or incomplete; send it again. {ASK}"
+            ) from exc
+        fmt = image.format
+    return CheckedImage(data, width, height, fmt, ACCEPTED_FORMATS[fmt])
+
+
+def _looks_like(data: bytes) -> str:
+    for offset, signature, name in _SIGNATURES:
+        if data[offset : offset + len(signature)] == signature:
+            return f"looks like {name}"
+    head = data[:2048]
+    if b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # A multi-byte character cut at the end of the sample is still text.
+            if exc.start < len(head) - 3:
+                return "its format is unknown"
+        return "looks like text"
+    return "its format is unknown"
+
+
+def _megapixels(pixels: int) -> str:
+    mp = pixels / 1_000_000
+    return f"{mp:.0f} MP" if mp >= 10 else f"{mp:.1f} MP"
+
+
+def _megabytes(size: int) -> str:
+    mb = size / (1024 * 1024)
+    return f"{mb:.0f} MB" if mb >= 10 else f"{mb:.1f} MB"

@@ -1,0 +1,261 @@
+"""Parse a chat command into a prompt, a negative prompt and options (pure).
+
+Syntax, as the /help text explains it to users::
+
+    /f a fox in snow --seed 42 --steps 4 --ar 16:9 --no blurry, text
+    /f@MyBot a fox --steps=4 --style "oil painting"
+    /cancel 3f2a9c1d
+
+- The command may carry the bot's username (``/f@MyBot``). In groups a command addressed
+  to another bot is not ours and :func:`split_command` returns None; in a private chat
+  the user can only be talking to us, so the suffix is ignored.
+- Options are ``--name value`` or ``--name=value``; a value with spaces is quoted
+  (``"..."``, ``'...'`` or typographic quotes). Phones turn ``--`` into ``—``; that is
+  accepted too. Names are case-insensitive and ``-``/``_`` are the same.
+- The negative prompt is the one option whose value runs on: ``--no`` takes every word up
+  to the next option or the end (``--no blurry, text, watermark``). This is the only
+  negative syntax.
+- Words that are not options form the prompt, in order.
+- Front-end options are always allowed: ``--ar W:H`` (aspect ratio) and ``--file``
+  (send the result as a file, full quality). Everything else must be one of the workflow
+  parameters passed in ``allowed_options``.
+- A job reference as the first word, ``#`` and 8 to 32 hex digits (an id prefix) or a
+  whole UUID, becomes :attr:`ParsedCommand.target_job`, e.g. ``/cancel #3f2a9c1d``. The
+  ``#`` keeps prompts such as ``/f 20240101 poster`` from being read as a job.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from comfyveil import errors
+
+NEGATIVE_OPTION = "no"
+ASPECT_OPTION = "ar"
+FILE_OPTION = "file"
+FRONT_END_OPTIONS: Mapping[str, str] = {
+    ASPECT_OPTION: "aspect ratio, e.g. 16:9",
+    FILE_OPTION: "send the result as a file, without recompression",
+}
+FLAG_VALUES = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes",
+               "no": "no", "false": "no", "off": "no", "0": "no"}  # fmt: skip
+MAX_PROMPT_CHARS = 2000
+MAX_ASPECT = 4.0  # wider or taller than 4:1 makes broken images on every model we ship
+
+_COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]{3,64}))?(?=\s|$)")
+_OPTION = re.compile(r"(?:(?<=\s)|^)(?:--|—|–)([A-Za-z][A-Za-z0-9_-]*)(?==|\s|$)")
+_JOB_REF = re.compile(
+    r"#?([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
+    r"|#([0-9a-fA-F]{8,32})"
+)
+_QUOTES = {'"': '"', "'": "'", "“": "”", "„": "“", "«": "»", "‘": "’"}
+_ASPECT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[:x×/]\s*(\d+(?:\.\d+)?)\s*$")
+
+
+class ParseError(errors.UsageError):
+    """That command is not valid."""
+
+
+@dataclass(frozen=True)
+class ParsedCommand:
+    """A command message, taken apart.
+
+    Attributes:
+        command: the command name, lower case, without ``/`` or ``@bot``.
+        prompt: the words that are not options, whitespace collapsed ("" if none).
+        negative: the ``--no`` text, or None when not given.
+        options: option name (as spelled in ``allowed_options``) -> raw value; flags
+            such as ``file`` have the value "yes" or "no".
+        target_job: a job id or id prefix named as the first word, lower case, or None.
+    """
+
+    command: str
+    prompt: str
+    negative: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    target_job: str | None = None
+
+
+def split_command(
+    text: str, *, bot_username: str | None = None, in_group: bool = False
+) -> tuple[str, str] | None:
+    """Return ``(command, rest)`` when ``text`` is a command for us, else None."""
+    match = _COMMAND.match(text.lstrip())
+    if match is None:
+        return None
+    addressed = match.group(2)
+    if (
+        addressed
+        and in_group
+        and (bot_username is None or addressed.lower() != bot_username.lower().lstrip("@"))
+    ):
+        return None
+    return match.group(1).lower(), text.lstrip()[match.end() :].strip()
+
+
+def parse(
+    text: str,
+    allowed_options: Mapping[str, str],
+    *,
+    bot_username: str | None = None,
+    in_group: bool = False,
+    require_prompt: bool = False,
+    negative_allowed: bool = True,
+    max_prompt_chars: int = MAX_PROMPT_CHARS,
+) -> ParsedCommand | None:
+    """Parse a command message.
+
+    Args:
+        text: the message text or caption.
+        allowed_options: the workflow's options, name -> one-line description.
+        bot_username: our username, to recognise ``/cmd@OurBot`` in groups.
+        in_group: the message comes from a group, where ``/cmd@OtherBot`` is ignored.
+        require_prompt: refuse a command without a prompt (generation commands).
+        negative_allowed: whether ``--no`` is accepted (the workflow has a negative input).
+        max_prompt_chars: the longest prompt (and negative prompt) accepted.
+
+    Returns:
+        The parsed command, or None when the text is not a command for this bot.
+
+    Raises:
+        ParseError: with one sentence saying what is wrong and what is allowed.
+    """
+    split = split_command(text, bot_username=bot_username, in_group=in_group)
+    if split is None:
+        return None
+    command, rest = split
+    allowed = _allowed(allowed_options, negative_allowed)
+    words: list[str] = []
+    negative: str | None = None
+    options: dict[str, str] = {}
+    position = 0
+    matches = list(_OPTION.finditer(rest))
+    target_job: str | None = None
+    for index, match in enumerate(matches):
+        words.append(rest[position : match.start()])
+        name = _canonical(match.group(1), allowed, command)
+        if name in options or (name == NEGATIVE_OPTION and negative is not None):
+            raise ParseError(f"The option --{name} is given twice.")
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(rest)
+        value_text = rest[match.end() : end]
+        if name == NEGATIVE_OPTION:
+            negative = _unquote_all(value_text.lstrip("=").strip())
+            if not negative:
+                raise ParseError("Write the negative prompt after --no, e.g. --no blurry, text.")
+            position = end
+            continue
+        value, consumed = _take_value(value_text, name)
+        options[name] = value
+        position = match.end() + consumed
+    words.append(rest[position:])
+    prompt = " ".join(" ".join(words).split())
+    first, _, remainder = prompt.partition(" ")
+    if (job := _JOB_REF.fullmatch(first)) is not None:
+        target_job = (job.group(1) or job.group(2)).lower()
+        prompt = remainder
+    if ASPECT_OPTION in options:
+        parse_aspect(options[ASPECT_OPTION])
+    for label, value in (("prompt", prompt), ("negative prompt", negative or "")):
+        if len(value) > max_prompt_chars:
+            raise ParseError(
+                f"The {label} is {len(value)} characters long; the limit is {max_prompt_chars}."
+            )
+    if require_prompt and not prompt:
+        raise ParseError(f"Write a prompt after /{command}, for example: /{command} a red fox.")
+    return ParsedCommand(command, prompt, negative, options, target_job)
+
+
+def _allowed(allowed_options: Mapping[str, str], negative_allowed: bool) -> dict[str, str]:
+    allowed = {_key(name): name for name in allowed_options}
+    for name in FRONT_END_OPTIONS:
+        allowed.setdefault(_key(name), name)
+    if negative_allowed:
+        allowed.setdefault(_key(NEGATIVE_OPTION), NEGATIVE_OPTION)
+    return allowed
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def _canonical(spelled: str, allowed: dict[str, str], command: str) -> str:
+    name = allowed.get(_key(spelled))
+    if name is not None:
+        return name
+    if _key(spelled) == NEGATIVE_OPTION:
+        raise ParseError(f"/{command} has no negative prompt, so --no cannot be used.")
+    listed = ", ".join(f"--{n}" for n in sorted(allowed.values()))
+    close = difflib.get_close_matches(_key(spelled), list(allowed), n=1)
+    hint = f" Did you mean --{allowed[close[0]]}?" if close else ""
+    raise ParseError(f"/{command} has no option --{spelled}.{hint} Allowed: {listed}.")
+
+
+def _take_value(text: str, name: str) -> tuple[str, int]:
+    """Read one option value from the start of ``text``; return it and chars consumed."""
+    stripped = text.lstrip()
+    skipped = len(text) - len(stripped)
+    if stripped.startswith("="):
+        stripped = stripped[1:]
+        skipped += 1
+    if stripped[:1] in _QUOTES:
+        closing = _QUOTES[stripped[0]]
+        end = stripped.find(closing, 1)
+        if end < 0:
+            raise ParseError(f"The quote after --{name} is never closed.")
+        return stripped[1:end], skipped + end + 1
+    word = stripped.split(maxsplit=1)[0] if stripped.strip() else ""
+    if name == FILE_OPTION:
+        flag = FLAG_VALUES.get(word.lower())
+        return (flag, skipped + len(word)) if flag else ("yes", 0)
+    if not word:
+        raise ParseError(f"The option --{name} needs a value, e.g. --{name} 4.")
+    return word, skipped + len(word)
+
+
+def _unquote_all(text: str) -> str:
+    if len(text) >= 2 and text[0] in _QUOTES and text.endswith(_QUOTES[text[0]]):
+        text = text[1:-1]
+    return " ".join(text.split())
+
+
+def parse_aspect(ar: str) -> tuple[float, float]:
+    """Read ``W:H`` (also ``WxH``, ``W/H``); refuse ratios beyond 4:1.
+
+    Raises:
+        ParseError: when the text is not a ratio or the ratio is too extreme.
+    """
+    match = _ASPECT.match(ar)
+    if match is None:
+        raise ParseError(f"The aspect ratio {ar[:20]!r} is not valid; write it like 16:9.")
+    width, height = float(match.group(1)), float(match.group(2))
+    if width <= 0 or height <= 0:
+        raise ParseError("An aspect ratio needs two numbers above zero, like 16:9.")
+    if max(width / height, height / width) > MAX_ASPECT:
+        raise ParseError(
+            f"The aspect ratio {match.group(1)}:{match.group(2)} is too extreme; "
+            "use one between 1:4 and 4:1."
+        )
+    return width, height
+
+
+def aspect_to_size(ar: str, base_pixels: int, multiple: int = 16) -> tuple[int, int]:
+    """Width and height for aspect ratio ``ar`` with about ``base_pixels`` pixels.
+
+    Both sides are multiples of ``multiple`` (latent models need it), e.g. 16:9 at
+    1024*1024 pixels gives (1360, 768).
+
+    Raises:
+        ParseError: when ``ar`` is not a ratio or is beyond 4:1.
+    """
+    width, height = parse_aspect(ar)
+    ratio = width / height
+    w = math.sqrt(base_pixels * ratio)
+    h = math.sqrt(base_pixels / ratio)
+    return (
+        max(multiple, round(w / multiple) * multiple),
+        max(multiple, round(h / multiple) * multiple),
+    )
