@@ -1,0 +1,494 @@
+"""The job queue: one method per named query of `queries.sql`.
+
+A job goes `queued -> running -> succeeded | failed | cancelled`. Workers claim with
+`FOR UPDATE SKIP LOCKED` and hold a lease they renew; a running job whose lease expires
+goes back to the queue with `submitted` and `backend` kept, so the next worker re-attaches
+to the prompt already on the GPU instead of paying for it twice. Every state change appends
+a `job_events` row, and a trigger on that table sends NOTIFY on `comfyveil_job_updates`
+(and on `comfyveil_jobs` when a job becomes claimable), so nobody needs to poll.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from comfyveil.store import errors
+from comfyveil.store.connector import Connector, Row
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_MAX_ATTEMPTS = 3
+DURATION_SAMPLES = 20  # recent successful runs averaged for an ETA (see command_durations)
+
+
+class Status(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+
+@dataclass(frozen=True)
+class InputImage:
+    """An image a user sent with a command; kept until the job ends."""
+
+    filename: str
+    mime: str
+    data: bytes = field(repr=False)
+
+    @classmethod
+    def from_row(cls, row: Row) -> InputImage:
+        return cls(filename=row["filename"], mime=row["mime"], data=bytes(row["data"]))
+
+
+@dataclass(frozen=True)
+class Output:
+    """One file a job produced. `index` is its place among the job's outputs."""
+
+    filename: str
+    kind: str  # image, video, audio, ...
+    mime: str
+    data: bytes = field(repr=False)
+    index: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @classmethod
+    def from_row(cls, row: Row) -> Output:
+        return cls(
+            filename=row["filename"], kind=row["kind"], mime=row["mime"],
+            data=bytes(row["data"]), index=row["index"],
+        )
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What the front end asks for; `enqueue` turns it into a `Job`."""
+
+    user_id: int
+    chat_id: int
+    command: str
+    workflow_hash: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Sequence[InputImage] = ()
+    idempotency_key: str | None = None  # e.g. "tg:<chat>:<message>"; a retry returns the same job
+    priority: int = 0  # higher first
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backends: tuple[str, ...] | None = None  # backends able to run it; None: any
+    status_message_id: int | None = None
+    id: uuid.UUID = field(default_factory=uuid.uuid4)  # also ComfyUI's prompt_id
+
+
+@dataclass(frozen=True)
+class Job:
+    id: uuid.UUID
+    idempotency_key: str | None
+    user_id: int
+    chat_id: int
+    command: str
+    workflow_hash: str
+    params: dict[str, Any]
+    backends: tuple[str, ...] | None
+    status: Status
+    submitted: bool
+    backend: str | None
+    attempts: int
+    max_attempts: int
+    priority: int
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    not_before: dt.datetime | None
+    cancel_requested: bool
+    error: str | None
+    status_message_id: int | None
+    progress: dict[str, Any]
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    updated_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Row) -> Job:
+        backends = row["backends"]
+        return cls(
+            id=row["id"],
+            idempotency_key=row["idempotency_key"],
+            user_id=row["user_id"],
+            chat_id=row["chat_id"],
+            command=row["command"],
+            workflow_hash=row["workflow_hash"],
+            params=row["params"],
+            backends=tuple(backends) if backends is not None else None,
+            status=Status(row["status"]),
+            submitted=row["submitted"],
+            backend=row["backend"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            priority=row["priority"],
+            lease_owner=row["lease_owner"],
+            lease_expires_at=row["lease_expires_at"],
+            not_before=row["not_before"],
+            cancel_requested=row["cancel_requested"],
+            error=row["error"],
+            status_message_id=row["status_message_id"],
+            progress=row["progress"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    id: int
+    job_id: uuid.UUID
+    at: dt.datetime
+    kind: str  # queued, claimed, submitted, succeeded, retry_scheduled, failed, ...
+    status: Status
+    data: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Row) -> JobEvent:
+        return cls(
+            id=row["id"], job_id=row["job_id"], at=row["at"], kind=row["kind"],
+            status=Status(row["status"]), data=row["data"],
+        )
+
+
+def _seconds(value: dt.timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+
+
+class JobStore:
+    """Every database operation on jobs."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.db = Connector(pool)
+
+    # -- creating ----------------------------------------------------------------------
+
+    async def enqueue(
+        self, new: NewJob, *, max_active: int | None = None, daily_quota: int | None = None
+    ) -> Job:
+        """Queue a job; with an idempotency key already used, the existing job.
+
+        Args:
+            new: the job to create.
+            max_active: refuse when the user already has this many jobs queued or running.
+            daily_quota: refuse when the user created this many jobs today (UTC); a per-user
+                override in `users.daily_quota` wins.
+
+        Raises:
+            QueueLimitReached, DailyQuotaReached: the user must wait.
+        """
+        async with self.db.session(transaction=True) as s:
+            await s.one("lock_user_queue", user_id=new.user_id)
+            if new.idempotency_key is not None:
+                existing = await s.one(
+                    "get_job_by_idempotency_key", idempotency_key=new.idempotency_key
+                )
+                if existing is not None:
+                    return Job.from_row(existing)
+            usage = await s.one("user_queue_usage", user_id=new.user_id)
+            assert usage is not None
+            if max_active is not None and usage["active"] >= max_active:
+                raise errors.QueueLimitReached(max_active)
+            quota = usage["quota_override"] if usage["quota_override"] is not None else daily_quota
+            if quota is not None and usage["today"] >= quota:
+                raise errors.DailyQuotaReached(quota)
+            row = await s.one(
+                "insert_job",
+                id=new.id,
+                idempotency_key=new.idempotency_key,
+                user_id=new.user_id,
+                chat_id=new.chat_id,
+                command=new.command,
+                workflow_hash=new.workflow_hash,
+                params=Jsonb(dict(new.params)),
+                backends=list(new.backends) if new.backends is not None else None,
+                max_attempts=new.max_attempts,
+                priority=new.priority,
+                status_message_id=new.status_message_id,
+            )
+            if row is None:  # the key was taken by another user's transaction meanwhile
+                existing = await s.one(
+                    "get_job_by_idempotency_key", idempotency_key=new.idempotency_key
+                )
+                if existing is None:
+                    raise errors.StoreError("the job could not be queued; try again")
+                return Job.from_row(existing)
+            for index, image in enumerate(new.inputs):
+                await s.run(
+                    "insert_job_input", job_id=new.id, index=index, filename=image.filename,
+                    mime=image.mime, data=image.data,
+                )
+        logger.info("job queued", extra={"action": "job_queued", "job_id": str(new.id)})
+        return Job.from_row(row)
+
+    # -- the worker's side -------------------------------------------------------------
+
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        backends: Iterable[str] | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> Job | None:
+        """Take the next job, or None when nothing is ready.
+
+        Order: highest priority first; among equals, the user whose last claim is oldest
+        (round-robin, so one user's batch does not starve the others); then oldest job.
+        Jobs still in retry backoff (`not_before`) wait.
+
+        Args:
+            backends: the backends with a free slot; only jobs that can run on one of them
+                are taken. None: any job.
+        """
+        row = await self.db.one(
+            "claim_job",
+            worker_id=worker_id,
+            backends=list(backends) if backends is not None else None,
+            lease_seconds=lease_seconds,
+        )
+        if row is None:
+            return None
+        job = Job.from_row(row)
+        logger.info("job claimed", extra={"action": "job_claimed", "job_id": str(job.id)})
+        return job
+
+    async def _held(self, query: str, job: Job, **params: Any) -> Job:
+        row = await self.db.one(query, job_id=job.id, worker_id=job.lease_owner, **params)
+        if row is None:
+            raise errors.LeaseLost()
+        return Job.from_row(row)
+
+    async def renew_lease(self, job: Job, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Job:
+        """Extend the lease; the returned job also shows `cancel_requested`.
+
+        Raises:
+            LeaseLost: the lease expired and the job went back to the queue or elsewhere.
+        """
+        return await self._held("renew_lease", job, lease_seconds=lease_seconds)
+
+    async def mark_submitted(self, job: Job, backend: str) -> Job:
+        """Record that `backend` accepted the prompt (so a successor re-attaches to it)."""
+        return await self._held("mark_submitted", job, backend=backend)
+
+    async def record_progress(self, job: Job, data: Mapping[str, Any]) -> bool:
+        """Store the latest progress and notify listeners; True when a cancel was requested.
+
+        Raises:
+            LeaseLost: this worker no longer holds the job.
+        """
+        row = await self.db.one(
+            "record_progress", job_id=job.id, worker_id=job.lease_owner, progress=Jsonb(dict(data))
+        )
+        if row is None:
+            raise errors.LeaseLost()
+        return bool(row["cancel_requested"])
+
+    async def complete(self, job: Job, outputs: Sequence[Output] = ()) -> Job:
+        """Mark the job succeeded, store its outputs, and make them the chat's last result."""
+        async with self.db.session(transaction=True) as s:
+            row = await s.one(
+                "complete_job", job_id=job.id, worker_id=job.lease_owner,
+                output_count=len(outputs),
+            )
+            if row is None:
+                raise errors.LeaseLost()
+            refs = []
+            for index, output in enumerate(outputs):
+                await s.run(
+                    "insert_job_output", job_id=job.id, index=index, filename=output.filename,
+                    kind=output.kind, mime=output.mime, data=output.data, size=output.size,
+                )
+                refs.append(
+                    {"index": index, "filename": output.filename, "kind": output.kind,
+                     "mime": output.mime}
+                )
+            if refs:
+                await s.run(
+                    "set_chat_outputs", chat_id=row["chat_id"], user_id=row["user_id"],
+                    job_id=job.id, outputs=Jsonb(refs),
+                )
+        logger.info("job succeeded", extra={"action": "job_succeeded", "job_id": str(job.id)})
+        return Job.from_row(row)
+
+    async def fail(
+        self, job: Job, error: str, *, transient: bool, backoff: dt.timedelta | float = 0.0
+    ) -> Job:
+        """End an attempt with an error.
+
+        A transient error with attempts left puts the job back in the queue, claimable
+        after `backoff` (and to be submitted afresh); anything else marks it failed.
+        `error` is shown to the user: one plain sentence, no prompt text.
+        """
+        result = await self._held(
+            "fail_job", job, error=error, transient=transient, backoff=_seconds(backoff)
+        )
+        logger.info(
+            "job attempt failed",
+            extra={"action": "job_failed", "job_id": str(job.id), "status": str(result.status)},
+        )
+        return result
+
+    async def mark_cancelled(self, job: Job) -> Job:
+        """The worker stopped a running job after a cancel request."""
+        return await self._held("mark_cancelled", job)
+
+    async def release(self, job: Job) -> Job:
+        """Hand a running job back on a clean shutdown; the attempt does not count."""
+        return await self._held("release_job", job)
+
+    async def recover_expired(self) -> list[Job]:
+        """Requeue running jobs whose lease expired (their worker died or hung).
+
+        `submitted` and `backend` are kept so the next worker re-attaches to the prompt.
+        A job out of attempts fails instead; one with a cancel request is cancelled.
+        """
+        rows = await self.db.all("recover_expired")
+        for row in rows:
+            logger.warning(
+                "job lease expired",
+                extra={"action": "job_recovered", "job_id": str(row["id"])},
+            )
+        return [Job.from_row(row) for row in rows]
+
+    # -- the front end's side ----------------------------------------------------------
+
+    async def cancel(self, job_id: uuid.UUID, by_user: int | None = None) -> Job | None:
+        """Cancel a job: a queued one at once, a running one by asking its worker.
+
+        Args:
+            by_user: only a job of this user (None: any job, for admins).
+
+        Returns:
+            The job as it is now (unchanged if it had already ended), or None when there is
+            no such job of this user.
+        """
+        row = await self.db.one("cancel_job", job_id=job_id, user_id=by_user)
+        if row is not None:
+            return Job.from_row(row)
+        job = await self.get(job_id)
+        if job is None or (by_user is not None and job.user_id != by_user):
+            return None
+        return job
+
+    async def get(self, job_id: uuid.UUID) -> Job | None:
+        row = await self.db.one("get_job", job_id=job_id)
+        return Job.from_row(row) if row else None
+
+    async def list_for_user(
+        self, user_id: int, *, limit: int = 10, statuses: Iterable[Status] | None = None
+    ) -> list[Job]:
+        """A user's most recent jobs, newest first."""
+        rows = await self.db.all(
+            "list_user_jobs", user_id=user_id, limit=limit,
+            statuses=[str(s) for s in statuses] if statuses is not None else None,
+        )
+        return [Job.from_row(row) for row in rows]
+
+    async def set_status_message(self, job_id: uuid.UUID, message_id: int) -> Job:
+        row = await self.db.one("set_status_message", job_id=job_id, message_id=message_id)
+        if row is None:
+            raise errors.JobNotFound()
+        return Job.from_row(row)
+
+    async def _ahead(self, job_id: uuid.UUID) -> dict[str, int] | None:
+        job = await self.get(job_id)
+        if job is None or job.status is not Status.QUEUED:
+            return None
+        rows = await self.db.all("queue_ahead", job_id=job_id)
+        return {row["command"]: row["ahead"] for row in rows}
+
+    async def position(self, job_id: uuid.UUID) -> int | None:
+        """How many queued jobs will be claimed before this one (0: next); None if not queued."""
+        ahead = await self._ahead(job_id)
+        return None if ahead is None else sum(ahead.values())
+
+    async def durations(
+        self, commands: Iterable[str], backend: str | None = None
+    ) -> dict[str, float]:
+        """Mean seconds of recent successful runs per command (on `backend`, or any)."""
+        rows = await self.db.all("command_durations", commands=list(commands), backend=backend)
+        return {row["command"]: row["seconds"] for row in rows}
+
+    async def eta(self, job_id: uuid.UUID, *, parallel: int = 1) -> float | None:
+        """Seconds until the job should be done, from measured durations; None if unknown.
+
+        Args:
+            parallel: how many jobs run at once (free GPUs), to share out the queue ahead.
+        """
+        job = await self.get(job_id)
+        if job is None or job.status.finished:
+            return None
+        if job.status is Status.RUNNING:
+            own = await self.durations([job.command], job.backend)
+            if job.command not in own:
+                own = await self.durations([job.command])
+            if job.command not in own:
+                return None
+            started = job.started_at or job.updated_at
+            elapsed = (dt.datetime.now(dt.UTC) - started).total_seconds()
+            return max(own[job.command] - elapsed, 0.0)
+        ahead = await self._ahead(job_id)
+        if ahead is None:  # claimed meanwhile
+            return await self.eta(job_id, parallel=parallel)
+        means = await self.durations({job.command, *ahead})
+        if job.command not in means:
+            return None
+        fallback = means[job.command]
+        waiting = sum(count * means.get(command, fallback) for command, count in ahead.items())
+        return waiting / max(parallel, 1) + means[job.command]
+
+    async def inputs(self, job_id: uuid.UUID) -> list[InputImage]:
+        return [InputImage.from_row(r) for r in await self.db.all("job_inputs", job_id=job_id)]
+
+    async def outputs(self, job_id: uuid.UUID) -> list[Output]:
+        return [Output.from_row(r) for r in await self.db.all("job_outputs", job_id=job_id)]
+
+    async def events(self, job_id: uuid.UUID) -> list[JobEvent]:
+        return [JobEvent.from_row(r) for r in await self.db.all("job_events", job_id=job_id)]
+
+    # -- delivery and retention --------------------------------------------------------
+
+    async def record_delivery(
+        self, job_id: uuid.UUID, sink: str, detail: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Note that the job's result reached `sink`; True the first time only.
+
+        Call it before sending when "at most once" matters more than "at least once",
+        after sending otherwise (a crash in between then re-sends once).
+        """
+        row = await self.db.one(
+            "record_delivery", job_id=job_id, sink=sink, detail=Jsonb(dict(detail or {}))
+        )
+        return row is not None
+
+    async def undelivered(self, sink: str, *, limit: int = 100) -> list[Job]:
+        """Finished jobs with no delivery recorded for `sink`, oldest first."""
+        rows = await self.db.all("undelivered_jobs", sink=sink, limit=limit)
+        return [Job.from_row(row) for row in rows]
+
+    async def purge_expired(self, older_than: dt.timedelta | float) -> int:
+        """Delete jobs finished longer ago than `older_than` (seconds or a timedelta)."""
+        row = await self.db.one("purge_expired", older_than=_seconds(older_than))
+        return int(row["purged"]) if row else 0

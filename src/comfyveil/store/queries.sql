@@ -1,0 +1,490 @@
+-- Every query comfyveil runs. A query starts with `-- name --` and a description line;
+-- the Python method that runs it has the same name. Parameters are %(name)s.
+
+-- lock_user_queue --
+-- Serialise enqueues of one user so the per-user limits cannot be raced past
+SELECT pg_advisory_xact_lock(1129270860, hashtext(%(user_id)s::text));
+
+-- get_job_by_idempotency_key --
+-- The job created earlier with this idempotency key, if any
+SELECT * FROM jobs WHERE idempotency_key = %(idempotency_key)s;
+
+-- user_queue_usage --
+-- A user's jobs waiting or running, jobs created today (UTC) and quota override
+SELECT
+    count(*) FILTER (WHERE status IN ('queued', 'running')) AS active,
+    count(*) FILTER (
+        WHERE created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
+    ) AS today,
+    (SELECT daily_quota FROM users WHERE id = %(user_id)s) AS quota_override
+FROM jobs
+WHERE user_id = %(user_id)s;
+
+-- insert_job --
+-- Create a queued job; nothing when the idempotency key is taken
+WITH inserted AS (
+    INSERT INTO jobs (id, idempotency_key, user_id, chat_id, command, workflow_hash, params,
+                      backends, max_attempts, priority, status_message_id)
+    VALUES (%(id)s, %(idempotency_key)s, %(user_id)s, %(chat_id)s, %(command)s,
+            %(workflow_hash)s, %(params)s, %(backends)s, %(max_attempts)s, %(priority)s,
+            %(status_message_id)s)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING *
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'queued', status, jsonb_build_object('command', command) FROM inserted
+)
+SELECT * FROM inserted;
+
+-- insert_job_input --
+-- Keep one input image of a job until the job ends
+INSERT INTO job_inputs (job_id, index, filename, mime, data)
+VALUES (%(job_id)s, %(index)s, %(filename)s, %(mime)s, %(data)s);
+
+-- claim_job --
+-- Take the next job: highest priority, then the user whose last turn is oldest, then oldest job
+WITH candidate AS (
+    SELECT j.id
+    FROM jobs j
+    LEFT JOIN queue_turns t ON t.user_id = j.user_id
+    WHERE j.status = 'queued'
+      AND (j.not_before IS NULL OR j.not_before <= now())
+      AND (%(backends)s::text[] IS NULL OR j.backends IS NULL OR j.backends && %(backends)s::text[])
+    ORDER BY j.priority DESC, t.turn ASC NULLS FIRST, j.created_at, j.id
+    LIMIT 1
+    FOR UPDATE OF j SKIP LOCKED
+), claimed AS (
+    UPDATE jobs j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        lease_owner = %(worker_id)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        started_at = now(),
+        updated_at = now()
+    FROM candidate c
+    WHERE j.id = c.id
+    RETURNING j.*
+), turn AS (
+    INSERT INTO queue_turns (user_id, turn)
+    SELECT user_id, nextval('queue_turn_seq') FROM claimed
+    ON CONFLICT (user_id) DO UPDATE SET turn = excluded.turn
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'claimed', status,
+           jsonb_build_object('worker', lease_owner, 'attempt', attempts, 'submitted', submitted,
+                              'backend', backend)
+    FROM claimed
+)
+SELECT * FROM claimed;
+
+-- renew_lease --
+-- Extend the lease of a job this worker holds
+UPDATE jobs
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+RETURNING *;
+
+-- mark_submitted --
+-- Record that a backend accepted the job's prompt
+WITH updated AS (
+    UPDATE jobs
+    SET submitted = true, backend = %(backend)s, updated_at = now()
+    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+    RETURNING *
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'submitted', status, jsonb_build_object('backend', backend) FROM updated
+)
+SELECT * FROM updated;
+
+-- record_progress --
+-- Store the latest progress of a running job and tell listeners (no event row)
+WITH updated AS (
+    UPDATE jobs
+    SET progress = %(progress)s, updated_at = now()
+    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+    RETURNING id, status, cancel_requested
+)
+SELECT cancel_requested,
+       pg_notify('comfyveil_job_updates',
+                 json_build_object('job_id', id, 'event', 'progress', 'status', status)::text)
+FROM updated;
+
+-- complete_job --
+-- Mark a running job succeeded and drop its input images
+WITH updated AS (
+    UPDATE jobs
+    SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+        error = NULL, updated_at = now()
+    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+    RETURNING *
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'succeeded', status, jsonb_build_object('outputs', %(output_count)s::int)
+    FROM updated
+), dropped AS (
+    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated)
+)
+SELECT * FROM updated;
+
+-- insert_job_output --
+-- Store one output file of a job
+INSERT INTO job_outputs (job_id, index, filename, kind, mime, data, size)
+VALUES (%(job_id)s, %(index)s, %(filename)s, %(kind)s, %(mime)s, %(data)s, %(size)s);
+
+-- fail_job --
+-- Requeue a job after a transient error while attempts remain, else mark it failed
+WITH target AS (
+    SELECT id, (%(transient)s AND attempts < max_attempts AND NOT cancel_requested) AS retry
+    FROM jobs
+    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+    FOR UPDATE
+), updated AS (
+    UPDATE jobs j
+    SET status = CASE WHEN t.retry THEN 'queued'::job_status ELSE 'failed'::job_status END,
+        not_before = CASE WHEN t.retry THEN now() + make_interval(secs => %(backoff)s)
+                          ELSE j.not_before END,
+        finished_at = CASE WHEN t.retry THEN NULL ELSE now() END,
+        submitted = CASE WHEN t.retry THEN false ELSE j.submitted END,
+        backend = CASE WHEN t.retry THEN NULL ELSE j.backend END,
+        error = %(error)s,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.*
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, CASE WHEN status = 'queued' THEN 'retry_scheduled' ELSE 'failed' END, status,
+           jsonb_build_object('error', error, 'attempt', attempts, 'not_before', not_before)
+    FROM updated
+), dropped AS (
+    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated WHERE status = 'failed')
+)
+SELECT * FROM updated;
+
+-- cancel_job --
+-- Cancel a queued job at once, or ask the worker running it to stop
+WITH target AS (
+    SELECT id, status AS old_status
+    FROM jobs
+    WHERE id = %(job_id)s
+      AND (%(user_id)s::bigint IS NULL OR user_id = %(user_id)s::bigint)
+      AND (status = 'queued' OR (status = 'running' AND NOT cancel_requested))
+    FOR UPDATE
+), updated AS (
+    UPDATE jobs j
+    SET status = CASE WHEN t.old_status = 'queued' THEN 'cancelled'::job_status
+                      ELSE j.status END,
+        finished_at = CASE WHEN t.old_status = 'queued' THEN now() ELSE j.finished_at END,
+        cancel_requested = true,
+        updated_at = now()
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.*
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END,
+           status, jsonb_build_object('by_user', %(user_id)s::bigint)
+    FROM updated
+), dropped AS (
+    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated WHERE status = 'cancelled')
+)
+SELECT * FROM updated;
+
+-- mark_cancelled --
+-- A worker stopped a running job on request: mark it cancelled
+WITH updated AS (
+    UPDATE jobs
+    SET status = 'cancelled', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+        cancel_requested = true, updated_at = now()
+    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+    RETURNING *
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'cancelled', status, '{}'::jsonb FROM updated
+), dropped AS (
+    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated)
+)
+SELECT * FROM updated;
+
+-- release_job --
+-- Hand a running job back to the queue on a clean shutdown, without counting an attempt
+WITH updated AS (
+    UPDATE jobs
+    SET status = 'queued', attempts = greatest(attempts - 1, 0), lease_owner = NULL,
+        lease_expires_at = NULL, updated_at = now()
+    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+    RETURNING *
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'released', status, jsonb_build_object('worker', %(worker_id)s::text,
+                                                      'submitted', submitted, 'backend', backend)
+    FROM updated
+)
+SELECT * FROM updated;
+
+-- recover_expired --
+-- Requeue running jobs whose worker stopped renewing its lease (keeping submitted/backend)
+WITH expired AS (
+    SELECT id, lease_owner AS old_owner,
+           CASE WHEN cancel_requested THEN 'cancelled'::job_status
+                WHEN attempts >= max_attempts THEN 'failed'::job_status
+                ELSE 'queued'::job_status END AS new_status
+    FROM jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+    FOR UPDATE SKIP LOCKED
+), updated AS (
+    UPDATE jobs j
+    SET status = e.new_status,
+        finished_at = CASE WHEN e.new_status = 'queued' THEN NULL ELSE now() END,
+        error = CASE WHEN e.new_status = 'failed'
+                     THEN 'the job was interrupted too many times' ELSE j.error END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM expired e
+    WHERE j.id = e.id
+    RETURNING j.*, e.old_owner
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'lease_expired', status,
+           jsonb_build_object('worker', old_owner, 'submitted', submitted, 'backend', backend)
+    FROM updated
+), dropped AS (
+    DELETE FROM job_inputs
+    WHERE job_id IN (SELECT id FROM updated WHERE status <> 'queued')
+)
+SELECT * FROM updated;
+
+-- get_job --
+-- One job by id
+SELECT * FROM jobs WHERE id = %(job_id)s;
+
+-- list_user_jobs --
+-- A user's most recent jobs, newest first
+SELECT * FROM jobs
+WHERE user_id = %(user_id)s
+  AND (%(statuses)s::job_status[] IS NULL OR status = ANY(%(statuses)s::job_status[]))
+ORDER BY created_at DESC, id
+LIMIT %(limit)s;
+
+-- set_status_message --
+-- Remember the Telegram message that shows a job's status
+UPDATE jobs SET status_message_id = %(message_id)s, updated_at = now()
+WHERE id = %(job_id)s
+RETURNING *;
+
+-- queue_ahead --
+-- Queued jobs ahead of one job in round-robin claim order, by command
+WITH queued AS (
+    SELECT j.id, j.command, j.priority, j.created_at, j.backends,
+           row_number() OVER (PARTITION BY j.user_id
+                              ORDER BY j.priority DESC, j.created_at, j.id) AS round,
+           coalesce(t.turn, -1) AS turn
+    FROM jobs j
+    LEFT JOIN queue_turns t ON t.user_id = j.user_id
+    WHERE j.status = 'queued'
+), me AS (
+    SELECT * FROM queued WHERE id = %(job_id)s
+)
+SELECT q.command, count(*) AS ahead
+FROM queued q, me
+WHERE q.id <> me.id
+  AND (q.backends IS NULL OR me.backends IS NULL OR q.backends && me.backends)
+  AND (-q.priority, q.round, q.turn, q.created_at, q.id)
+      < (-me.priority, me.round, me.turn, me.created_at, me.id)
+GROUP BY q.command;
+
+-- command_durations --
+-- Mean run time in seconds of the last 20 successful runs per command (on one backend or any)
+SELECT command, avg(seconds)::float8 AS seconds, count(*) AS samples
+FROM (
+    SELECT command, extract(epoch FROM finished_at - started_at) AS seconds,
+           row_number() OVER (PARTITION BY command ORDER BY finished_at DESC) AS n
+    FROM jobs
+    WHERE status = 'succeeded' AND started_at IS NOT NULL
+      AND command = ANY(%(commands)s::text[])
+      AND (%(backend)s::text IS NULL OR backend = %(backend)s::text)
+) recent
+WHERE n <= 20
+GROUP BY command;
+
+-- job_inputs --
+-- A job's input images, in order
+SELECT * FROM job_inputs WHERE job_id = %(job_id)s ORDER BY index;
+
+-- job_outputs --
+-- A job's output files, in order
+SELECT * FROM job_outputs WHERE job_id = %(job_id)s ORDER BY index;
+
+-- job_events --
+-- A job's history, oldest first
+SELECT * FROM job_events WHERE job_id = %(job_id)s ORDER BY id;
+
+-- record_delivery --
+-- Note that a job's result went to a sink; nothing when it already had
+INSERT INTO deliveries (job_id, sink, detail)
+VALUES (%(job_id)s, %(sink)s, %(detail)s)
+ON CONFLICT (job_id, sink) DO NOTHING
+RETURNING job_id;
+
+-- undelivered_jobs --
+-- Finished jobs whose result has not reached a sink yet, oldest first
+SELECT j.* FROM jobs j
+WHERE j.status IN ('succeeded', 'failed', 'cancelled')
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.sink = %(sink)s)
+ORDER BY j.finished_at, j.id
+LIMIT %(limit)s;
+
+-- purge_expired --
+-- Delete finished jobs (and their images, outputs, events) older than the retention
+WITH purged AS (
+    DELETE FROM jobs
+    WHERE status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than)s)
+    RETURNING id
+)
+SELECT count(*) AS purged FROM purged;
+
+-- get_or_create_user --
+-- A user's row, created with the given role on first sight
+WITH inserted AS (
+    INSERT INTO users (id, role) VALUES (%(user_id)s, %(role)s)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING *
+)
+SELECT * FROM inserted
+UNION ALL
+SELECT * FROM users WHERE id = %(user_id)s
+LIMIT 1;
+
+-- get_user --
+-- One user by Telegram id
+SELECT * FROM users WHERE id = %(user_id)s;
+
+-- set_user_role --
+-- Give a user a role (user, admin, banned)
+INSERT INTO users (id, role) VALUES (%(user_id)s, %(role)s)
+ON CONFLICT (id) DO UPDATE SET role = excluded.role, updated_at = now()
+RETURNING *;
+
+-- set_user_daily_quota --
+-- Override the daily quota of one user (NULL: the configured default)
+INSERT INTO users (id, daily_quota) VALUES (%(user_id)s, %(daily_quota)s)
+ON CONFLICT (id) DO UPDATE SET daily_quota = excluded.daily_quota, updated_at = now()
+RETURNING *;
+
+-- update_user_settings --
+-- Merge settings into a user's settings and remove the named keys
+INSERT INTO users (id, settings) VALUES (%(user_id)s, %(changes)s::jsonb - %(remove)s::text[])
+ON CONFLICT (id) DO UPDATE
+SET settings = (users.settings || %(changes)s::jsonb) - %(remove)s::text[], updated_at = now()
+RETURNING *;
+
+-- quota_used_today --
+-- How many jobs a user created today (UTC)
+SELECT count(*) AS used FROM jobs
+WHERE user_id = %(user_id)s
+  AND created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC');
+
+-- forget_user_jobs --
+-- Delete all of a user's jobs (inputs, outputs, events, deliveries go with them)
+WITH deleted AS (DELETE FROM jobs WHERE user_id = %(user_id)s RETURNING id)
+SELECT count(*) AS deleted FROM deleted;
+
+-- forget_user_rest --
+-- Delete a user's chat sessions, queue turn and user row
+WITH sessions AS (
+    DELETE FROM chat_sessions WHERE user_id = %(user_id)s OR chat_id = %(user_id)s
+), turns AS (
+    DELETE FROM queue_turns WHERE user_id = %(user_id)s
+)
+DELETE FROM users WHERE id = %(user_id)s;
+
+-- set_chat_outputs --
+-- Remember the last result in a chat, for chaining
+INSERT INTO chat_sessions (chat_id, user_id, job_id, outputs)
+VALUES (%(chat_id)s, %(user_id)s, %(job_id)s, %(outputs)s)
+ON CONFLICT (chat_id) DO UPDATE
+SET user_id = excluded.user_id, job_id = excluded.job_id, outputs = excluded.outputs,
+    updated_at = now()
+RETURNING *;
+
+-- get_chat_session --
+-- The last result in a chat
+SELECT * FROM chat_sessions WHERE chat_id = %(chat_id)s;
+
+-- clear_chat_session --
+-- Forget the last result in a chat
+DELETE FROM chat_sessions WHERE chat_id = %(chat_id)s RETURNING chat_id;
+
+-- upsert_shipped_command --
+-- Add or refresh a shipped command; an operator's command of that name and the enabled flag stay
+INSERT INTO commands (command, workflow, title, description, kind, toml, graph, hash, source)
+VALUES (%(command)s, %(workflow)s, %(title)s, %(description)s, %(kind)s, %(toml)s, %(graph)s,
+        %(hash)s, 'shipped')
+ON CONFLICT (command) DO UPDATE
+SET workflow = excluded.workflow, title = excluded.title, description = excluded.description,
+    kind = excluded.kind, toml = excluded.toml, graph = excluded.graph, hash = excluded.hash,
+    updated_at = now()
+WHERE commands.source = 'shipped' AND commands.hash IS DISTINCT FROM excluded.hash
+RETURNING *;
+
+-- upsert_operator_command --
+-- Add or replace a command from an operator's own workflow
+INSERT INTO commands (command, workflow, title, description, kind, toml, graph, hash, source,
+                      enabled, allowed_roles, limits)
+VALUES (%(command)s, %(workflow)s, %(title)s, %(description)s, %(kind)s, %(toml)s, %(graph)s,
+        %(hash)s, 'operator', %(enabled)s, %(allowed_roles)s, %(limits)s)
+ON CONFLICT (command) DO UPDATE
+SET workflow = excluded.workflow, title = excluded.title, description = excluded.description,
+    kind = excluded.kind, toml = excluded.toml, graph = excluded.graph, hash = excluded.hash,
+    source = 'operator', enabled = excluded.enabled, allowed_roles = excluded.allowed_roles,
+    limits = excluded.limits, updated_at = now()
+RETURNING *;
+
+-- set_command_enabled --
+-- Turn a command on or off
+UPDATE commands SET enabled = %(enabled)s, updated_at = now()
+WHERE command = %(command)s
+RETURNING *;
+
+-- get_command --
+-- One command by name
+SELECT * FROM commands WHERE command = %(command)s;
+
+-- list_commands --
+-- All commands, or only the enabled ones, by name
+SELECT * FROM commands
+WHERE (NOT %(enabled_only)s OR enabled)
+ORDER BY command;
+
+-- delete_command --
+-- Remove a command
+DELETE FROM commands WHERE command = %(command)s RETURNING command;
+
+-- lock_migrations --
+-- Let one process at a time migrate (held until the transaction ends)
+SELECT pg_advisory_xact_lock(1129270861);
+
+-- create_migrations_table --
+-- The table recording applied migrations
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    text PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- migrations_table_exists --
+-- Whether the database has ever been migrated
+SELECT to_regclass('schema_migrations') IS NOT NULL AS present;
+
+-- applied_migrations --
+-- Migrations applied so far, in order
+SELECT version, name, applied_at FROM schema_migrations ORDER BY version;
+
+-- record_migration --
+-- Note that a migration was applied
+INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s);

@@ -1,0 +1,305 @@
+"""The job queue on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+
+import psycopg
+import pytest
+
+from comfyveil.store import database, errors, jobs
+
+Database = database.Database
+
+
+def new_job(
+    user: int = 1, *, chat: int | None = None, command: str = "f", **kw: object
+) -> jobs.NewJob:
+    return jobs.NewJob(
+        user_id=user, chat_id=chat if chat is not None else user, command=command,
+        workflow_hash="h" * 64, params={"prompt": "a red fox"}, **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_enqueue_returns_a_queued_job_with_its_inputs(db: Database) -> None:
+    image = jobs.InputImage(filename="in.png", mime="image/png", data=b"\x89PNG fake")
+    job = await db.jobs.enqueue(new_job(7, inputs=[image], priority=2))
+    assert job.status is jobs.Status.QUEUED
+    assert job.params == {"prompt": "a red fox"}
+    assert (await db.jobs.get(job.id)) == job
+    assert await db.jobs.inputs(job.id) == [image]
+    assert [e.kind for e in await db.jobs.events(job.id)] == ["queued"]
+
+
+async def test_same_idempotency_key_returns_the_existing_job(db: Database) -> None:
+    first = await db.jobs.enqueue(new_job(1, idempotency_key="tg:1:100"))
+    again = await db.jobs.enqueue(new_job(1, idempotency_key="tg:1:100"))
+    assert again.id == first.id
+    concurrent = await asyncio.gather(
+        *(db.jobs.enqueue(new_job(2, idempotency_key="tg:2:5")) for _ in range(5))
+    )
+    assert len({j.id for j in concurrent}) == 1
+    assert len(await db.jobs.list_for_user(2)) == 1
+
+
+async def test_per_user_cap_is_refused_with_a_clear_error(db: Database) -> None:
+    for _ in range(3):
+        await db.jobs.enqueue(new_job(1), max_active=3)
+    with pytest.raises(errors.QueueLimitReached) as caught:
+        await db.jobs.enqueue(new_job(1), max_active=3)
+    assert "3 jobs waiting or running" in str(caught.value)
+    # another user is not affected, and finishing a job frees a slot
+    await db.jobs.enqueue(new_job(2), max_active=3)
+    claimed = await db.jobs.claim("w1")
+    assert claimed is not None
+    await db.jobs.complete(claimed)
+    await db.jobs.enqueue(new_job(claimed.user_id), max_active=3)
+
+
+async def test_daily_quota_and_user_override(db: Database) -> None:
+    await db.jobs.enqueue(new_job(1), daily_quota=1)
+    with pytest.raises(errors.DailyQuotaReached):
+        await db.jobs.enqueue(new_job(1), daily_quota=1)
+    await db.users.set_daily_quota(1, 2)
+    await db.jobs.enqueue(new_job(1), daily_quota=1)
+    assert await db.users.quota_used_today(1) == 2
+
+
+async def test_concurrent_claimers_take_every_job_exactly_once(db: Database) -> None:
+    created = set()
+    for i in range(200):
+        created.add((await db.jobs.enqueue(new_job(i % 7))).id)
+
+    async def claimer(name: str) -> list[uuid.UUID]:
+        store = jobs.JobStore(db.pool)
+        taken = []
+        while (job := await store.claim(name)) is not None:
+            taken.append(job.id)
+        return taken
+
+    results = await asyncio.gather(*(claimer(f"w{i}") for i in range(8)))
+    taken = [job_id for result in results for job_id in result]
+    assert len(taken) == len(set(taken)) == 200
+    assert set(taken) == created
+    assert sum(1 for r in results if r) > 1  # really concurrent
+
+
+async def test_round_robin_between_users(db: Database) -> None:
+    batch = [await db.jobs.enqueue(new_job(1)) for _ in range(10)]
+    single = await db.jobs.enqueue(new_job(2))
+    assert await db.jobs.position(single.id) <= 1
+    order = []
+    while (job := await db.jobs.claim("w")) is not None:
+        order.append(job.id)
+    assert single.id in order[:2]
+    assert [j for j in order if j != single.id] == [j.id for j in batch]
+
+
+async def test_higher_priority_goes_first(db: Database) -> None:
+    await db.jobs.enqueue(new_job(1))
+    urgent = await db.jobs.enqueue(new_job(2, priority=5))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None and claimed.id == urgent.id
+
+
+async def test_claim_respects_backends(db: Database) -> None:
+    only_gpu1 = await db.jobs.enqueue(new_job(1, backends=("gpu1",)))
+    assert await db.jobs.claim("w", backends=["gpu0"]) is None
+    claimed = await db.jobs.claim("w", backends=["gpu0", "gpu1"])
+    assert claimed is not None and claimed.id == only_gpu1.id
+
+
+async def test_positions_move_as_jobs_are_claimed(db: Database) -> None:
+    queued = [await db.jobs.enqueue(new_job(1)) for _ in range(4)]
+    assert [await db.jobs.position(j.id) for j in queued] == [0, 1, 2, 3]
+    await db.jobs.claim("w")
+    assert await db.jobs.position(queued[0].id) is None
+    assert [await db.jobs.position(j.id) for j in queued[1:]] == [0, 1, 2]
+
+
+async def test_expired_lease_returns_the_job_with_submitted_and_backend(db: Database) -> None:
+    job = await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("dying-worker", lease_seconds=0.05)
+    assert claimed is not None
+    await db.jobs.mark_submitted(claimed, "gpu1")
+    assert await db.jobs.recover_expired() == []  # lease still valid
+    await asyncio.sleep(0.1)
+    recovered = await db.jobs.recover_expired()
+    assert [j.id for j in recovered] == [job.id]
+    assert recovered[0].status is jobs.Status.QUEUED
+    assert recovered[0].submitted and recovered[0].backend == "gpu1"
+    with pytest.raises(errors.LeaseLost):
+        await db.jobs.complete(claimed)  # the dead worker cannot finish it any more
+    again = await db.jobs.claim("next-worker")
+    assert again is not None and again.id == job.id
+    assert again.submitted and again.backend == "gpu1" and again.attempts == 2
+    assert "lease_expired" in [e.kind for e in await db.jobs.events(job.id)]
+
+
+async def test_release_does_not_count_an_attempt(db: Database) -> None:
+    await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None and claimed.attempts == 1
+    released = await db.jobs.release(claimed)
+    assert released.status is jobs.Status.QUEUED and released.attempts == 0
+
+
+async def test_transient_failures_retry_with_backoff_then_fail(db: Database) -> None:
+    job = await db.jobs.enqueue(new_job(1, max_attempts=2))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    await db.jobs.mark_submitted(claimed, "gpu0")
+    retried = await db.jobs.fail(claimed, "the GPU server went away", transient=True, backoff=0.2)
+    assert retried.status is jobs.Status.QUEUED
+    assert not retried.submitted and retried.backend is None  # submit afresh next time
+    assert await db.jobs.claim("w") is None  # still backing off
+    await asyncio.sleep(0.25)
+    second = await db.jobs.claim("w")
+    assert second is not None and second.id == job.id and second.attempts == 2
+    failed = await db.jobs.fail(second, "the GPU server went away", transient=True, backoff=0.2)
+    assert failed.status is jobs.Status.FAILED
+    assert failed.error == "the GPU server went away" and failed.finished_at is not None
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert kinds == ["queued", "claimed", "submitted", "retry_scheduled", "claimed", "failed"]
+
+
+async def test_permanent_failure_ends_at_once(db: Database) -> None:
+    await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    failed = await db.jobs.fail(claimed, "a model is missing", transient=False)
+    assert failed.status is jobs.Status.FAILED and failed.attempts == 1
+
+
+async def test_cancel_queued_and_running(db: Database) -> None:
+    image = jobs.InputImage(filename="in.png", mime="image/png", data=b"x")
+    running = await db.jobs.enqueue(new_job(1, inputs=[image]))
+    queued = await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None and claimed.id == running.id
+
+    assert await db.jobs.cancel(queued.id, by_user=2) is None  # not theirs
+    cancelled = await db.jobs.cancel(queued.id, by_user=1)
+    assert cancelled is not None and cancelled.status is jobs.Status.CANCELLED
+    assert await db.jobs.claim("w") is None
+
+    asked = await db.jobs.cancel(running.id, by_user=1)
+    assert asked is not None and asked.status is jobs.Status.RUNNING and asked.cancel_requested
+    assert await db.jobs.record_progress(claimed, {"value": 3, "max": 20}) is True
+    stopped = await db.jobs.mark_cancelled(claimed)
+    assert stopped.status is jobs.Status.CANCELLED
+    assert await db.jobs.inputs(running.id) == []  # images gone once the job ended
+
+
+async def test_complete_stores_outputs_and_sets_the_chat_result(db: Database) -> None:
+    job = await db.jobs.enqueue(new_job(1, chat=-100))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    outputs = [
+        jobs.Output(filename="a.png", kind="image", mime="image/png", data=b"one"),
+        jobs.Output(filename="b.png", kind="image", mime="image/png", data=b"two!"),
+    ]
+    done = await db.jobs.complete(claimed, outputs)
+    assert done.status is jobs.Status.SUCCEEDED
+    stored = await db.jobs.outputs(job.id)
+    assert [(o.index, o.filename, o.data, o.size) for o in stored] == [
+        (0, "a.png", b"one", 3), (1, "b.png", b"two!", 4)
+    ]
+    session = await db.sessions.last_outputs(-100)
+    assert session is not None and session.job_id == job.id
+    assert [o.filename for o in session.outputs] == ["a.png", "b.png"]
+
+
+async def test_delivery_is_recorded_once_and_undelivered_lists_the_rest(db: Database) -> None:
+    first = await db.jobs.enqueue(new_job(1))
+    second = await db.jobs.enqueue(new_job(2))
+    for _ in range(2):
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None
+        await db.jobs.complete(claimed)
+    assert {j.id for j in await db.jobs.undelivered("telegram")} == {first.id, second.id}
+    assert await db.jobs.record_delivery(first.id, "telegram", {"message_id": 5}) is True
+    assert await db.jobs.record_delivery(first.id, "telegram") is False
+    assert [j.id for j in await db.jobs.undelivered("telegram")] == [second.id]
+
+
+async def test_eta_from_measured_durations(db: Database) -> None:
+    earlier = await db.jobs.enqueue(new_job(1))
+    assert await db.jobs.eta(earlier.id) is None  # nothing measured yet
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    await asyncio.sleep(0.2)
+    await db.jobs.complete(claimed)
+    waiting = [await db.jobs.enqueue(new_job(1)) for _ in range(3)]
+    etas = [await db.jobs.eta(j.id) for j in waiting]
+    assert all(e is not None for e in etas)
+    assert etas[0] >= 0.2 and etas[0] < etas[1] < etas[2]  # type: ignore[operator]
+    assert etas[2] == pytest.approx(3 * etas[0])  # type: ignore[operator]
+
+
+async def test_purge_expired_deletes_old_finished_jobs_only(db: Database) -> None:
+    done = await db.jobs.enqueue(new_job(1))
+    waiting = await db.jobs.enqueue(new_job(2))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None and claimed.id == done.id
+    await db.jobs.complete(claimed, [jobs.Output("a.png", "image", "image/png", b"x")])
+    await db.jobs.record_delivery(done.id, "telegram")
+    assert await db.jobs.purge_expired(dt.timedelta(hours=1)) == 0
+    await asyncio.sleep(0.05)
+    assert await db.jobs.purge_expired(0.01) == 1
+    assert await db.jobs.get(done.id) is None
+    assert await db.jobs.outputs(done.id) == []
+    assert await db.sessions.last_outputs(1) is None
+    assert await db.jobs.get(waiting.id) is not None
+
+
+async def test_notify_arrives_on_enqueue_and_updates(db: Database) -> None:
+    async with db.listen(keepalive=0.5) as listener:
+        job = await db.jobs.enqueue(new_job(1))
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None
+        await db.jobs.record_progress(claimed, {"value": 1, "max": 4})
+        seen = []
+        async with asyncio.timeout(5):
+            async for note in listener:
+                seen.append((note.channel, note.payload.get("event"), note.payload["job_id"]))
+                if note.payload.get("event") == "progress":
+                    break
+    job_id = str(job.id)
+    assert seen == [
+        (database.UPDATES_CHANNEL, "queued", job_id),
+        (database.JOBS_CHANNEL, None, job_id),
+        (database.UPDATES_CHANNEL, "claimed", job_id),
+        (database.UPDATES_CHANNEL, "progress", job_id),
+    ]
+
+
+async def test_cancel_of_running_job_notifies_the_worker(db: Database) -> None:
+    await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    async with db.listen([database.UPDATES_CHANNEL], keepalive=0.5) as listener:
+        await db.jobs.cancel(claimed.id, by_user=1)
+        async with asyncio.timeout(5):
+            note = await anext(aiter(listener))
+    assert note.payload == {"job_id": str(claimed.id), "event": "cancel_requested",
+                            "status": "running"}
+
+
+async def test_listener_reconnects_after_losing_its_connection(db: Database) -> None:
+    async with db.listen([database.JOBS_CHANNEL], keepalive=0.2) as listener:
+        stream = aiter(listener)
+        async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as admin:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND query LIKE 'LISTEN%'"
+            )
+        async with asyncio.timeout(10):
+            marker = await anext(stream)
+            assert marker.reconnected  # told to look at the table again
+            job = await db.jobs.enqueue(new_job(1))
+            note = await anext(stream)
+    assert note.channel == database.JOBS_CHANNEL and note.payload == {"job_id": str(job.id)}
