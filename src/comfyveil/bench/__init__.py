@@ -1,0 +1,3 @@
+"""Benchmark harness: runs workflows on backends and reports the seed's table."""
+
+from __future__ import annotations
