@@ -1,0 +1,148 @@
+"""The fake ComfyUI matches the captures in notes/comfyui-api.md, spoken to raw."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+
+from tests.fakes.comfyui import FakeComfyUI
+
+PROMPT = {
+    "1": {"class_type": "EmptyImage",
+          "inputs": {"width": 16, "height": 16, "batch_size": 2, "color": 0}},
+    "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "p"}},
+}
+
+
+async def _until_done(ws: ClientConnection, prompt_id: str) -> list[Any]:
+    frames: list[Any] = []
+    while True:
+        raw = await asyncio.wait_for(ws.recv(), 5)
+        frames.append(raw if isinstance(raw, bytes) else json.loads(raw))
+        if isinstance(raw, str):
+            msg = frames[-1]
+            if msg["type"] == "executing" and msg["data"].get("node") is None \
+                    and msg["data"].get("prompt_id") == prompt_id:
+                return frames
+
+
+def _kinds(frames: list[Any]) -> list[str]:
+    return ["<binary>" if isinstance(f, bytes) else f["type"] for f in frames]
+
+
+async def test_event_order_of_a_fresh_and_a_cached_run(fake_comfy: FakeComfyUI) -> None:
+    ws_url = fake_comfy.url.replace("http", "ws") + "/ws?clientId=probe-1"
+    async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        hello = json.loads(await ws.recv())
+        assert hello == {"type": "status", "data": {
+            "status": {"exec_info": {"queue_remaining": 0}}, "sid": "probe-1"}}
+        body = {"prompt": PROMPT, "client_id": "probe-1"}
+        answer = (await http.post("/prompt", json=body)).json()
+        assert answer["number"] == 0 and answer["node_errors"] == {}
+        frames = await _until_done(ws, answer["prompt_id"])
+        assert _kinds(frames) == [
+            "status", "status", "execution_start", "execution_cached", "progress_state",
+            "executing", "progress_state", "progress_state", "executing", "executed",
+            "progress_state", "execution_success", "status", "executing"]
+        executed = frames[9]["data"]["output"]["images"]
+        assert [i["filename"] for i in executed] == ["p_00001_.png", "p_00002_.png"]
+        assert frames[-2]["data"]["status"]["exec_info"]["queue_remaining"] == 0
+
+        again = (await http.post("/prompt", json={"prompt": PROMPT, "client_id": "probe-1"})).json()
+        frames = await _until_done(ws, again["prompt_id"])
+        assert _kinds(frames) == [
+            "status", "status", "execution_start", "execution_cached", "executed",
+            "progress_state", "execution_success", "status", "executing"]
+        assert frames[3]["data"]["nodes"] == ["1", "2"]
+        assert frames[4]["data"]["output"]["images"] == executed
+        history = (await http.get(f"/history/{again['prompt_id']}")).json()[again["prompt_id"]]
+        assert history["status"]["status_str"] == "success"
+        assert [m[0] for m in history["status"]["messages"]] == [
+            "execution_start", "execution_cached", "execution_success"]
+
+
+async def test_previews_legacy_then_with_metadata(fake_comfy: FakeComfyUI) -> None:
+    prompt = {"1": PROMPT["1"],
+              "2": {"class_type": "SaveImageWebsocket", "inputs": {"images": ["1", 0]}}}
+    base = fake_comfy.url.replace("http", "ws")
+    async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        async with connect(base + "/ws?clientId=legacy") as ws:
+            await ws.recv()
+            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "legacy"})
+                   ).json()["prompt_id"]
+            kinds = _kinds(await _until_done(ws, pid))
+            assert "executed" not in kinds
+            assert kinds.count("<binary>") == 2
+            i = kinds.index("progress")
+            assert kinds[i - 1: i + 2] == ["progress_state", "progress", "<binary>"]
+        async with connect(base + "/ws?clientId=modern") as ws:
+            await ws.recv()
+            await ws.send('{"type":"feature_flags","data":{"supports_preview_metadata":true}}')
+            flags = json.loads(await ws.recv())
+            assert flags == {"type": "feature_flags", "data": {
+                "supports_preview_metadata": True, "max_upload_size": 104857600}}
+            prompt["1"]["inputs"]["color"] = 1  # not cached
+            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "modern"})
+                   ).json()["prompt_id"]
+            frames = await _until_done(ws, pid)
+            kinds = _kinds(frames)
+            i = kinds.index("<binary>")
+            assert kinds[i - 1: i + 2] == ["progress_state", "<binary>", "progress"]
+            assert frames[i][:4] == b"\x00\x00\x00\x04"
+
+
+async def test_duplicate_client_id_silences_the_survivor(fake_comfy: FakeComfyUI) -> None:
+    base = fake_comfy.url.replace("http", "ws") + "/ws?clientId=dup"
+    async with connect(base) as first:
+        await first.recv()
+        async with connect(base) as second:
+            await second.recv()
+            await first.close()
+            await asyncio.sleep(0.05)
+            async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
+                await http.post("/prompt", json={"prompt": PROMPT, "client_id": "dup"})
+            try:
+                got = await asyncio.wait_for(second.recv(), 0.3)
+            except TimeoutError:
+                got = None
+    assert got is None  # not even the status broadcast
+
+
+async def test_http_quirks(fake_comfy: FakeComfyUI) -> None:
+    async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        numbered = (await http.post("/prompt", json={"prompt": PROMPT, "number": -100})).json()
+        assert numbered["number"] == -100.0
+        no_prompt = await http.post("/prompt", json={})
+        assert no_prompt.status_code == 400
+        assert no_prompt.json()["error"]["type"] == "no_prompt"
+        counted = (await http.post("/prompt", json={"prompt": PROMPT, "front": True})).json()
+        assert counted["number"] == -1  # the failed POST above counted too
+        partial = {**PROMPT, "3": {"class_type": "LoadImage", "inputs": {"image": "x.png"}},
+                   "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}}}
+        answer = await http.post("/prompt", json={"prompt": partial})
+        assert answer.status_code == 200
+        assert answer.json()["node_errors"]["3"]["errors"][0]["details"] == (
+            "image - Invalid image file: x.png")
+        mismatch = await http.post("/prompt", json={"prompt": {
+            "1": {"class_type": "EmptyLatentImage",
+                  "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0],
+                                                        "filename_prefix": "x"}}}})
+        assert mismatch.json()["error"]["details"] == (
+            "Return type mismatch between linked nodes: "
+            "images, received_type(LATENT) mismatch input_type(IMAGE)")
+        assert (await http.post("/queue", json={"clear": True})).content == b""
+        assert (await http.post("/interrupt")).content == b""
+        assert (await http.get("/view", params={"filename": "../x"})).status_code == 400
+        assert (await http.get("/view", params={"filename": "a.png",
+                                                "subfolder": ".."})).status_code == 403
+        assert (await http.get("/view", params={"filename": "a.png",
+                                                "type": "bogus"})).status_code == 400
+        assert (await http.get("/view", params={"filename": "nope.png"})).status_code == 404
+        assert (await http.get("/history", params={"max_items": "abc"})).status_code == 500
+        assert (await http.get("/object_info/NoSuchNode")).json() == {}
+        assert (await http.delete("/prompt")).status_code == 405
