@@ -1,0 +1,302 @@
+"""The Anyone layer without a network: safety refusals, install checks, keys, routing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import stat
+import struct
+import tarfile
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from comfyveil import config
+from comfyveil.anyone import errors, hidden, install, process, routing
+from comfyveil.anyone import network as network_mod
+from comfyveil.cli import anon as anon_cli
+
+AUTH = ("auth0 orport=5000 no-v2 v3ident=" + "A" * 40 + " 127.0.0.1:5001 " + "B" * 40,)
+SERVICE_ID = "a" * 56
+
+
+def _fake_anon(tmp_path: Path) -> Path:
+    """A stand-in 'anon' that records that it was started."""
+    binary = tmp_path / "bin" / "anon"
+    binary.parent.mkdir()
+    binary.write_text(f"#!/bin/sh\necho started > {tmp_path / 'was-started'}\nsleep 5\n")
+    binary.chmod(0o755)
+    return binary
+
+
+# -- the process manager refuses to start anon without an explicit, allowed network ----
+
+
+async def test_manager_refuses_to_start_without_a_network(tmp_path: Path) -> None:
+    binary = _fake_anon(tmp_path)
+    with pytest.raises(errors.NetworkNotChosen, match="say which network"):
+        process.ManagedAnon(network=None, binary=binary, data_dir=tmp_path / "state")
+    assert not (tmp_path / "state").exists()
+    assert not (tmp_path / "was-started").exists()
+
+
+async def test_manager_refuses_public_network_when_forbidden(tmp_path: Path) -> None:
+    binary = _fake_anon(tmp_path)
+    assert os.environ[network_mod.FORBID_PUBLIC_ENV] == "1"  # set for the whole session
+    with pytest.raises(errors.PublicNetworkForbidden, match="forbidden"):
+        process.ManagedAnon(network=network_mod.PublicNetwork(), binary=binary,
+                            data_dir=tmp_path / "state")
+    # Allowed when built, forbidden by the time it starts: still refused, nothing runs.
+    allowed = process.ManagedAnon(network=network_mod.PublicNetwork(), binary=binary,
+                                  data_dir=tmp_path / "state", environ={})
+    allowed._environ = {network_mod.FORBID_PUBLIC_ENV: "1"}
+    with pytest.raises(errors.PublicNetworkForbidden):
+        await allowed.start()
+    assert not (tmp_path / "was-started").exists()
+
+
+def test_private_network_must_name_loopback_authorities() -> None:
+    with pytest.raises(errors.NetworkNotChosen):
+        network_mod.PrivateNetwork(())
+    with pytest.raises(errors.NetworkNotChosen, match=r"127\.0\.0\.1"):
+        network_mod.PrivateNetwork((AUTH[0].replace("127.0.0.1", "203.0.113.7"),))
+    with pytest.raises(errors.NetworkNotChosen, match="cannot be overridden"):
+        network_mod.PrivateNetwork(AUTH, extra=("OutboundBindAddress 0.0.0.0",))
+    lines = network_mod.PrivateNetwork(AUTH).anonrc_lines()
+    for required in ("TestingTorNetwork 1", "UseDefaultFallbackDirs 0",
+                     "OutboundBindAddress 127.0.0.1", f"DirAuthority {AUTH[0]}"):
+        assert required in lines
+
+
+def test_written_anonrc_is_private(tmp_path: Path) -> None:
+    anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                               binary=_fake_anon(tmp_path), data_dir=tmp_path / "state")
+    text = anon._anonrc()
+    network_mod.check_anonrc(text)  # passes
+    assert "SocksPort 127.0.0.1:auto" in text and "9050" not in text
+    with pytest.raises(errors.PublicNetworkForbidden):
+        network_mod.check_anonrc("AgreeToTerms 1\nSocksPort 9050\n")
+
+
+def test_network_file_round_trip(tmp_path: Path) -> None:
+    net = network_mod.PrivateNetwork(AUTH, extra=("TestingV3AuthInitialVotingInterval 10",))
+    path = tmp_path / "net"
+    path.write_text(net.to_file_text())
+    assert network_mod.PrivateNetwork.from_file(path) == net
+
+
+# -- install -------------------------------------------------------------------------
+
+
+def test_linux_arm64_is_refused_plainly() -> None:
+    with pytest.raises(errors.UnsupportedPlatform, match="no anon binary for linux/arm64"):
+        install.platform_dir("Linux", "aarch64")
+    assert install.platform_dir("Linux", "x86_64") == "linux/x64"
+
+
+async def test_install_without_npm_says_what_to_do(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(errors.AnonNotInstalled, match=r"install Node\.js with npm"):
+        await install.install(tmp_path / "anon")
+
+
+async def test_install_refuses_a_tampered_package(tmp_path: Path) -> None:
+    """A fake npm hands out a package whose anon is not the pinned one."""
+    payload = b"#!/bin/sh\necho evil\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for name in install.FILES:
+            info = tarfile.TarInfo(f"package/bin/linux/x64/{name}")
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+    tgz = tmp_path / "evil.tgz"
+    tgz.write_bytes(buf.getvalue())
+    npm = tmp_path / "npm"
+    npm.write_text(f"#!/bin/sh\ncp {tgz} ./anyone-protocol-anyone-client-1.1.3.tgz\n")
+    npm.chmod(0o755)
+    with pytest.raises(errors.IntegrityError, match="refusing to install"):
+        await install.install(tmp_path / "anon", npm=str(npm))
+    assert not (tmp_path / "anon" / "anon").exists()
+
+
+async def test_install_checks_hashes_of_the_installed_copy(
+    tmp_path: Path, anon_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = tmp_path / "anon"
+    target.mkdir()
+    for name in install.FILES:
+        shutil.copy2(anon_dir / name, target / name)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-npm-here"))  # a download would fail
+    assert await asyncio.to_thread(install.mismatched_files, target) == []
+    code = await anon_cli._install(anon_cli.argparse.Namespace(
+        dir=target, tarball=None, force=False, config=None))
+    assert code == 0
+    assert "0.4.9" in capsys.readouterr().out
+    with (target / "geoip6").open("ab") as handle:
+        handle.write(b"tampered")
+    assert install.mismatched_files(target) == ["geoip6"]
+    with pytest.raises(errors.AnonNotInstalled):  # it would fetch again, and cannot here
+        await install.install(target)
+
+
+def test_find_binary_reports_missing_install(tmp_path: Path) -> None:
+    settings = config.from_mapping({"data_dir": str(tmp_path)}, environ={})
+    with pytest.raises(errors.AnonNotInstalled, match="comfyveil anon install"):
+        install.find_binary(settings, environ={})
+    binary = _fake_anon(tmp_path)
+    assert install.find_binary(settings, environ={"ANON_BINARY": str(binary)}) == binary
+
+
+# -- versions, keys ------------------------------------------------------------------
+
+
+def test_suffix_comes_from_the_version() -> None:
+    assert process.suffix_for_version("0.4.9.11-live") == ".anon"
+    assert process.suffix_for_version("0.4.10.1") == ".anyone"
+    assert process.suffix_for_version("0.5.0.0") == ".anyone"
+
+
+def test_client_key_files(tmp_path: Path) -> None:
+    hs_dir = tmp_path / "hs"
+    private = hidden.add_client(hs_dir, "bot")
+    auth = (hs_dir / "authorized_clients" / "bot.auth").read_text().strip()
+    assert auth.startswith("descriptor:x25519:") and len(auth.split(":")[2]) == 52
+    key_file = tmp_path / "keys" / "bot.auth_private"
+    hidden.write_client_key_file(key_file, SERVICE_ID, private)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert key_file.read_text().startswith(f"{SERVICE_ID}:descriptor:x25519:")
+    key = hidden.read_client_key_file(key_file)
+    assert key.service_id == SERVICE_ID and key.private_key == private
+    assert "x25519" not in repr(key) and private.hex() not in repr(key)
+    key_file.chmod(0o644)
+    with pytest.raises(errors.HiddenServiceError, match="chmod 600"):
+        hidden.read_client_key_file(key_file)
+    assert hidden.revoke_client(hs_dir, "bot") and hidden.client_names(hs_dir) == []
+    with pytest.raises(errors.HiddenServiceError):
+        hidden.add_client(hs_dir, "../escape")
+
+
+async def test_expose_requires_client_authorization_by_default(tmp_path: Path) -> None:
+    args = anon_cli.argparse.Namespace(
+        target="127.0.0.1:8188", name="comfyui", port=80, client=[], revoke=[], no_auth=False,
+        private_network=None, once=True, config=None)
+    with pytest.raises(anon_cli.UsageError, match="--client NAME"):
+        await anon_cli._expose(args)
+
+
+# -- routing -------------------------------------------------------------------------
+
+
+class _Attached(process.AttachedAnon):
+    def __init__(self, port: int, suffix: str | None = ".anon") -> None:
+        super().__init__(socks=f"127.0.0.1:{port}")
+        self.suffix = suffix
+
+
+def test_routing_rules() -> None:
+    anon = _Attached(9999)
+    onion = config.BackendConfig("gpu0", f"http://{SERVICE_ID}.anon")
+    local = config.BackendConfig("local", "http://127.0.0.1:8188")
+    forced = config.BackendConfig("cloud", "http://127.0.0.1:8188", via="anyone")
+    direct = config.BackendConfig("lan", f"http://{SERVICE_ID}.anon", via="direct")
+    url = routing.proxy_url_for(onion, anon)
+    assert url is not None and url.startswith("socks5h://comfyveil-backend-gpu0:")
+    assert url.endswith("@127.0.0.1:9999")
+    assert routing.proxy_url_for(local, anon) is None
+    assert routing.proxy_url_for(forced, anon) is not None
+    assert routing.proxy_url_for(direct, anon) is None
+    # Different backends, different SOCKS credentials: different circuits.
+    assert routing.proxy_url_for(forced, anon) != url
+    with pytest.raises(errors.AnonError, match="not running"):
+        routing.proxy_url_for(onion, None)
+    # A newer daemon serves .anyone; an .anon host is then an ordinary name.
+    newer = _Attached(9999, ".anyone")
+    assert routing.proxy_url_for(config.BackendConfig("n", f"http://{SERVICE_ID}.anyone"),
+                                 newer) is not None
+    assert routing.proxy_url_for(onion, newer) is None
+
+
+def test_telegram_proxy() -> None:
+    anon = _Attached(9999)
+    on = config.from_mapping({"anyone": {"telegram": True}}, environ={})
+    off = config.from_mapping({}, environ={})
+    assert routing.telegram_proxy_url(off, anon) is None
+    assert routing.telegram_proxy_url(on, anon) == anon.socks_url("telegram")
+
+
+class _RecordingSocks:
+    """A SOCKS5 server on 127.0.0.1 that records each CONNECT request and refuses it."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, int, str]] = []  # (atyp, host, port, user)
+        self.server: asyncio.Server | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            _, nmethods = await reader.readexactly(2)
+            methods = await reader.readexactly(nmethods)
+            user = ""
+            if 2 in methods:
+                writer.write(b"\x05\x02")
+                _, ulen = await reader.readexactly(2)
+                user = (await reader.readexactly(ulen)).decode()
+                (plen,) = await reader.readexactly(1)
+                await reader.readexactly(plen)
+                writer.write(b"\x01\x00")
+            else:
+                writer.write(b"\x05\x00")
+            _, _, _, atyp = await reader.readexactly(4)
+            if atyp == 3:
+                (length,) = await reader.readexactly(1)
+                host, kind = (await reader.readexactly(length)).decode(), "domain"
+            elif atyp == 1:
+                host, kind = ".".join(str(b) for b in await reader.readexactly(4)), "ipv4"
+            else:
+                host, kind = (await reader.readexactly(16)).hex(), "ipv6"
+            (port,) = struct.unpack("!H", await reader.readexactly(2))
+            self.requests.append((kind, host, port, user))
+            writer.write(b"\x05\x04\x00\x01" + bytes(6))  # host unreachable
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self.server:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_socks_request_carries_the_hostname_not_an_address() -> None:
+    """httpx and websockets, with our proxy URL, never resolve the name locally."""
+    socks = _RecordingSocks()
+    anon = _Attached(await socks.start())
+    host = f"{SERVICE_ID}.anon"
+    backend = config.BackendConfig("gpu0", f"http://{host}")
+    proxy = routing.proxy_url_for(backend, anon)
+    assert proxy is not None
+    try:
+        with pytest.raises(httpx.ProxyError):
+            async with httpx.AsyncClient(proxy=proxy, timeout=5) as client:
+                await client.get(f"http://{host}/system_stats")
+        with pytest.raises(websockets.ProxyError):
+            async with websockets.connect(f"ws://{host}/ws", proxy=proxy, open_timeout=5):
+                pass
+    finally:
+        await socks.stop()
+    assert len(socks.requests) == 2
+    for kind, seen_host, port, user in socks.requests:
+        assert (kind, seen_host, port) == ("domain", host, 80)
+        assert user == "comfyveil-backend-gpu0"
+
