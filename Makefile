@@ -19,6 +19,10 @@ install: $(STAMP)
 anon: $(STAMP)
 	$(BIN)/comfyveil anon install
 
+# The tests' copy of anon lives in the venv, so a clean checkout tests the pinned binary.
+$(VENV)/anon/anon: $(STAMP)
+	$(BIN)/comfyveil anon install --dir $(VENV)/anon
+
 run: install anon
 	$(BIN)/comfyveil run
 
@@ -26,9 +30,9 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-test: install anon
+test: install $(VENV)/anon/anon
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -q -p no:cacheprovider
+	COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only $(BIN)/pytest -q -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -25,10 +25,15 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test sees the developer's configuration, database or token."""
     import os
 
+    keep = {"COMFYVEIL_ANON_DIR"}  # where `make test` installed the anon binary
     for name in list(os.environ):
-        if name.startswith("COMFYVEIL_") or name in {"DATABASE_URL", "ANON_BINARY"}:
+        if (name.startswith("COMFYVEIL_") and name not in keep) or name in {
+            "DATABASE_URL", "ANON_BINARY"
+        }:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COMFYVEIL_DATA_DIR", str(tmp_path / "comfyveil-data"))
+    # No test may ever start anon on the public Anyone network (see anyone/network.py).
+    monkeypatch.setenv("COMFYVEIL_ANYONE_FORBID_PUBLIC", "1")
 
 
 _real_connect = socket.socket.connect
