@@ -1,0 +1,116 @@
+"""`comfyveil jobs`: look at the queue and cancel jobs from the command line.
+
+    comfyveil jobs                 # the recent jobs queued from the command line
+    comfyveil jobs list --user 42  # a Telegram user's recent jobs
+    comfyveil jobs show JOB_ID
+    comfyveil jobs cancel JOB_ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from pathlib import Path
+from typing import Any
+
+from comfyveil import config
+from comfyveil.cli.submit import CLI_USER_ID, describe_progress
+from comfyveil.errors import UsageError
+from comfyveil.store import database, jobs
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "jobs",
+        help="list, show and cancel queued jobs",
+        description="List recent jobs, show one job, or cancel one.",
+    )
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE")
+    parser.set_defaults(handler=list_jobs, user=CLI_USER_ID, limit=20, status=None)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    listing = actions.add_parser("list", help="recent jobs, newest first")
+    listing.add_argument(
+        "--user", type=int, default=CLI_USER_ID,
+        help=f"a Telegram user id (default {CLI_USER_ID}: jobs queued with `comfyveil submit`)",
+    )
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--status", choices=[s.value for s in jobs.Status], default=None)
+    listing.set_defaults(handler=list_jobs)
+    show = actions.add_parser("show", help="one job in detail, with its history")
+    show.add_argument("job_id", metavar="ID")
+    show.set_defaults(handler=show_job)
+    cancel = actions.add_parser("cancel", help="cancel a queued or running job")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.set_defaults(handler=cancel_job)
+    for sub in (listing, show, cancel):
+        sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE")
+
+
+def parse_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text.strip())
+    except ValueError as exc:
+        raise UsageError(f"{text[:40]!r} is not a job id") from exc
+
+
+async def _open(args: argparse.Namespace) -> database.Database:
+    return await database.Database.open(config.load(args.config))
+
+
+def _time(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+
+
+async def list_jobs(args: argparse.Namespace) -> int:
+    async with await _open(args) as db:
+        statuses = [jobs.Status(args.status)] if args.status else None
+        found = await db.jobs.list_for_user(args.user, limit=args.limit, statuses=statuses)
+    if not found:
+        print("no jobs")
+        return 0
+    print(f"{'ID':36}  {'COMMAND':8}  {'STATUS':9}  {'BACKEND':8}  {'TRIES':5}  CREATED")
+    for job in found:
+        print(f"{job.id!s:36}  {job.command:8}  {job.status.value:9}  "
+              f"{job.backend or '-':8}  {job.attempts:5}  {_time(job.created_at)}")
+    return 0
+
+
+async def show_job(args: argparse.Namespace) -> int:
+    job_id = parse_id(args.job_id)
+    async with await _open(args) as db:
+        job = await db.jobs.get(job_id)
+        if job is None:
+            raise UsageError(f"there is no job {job_id}")
+        position = await db.jobs.position(job_id)
+        eta = await db.jobs.eta(job_id)
+        history = await db.jobs.events(job_id)
+        outputs = await db.jobs.outputs(job_id)
+    print(f"job      {job.id}")
+    print(f"command  /{job.command}")
+    print(f"status   {job.status.value}: {describe_progress(job, position)}")
+    print(f"backend  {job.backend or '-'}  (attempt {job.attempts} of {job.max_attempts})")
+    print(f"created  {_time(job.created_at)}   finished {_time(job.finished_at)}")
+    if eta is not None:
+        print(f"eta      about {eta:.0f} s")
+    if job.error:
+        print(f"error    {job.error}")
+    for output in outputs:
+        print(f"output   {output.index}: {output.filename} ({output.mime}, {output.size} bytes)")
+    for event in history:
+        print(f"  {_time(event.at)}  {event.kind:16} {event.status.value}")
+    return 0
+
+
+async def cancel_job(args: argparse.Namespace) -> int:
+    job_id = parse_id(args.job_id)
+    async with await _open(args) as db:
+        job = await db.jobs.cancel(job_id)
+    if job is None:
+        raise UsageError(f"there is no job {job_id}")
+    if job.status is jobs.Status.CANCELLED:
+        print(f"job {job_id} cancelled")
+    elif job.status is jobs.Status.RUNNING:
+        print(f"job {job_id} is running; its worker was asked to stop it")
+    else:
+        print(f"job {job_id} had already ended ({job.status.value})")
+    return 0

@@ -1,0 +1,212 @@
+"""`comfyveil submit`: put a job in the queue without a chat; optionally wait for it.
+
+    comfyveil submit f an astronaut riding a horse --set steps=4
+    comfyveil submit qwen "make it night" --image photo.png --wait --out out/
+
+Prints the job id. With --wait, the id and progress go to stderr and the saved output
+paths to stdout, one per line, like `comfyveil generate`. Everything is checked before the job is
+queued: an unknown command or a parameter out of bounds is refused (exit 2) and nothing
+is written to the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from comfyveil import config, sinks
+from comfyveil.cli.generate import parse_assignments
+from comfyveil.comfy import workflow
+from comfyveil.errors import ComfyveilError, UsageError
+from comfyveil.store import database, jobs
+
+CLI_USER_ID = 0  # jobs queued from the command line belong to this pseudo-user
+WAIT_POLL = 1.0  # seconds between looks at the job while waiting, besides NOTIFY
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "submit",
+        help="queue a job for the workers (optionally wait and save its outputs)",
+        description="Queue WORKFLOW (a command such as f, or a workflow name) with PROMPT "
+        "and print the job id; with --wait, follow it and save its outputs into DIR.",
+    )
+    parser.add_argument("workflow", metavar="WORKFLOW")
+    parser.add_argument("prompt", metavar="PROMPT", nargs="*", help="the prompt text")
+    parser.add_argument(
+        "--image", action="append", default=[], type=Path, metavar="FILE",
+        help="an input image, for workflows that take one (repeat for several)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], dest="values", metavar="NAME=VALUE",
+        help="set a workflow parameter, e.g. --set steps=4 (repeatable)",
+    )
+    parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
+    parser.add_argument("--out", type=Path, default=Path(), metavar="DIR")
+    parser.add_argument("--priority", type=int, default=0, help="higher runs first")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE")
+    parser.set_defaults(handler=run)
+
+
+def check_image(path: Path, settings: config.Settings) -> jobs.InputImage:
+    """Read an --image file and make sure it is an image within the limits. Blocking."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    limit = settings.limits.max_image_bytes
+    if len(data) > limit:
+        raise UsageError(f"{path.name} is larger than {limit // (1024 * 1024)} MB")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            kind = image.format or ""
+            pixels = image.width * image.height
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise UsageError(f"{path.name} is not an image comfyveil can read") from exc
+    if pixels > settings.limits.max_image_pixels:
+        raise UsageError(f"{path.name} has too many pixels ({pixels})")
+    mime = Image.MIME.get(kind, "application/octet-stream")
+    return jobs.InputImage(filename=path.name, mime=mime, data=data)
+
+
+async def find_command(db: database.Database, name: str) -> workflow.Workflow:
+    """The workflow of a command (``f``, ``/f``) or of a workflow name, as stored."""
+    await db.commands.seed()
+    command = await db.commands.get(name.removeprefix("/"))
+    if command is None:
+        for candidate in await db.commands.list():
+            if candidate.workflow == name:
+                command = candidate
+                break
+    if command is None:
+        known = ", ".join(c.command for c in await db.commands.list()) or "none"
+        raise UsageError(f"unknown command {name[:60]}; known: {known}")
+    if not command.enabled:
+        raise UsageError(f"the command /{command.command} is turned off")
+    return command.to_workflow()
+
+
+async def build_job(
+    db: database.Database,
+    settings: config.Settings,
+    name: str,
+    prompt: Sequence[str],
+    assignments: Sequence[str],
+    image_paths: Sequence[Path],
+    *,
+    priority: int = 0,
+) -> jobs.NewJob:
+    """Check everything a job needs and describe it; nothing is queued yet.
+
+    Raises:
+        UsageError: unknown command, bad parameter, missing or unreadable image.
+    """
+    wf = await find_command(db, name)
+    values: dict[str, object] = dict(parse_assignments(list(assignments)))
+    if prompt:
+        if wf.prompt_param is None:
+            raise UsageError(f"/{wf.command} takes no prompt")
+        values[wf.prompt_param] = " ".join(prompt)
+    names = wf.image_params
+    if len(image_paths) > len(names):
+        allowed = "no image" if not names else f"{len(names)} image(s)"
+        raise UsageError(f"/{wf.command} takes {allowed}, got {len(image_paths)}")
+    images = [await asyncio.to_thread(check_image, path, settings) for path in image_paths]
+    for param, image in zip(names, images, strict=False):
+        values[param] = image.filename
+    validated = wf.validate(values)
+    for param in names[len(images):]:
+        validated.pop(param, None)  # unbound images are not in the graph's values
+    return jobs.NewJob(
+        user_id=CLI_USER_ID, chat_id=CLI_USER_ID, command=wf.command,
+        workflow_hash=wf.hash, params=validated, inputs=images, priority=priority,
+        max_attempts=settings.worker.max_attempts,
+    )
+
+
+def describe_progress(job: jobs.Job, position: int | None) -> str:
+    """One line about where a job stands, for a terminal."""
+    if job.status is jobs.Status.QUEUED:
+        if job.attempts and job.error:
+            return f"retrying after: {job.error}"
+        return "queued" if position is None else f"queued, {position} job(s) ahead"
+    p = job.progress or {}
+    state = p.get("state")
+    if job.status is jobs.Status.RUNNING:
+        if state == "waiting":
+            return str(p.get("text") or "waiting for a GPU")
+        if state == "queued_on_backend":
+            where = "running" if p.get("position") == 0 else f"#{p.get('position')} on"
+            return f"{where} {p.get('backend', job.backend or '')}".strip()
+        if p.get("percent") is not None:
+            return (f"running on {p.get('backend', job.backend)}: step "
+                    f"{p.get('value', 0):g}/{p.get('max', 0):g} ({p['percent']:.0f}%)")
+        return f"running on {job.backend}" if job.backend else "starting"
+    return str(job.status)
+
+
+async def wait_for_job(
+    db: database.Database, job_id: uuid.UUID, stream: IO[str], poll: float = WAIT_POLL
+) -> jobs.Job:
+    """Follow a job until it ends, writing progress lines to `stream`."""
+    last = ""
+    async with db.listen((database.UPDATES_CHANNEL,)) as listener:
+        notes = listener.__aiter__()
+        pending: asyncio.Task[Any] | None = None
+        try:
+            while True:
+                job = await db.jobs.get(job_id)
+                if job is None:
+                    raise ComfyveilError("the job disappeared from the queue")
+                if job.status.finished:
+                    return job
+                position = await db.jobs.position(job_id)
+                line = describe_progress(job, position)
+                if line != last:
+                    last = line
+                    print(line, file=stream, flush=True)
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(notes))
+                done, _ = await asyncio.wait({pending}, timeout=poll)
+                if done:
+                    pending = None
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+
+
+async def run(args: argparse.Namespace) -> int:
+    settings = config.load(args.config)
+    async with await database.Database.open(settings) as db:
+        new = await build_job(
+            db, settings, args.workflow, args.prompt, args.values, args.image,
+            priority=args.priority,
+        )
+        job = await db.jobs.enqueue(new)
+        if not args.wait:
+            print(job.id, flush=True)
+            return 0
+        # With --wait, stdout carries only the saved paths (like generate).
+        print(f"job {job.id}", file=sys.stderr, flush=True)
+        finished = await wait_for_job(db, job.id, sys.stderr)
+        if finished.status is jobs.Status.CANCELLED:
+            raise ComfyveilError("the job was cancelled")
+        if finished.status is jobs.Status.FAILED:
+            raise ComfyveilError(finished.error or "the job failed")
+        outputs = await db.jobs.outputs(job.id)
+        saved = await asyncio.to_thread(sinks.write_outputs, args.out, finished, outputs)
+        for path in saved:
+            print(path)
+    return 0

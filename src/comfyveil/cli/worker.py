@@ -1,0 +1,82 @@
+"""`comfyveil worker`: run jobs from the database on the configured ComfyUI backends.
+
+    comfyveil worker --config comfyveil.toml --id gpu-host-1
+
+Any number of workers may run, on any host that reaches the database. SIGTERM or
+Ctrl-C stops claiming, lets running jobs finish within the grace period and hands the
+rest back; a worker killed outright loses nothing (its leases expire and the next worker
+re-attaches to the prompts already on the GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Any
+
+from comfyveil import config, sinks
+from comfyveil.anyone import routing
+from comfyveil.comfy import pool
+from comfyveil.store import database
+from comfyveil.worker import SHUTDOWN_GRACE, Worker, WorkerOptions
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "worker",
+        help="run queued jobs on the configured ComfyUI backends",
+        description="Claim jobs from the database and run them on the backends of the "
+        "configuration file, until SIGTERM or Ctrl-C.",
+    )
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE")
+    parser.add_argument(
+        "--id", dest="worker_id", default=None, metavar="NAME",
+        help="this worker's name in the job log (default: host-pid-random)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, metavar="DIR",
+        help="also write every finished job's outputs into DIR",
+    )
+    parser.add_argument(
+        "--grace", type=float, default=SHUTDOWN_GRACE, metavar="SECONDS",
+        help="on stop, how long running jobs may take to finish before they are handed back",
+    )
+    parser.set_defaults(handler=run)
+
+
+def options_from(settings: config.Settings, args: argparse.Namespace) -> WorkerOptions:
+    return WorkerOptions(
+        worker_id=args.worker_id or "",
+        lease_seconds=settings.worker.lease_seconds,
+        poll_interval=settings.worker.poll_interval,
+        job_timeout=settings.worker.job_timeout,
+        shutdown_grace=args.grace,
+    )
+
+
+def direct_proxy(backend: config.BackendConfig) -> str | None:
+    """Backends reached directly; one that needs the Anyone network is refused plainly
+    (`comfyveil run` starts anon and passes its own hook)."""
+    return routing.proxy_url_for(backend, None)
+
+
+async def run(args: argparse.Namespace) -> int:
+    settings = config.load(args.config)
+    delivery = [sinks.FileSink(args.out)] if args.out is not None else []
+    async with await database.Database.open(settings) as db:
+        await db.commands.seed()
+        async with pool.Pool(settings.backend_list(), proxy_for=direct_proxy) as backends:
+            worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, worker.stop)
+            try:
+                await worker.run()
+            finally:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    with contextlib.suppress(Exception):
+                        loop.remove_signal_handler(signum)
+    return 0

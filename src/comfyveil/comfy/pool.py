@@ -1,0 +1,349 @@
+"""The pool of ComfyUI backends: who is up, what each can run, and who has a free slot.
+
+Every configured backend (one ComfyUI, usually one GPU) is probed in a side task: its
+health and queue length often, its node classes and model files (``/object_info``) when
+it comes up and then now and then. A backend that fails a probe or a job is marked down
+and probed again with exponential backoff.
+
+A backend holds at most one running job plus ``max_waiting`` queued ones (default 1), so
+its GPU starts the next job the moment one ends and no job waits behind a slow GPU while
+another idles. `acquire` waits for such a slot on a backend that can run the workflow,
+preferring idle backends; when every backend is down it waits (the caller tells the user
+"waiting for a GPU"); when the backends that are up all lack something the workflow needs
+it fails at once with `NoBackendCanRun` ("no GPU has the model file flux1-dev.safetensors").
+
+Slots are counted per pool (one per worker process); jobs other pools put on a backend
+show up in its probed queue length, so several workers share backends without piling
+more than a little extra work onto one GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from comfyveil import config
+from comfyveil.comfy import errors, workflow
+
+logger = logging.getLogger(__name__)
+
+PROBE_INTERVAL = 2.0  # seconds between health probes of a backend that is up
+CAPABILITY_REFRESH = 300.0  # seconds between two reads of /object_info of a backend
+BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went down
+BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
+PROBE_TIMEOUT = 10.0  # seconds one probe may take
+
+_MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
+
+
+class NoBackendCanRun(errors.ComfyError):
+    """No GPU can run this workflow."""
+
+    transient = False
+
+
+class BackendClient(Protocol):
+    """What the pool needs of a ComfyUI client (comfy.client.ComfyClient has it)."""
+
+    async def __aenter__(self) -> Any: ...
+    async def __aexit__(self, *exc: object) -> Any: ...
+    async def system_stats(self) -> Any: ...
+    async def queue(self) -> Any: ...
+    async def object_info(self, *, refresh: bool = False) -> Mapping[str, Any]: ...
+
+
+ProxyFor = Callable[[config.BackendConfig], "str | None"]
+ClientFactory = Callable[[config.BackendConfig, "str | None"], BackendClient]
+
+
+def direct(backend: config.BackendConfig) -> str | None:
+    """The default proxy hook: connect to every backend directly."""
+    return None
+
+
+def _default_client(backend: config.BackendConfig, proxy: str | None) -> BackendClient:
+    from comfyveil.comfy import client as comfy_client
+
+    return comfy_client.ComfyClient(backend.url, name=backend.name, proxy=proxy)
+
+
+def queue_length(answer: Any) -> int:
+    """Jobs running plus pending on a backend, from whatever `client.queue()` returned."""
+    if isinstance(answer, int):
+        return answer
+    for running, pending in (("running", "pending"), ("queue_running", "queue_pending")):
+        if hasattr(answer, running):
+            return len(getattr(answer, running)) + len(getattr(answer, pending))
+        if isinstance(answer, Mapping) and running in answer:
+            return len(answer[running]) + len(answer.get(pending) or ())
+    raise errors.BackendProtocolError("the backend's queue answer is not understood")
+
+
+@dataclass(eq=False)
+class Backend:
+    """One backend as the pool sees it."""
+
+    config: config.BackendConfig
+    client: Any
+    healthy: bool = False
+    object_info: Mapping[str, Any] | None = None
+    capabilities_at: float = 0.0  # monotonic time of the last /object_info read
+    failures: int = 0
+    next_probe: float = 0.0
+    remote_queue: int = 0  # running + pending at the last probe
+    local_at_probe: int = 0  # of which were ours
+    jobs: set[str] = field(default_factory=set)  # job ids this pool put there
+    last_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def capacity(self) -> int:
+        return 1 + max(0, self.config.max_waiting)
+
+    @property
+    def load(self) -> int:
+        """Jobs on the backend: ours now plus the others' seen at the last probe."""
+        foreign = max(0, self.remote_queue - self.local_at_probe)
+        return len(self.jobs) + foreign
+
+    @property
+    def free(self) -> bool:
+        return self.healthy and self.load < self.capacity
+
+    def problems(self, wf: workflow.Workflow) -> list[str]:
+        """What stops this backend from running `wf` (empty: it can)."""
+        if self.object_info is None:
+            return ["its nodes and models are not known yet"]
+        return wf.check(self.object_info)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A place for one job on one backend; give it back with `Pool.release`."""
+
+    backend: Backend
+    job_id: str
+
+
+class Pool:
+    """The configured backends, probed in the background.
+
+    Use as ``async with Pool(settings.backend_list()) as pool:``; `start` opens a client
+    per backend, probes each once and starts the health side task.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[config.BackendConfig],
+        *,
+        proxy_for: ProxyFor = direct,
+        client_factory: ClientFactory = _default_client,
+        probe_interval: float = PROBE_INTERVAL,
+    ) -> None:
+        if not backends:
+            raise config.ConfigError("no backends configured")
+        self._configs = tuple(backends)
+        self._proxy_for = proxy_for
+        self._client_factory = client_factory
+        self.probe_interval = probe_interval
+        self.backends: dict[str, Backend] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._changed = asyncio.Condition()
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Pool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        for cfg in self._configs:
+            client = self._client_factory(cfg, self._proxy_for(cfg))
+            opened = await self._stack.enter_async_context(client)  # type: ignore[arg-type]
+            self.backends[cfg.name] = Backend(cfg, opened if opened is not None else client)
+        await asyncio.gather(*(self.probe(b) for b in self.backends.values()))
+        self._health_task = asyncio.create_task(self._health_loop(), name="pool-health")
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        await self._stack.aclose()
+
+    # --- state -------------------------------------------------------------------
+
+    def get(self, name: str) -> Backend | None:
+        return self.backends.get(name)
+
+    @property
+    def any_healthy(self) -> bool:
+        return any(b.healthy for b in self.backends.values())
+
+    def free_backends(self) -> list[str]:
+        """Names of the backends that can take one more job now."""
+        return [b.name for b in self.backends.values() if b.free]
+
+    def candidates(self, wf: workflow.Workflow) -> list[Backend]:
+        """Healthy backends able to run `wf`, the least loaded (idle) first."""
+        able = [b for b in self.backends.values() if b.healthy and not b.problems(wf)]
+        return sorted(able, key=lambda b: (b.load, b.failures, b.name))
+
+    def why_not(self, wf: workflow.Workflow) -> str | None:
+        """Why no healthy backend can run `wf`, or None when one can or none is up.
+
+        The sentence names what every healthy backend lacks, e.g. "no GPU has the model
+        file flux1-dev.safetensors".
+        """
+        healthy = [b for b in self.backends.values() if b.healthy and b.object_info is not None]
+        if not healthy or any(not b.problems(wf) for b in healthy):
+            return None
+        per_backend = [b.problems(wf) for b in healthy]
+        common = [p for p in per_backend[0] if all(p in other for other in per_backend[1:])]
+        sentences = []
+        for problem in common:
+            match = _MISSING.match(problem)
+            if match:
+                sentences.append(f"no GPU has the {match.group(1)} {match['what']}")
+        if sentences:
+            return "; ".join(sentences)
+        first = per_backend[0][0]
+        return f"no GPU can run this workflow: {first}"
+
+    # --- slots -------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        wf: workflow.Workflow,
+        job_id: str,
+        *,
+        on_wait: Callable[[str], Awaitable[None]] | None = None,
+        avoid: str | None = None,
+    ) -> Slot:
+        """Wait for a free slot on a backend that can run `wf` and take it.
+
+        `on_wait` is called once with a plain sentence ("waiting for a GPU") when the job
+        has to wait. `avoid` names a backend to use only when no other one can take it.
+
+        Raises:
+            NoBackendCanRun: backends are up but none has what `wf` needs.
+        """
+        told = False
+        async with self._changed:
+            while True:
+                reason = self.why_not(wf)
+                if reason is not None:
+                    raise NoBackendCanRun(reason)
+                able = self.candidates(wf)
+                free = [b for b in able if b.free]
+                if avoid is not None and len(free) > 1:
+                    free = [b for b in free if b.name != avoid] or free
+                if free:
+                    backend = free[0]
+                    backend.jobs.add(job_id)
+                    return Slot(backend, job_id)
+                if on_wait is not None and not told:
+                    told = True
+                    await on_wait("waiting for a GPU" if not able else "waiting for a free GPU")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), self.probe_interval)
+
+    def take(self, name: str, job_id: str) -> Slot | None:
+        """Hold a slot on backend `name` for a job already there (re-attaching after a
+        crash), even past capacity: the job is on that GPU whatever we count."""
+        backend = self.backends.get(name)
+        if backend is None:
+            return None
+        backend.jobs.add(job_id)
+        return Slot(backend, job_id)
+
+    async def release(self, slot: Slot) -> None:
+        slot.backend.jobs.discard(slot.job_id)
+        await self._notify()
+
+    @contextlib.asynccontextmanager
+    async def slot(
+        self, wf: workflow.Workflow, job_id: str, **kwargs: Any
+    ) -> AsyncIterator[Slot]:
+        held = await self.acquire(wf, job_id, **kwargs)
+        try:
+            yield held
+        finally:
+            await self.release(held)
+
+    async def wait_for_change(self, seconds: float) -> None:
+        """Return when a slot frees or a backend's state changes, or after `seconds`."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), seconds)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- health ------------------------------------------------------------------
+
+    async def mark_down(self, backend: Backend, reason: str) -> None:
+        """A job or probe found the backend failing: stop sending it work for a while."""
+        backend.failures += 1
+        delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1))
+        backend.next_probe = time.monotonic() + delay
+        if backend.healthy:
+            logger.warning(
+                "backend %s is down (%s); probing again in %.1f s", backend.name, reason, delay,
+                extra={"action": "backend_down", "backend": backend.name},
+            )
+        backend.healthy = False
+        backend.last_error = reason
+        await self._notify()
+
+    async def probe(self, backend: Backend) -> bool:
+        """Probe one backend now; True when it is up."""
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                answer = await backend.client.queue()
+                now = time.monotonic()
+                if (
+                    backend.object_info is None
+                    or not backend.healthy
+                    or now - backend.capabilities_at > CAPABILITY_REFRESH
+                ):
+                    backend.object_info = await backend.client.object_info(refresh=True)
+                    backend.capabilities_at = now
+        except (errors.ComfyError, TimeoutError, OSError) as exc:
+            await self.mark_down(backend, str(exc) if str(exc) else type(exc).__name__)
+            return False
+        backend.remote_queue = queue_length(answer)
+        backend.local_at_probe = len(backend.jobs)
+        backend.next_probe = time.monotonic() + self.probe_interval
+        if not backend.healthy:
+            logger.info(
+                "backend %s is up", backend.name,
+                extra={"action": "backend_up", "backend": backend.name},
+            )
+        backend.healthy = True
+        backend.failures = 0
+        backend.last_error = None
+        await self._notify()
+        return True
+
+    async def _health_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            due = [b for b in self.backends.values() if b.next_probe <= now]
+            if due:
+                await asyncio.gather(*(self.probe(b) for b in due))
+            upcoming = min(b.next_probe for b in self.backends.values())
+            await asyncio.sleep(max(0.05, min(self.probe_interval, upcoming - time.monotonic())))

@@ -1,0 +1,84 @@
+"""Where finished jobs go: delivery sinks.
+
+A worker hands every finished job (succeeded, failed or cancelled) to each of its sinks,
+then records the delivery in the database (`deliveries`), so a result reaches a sink
+once even when a worker dies between "done" and "delivered": the next worker finds the
+job undelivered and hands it over again. A sink should therefore tolerate seeing a job a
+second time after a crash (FileSink simply writes the same files again).
+
+The Telegram front end adds its own sink (send the photo, edit the status message);
+`FileSink` writes outputs into a folder, like `comfyveil generate --out`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+from typing import Protocol, runtime_checkable
+
+from comfyveil.store import jobs
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
+
+
+@runtime_checkable
+class DeliverySink(Protocol):
+    """Something that takes a finished job's result to its user."""
+
+    @property
+    def name(self) -> str:
+        """A stable name, recorded with each delivery (e.g. "telegram", "files")."""
+        ...
+
+    async def deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
+        """Deliver a finished job. `outputs` is empty unless the job succeeded.
+
+        Raise to have the delivery tried again later (it is then not recorded).
+        """
+        ...
+
+
+def safe_name(filename: str) -> str:
+    """A file name from a backend, reduced to something safe to create locally."""
+    base = PurePosixPath(filename.replace("\\", "/")).name
+    base = _UNSAFE.sub("_", base).strip(" .")
+    return base or "output"
+
+
+def output_path(out_dir: Path, job: jobs.Job, output: jobs.Output) -> Path:
+    """Where FileSink (and `comfyveil submit --out`) puts one output."""
+    return out_dir / f"{job.id}-{output.index}-{safe_name(output.filename)}"
+
+
+def write_outputs(out_dir: Path, job: jobs.Job, outputs: Sequence[jobs.Output]) -> list[Path]:
+    """Write outputs atomically (temp file, then rename); the paths written. Blocking."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for output in outputs:
+        path = output_path(out_dir, job, output)
+        tmp = path.with_name(f".{path.name}.part")
+        tmp.write_bytes(output.data)
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+class FileSink:
+    """Writes each succeeded job's outputs into `out_dir` as JOBID-INDEX-FILENAME."""
+
+    def __init__(self, out_dir: Path, *, name: str = "files") -> None:
+        self.out_dir = Path(out_dir)
+        self._name = name
+        self.delivered: list[Path] = []  # every path written by this sink, in order
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
+        if job.status is not jobs.Status.SUCCEEDED or not outputs:
+            return
+        paths = await asyncio.to_thread(write_outputs, self.out_dir, job, outputs)
+        self.delivered.extend(paths)

@@ -1,0 +1,161 @@
+"""`comfyveil worker`, `submit` and `jobs` as real processes against PostgreSQL and fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from comfyveil import sinks
+from comfyveil.store import database, jobs
+from tests.integration.worker_support import enqueue, running_worker, wait_for, wait_status
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def write_config(path: Path, db_url: str, urls: list[str], *, lease: float = 2.0) -> Path:
+    backends = "".join(
+        f'[[backends]]\nname = "gpu{i}"\nurl = "{url}"\nvia = "direct"\n\n'
+        for i, url in enumerate(urls)
+    )
+    path.write_text(
+        f'[database]\nurl = "{db_url}"\n\n{backends}'
+        f"[worker]\nlease_seconds = {lease}\npoll_interval = 0.5\n"
+    )
+    return path
+
+
+async def cli(*args: str, cwd: Path) -> asyncio.subprocess.Process:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", *args, cwd=cwd, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def run_cli(*args: str, cwd: Path, timeout: float = 60) -> tuple[int, str, str]:
+    proc = await cli(*args, cwd=cwd)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_worker_killed_with_sigkill_mid_job_loses_nothing_and_pays_once(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.25)
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    first_out = tmp_path / "first"
+    proc = await cli("worker", "--config", str(cfg), "--id", "doomed", "--out", str(first_out),
+                     cwd=tmp_path)
+    try:
+        job = await enqueue(db, steps=8)
+
+        async def submitted_and_running() -> bool:
+            current = await db.jobs.get(job.id)
+            return bool(current and current.submitted) and fake.running is not None
+
+        await wait_for(submitted_and_running, timeout=30)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    sink = sinks.FileSink(tmp_path / "second")
+    async with running_worker(db, [fake.url], delivery=[sink]):
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+        await wait_for(lambda: _true(len(sink.delivered) == 1), timeout=10)
+        await asyncio.sleep(1.0)  # more deliver-loop rounds: still once
+    assert fake.executions[str(job.id)] == 1
+    assert done.attempts == 2 and done.backend == "gpu0"
+    assert len(sink.delivered) == 1 and not first_out.exists()
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert kinds.count("submitted") == 1 and "lease_expired" in kinds
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_sigterm_hands_running_jobs_back_to_be_reattached(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.3)
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], lease=30)
+    proc = await cli("worker", "--config", str(cfg), "--grace", "0.2", cwd=tmp_path)
+    job = await enqueue(db, steps=8)
+    await wait_for(lambda: _true(fake.running is not None), timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    released = await db.jobs.get(job.id)
+    assert released is not None and released.status is jobs.Status.QUEUED
+    assert released.submitted and released.backend == "gpu0"  # kept for re-attaching
+    async with running_worker(db, [fake.url]):
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+    assert fake.executions[str(job.id)] == 1 and done.attempts == 1
+
+
+async def test_submit_wait_prints_saved_paths_and_jobs_shows_it(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory()
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    out = tmp_path / "out"
+    async with running_worker(db, [fake.url]):
+        code, stdout, stderr = await run_cli(
+            "submit", "f", "a", "lighthouse", "--set", "steps=2", "--set", "width=256",
+            "--set", "height=256", "--wait", "--out", str(out), "--config", str(cfg),
+            cwd=tmp_path,
+        )
+    assert code == 0, stderr
+    paths = [Path(line) for line in stdout.splitlines()]
+    assert len(paths) == 1 and paths[0].parent == out
+    assert paths[0].read_bytes().startswith(b"\x89PNG")
+    job_id = stderr.splitlines()[0].removeprefix("job ").strip()
+    assert fake.executions[job_id] == 1
+
+    code, listing, _ = await run_cli("jobs", "list", "--config", str(cfg), cwd=tmp_path)
+    assert code == 0 and job_id in listing and "succeeded" in listing
+    code, shown, _ = await run_cli("jobs", "show", job_id, "--config", str(cfg), cwd=tmp_path)
+    assert code == 0 and "status   succeeded" in shown and "claimed" in shown
+
+
+async def test_jobs_cancel_a_queued_job_from_the_command_line(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory()
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    code, stdout, stderr = await run_cli(
+        "submit", "f", "a cat", "--set", "width=256", "--set", "height=256",
+        "--config", str(cfg), cwd=tmp_path,
+    )
+    assert code == 0, stderr
+    job_id = stdout.strip()
+    code, stdout, _ = await run_cli("jobs", "cancel", job_id, "--config", str(cfg), cwd=tmp_path)
+    assert code == 0 and "cancelled" in stdout
+    job = await db.jobs.get(__import__("uuid").UUID(job_id))
+    assert job is not None and job.status is jobs.Status.CANCELLED
+    code, _, stderr = await run_cli("jobs", "show", "not-an-id", "--config", str(cfg),
+                                    cwd=tmp_path)
+    assert code == 2 and "is not a job id" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nosuchcommand", "a cat"], "unknown command nosuchcommand"),
+        (["f", "a cat", "--set", "steps=99"], "steps"),
+        (["f", "a cat", "--set", "colour=red"], "unknown option"),
+        (["f", "a cat", "--image", "missing.png"], "takes no image"),
+    ],
+)
+async def test_submit_refuses_bad_input_before_anything_is_queued(
+    db: database.Database, database_url: str, tmp_path: Path, args: list[str], message: str
+) -> None:
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
+    code, stdout, stderr = await run_cli("submit", *args, "--config", str(cfg), cwd=tmp_path)
+    assert code == 2, stderr
+    assert message in stderr and "Traceback" not in stderr and stdout == ""
+    assert await db.jobs.list_for_user(0) == []

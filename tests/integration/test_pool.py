@@ -1,0 +1,108 @@
+"""The backend pool against fake ComfyUI servers: slots, preferences, health, capabilities."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from comfyveil.comfy import pool, workflow
+from tests.integration.worker_support import backend_configs, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def flux() -> workflow.Workflow:
+    return workflow.find("f")
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_one_running_plus_max_waiting_per_backend_and_idle_ones_first(
+    fake_comfy_factory,
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    async with pool.Pool(backend_configs([f.url for f in fakes]), probe_interval=0.2) as p:
+        wf = flux()
+        first = await p.acquire(wf, "a")
+        second = await p.acquire(wf, "b")
+        assert {first.backend.name, second.backend.name} == {"gpu0", "gpu1"}  # idle first
+        third = await p.acquire(wf, "c")
+        fourth = await p.acquire(wf, "d")
+        assert p.free_backends() == []
+        fifth = asyncio.create_task(p.acquire(wf, "e"))
+        await asyncio.sleep(0.3)
+        assert not fifth.done()  # two per backend: one running, one waiting
+        await p.release(third)
+        slot = await asyncio.wait_for(fifth, 2)
+        assert slot.backend is third.backend
+        for held in (first, second, fourth, slot):
+            await p.release(held)
+        assert sorted(p.free_backends()) == ["gpu0", "gpu1"]
+
+
+async def test_backend_without_the_model_is_never_a_candidate(fake_comfy_factory) -> None:
+    empty = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                             "text_encoders": [], "vae": []})
+    full = await fake_comfy_factory()
+    async with pool.Pool(backend_configs([empty.url, full.url])) as p:
+        assert [b.name for b in p.candidates(flux())] == ["gpu1"]
+        assert p.why_not(flux()) is None
+        for _ in range(3):
+            slot = await p.acquire(flux(), "x")
+            assert slot.backend.name == "gpu1"
+            await p.release(slot)
+
+
+async def test_no_backend_with_the_model_fails_at_once(fake_comfy_factory) -> None:
+    empty = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                             "text_encoders": [], "vae": []})
+    async with pool.Pool(backend_configs([empty.url])) as p:
+        with pytest.raises(pool.NoBackendCanRun) as caught:
+            await asyncio.wait_for(p.acquire(flux(), "x"), 2)
+    assert "no GPU has the model file flux1-schnell" in str(caught.value)
+    assert not caught.value.transient
+
+
+async def test_a_dead_backend_is_marked_down_and_comes_back_when_it_answers_again(
+    fake_comfy_factory,
+) -> None:
+    fake = await fake_comfy_factory()
+    async with pool.Pool(backend_configs([fake.url]), probe_interval=0.1) as p:
+        backend = p.get("gpu0")
+        assert backend is not None and backend.healthy
+        await fake.kill()
+        await wait_for(lambda: _true(not backend.healthy), timeout=5)
+        assert p.free_backends() == [] and not p.any_healthy
+        waited: list[str] = []
+
+        async def on_wait(text: str) -> None:
+            waited.append(text)
+
+        pending = asyncio.create_task(p.acquire(flux(), "x", on_wait=on_wait))
+        await asyncio.sleep(0.3)
+        assert waited == ["waiting for a GPU"] and not pending.done()
+        await fake.start()
+        slot = await asyncio.wait_for(pending, 10)
+        assert slot.backend is backend and backend.healthy and backend.failures == 0
+        await p.release(slot)
+
+
+async def test_jobs_other_workers_put_on_a_backend_count_against_its_slots(
+    fake_comfy_factory,
+) -> None:
+    busy = await fake_comfy_factory()
+    busy.pause()  # queued prompts stay queued
+    idle = await fake_comfy_factory()
+    async with pool.Pool(backend_configs([busy.url, idle.url]), probe_interval=0.1) as p:
+        b = p.get("gpu0")
+        assert b is not None
+        # Another process fills gpu0's queue behind our back.
+        graph = flux().apply(flux().validate({"prompt": "x", "width": 256, "height": 256}))
+        for _ in range(2):
+            await b.client.submit(graph)
+        await wait_for(lambda: _true(b.remote_queue == 2), timeout=5)
+        assert p.free_backends() == ["gpu1"]
+        busy.resume()

@@ -1,0 +1,149 @@
+"""The worker against real PostgreSQL and fake ComfyUI backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from comfyveil import sinks
+from comfyveil.store import database, jobs
+from tests.integration.worker_support import enqueue, running_worker, wait_for, wait_status
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_a_job_runs_once_and_its_files_are_delivered(
+    db: database.Database, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory()
+    sink = sinks.FileSink(tmp_path / "out")
+    job = await enqueue(db)
+    async with running_worker(db, [fake.url], delivery=[sink]):
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+        await wait_for(lambda: _true(len(sink.delivered) == 1))
+    assert done.backend == "gpu0" and done.attempts == 1 and done.submitted
+    assert fake.executions[str(job.id)] == 1
+    outputs = await db.jobs.outputs(job.id)
+    assert len(outputs) == 1 and outputs[0].data.startswith(b"\x89PNG")
+    assert sink.delivered[0].read_bytes() == outputs[0].data
+    assert await db.jobs.undelivered("files") == []
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_progress_is_recorded_while_running(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.15)
+    job = await enqueue(db, steps=6)
+    seen: list[dict] = []
+
+    async def progressing() -> bool:
+        current = await db.jobs.get(job.id)
+        assert current is not None
+        if current.progress:
+            seen.append(current.progress)
+        return any(p.get("percent") for p in seen)
+
+    async with running_worker(db, [fake.url]):
+        await wait_for(progressing, timeout=10, interval=0.03)
+        await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+    steps = [p for p in seen if p.get("percent") is not None]
+    assert steps[0]["backend"] == "gpu0" and steps[0]["max"] == 6
+    assert 0 <= steps[0]["percent"] <= 100
+
+
+async def test_cancel_queued_and_running_jobs(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.3)
+    running_job = await enqueue(db, steps=8, prompt="first")
+    async with running_worker(db, [fake.url], max_waiting=0):
+        await wait_for(lambda: _true(fake.running is not None), timeout=10)
+        queued_job = await enqueue(db, steps=1, prompt="second")
+        cancelled = await db.jobs.cancel(queued_job.id)
+        assert cancelled is not None and cancelled.status is jobs.Status.CANCELLED
+        await db.jobs.cancel(running_job.id)
+        done = await wait_status(db, running_job.id, jobs.Status.CANCELLED, timeout=10)
+    assert done.error is None
+    # Only that prompt was interrupted, and the queued one never reached the GPU.
+    assert fake.interrupts == [{"prompt_id": str(running_job.id)}]
+    assert fake.executions[str(queued_job.id)] == 0
+    await wait_for(lambda: _true(str(running_job.id) in fake.history_entries), timeout=5)
+    history = fake.history_entries[str(running_job.id)]
+    assert history["status"]["messages"][-1][0] == "execution_interrupted"
+
+
+async def test_three_workers_run_thirty_jobs_exactly_once(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fakes = [await fake_comfy_factory(step_delay=0.01) for _ in range(4)]
+    urls = [f.url for f in fakes]
+    queued = [await enqueue(db, user=1 + i % 3, prompt=f"job {i}", seed=i) for i in range(30)]
+    async with (
+        running_worker(db, urls),
+        running_worker(db, urls),
+        running_worker(db, urls),
+    ):
+        for job in queued:
+            await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=60)
+    ran = sum((f.executions for f in fakes), start=type(fakes[0].executions)())
+    assert {str(j.id) for j in queued} == set(ran)
+    assert all(count == 1 for count in ran.values())
+    for job in queued:
+        events = [e.kind for e in await db.jobs.events(job.id)]
+        assert events.count("claimed") == 1, events
+    assert sum(1 for f in fakes if f.executions) >= 2  # the work was spread over GPUs
+
+
+async def test_a_backend_killed_mid_job_the_job_finishes_on_another(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    first = await fake_comfy_factory(step_delay=0.2)
+    second = await fake_comfy_factory(step_delay=0.01)
+    job = await enqueue(db, steps=8)
+    # Only gpu0 is up at first, so the job surely starts there.
+    async with running_worker(db, [first.url, second.url]) as worker:
+        await wait_for(lambda: _true(first.running is not None), timeout=10)
+        await first.kill()
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+        assert worker.pool.get("gpu0").healthy is False
+    assert done.backend == "gpu1" and done.attempts == 2
+    assert second.executions[str(job.id)] == 1
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert "retry_scheduled" in kinds
+
+
+async def test_a_missing_model_fails_at_once_with_a_plain_message(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                            "text_encoders": [], "vae": []})
+    job = await enqueue(db)
+    async with running_worker(db, [fake.url]):
+        failed = await wait_status(db, job.id, jobs.Status.FAILED, timeout=10)
+    assert failed.error is not None
+    assert failed.error.startswith("no GPU has the model file flux1-schnell")
+    assert failed.attempts == 1 and not fake.executions
+
+
+async def test_all_backends_down_the_job_waits_and_says_so(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory()
+    url = fake.url
+    await fake.kill()
+    job = await enqueue(db)
+    async with running_worker(db, [url]):
+        async def told() -> bool:
+            current = await db.jobs.get(job.id)
+            assert current is not None
+            return current.progress.get("text") == "waiting for a GPU"
+
+        await wait_for(told, timeout=10)
+        await fake.start()  # same port
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=20)
+    assert done.attempts == 1 and fake.executions[str(job.id)] == 1
