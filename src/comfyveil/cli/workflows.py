@@ -1,0 +1,157 @@
+"""`comfyveil workflows`: the chat commands and the workflows behind them.
+
+    comfyveil workflows list                 every command in the database
+    comfyveil workflows add my_flow.toml     an operator's workflow (my_flow.json beside it)
+    comfyveil workflows enable f | disable f | remove my
+    comfyveil workflows check [--server URL] which backend lacks which node or model
+
+The mapping lives in PostgreSQL, so every bot and worker sees the same commands. The
+shipped workflows are seeded at each start; an operator's command of the same name
+wins over a shipped one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from comfyveil import config
+from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import errors as comfy_errors
+from comfyveil.comfy import workflow
+from comfyveil.errors import UsageError
+from comfyveil.store import commands as commands_store
+from comfyveil.store import database
+
+ROLES = commands_store.DEFAULT_ROLES
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "workflows", help="list, add, enable, disable and check chat commands",
+        description="Manage the chat commands and the ComfyUI workflows behind them.",
+    )
+    actions = parser.add_subparsers(dest="workflows_action", metavar="ACTION", required=True)
+
+    def action(name: str, handler: Any, text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        sub.add_argument("--config", type=Path, default=None, metavar="FILE")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    action("list", list_commands, "list every command with its workflow and state")
+    add = action("add", add_workflow, "add an operator's workflow (NAME.toml, NAME.json beside)")
+    add.add_argument("toml", type=Path, metavar="NAME.toml")
+    add.add_argument("--disabled", action="store_true", help="add it switched off")
+    add.add_argument(
+        "--admins-only", action="store_true", help="only admins may use the command"
+    )
+    for name, handler, text in (
+        ("enable", enable, "let users run a command"),
+        ("disable", disable, "stop users from running a command"),
+        ("remove", remove, "delete an operator's command"),
+    ):
+        sub = action(name, handler, text)
+        sub.add_argument("command", metavar="COMMAND")
+    check = action("check", check_backends, "show what each backend lacks for each command")
+    check.add_argument("--server", action="append", default=[], metavar="URL",
+                       help="check this ComfyUI server instead of the configured backends")
+
+
+@asynccontextmanager
+async def _open(args: argparse.Namespace) -> AsyncIterator[database.Database]:
+    settings = config.load(args.config)
+    db = await database.Database.open(settings)
+    try:
+        await db.commands.seed()
+        yield db
+    finally:
+        await db.close()
+
+
+async def list_commands(args: argparse.Namespace) -> int:
+    async with _open(args) as db:
+        commands = await db.commands.list()
+    width = max((len(c.command) for c in commands), default=4) + 1
+    for c in commands:
+        state = "enabled " if c.enabled else "disabled"
+        roles = "" if set(c.allowed_roles) >= set(ROLES) else " (admins only)"
+        print(f"/{c.command:<{width}} {state}  {c.kind:<5}  {c.title} [{c.source}]{roles}")
+    return 0
+
+
+async def add_workflow(args: argparse.Namespace) -> int:
+    try:
+        wf = workflow.load(args.toml)
+    except workflow.WorkflowError as exc:
+        raise UsageError(str(exc)) from exc
+    graph_text = args.toml.with_suffix(".json").read_text(encoding="utf-8")
+    async with _open(args) as db:
+        added = await db.commands.add(
+            wf, args.toml.read_text(encoding="utf-8"), graph_text,
+            enabled=not args.disabled,
+            allowed_roles=("admin",) if args.admins_only else ROLES,
+        )
+    state = "enabled" if added.enabled else "disabled"
+    print(f"/{added.command} -> {added.workflow} ({state})")
+    return 0
+
+
+async def _set_enabled(args: argparse.Namespace, enabled: bool) -> int:
+    async with _open(args) as db:
+        command = await db.commands.set_enabled(args.command, enabled)
+    print(f"/{command.command} is {'enabled' if command.enabled else 'disabled'}")
+    return 0
+
+
+async def enable(args: argparse.Namespace) -> int:
+    return await _set_enabled(args, True)
+
+
+async def disable(args: argparse.Namespace) -> int:
+    return await _set_enabled(args, False)
+
+
+async def remove(args: argparse.Namespace) -> int:
+    async with _open(args) as db:
+        existing = await db.commands.get(args.command)
+        if existing is None:
+            raise UsageError(f"there is no command /{args.command.removeprefix('/')}")
+        if existing.source == "shipped":
+            raise UsageError(
+                f"/{existing.command} is shipped with comfyveil; disable it instead"
+            )
+        await db.commands.remove(args.command)
+    print(f"/{existing.command} removed")
+    return 0
+
+
+async def check_backends(args: argparse.Namespace) -> int:
+    """Ask every backend for its nodes and models; exit 1 when one can't run a command."""
+    settings = config.load(args.config)
+    backends = (
+        [config.BackendConfig(name=f"server{i}", url=u) for i, u in enumerate(args.server)]
+        if args.server else list(settings.backend_list())
+    )
+    workflows = workflow.shipped()
+    if settings.workflow_dirs:
+        for directory in settings.workflow_dirs:
+            workflows.update(workflow.load_dir(directory))
+    worst = 0
+    for backend in backends:
+        try:
+            async with comfy_client.ComfyClient(backend.url, name=backend.name) as client:
+                info = await client.object_info()
+        except comfy_errors.ComfyError as exc:
+            print(f"{backend.name}: {exc}")
+            worst = 1
+            continue
+        for wf in workflows.values():
+            problems = wf.check(info)
+            verdict = "ok" if not problems else "; ".join(problems)
+            print(f"{backend.name}  /{wf.command:<5} {verdict}")
+            worst = worst or (1 if problems else 0)
+    return worst

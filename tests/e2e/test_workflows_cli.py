@@ -1,0 +1,72 @@
+"""`comfyveil workflows` against a real PostgreSQL and a fake ComfyUI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.e2e.test_generate import Run
+from tests.e2e.test_generate import comfyveil as run_cli
+from tests.fakes.comfyui import FakeComfyUI
+
+DATA = Path(__file__).parents[1] / "data" / "workflows"
+
+
+async def cli(tmp_path: Path, database_url: str, *args: str) -> Run:
+    config = tmp_path / "comfyveil.toml"
+    config.write_text(f'[database]\nurl = "{database_url}"\n')
+    return await run_cli("workflows", *args, "--config", str(config), cwd=tmp_path)
+
+
+def listing(run: Run) -> dict[str, str]:
+    return {line.split()[0]: line for line in run.stdout.splitlines()}
+
+
+async def test_shipped_commands_are_listed_and_an_operator_adds_one(
+    tmp_path: Path, database_url: str
+) -> None:
+    shown = listing(await cli(tmp_path, database_url, "list"))
+    assert {"/f", "/fd", "/sd3", "/wan", "/qwen"} <= set(shown)
+    assert "enabled" in shown["/f"] and "[shipped]" in shown["/f"]
+
+    added = await cli(tmp_path, database_url, "add", str(DATA / "invert.toml"), "--admins-only")
+    assert added.code == 0, added.stderr
+    shown = listing(await cli(tmp_path, database_url, "list"))
+    assert "[operator]" in shown["/invert"] and "admins only" in shown["/invert"]
+
+
+async def test_disable_enable_and_shipped_commands_cannot_be_removed(
+    tmp_path: Path, database_url: str
+) -> None:
+    assert (await cli(tmp_path, database_url, "disable", "f")).code == 0
+    assert "disabled" in listing(await cli(tmp_path, database_url, "list"))["/f"]
+    assert (await cli(tmp_path, database_url, "enable", "/f")).code == 0
+    assert "enabled" in listing(await cli(tmp_path, database_url, "list"))["/f"]
+    refused = await cli(tmp_path, database_url, "remove", "f")
+    assert refused.code == 2 and "disable it instead" in refused.stderr
+    unknown = await cli(tmp_path, database_url, "disable", "nope")
+    assert unknown.code != 0 and "no command /nope" in unknown.stderr
+
+
+async def test_a_broken_workflow_is_refused_with_the_reason(
+    tmp_path: Path, database_url: str
+) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text((DATA / "invert.toml").read_text().replace('node = "1"', 'node = "9"'))
+    (tmp_path / "broken.json").write_text((DATA / "invert.json").read_text())
+    run = await cli(tmp_path, database_url, "add", str(broken))
+    assert run.code == 2
+    assert "9" in run.stderr and "Traceback" not in run.stderr
+
+
+async def test_check_names_what_a_backend_lacks(
+    tmp_path: Path, database_url: str, fake_comfy_factory
+) -> None:
+    bare: FakeComfyUI = await fake_comfy_factory(
+        models={"diffusion_models": ["flux1-schnell.safetensors"], "text_encoders": [],
+                "vae": [], "checkpoints": [], "loras": []}
+    )
+    run = await cli(tmp_path, database_url, "check", "--server", bare.url)
+    assert run.code == 1
+    lines = {line.split()[1]: line for line in run.stdout.splitlines()}
+    assert "ae.safetensors" in lines["/f"] and "flux1-schnell" not in lines["/f"]
+    assert "sd3.5_large_fp8_scaled.safetensors" in lines["/sd3"]
