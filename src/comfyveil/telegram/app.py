@@ -1,0 +1,200 @@
+"""Assembling the Telegram bot: the PTB Application, its handlers, status and delivery.
+
+    bot = TelegramBot(settings, db, pool=backends)
+    worker = Worker(db, backends, sinks=[bot.sink])
+    await bot.start()          # getMe, command menu, status updates, long polling
+    ...
+    await bot.stop_updates()   # no new commands
+    ...                        # let the worker finish (its sink still sends results)
+    await bot.close()
+
+The bot and the worker share one event loop, so we drive PTB's life cycle ourselves
+(initialize, start, ``updater.start_polling``) instead of ``run_polling``, which owns
+the loop. ``[telegram] api_url`` points PTB at a self-hosted Bot API server (or the
+tests' fake) through ``base_url``/``base_file_url``; ``[anyone] telegram`` sends Bot API
+traffic through anon's SOCKS port.
+"""
+
+from __future__ import annotations
+
+import os
+
+# PTB 22 warns whenever it builds a RetryAfter unless time periods are timedeltas; opt in
+# before telegram.ext is imported anywhere (our tests turn warnings into errors).
+os.environ.setdefault("PTB_TIMEDELTA", "true")
+
+import contextlib
+import logging
+from typing import Any
+
+from telegram import Update
+from telegram.ext import (
+    AIORateLimiter,
+    Application,
+    BaseRateLimiter,
+    CallbackQueryHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
+
+from comfyveil import config
+from comfyveil.comfy import pool as pool_mod
+from comfyveil.store import database
+from comfyveil.telegram import (
+    access,
+    callbacks,
+    commands,
+    handlers,
+    registry,
+    sink,
+    status,
+)
+from comfyveil.telegram.context import BotContext, Services, attach
+
+logger = logging.getLogger(__name__)
+
+CONCURRENT_UPDATES = 64  # updates handled at once; one slow download never blocks the rest
+RATE_LIMIT_RETRIES = 3  # RetryAfter answers PTB's rate limiter waits out before giving up
+CONNECTION_POOL = 64  # HTTP connections to the Bot API
+NO_TOKEN = (
+    "no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file "
+    "(a file only you can read); it is never taken from the command line"
+)
+
+
+def build_application(
+    settings: config.Settings,
+    *,
+    proxy: str | None = None,
+    rate_limiter: BaseRateLimiter[Any] | None = None,
+) -> Application[Any, Any, Any, Any, Any, Any]:
+    """The PTB Application with comfyveil's handlers, in reading order.
+
+    Raises:
+        ConfigError: no bot token.
+    """
+    tg = settings.telegram
+    if not tg.token:
+        raise config.ConfigError(NO_TOKEN)
+    builder = (
+        Application.builder()
+        .token(tg.token)
+        .context_types(ContextTypes(context=BotContext))
+        .rate_limiter(rate_limiter or AIORateLimiter(max_retries=RATE_LIMIT_RETRIES))
+        .concurrent_updates(CONCURRENT_UPDATES)
+        .connection_pool_size(CONNECTION_POOL)
+        .pool_timeout(10.0)
+        .media_write_timeout(60.0)
+    )
+    if tg.api_url:
+        base = tg.api_url.rstrip("/")
+        builder = builder.base_url(f"{base}/bot").base_file_url(f"{base}/file/bot")
+    if proxy:
+        builder = builder.proxy(proxy).get_updates_proxy(proxy)
+    application = builder.build()
+    messages = filters.UpdateType.MESSAGE & (
+        filters.TEXT | filters.CAPTION | filters.PHOTO | filters.Document.ALL
+    )
+    application.add_handler(MessageHandler(messages, handlers.on_message))
+    application.add_handler(CallbackQueryHandler(callbacks.on_callback))
+    application.add_error_handler(handlers.on_error)  # type: ignore[arg-type]
+    return application
+
+
+class TelegramBot:
+    """The chat front end: the Application plus status tracking and result delivery.
+
+    Args:
+        settings: the loaded settings (token, api_url, limits, access).
+        db: the opened store.
+        pool: the backend pool when a worker runs in this process (/backends, ETAs).
+        proxy: a SOCKS URL for Bot API traffic (``[anyone] telegram``).
+        rate_limiter: PTB's rate limiter; default AIORateLimiter with retries.
+        status_interval: seconds between two edits of a status message (private chats).
+    """
+
+    def __init__(
+        self,
+        settings: config.Settings,
+        db: database.Database,
+        *,
+        pool: pool_mod.Pool | None = None,
+        proxy: str | None = None,
+        rate_limiter: BaseRateLimiter[Any] | None = None,
+        status_interval: float = status.PRIVATE_INTERVAL,
+    ) -> None:
+        self.settings = settings
+        self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter)
+        self.tracker = status.StatusTracker(
+            self.application.bot, db, parallel=self._parallel,
+            private_interval=status_interval, group_interval=status_interval * 3,
+        )
+        self.services = Services(
+            settings=settings, db=db, access=access.Access(settings, db.users),
+            commands=registry.CommandRegistry(db.commands), tracker=self.tracker, pool=pool,
+        )
+        attach(self.application, self.services)
+        self.sink = sink.TelegramSink(self.application.bot, self.services)
+        self._started = False
+        self._polling = False
+
+    def _parallel(self) -> int:
+        pool = self.services.pool
+        if pool is None:
+            return 1
+        return max(1, sum(1 for b in pool.backends.values() if b.healthy))
+
+    async def start(self) -> None:
+        """Connect (getMe), publish the command menu, start status updates and polling."""
+        app = self.application
+        await app.initialize()
+        try:
+            self.services.bot_username = app.bot.username or ""
+            await self.services.commands.refresh()
+            await commands.publish_menu(self.services, app.bot)
+            await self.tracker.start()
+            await app.start()
+            assert app.updater is not None
+            await app.updater.start_polling(
+                poll_interval=0.0, timeout=int(self.settings.telegram.poll_timeout),
+                allowed_updates=[Update.MESSAGE, Update.CALLBACK_QUERY],
+            )
+            self._polling = True
+            self._started = True
+        except BaseException:
+            await self.tracker.stop()
+            with contextlib.suppress(Exception):
+                if app.running:
+                    await app.stop()
+            await app.shutdown()
+            raise
+        logger.info("Telegram bot @%s is running", self.services.bot_username,
+                    extra={"action": "bot_started"})
+
+    async def stop_updates(self) -> None:
+        """Stop taking new messages; updates being handled finish. Idempotent."""
+        app = self.application
+        if self._polling and app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        self._polling = False
+
+    async def close(self) -> None:
+        """Stop everything; results the worker still delivers need the bot until here."""
+        if not self._started:
+            return
+        self._started = False
+        await self.stop_updates()
+        app = self.application
+        if app.running:
+            await app.stop()
+        await self.tracker.stop()
+        await app.shutdown()
+        logger.info("Telegram bot stopped", extra={"action": "bot_stopped"})
+
+    async def __aenter__(self) -> TelegramBot:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,119 @@
+"""Inline button presses: re-roll, edit this, send as file, /settings, /forget.
+
+Every press is answered (``answerCallbackQuery``), with a short text or a plain-sentence
+refusal, so the button never keeps spinning.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from telegram import InputFile, ReplyParameters, Update
+from telegram.constants import ParseMode
+from telegram.error import BadRequest
+
+from comfyveil import errors
+from comfyveil.store import sessions
+from comfyveil.telegram import access, callbacks_data, commands, replies, submit
+from comfyveil.telegram.context import BotContext
+
+logger = logging.getLogger(__name__)
+
+
+async def on_callback(update: Update, context: BotContext) -> None:
+    """Route a button press; answer it in every case."""
+    query = update.callback_query
+    if query is None:
+        return
+    press = callbacks_data.parse(query.data)
+    answer: str | None = None
+    alert = False
+    try:
+        if press is None or query.message is None:
+            answer = "That button no longer works."
+        else:
+            who = await context.services.access.require(
+                query.from_user.id, query.message.chat.id
+            )
+            answer, alert = await _dispatch(update, context, who, press)
+    except errors.ComfyveilError as exc:
+        answer, alert = replies.user_message(exc), True
+    try:
+        await query.answer(answer, show_alert=alert)
+    except BadRequest as exc:
+        logger.info("press not answered: %s", exc.message)
+
+
+async def _dispatch(
+    update: Update, context: BotContext, who: access.Who, press: callbacks_data.Press
+) -> tuple[str | None, bool]:
+    services = context.services
+    query = update.callback_query
+    assert query is not None and query.message is not None
+    chat = query.message.chat
+    if press.action == "set":
+        prefs = await services.db.users.settings(who.user_id)
+        changes, remove = commands.settings_change(press.key, press.value, prefs)
+        prefs = await services.db.users.update_settings(who.user_id, changes, remove)
+        try:
+            await query.edit_message_text(
+                commands.settings_text(prefs), parse_mode=ParseMode.HTML,
+                reply_markup=commands.settings_keyboard(prefs),
+            )
+        except BadRequest as exc:
+            if "not modified" not in exc.message:
+                raise
+        return "Saved.", False
+    if press.action == "forget":
+        if press.value != "yes":
+            await query.edit_message_text("Nothing was deleted.")
+            return None, False
+        granted = bool((await services.db.users.settings(who.user_id)).get(access.ALLOWED_KEY))
+        deleted = await services.db.users.forget(who.user_id)
+        if granted:  # an admin's grant is not the user's data: keep it
+            await services.access.allow(who.user_id)
+        await query.edit_message_text(
+            f"Done: {deleted} job{'s' if deleted != 1 else ''}, their images and your "
+            "settings were deleted."
+        )
+        return "Deleted.", False
+
+    assert press.job_id is not None
+    job = await services.db.jobs.get(press.job_id)
+    if job is None:
+        return "That result is no longer stored.", True
+    if job.user_id != who.user_id and job.chat_id != chat.id and not who.is_admin:
+        return "That is not your result.", True
+    if press.action == "again":
+        await submit.rerun(
+            services, context.bot, who=who, in_group=chat.type != "private", job=job,
+            key=submit.idempotency_key(chat.id, update.update_id),
+            reply_to=query.message.message_id,
+        )
+        return "Re-rolling with a new seed…", False
+    outputs = await services.db.jobs.outputs(job.id)
+    output = next((o for o in outputs if o.index == press.index), None)
+    if output is None:
+        return "That result is no longer stored.", True
+    if press.action == "edit":
+        entries = [e for e in await services.commands.all() if e.takes_image]
+        if not entries:
+            return "No edit command is enabled on this bot.", True
+        await services.db.sessions.set_last_outputs(
+            chat.id, job.user_id, job.id,
+            [sessions.OutputRef(output.index, output.filename, output.kind, output.mime)],
+        )
+        name = entries[0].name
+        return (
+            f"Send /{name} and what to change, e.g. /{name} make it night. "
+            "It will edit this image (replying to it with the command works too).", True
+        )
+    if press.action == "file":
+        await context.bot.send_document(
+            chat.id, InputFile(output.data, filename=output.filename.rsplit("/", 1)[-1]),
+            disable_content_type_detection=True,
+            reply_parameters=ReplyParameters(query.message.message_id,
+                                             allow_sending_without_reply=True),
+        )
+        return "Full quality, as a file.", False
+    return "That button no longer works.", False

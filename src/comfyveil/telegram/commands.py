@@ -1,0 +1,294 @@
+"""The users' commands: /start, /help, the workflow commands, /status, /cancel, /again,
+/settings, /history, /forget.
+
+Each handler has the signature ``(update, context, who, text)``: the router in
+:mod:`comfyveil.telegram.handlers` has already checked who is writing. They raise
+comfyveil's errors (one plain sentence each) and the router's ``plain_errors`` answers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
+
+from comfyveil import errors
+from comfyveil.store import jobs
+from comfyveil.telegram import access, callbacks_data, parse, registry, render, replies, submit
+from comfyveil.telegram.context import BotContext, Services
+
+Handler = Callable[[Update, BotContext, access.Who, str], Awaitable[None]]
+
+BUILTIN_MENU: tuple[tuple[str, str], ...] = (
+    ("help", "What I can do"),
+    ("status", "Your jobs waiting or running"),
+    ("cancel", "Stop your job (or /cancel #id)"),
+    ("again", "Your last job again, new seed"),
+    ("settings", "Size, steps, seed, send as file"),
+    ("history", "Your last jobs"),
+    ("forget", "Delete all your data"),
+)
+ASPECTS = ("1:1", "16:9", "9:16", "4:3", "3:4")
+STEP_CHOICES = ("4", "8", "20", "30")
+HISTORY_LIMIT = 10
+FIND_LIMIT = 50  # recent jobs searched for a /cancel #id
+
+
+def _in_group(update: Update) -> bool:
+    chat = update.effective_chat
+    return chat is not None and chat.type != "private"
+
+
+async def publish_menu(services: Services, bot: Any) -> None:
+    """Register the enabled commands and the built-in ones with Telegram's command menu."""
+    entries = await services.commands.all()
+    menu = [BotCommand(e.name, (e.command.title or e.name)[:256]) for e in entries]
+    menu += [BotCommand(name, text) for name, text in BUILTIN_MENU]
+    await bot.set_my_commands(menu[:100])
+
+
+# --- basics -----------------------------------------------------------------------------
+
+
+async def start(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """Greet and point at /help."""
+    entries = await context.services.commands.all()
+    example = next((e.name for e in entries if not e.takes_image), entries[0].name
+                   if entries else "help")
+    await replies.reply(
+        update,
+        "Hi! I turn your words into images on our own GPUs.\n"
+        f"Try <code>/{replies.esc(example)} a red fox in the snow</code>.\n"
+        "/help lists every command and its options.",
+    )
+
+
+async def help_(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """The enabled commands with their options."""
+    entries = await context.services.commands.all()
+    await replies.reply(update, render.help_text([e.help() for e in entries]))
+
+
+# --- workflow commands ------------------------------------------------------------------
+
+
+async def run_workflow(
+    update: Update, context: BotContext, who: access.Who, entry: registry.Entry, text: str
+) -> None:
+    """/f, /qwen, ...: parse, check, find the image, queue, show the status."""
+    services = context.services
+    message = update.effective_message
+    assert message is not None
+    wf = entry.workflow
+    prompt_param = wf.prompt_param
+    parsed = parse.parse(
+        text, entry.options, bot_username=services.bot_username, in_group=_in_group(update),
+        require_prompt=prompt_param is not None and wf.params[prompt_param].required,
+        negative_allowed=entry.negative_allowed,
+        max_prompt_chars=services.settings.limits.max_prompt_length,
+    )
+    if parsed is None:
+        return
+    services.access.check_cooldown(who)
+    prefs = await services.db.users.settings(who.user_id)
+    values, as_file = submit.build_values(entry, parsed, prefs)
+    validated = wf.validate(values)
+    inputs = []
+    if entry.takes_image:
+        inputs.append(await submit.find_image(context.bot, services, message, entry))
+    await submit.submit(
+        services, context.bot, who=who, in_group=_in_group(update), entry=entry,
+        values=validated, inputs=inputs,
+        key=submit.idempotency_key(who.chat_id, update.update_id),
+        reply_to=message.message_id, as_file=as_file,
+    )
+
+
+# --- the user's jobs --------------------------------------------------------------------
+
+
+async def status(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """My jobs waiting or running, with positions."""
+    services = context.services
+    active = await services.db.jobs.list_for_user(
+        who.user_id, limit=20, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING]
+    )
+    if not active:
+        await replies.reply(update, "You have no jobs waiting or running.")
+        return
+    lines = ["<b>Your jobs</b>"]
+    for job in reversed(active):
+        state = await services.tracker.text_for(job)
+        lines.append(f"<code>#{render.short_id(str(job.id))}</code> /{replies.esc(job.command)}"
+                     f"{render.DOT}{state}")
+    lines.append("/cancel stops the newest; /cancel #id a given one.")
+    await replies.reply(update, "\n".join(lines))
+
+
+async def _find_job(services: Services, who: access.Who, ref: str | None) -> jobs.Job:
+    if ref is None:
+        active = await services.db.jobs.list_for_user(
+            who.user_id, limit=1, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING]
+        )
+        if not active:
+            raise errors.UsageError("You have no job waiting or running.")
+        return active[0]
+    wanted = ref.replace("-", "")
+    for job in await services.db.jobs.list_for_user(who.user_id, limit=FIND_LIMIT):
+        if job.id.hex.startswith(wanted):
+            return job
+    raise errors.UsageError(f"You have no job #{ref[:12]}; /status lists yours.")
+
+
+async def cancel(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """Cancel my newest job waiting or running, or the one named (#id)."""
+    services = context.services
+    parsed = parse.parse(text, {}, bot_username=services.bot_username,
+                         in_group=_in_group(update))
+    job = await _find_job(services, who, parsed.target_job if parsed else None)
+    short = render.short_id(str(job.id))
+    if job.status.finished:
+        await replies.reply(update, f"Job <code>#{short}</code> has already ended.")
+        return
+    result = await services.db.jobs.cancel(job.id, by_user=who.user_id)
+    if result is None:
+        raise errors.UsageError("That job is no longer there.")
+    if result.status is jobs.Status.CANCELLED:
+        # Never claimed by a worker, so no worker will deliver it: end it here.
+        await services.tracker.finish(result)
+        await services.db.jobs.record_delivery(result.id, "telegram", {"cancelled_by": "user"})
+        await replies.reply(update, f"Cancelled job <code>#{short}</code>.")
+    elif result.status is jobs.Status.RUNNING:
+        await replies.reply(update, f"Stopping job <code>#{short}</code> on its GPU…")
+    else:
+        await replies.reply(update, f"Job <code>#{short}</code> has already ended.")
+
+
+async def again(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """My last job again, with a new seed."""
+    services = context.services
+    last = await services.db.jobs.list_for_user(who.user_id, limit=1)
+    if not last:
+        raise errors.UsageError("You have no job to repeat yet.")
+    message = update.effective_message
+    await submit.rerun(
+        services, context.bot, who=who, in_group=_in_group(update), job=last[0],
+        key=submit.idempotency_key(who.chat_id, update.update_id),
+        reply_to=message.message_id if message else None,
+    )
+
+
+async def history(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """My last jobs."""
+    services = context.services
+    recent = await services.db.jobs.list_for_user(who.user_id, limit=HISTORY_LIMIT)
+    entries = []
+    for job in recent:
+        prompt = job.params.get("prompt")
+        elapsed = None
+        if job.started_at and job.finished_at and job.status is jobs.Status.SUCCEEDED:
+            elapsed = (job.finished_at - job.started_at).total_seconds()
+        seed = job.params.get("seed")
+        entries.append(render.HistoryEntry(
+            id=str(job.id), command=job.command,
+            prompt=prompt if isinstance(prompt, str) else "", status=job.status.value,
+            created_at=job.created_at, seed=seed if isinstance(seed, int) else None,
+            elapsed_s=elapsed,
+        ))
+    await replies.reply(update, render.history_text(entries))
+
+
+# --- settings ---------------------------------------------------------------------------
+
+
+def settings_text(prefs: Mapping[str, Any]) -> str:
+    seed = "random"
+    if prefs.get("seed_mode") == "fixed":
+        seed = f"fixed ({prefs.get('seed')})"
+    lines = [
+        "<b>Your settings</b> (options in a command win over these)",
+        f"Aspect ratio: {replies.esc(str(prefs.get('ar') or 'workflow default'))}",
+        f"Steps: {replies.esc(str(prefs.get('steps') or 'workflow default'))}",
+        f"Seed: {replies.esc(seed)}",
+        f"Send results as files: {'on' if prefs.get('as_file') else 'off'}",
+    ]
+    return "\n".join(lines)
+
+
+def settings_keyboard(prefs: Mapping[str, Any]) -> InlineKeyboardMarkup:
+    def button(label: str, key: str, value: str, current: bool) -> InlineKeyboardButton:
+        return InlineKeyboardButton(("✓ " if current else "") + label,
+                                    callback_data=callbacks_data.setting(key, value))
+
+    ar = str(prefs.get("ar") or "")
+    steps = str(prefs.get("steps") or "")
+    fixed = prefs.get("seed_mode") == "fixed"
+    as_file = bool(prefs.get("as_file"))
+    return InlineKeyboardMarkup([
+        [button("auto", "ar", "", not ar)] + [button(a, "ar", a, ar == a) for a in ASPECTS],
+        [button("auto steps", "steps", "", not steps)]
+        + [button(s, "steps", s, steps == s) for s in STEP_CHOICES],
+        [button("random seed", "seed", "random", not fixed),
+         button("fixed seed", "seed", "fixed", fixed)],
+        [button("photos", "file", "off", not as_file), button("files", "file", "on", as_file)],
+    ])
+
+
+def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dict[str, Any],
+                                                                             list[str]]:
+    """The (changes, removals) a settings button stands for.
+
+    Raises:
+        UsageError: a value the keyboard never offers.
+    """
+    if key == "ar" and (value == "" or value in ASPECTS):
+        return ({"ar": value}, []) if value else ({}, ["ar"])
+    if key == "steps" and (value == "" or value in STEP_CHOICES):
+        return ({"steps": int(value)}, []) if value else ({}, ["steps"])
+    if key == "seed" and value in ("random", "fixed"):
+        if value == "random":
+            return {"seed_mode": "random"}, ["seed"]
+        seed = prefs.get("seed") if isinstance(prefs.get("seed"), int) else random.randint(
+            0, 2**32 - 1)
+        return {"seed_mode": "fixed", "seed": seed}, []
+    if key == "file" and value in ("on", "off"):
+        return {"as_file": value == "on"}, []
+    raise errors.UsageError("That setting is not offered.")
+
+
+async def settings(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """Show my settings with buttons to change them."""
+    prefs = await context.services.db.users.settings(who.user_id)
+    await replies.reply(update, settings_text(prefs), reply_markup=settings_keyboard(prefs))
+
+
+# --- forgetting -------------------------------------------------------------------------
+
+
+async def forget(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """Ask to confirm deleting everything stored about me."""
+    keyboard = InlineKeyboardMarkup([[
+        InlineKeyboardButton("Delete everything", callback_data=callbacks_data.forget(True)),
+        InlineKeyboardButton("Keep it", callback_data=callbacks_data.forget(False)),
+    ]])
+    await replies.reply(
+        update,
+        "This deletes all your jobs, results, input images, settings and your place in "
+        "the queue (a job running now finishes on its GPU, but nothing of it is kept). "
+        "Are you sure?",
+        reply_markup=keyboard,
+    )
+
+
+COMMANDS: dict[str, Handler] = {
+    "start": start,
+    "help": help_,
+    "status": status,
+    "cancel": cancel,
+    "again": again,
+    "settings": settings,
+    "history": history,
+    "forget": forget,
+}

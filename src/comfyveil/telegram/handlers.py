@@ -1,0 +1,88 @@
+"""The update router: who is writing, which command, which handler.
+
+Commands come as text or as a photo's caption (``/qwen make it night`` on a photo), and
+the workflow commands are rows of a table that operators change while the bot runs, so
+one message handler routes them all instead of one ``CommandHandler`` each.
+
+In groups the bot answers only commands: plain messages are never its business, and a
+command addressed to another bot (``/f@OtherBot``) is not for us. Unknown commands are
+answered in private chats, and in groups only when addressed to us by name.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from telegram import Update
+from telegram.error import TelegramError
+
+from comfyveil.telegram import admin, commands, parse, replies
+from comfyveil.telegram.context import BotContext
+
+logger = logging.getLogger(__name__)
+
+HINT = "Send a command, such as <code>/f a red fox</code>. /help lists them all."
+PHOTO_HINT = (
+    "To edit this photo, send it with a caption such as <code>/qwen make it night</code>, "
+    "or reply to it with the command."
+)
+
+
+@replies.plain_errors
+async def on_message(update: Update, context: BotContext) -> None:
+    """Every message: route a command, or give a hint in private chats."""
+    message = update.effective_message
+    chat = update.effective_chat
+    user = update.effective_user
+    if message is None or chat is None or user is None or user.is_bot:
+        return
+    services = context.services
+    text = message.text or message.caption or ""
+    in_group = chat.type != "private"
+    split = parse.split_command(text, bot_username=services.bot_username, in_group=in_group)
+    if split is None:
+        if not in_group:
+            await replies.reply(update, PHOTO_HINT if message.photo else HINT)
+        return
+    name, _ = split
+    first = text.lstrip().split(maxsplit=1)[0].lower()
+    addressed = bool(services.bot_username) and first.endswith(
+        "@" + services.bot_username.lower()
+    )
+    handler = commands.COMMANDS.get(name)
+    admin_handler = admin.COMMANDS.get(name)
+    entry = None
+    if handler is None and admin_handler is None:
+        entry = await services.commands.get(name)
+        if entry is None:
+            if not in_group or addressed:
+                await replies.reply(
+                    update, f"There is no command /{replies.esc(name)}. /help lists them all."
+                )
+            return
+    who = await services.access.require(user.id, chat.id)
+    if admin_handler is not None:
+        services.access.require_admin(who)
+        await admin_handler(update, context, who, text)
+    elif handler is not None:
+        await handler(update, context, who, text)
+    else:
+        assert entry is not None
+        await commands.run_workflow(update, context, who, entry, text)
+
+
+async def on_error(update: object, context: BotContext) -> None:
+    """Log what went wrong (never the message text) and apologise in one sentence."""
+    error = context.error
+    if error is None:
+        return
+    logger.error("handling an update failed: %s", type(error).__name__, exc_info=error,
+                 extra={"action": "update_failed"})
+    if isinstance(update, Update) and update.effective_chat is not None:
+        try:
+            if update.callback_query is not None:
+                await update.callback_query.answer(replies.INTERNAL, show_alert=True)
+            else:
+                await replies.reply(update, replies.INTERNAL)
+        except TelegramError:
+            pass

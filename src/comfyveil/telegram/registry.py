@@ -1,0 +1,135 @@
+"""The chat commands the bot offers: the enabled rows of the commands table, as workflows.
+
+The table is the source of truth (operators enable, disable and add commands while the
+bot runs, possibly from another process), so the registry re-reads it when its copy is
+older than ``REFRESH_SECONDS`` or when told to. Parsed workflows are cached by hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from comfyveil.comfy import workflow
+from comfyveil.store import commands as commands_store
+from comfyveil.telegram import render
+
+logger = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 30.0
+NAMED_OPTIONS = ("seed", "steps", "width", "height")  # shown first in /help
+HIDDEN_OPTIONS = ("negative",)  # given with --no, explained in the /help footer
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One enabled command and its workflow."""
+
+    name: str
+    command: commands_store.Command
+    workflow: workflow.Workflow
+
+    @property
+    def options(self) -> dict[str, str]:
+        """Inline options users may give: name (and alias) -> description."""
+        wf = self.workflow
+        skip = {wf.prompt_param, *wf.image_params, *HIDDEN_OPTIONS}
+        result: dict[str, str] = {}
+        for name, param in wf.params.items():
+            if name in skip:
+                continue
+            for key in (name, *param.aliases):
+                result[key] = param.description or name
+        return result
+
+    @property
+    def negative_allowed(self) -> bool:
+        param = self.workflow.params.get("negative")
+        return param is not None and param.type == "text"
+
+    @property
+    def takes_image(self) -> bool:
+        return bool(self.workflow.image_params)
+
+    def help(self) -> render.CommandHelp:
+        wf = self.workflow
+        skip = {wf.prompt_param, *wf.image_params, *HIDDEN_OPTIONS}
+        names = [n for n in wf.params if n not in skip]
+        names.sort(key=lambda n: (NAMED_OPTIONS.index(n) if n in NAMED_OPTIONS else 99))
+        options = []
+        for name in names:
+            p = wf.params[name]
+            default = p.default
+            if default is None and p.type not in ("seed", "image"):
+                default = graph_value(wf, name)
+            options.append(
+                render.OptionHelp(
+                    name=name, description=p.description or name,
+                    minimum=p.min, maximum=p.max,
+                    default=default if isinstance(default, int | float | str) else None,
+                )
+            )
+        return render.CommandHelp(
+            name=self.name, title=self.command.title, description=self.command.description,
+            options=tuple(options), takes_image=self.takes_image,
+        )
+
+
+def graph_value(wf: workflow.Workflow, name: str) -> object:
+    """The value the workflow's graph holds for parameter `name` (its built-in default)."""
+    param = wf.params.get(name)
+    if param is None or not param.targets:
+        return None
+    target = param.targets[0]
+    node = wf.graph.get(target.node)
+    if not isinstance(node, Mapping):
+        return None
+    inputs = node.get("inputs")
+    return inputs.get(target.input) if isinstance(inputs, Mapping) else None
+
+
+class CommandRegistry:
+    """Enabled commands by name, re-read from the database now and then."""
+
+    def __init__(self, store: commands_store.CommandStore, *,
+                 refresh_seconds: float = REFRESH_SECONDS) -> None:
+        self.store = store
+        self.refresh_seconds = refresh_seconds
+        self._entries: dict[str, Entry] = {}
+        self._workflows: dict[str, workflow.Workflow] = {}
+        self._loaded_at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        """Read the commands table again."""
+        async with self._lock:
+            rows = await self.store.list(enabled_only=True)
+            entries: dict[str, Entry] = {}
+            for row in rows:
+                wf = self._workflows.get(row.hash)
+                if wf is None:
+                    try:
+                        wf = await asyncio.to_thread(row.to_workflow)
+                    except workflow.WorkflowError as exc:
+                        logger.warning("command /%s is not usable: %s", row.command, exc,
+                                       extra={"action": "command_invalid"})
+                        continue
+                    self._workflows[row.hash] = wf
+                entries[row.command] = Entry(row.command, row, wf)
+            self._entries = entries
+            self._loaded_at = time.monotonic()
+
+    async def _fresh(self) -> None:
+        if time.monotonic() - self._loaded_at > self.refresh_seconds:
+            await self.refresh()
+
+    async def get(self, name: str) -> Entry | None:
+        await self._fresh()
+        return self._entries.get(name)
+
+    async def all(self) -> list[Entry]:
+        await self._fresh()
+        return [self._entries[name] for name in sorted(self._entries)]

@@ -1,0 +1,81 @@
+"""Small helpers every handler uses to answer: plain sentences, HTML, refusals."""
+
+from __future__ import annotations
+
+import functools
+import html
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from telegram import Message, ReplyParameters, Update
+from telegram.constants import ParseMode
+from telegram.error import TelegramError
+
+from comfyveil import errors
+from comfyveil.store import errors as store_errors
+from comfyveil.telegram import render
+
+logger = logging.getLogger(__name__)
+
+DATABASE_DOWN = "The bot's database is not answering right now; try again in a minute."
+INTERNAL = "Something went wrong on our side; please try again."
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def sentence(text: str | None) -> str:
+    """One plain sentence: capitalised, ending with a full stop, no traceback."""
+    plain = render.plain_error(text)
+    if not plain:
+        return INTERNAL
+    plain = plain[0].upper() + plain[1:]
+    return plain if plain.endswith((".", "!", "?", "…")) else plain + "."
+
+
+def esc(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def user_message(exc: errors.ComfyveilError) -> str:
+    """What to tell a chat user about an error of ours."""
+    if isinstance(exc, store_errors.DatabaseUnreachable):
+        return DATABASE_DOWN
+    return sentence(str(exc))
+
+
+async def reply(update: Update, text: str, **kwargs: Any) -> Message | None:
+    """Answer the update's message in its chat (HTML), as a reply in groups."""
+    message = update.effective_message
+    chat = update.effective_chat
+    if chat is None:
+        return None
+    if message is not None and chat.type != "private":
+        kwargs.setdefault(
+            "reply_parameters",
+            ReplyParameters(message.message_id, allow_sending_without_reply=True),
+        )
+    return await update.get_bot().send_message(
+        chat.id, text, parse_mode=ParseMode.HTML, **kwargs
+    )
+
+
+def plain_errors(handler: F) -> F:
+    """Answer comfyveil's own errors with their one sentence; let the rest reach the
+    application's error handler (which logs them and apologises)."""
+
+    @functools.wraps(handler)
+    async def wrapper(update: Update, context: Any) -> Any:
+        try:
+            return await handler(update, context)
+        except errors.ComfyveilError as exc:
+            if not isinstance(exc, errors.UsageError):
+                logger.warning("request failed: %s", type(exc).__name__,
+                               extra={"action": "request_failed"})
+            try:
+                await reply(update, esc(user_message(exc)))
+            except TelegramError as send_error:
+                logger.info("could not send the error reply: %s", type(send_error).__name__)
+            return None
+
+    return wrapper  # type: ignore[return-value]

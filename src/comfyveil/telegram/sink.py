@@ -1,0 +1,185 @@
+"""Delivering finished jobs to Telegram (the worker's `DeliverySink` for chats).
+
+A result is sent as a photo (a video, an animation for video workflows; a document,
+uncompressed, when the user asked for files or Telegram refuses the photo) with a caption
+(command, seed, time) and three buttons: re-roll, edit this, send as file. The status
+message is then removed; a failed or cancelled job's status message becomes its one
+sentence. The worker records the delivery after `deliver` returns; we also record it
+here with the sent message ids, so a delivery retried after a crash is recognisable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, InputFile, Message
+from telegram.constants import ParseMode
+from telegram.error import BadRequest, Forbidden
+
+from comfyveil.store import jobs
+from comfyveil.telegram import callbacks_data, render, replies
+from comfyveil.telegram.context import Services
+
+logger = logging.getLogger(__name__)
+
+SINK_NAME = "telegram"
+MAX_PHOTO_BYTES = 10 * 1024 * 1024  # Telegram's limit for sendPhoto
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024  # Telegram's limit for bots' uploads (cloud API)
+PHOTO_MIMES = ("image/png", "image/jpeg", "image/webp")
+SEND_AS_FILE_SETTING = "as_file"
+DONE_MEMORY = 4096  # delivered jobs remembered, so a second delivery does nothing
+
+
+def result_buttons(job_id: str, index: int) -> InlineKeyboardMarkup:
+    """Re-roll, edit this, send as file: under every result."""
+    return InlineKeyboardMarkup([[
+        InlineKeyboardButton("🎲 Re-roll", callback_data=callbacks_data.again(job_id)),
+        InlineKeyboardButton("✏️ Edit this", callback_data=callbacks_data.edit(job_id, index)),
+        InlineKeyboardButton("📄 As file", callback_data=callbacks_data.as_file(job_id, index)),
+    ]])
+
+
+def caption_for(job: jobs.Job) -> str:
+    elapsed = None
+    if job.started_at is not None and job.finished_at is not None:
+        elapsed = max(0.0, (job.finished_at - job.started_at).total_seconds())
+    seed = job.params.get("seed")
+    view = render.JobView(
+        id=str(job.id), command=job.command, status="succeeded",
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        elapsed_s=elapsed,
+    )
+    return render.caption(view)
+
+
+def _kind(output: jobs.Output) -> str:
+    mime = output.mime.lower()
+    if mime == "image/gif" or output.kind in ("gif", "animation"):
+        return "animation"
+    if mime.startswith("video/") or output.kind == "video":
+        return "video"
+    if mime in PHOTO_MIMES and output.size <= MAX_PHOTO_BYTES:
+        return "photo"
+    return "document"
+
+
+async def send_output(
+    bot: Bot, chat_id: int, job: jobs.Job, output: jobs.Output, *, as_file: bool,
+    caption: str, reply_to: int | None = None,
+) -> Message:
+    """Send one output; a photo Telegram refuses (too large, odd shape) goes as a file."""
+    if output.size > MAX_UPLOAD_BYTES:
+        return await bot.send_message(
+            chat_id, replies.esc(
+                f"The result is {output.size // (1024 * 1024)} MB, more than Telegram "
+                "lets a bot send."
+            ), parse_mode=ParseMode.HTML,
+        )
+    kind = "document" if as_file else _kind(output)
+    common: dict[str, Any] = {
+        "caption": caption, "parse_mode": ParseMode.HTML,
+        "reply_markup": result_buttons(str(job.id), output.index),
+    }
+    if reply_to is not None:
+        from telegram import ReplyParameters
+
+        common["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
+    name = output.filename.rsplit("/", 1)[-1] or "result"
+    if kind == "photo":
+        try:
+            return await bot.send_photo(chat_id, InputFile(output.data, filename=name), **common)
+        except BadRequest as exc:
+            logger.info("photo refused (%s); sending it as a file", exc.message)
+    if kind == "video":
+        return await bot.send_video(
+            chat_id, InputFile(output.data, filename=name), supports_streaming=True, **common
+        )
+    if kind == "animation":
+        return await bot.send_animation(chat_id, InputFile(output.data, filename=name), **common)
+    return await bot.send_document(
+        chat_id, InputFile(output.data, filename=name), disable_content_type_detection=True,
+        **common,
+    )
+
+
+class TelegramSink:
+    """Sends results to the chat each job came from."""
+
+    def __init__(self, bot: Bot, services: Services) -> None:
+        self.bot = bot
+        self.services = services
+        self.delivered = 0
+        self._inflight: dict[uuid.UUID, asyncio.Future[None]] = {}
+        self._done: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
+
+    @property
+    def name(self) -> str:
+        return SINK_NAME
+
+    async def deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
+        """Send the result (or the ending) and record it.
+
+        Shielded: a delivery that has begun runs to its end (sent and recorded) even when
+        the worker's job task is cancelled meanwhile, so it is never sent twice.
+        """
+        if job.id in self._done:
+            return  # this process already delivered it (a re-delivery after a hiccup)
+        task = self._inflight.get(job.id)
+        if task is None:
+            task = asyncio.ensure_future(self._deliver(job, outputs))
+            self._inflight[job.id] = task
+            task.add_done_callback(lambda t, key=job.id: self._settled(key, t))
+        await asyncio.shield(task)
+
+    def _settled(self, job_id: uuid.UUID, task: asyncio.Future[None]) -> None:
+        self._inflight.pop(job_id, None)
+        if not task.cancelled() and task.exception() is None:
+            self._done[job_id] = None
+            while len(self._done) > DONE_MEMORY:
+                self._done.popitem(last=False)
+
+    async def _deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
+        db = self.services.db
+        tracker = self.services.tracker
+        # The handler may have set the status message after the worker read the row.
+        fresh = await db.jobs.get(job.id)
+        if fresh is None:
+            return  # the user asked to be forgotten meanwhile
+        job = fresh
+        sent: list[int] = []
+        try:
+            if job.status is jobs.Status.SUCCEEDED:
+                if not outputs:
+                    await self.bot.send_message(
+                        job.chat_id, "The job finished but produced no image.",
+                    )
+                else:
+                    as_file = job.id in self.services.file_jobs or bool(
+                        (await db.users.settings(job.user_id)).get(SEND_AS_FILE_SETTING)
+                    )
+                    caption = caption_for(job)
+                    for output in outputs:
+                        message = await send_output(
+                            self.bot, job.chat_id, job, output, as_file=as_file, caption=caption,
+                        )
+                        sent.append(message.message_id)
+            elif job.status_message_id is None:
+                # No status message to turn into the ending: say it in a message.
+                message = await self.bot.send_message(
+                    job.chat_id, replies.esc(replies.sentence(
+                        job.error if job.status is jobs.Status.FAILED else "Cancelled."
+                    )), parse_mode=ParseMode.HTML,
+                )
+                sent.append(message.message_id)
+        except Forbidden:
+            logger.info("the user blocked the bot; result not sent",
+                        extra={"action": "delivery_blocked", "job_id": str(job.id)})
+        self.services.file_jobs.discard(job.id)
+        await tracker.finish(job)
+        await db.jobs.record_delivery(job.id, SINK_NAME, {"message_ids": sent})
+        self.delivered += 1

@@ -1,0 +1,337 @@
+"""One status message per job, kept up to date in place.
+
+"Queued #3 · about 40 s" -> "Running on gpu0 · 45% · step 9/20"; then the result replaces
+it (the sink calls :meth:`StatusTracker.finish`). Updates arrive by NOTIFY from the
+store (a job's events and its progress rows); a slow fallback re-reads every tracked
+job now and then in case a notification was missed.
+
+Edits are throttled per message (about one per second in private chats, one per three
+seconds in groups, where Telegram allows 20 messages a minute), identical texts are not
+sent again, and a ``RetryAfter`` from Telegram (after python-telegram-bot's rate limiter
+gave up retrying) pauses that message's edits for as long as Telegram asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from telegram import Bot
+from telegram.constants import ParseMode
+from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
+
+from comfyveil.store import database, jobs
+from comfyveil.store import errors as store_errors
+from comfyveil.telegram import render, replies
+
+logger = logging.getLogger(__name__)
+
+PRIVATE_INTERVAL = 1.0  # seconds between two edits of one status message in a private chat
+GROUP_INTERVAL = 3.0  # seconds, in groups
+FALLBACK_REFRESH = 5.0  # seconds between re-reads of every tracked job without NOTIFY
+MAX_CONCURRENT_REFRESH = 16  # status re-renders (database reads + one edit) at once
+FINISHED_MEMORY = 4096  # finished jobs remembered, so a second finish() does nothing
+# Telegram allows a bot about 30 messages a second in all; status edits may use a third of
+# that, so results and replies always find room however many jobs wait.
+EDITS_PER_SECOND = 10.0
+
+
+def retry_seconds(exc: RetryAfter) -> float:
+    """RetryAfter.retry_after as seconds (a timedelta with PTB_TIMEDELTA, else a number)."""
+    value: Any = exc.retry_after
+    return float(value.total_seconds() if hasattr(value, "total_seconds") else value)
+
+
+@dataclass(eq=False)
+class _Tracked:
+    job_id: uuid.UUID
+    chat_id: int
+    message_id: int
+    in_group: bool
+    text: str
+    status: jobs.Status = jobs.Status.QUEUED
+    next_at: float = 0.0  # monotonic time before which no edit is sent
+    dirty: bool = False
+    busy: bool = False
+    closed: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class StatusTracker:
+    """Keeps the status messages of this bot's jobs current.
+
+    Args:
+        bot: the Telegram bot that sent the messages.
+        db: the store (job rows and NOTIFY).
+        parallel: how many jobs run at once right now (for queue ETAs).
+    """
+
+    def __init__(
+        self,
+        bot: Bot,
+        db: database.Database,
+        *,
+        parallel: Callable[[], int] = lambda: 1,
+        private_interval: float = PRIVATE_INTERVAL,
+        group_interval: float = GROUP_INTERVAL,
+        fallback_refresh: float = FALLBACK_REFRESH,
+        edits_per_second: float = EDITS_PER_SECOND,
+    ) -> None:
+        self.bot = bot
+        self.db = db
+        self.parallel = parallel
+        self.private_interval = private_interval
+        self.group_interval = group_interval
+        self.fallback_refresh = fallback_refresh
+        self.edits_per_second = edits_per_second
+        self._tokens = edits_per_second
+        self._tokens_at = time.monotonic()
+        self._tracked: dict[uuid.UUID, _Tracked] = {}
+        self._finished: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
+        self._wake = asyncio.Event()
+        self._sem = asyncio.Semaphore(MAX_CONCURRENT_REFRESH)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._refreshes: set[asyncio.Task[None]] = set()
+        self.listening = asyncio.Event()
+        self.edits = 0  # status edits sent (for tests and the benchmark)
+
+    # --- life cycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._listen_loop(), name="status-listen"),
+            asyncio.create_task(self._edit_loop(), name="status-edits"),
+        ]
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._refreshes]:
+            task.cancel()
+        for task in [*self._tasks, *self._refreshes]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+
+    # --- what handlers and the sink call --------------------------------------------
+
+    def track(
+        self, job: jobs.Job, *, chat_id: int, message_id: int, text: str, in_group: bool
+    ) -> None:
+        """Follow `job`, whose status message `message_id` now shows `text`."""
+        if job.status.finished or job.id in self._finished:
+            return
+        interval = self.group_interval if in_group else self.private_interval
+        self._tracked[job.id] = _Tracked(
+            job.id, chat_id, message_id, in_group, text, job.status,
+            next_at=time.monotonic() + interval,
+        )
+
+    @property
+    def tracked(self) -> int:
+        return len(self._tracked)
+
+    async def text_for(self, job: jobs.Job) -> str:
+        """The status text of `job` as it is now (Telegram HTML)."""
+        if job.status is jobs.Status.QUEUED:
+            ahead = await self.db.jobs.position(job.id)
+            eta = await self.db.jobs.eta(job.id, parallel=max(1, self.parallel()))
+            view = render.JobView(
+                id=str(job.id), command=job.command, status="queued",
+                position=None if ahead is None else ahead + 1, eta_s=eta,
+            )
+            return render.status_text(view)
+        if job.status is jobs.Status.RUNNING:
+            progress = job.progress or {}
+            state = progress.get("state")
+            backend = progress.get("backend") or job.backend
+            if state == "waiting":
+                return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip("."))
+            if state == "queued_on_backend" and (progress.get("position") or 0) > 0:
+                return replies.esc(f"Next on {backend}" if backend else "Next")
+            percent = progress.get("percent")
+            view = render.JobView(
+                id=str(job.id), command=job.command, status="running", backend=backend,
+                progress=float(percent) / 100 if isinstance(percent, int | float) else None,
+                step=_int(progress.get("value")), steps=_int(progress.get("max")),
+            )
+            return render.status_text(view)
+        return final_text(job)
+
+    async def finish(self, job: jobs.Job) -> None:
+        """Turn the status message into the job's end: removed when a result was sent,
+        the error sentence when it failed, "Cancelled." when cancelled. Idempotent."""
+        tracked = self._tracked.pop(job.id, None)
+        if tracked is not None:
+            async with tracked.lock:  # let an edit in flight land before the last word
+                tracked.closed = True
+        message_id = job.status_message_id or (tracked.message_id if tracked else None)
+        if message_id is None or job.id in self._finished or not job.status.finished:
+            return
+        self._finished[job.id] = None
+        while len(self._finished) > FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+        try:
+            if job.status is jobs.Status.SUCCEEDED:
+                await self.bot.delete_message(job.chat_id, message_id)
+            else:
+                await self.bot.edit_message_text(
+                    final_text(job), chat_id=job.chat_id, message_id=message_id,
+                    parse_mode=ParseMode.HTML,
+                )
+        except BadRequest as exc:
+            # Gone (the user deleted it) or already showing this: nothing left to do.
+            logger.debug("status message not changed: %s", exc.message)
+        except RetryAfter as exc:
+            await asyncio.sleep(retry_seconds(exc))
+            self._finished.pop(job.id, None)
+            await self.finish(job)
+
+    # --- loops ----------------------------------------------------------------------
+
+    def _mark(self, job_id: uuid.UUID | None = None, *, queued: bool = False) -> None:
+        if job_id is not None:
+            tracked = self._tracked.get(job_id)
+            if tracked is not None:
+                tracked.dirty = True
+        if queued:  # someone moved: every queued position may have changed
+            for tracked in self._tracked.values():
+                if tracked.status is jobs.Status.QUEUED:
+                    tracked.dirty = True
+        self._wake.set()
+
+    async def _listen_loop(self) -> None:
+        while True:
+            try:
+                async with self.db.listen([database.UPDATES_CHANNEL]) as listener:
+                    self.listening.set()
+                    async for note in listener:
+                        if note.reconnected:
+                            for tracked in self._tracked.values():
+                                tracked.dirty = True
+                            self._wake.set()
+                            continue
+                        try:
+                            job_id = uuid.UUID(str(note.payload.get("job_id")))
+                        except ValueError:
+                            continue
+                        self._mark(job_id, queued=note.payload.get("event") != "progress")
+            except store_errors.StoreError as exc:
+                logger.warning("status updates unavailable (%s); polling", exc,
+                               extra={"action": "status_listen_failed"})
+                await asyncio.sleep(self.fallback_refresh)
+
+    async def _edit_loop(self) -> None:
+        last_sweep = time.monotonic()
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            if now - last_sweep >= self.fallback_refresh:
+                last_sweep = now
+                for tracked in self._tracked.values():
+                    tracked.dirty = True
+            wait = self.fallback_refresh - (now - last_sweep)
+            for tracked in list(self._tracked.values()):
+                if not tracked.dirty or tracked.busy:
+                    continue
+                if tracked.next_at > now:
+                    wait = min(wait, tracked.next_at - now)
+                    continue
+                tracked.dirty = False
+                tracked.busy = True
+                task = asyncio.create_task(self._refresh(tracked), name="status-refresh")
+                self._refreshes.add(task)
+                task.add_done_callback(self._refreshes.discard)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
+
+    def _take_token(self) -> bool:
+        """One edit from the shared budget (a token bucket of one second's edits)."""
+        now = time.monotonic()
+        rate = self.edits_per_second
+        self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    async def _refresh(self, tracked: _Tracked) -> None:
+        try:
+            async with self._sem, tracked.lock:
+                if tracked.closed:
+                    return
+                await self._refresh_locked(tracked)
+        except store_errors.StoreError as exc:
+            logger.info("status not refreshed: %s", exc)
+            tracked.dirty = True
+        except Exception:
+            logger.exception("status refresh failed", extra={"action": "status_failed"})
+        finally:
+            tracked.busy = False
+            self._wake.set()
+
+    async def _refresh_locked(self, tracked: _Tracked) -> None:
+        job = await self.db.jobs.get(tracked.job_id)
+        if job is None or job.status.finished:
+            # The sink (or the handler) writes the last word; stop following it.
+            if job is None:
+                self._tracked.pop(tracked.job_id, None)
+            return
+        tracked.status = job.status
+        text = await self.text_for(job)
+        if text == tracked.text:
+            return
+        interval = self.group_interval if tracked.in_group else self.private_interval
+        if not self._take_token():
+            tracked.dirty = True  # over the budget: the next free moment shows the news
+            tracked.next_at = time.monotonic() + 1.0 / self.edits_per_second
+            return
+        try:
+            await self.bot.edit_message_text(
+                text, chat_id=tracked.chat_id, message_id=tracked.message_id,
+                parse_mode=ParseMode.HTML,
+            )
+            tracked.text = text
+            self.edits += 1
+        except RetryAfter as exc:
+            tracked.next_at = time.monotonic() + retry_seconds(exc)
+            tracked.dirty = True
+            logger.info("status edits paused for %.1f s by Telegram", retry_seconds(exc),
+                        extra={"action": "status_retry_after"})
+            return
+        except BadRequest as exc:
+            if "not modified" in exc.message:
+                tracked.text = text
+            elif "not found" in exc.message or "can't be edited" in exc.message:
+                self._tracked.pop(tracked.job_id, None)
+            else:
+                logger.info("status edit refused: %s", exc.message)
+        except Forbidden:
+            self._tracked.pop(tracked.job_id, None)  # the user blocked the bot
+        except TelegramError as exc:
+            logger.info("status edit failed: %s", type(exc).__name__)
+            tracked.dirty = True
+        tracked.next_at = time.monotonic() + interval
+
+
+def final_text(job: jobs.Job) -> str:
+    """The last text of a status message: the error sentence, or "Cancelled."."""
+    if job.status is jobs.Status.FAILED:
+        return replies.esc(replies.sentence(job.error or "The job failed."))
+    if job.status is jobs.Status.CANCELLED:
+        return "Cancelled."
+    return replies.esc("Done.")
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return int(value)
+    return None

@@ -1,0 +1,276 @@
+"""From a parsed command to a queued job with its status message.
+
+Shared by the workflow commands, /again and the re-roll button: build the workflow's
+values (the user's options over their /settings over the workflow's defaults), find the
+input image of edit workflows, queue the job (the update id is the idempotency key, so a
+retried update never makes a second job) and post the status message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from telegram import Bot, Message, ReplyParameters
+from telegram.constants import ParseMode
+from telegram.error import BadRequest
+
+from comfyveil import errors, images
+from comfyveil.comfy import workflow
+from comfyveil.store import jobs
+from comfyveil.telegram import access, parse, registry
+from comfyveil.telegram.context import Services
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PIXELS = 1024 * 1024
+IMAGE_PLACEHOLDER = "telegram-input"  # replaced by the uploaded file's name on the backend
+TELEGRAM_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses larger files (cloud Bot API)
+
+
+def idempotency_key(chat_id: int, update_id: int) -> str:
+    return f"tg:{chat_id}:{update_id}"
+
+
+def _clamp(value: int, param: workflow.Param) -> int:
+    low = int(param.min) if param.min is not None else value
+    high = int(param.max) if param.max is not None else value
+    value = min(max(value, low), high)
+    if param.step:
+        step = int(param.step)
+        base = low if param.min is not None else 0
+        value = base + round((value - base) / step) * step
+        while param.max is not None and value > param.max:
+            value -= step
+    return value
+
+
+def size_for(wf: workflow.Workflow, ar: str) -> tuple[int, int]:
+    """Width and height for aspect ratio `ar`, about as many pixels as the default size."""
+    width_p, height_p = wf.params["width"], wf.params["height"]
+    w0, h0 = registry.graph_value(wf, "width"), registry.graph_value(wf, "height")
+    pixels = DEFAULT_PIXELS
+    if isinstance(w0, int) and isinstance(h0, int) and w0 > 0 and h0 > 0:
+        pixels = w0 * h0
+    multiple = int(width_p.step or 16)
+    width, height = parse.aspect_to_size(ar, pixels, multiple)
+    return _clamp(width, width_p), _clamp(height, height_p)
+
+
+def build_values(
+    entry: registry.Entry, parsed: parse.ParsedCommand, prefs: Mapping[str, Any]
+) -> tuple[dict[str, object], bool | None]:
+    """The workflow values for a command, and whether it asked for a file (None: not said).
+
+    Raises:
+        ParseError, ParamError: an option the workflow does not have.
+    """
+    wf = entry.workflow
+    options: dict[str, str] = {}
+    as_file: bool | None = None
+    aspect: str | None = None
+    for key, value in parsed.options.items():
+        if key == parse.FILE_OPTION:
+            as_file = value == "yes"
+        elif key == parse.ASPECT_OPTION:
+            aspect = value
+        else:
+            options[wf.param(key).name] = value
+    has_size = "width" in wf.params and "height" in wf.params
+    if aspect is not None and not has_size:
+        raise parse.ParseError(f"/{entry.name} has no width and height, so --ar cannot be used.")
+    values: dict[str, object] = {}
+    aspect = aspect or (str(prefs["ar"]) if has_size and prefs.get("ar") else None)
+    if aspect and not {"width", "height"} & set(options):
+        values["width"], values["height"] = size_for(wf, aspect)
+    steps = wf.params.get("steps")
+    if steps is not None and "steps" not in options and isinstance(prefs.get("steps"), int):
+        values["steps"] = _clamp(int(prefs["steps"]), steps)
+    if (
+        "seed" in wf.params and "seed" not in options
+        and prefs.get("seed_mode") == "fixed" and isinstance(prefs.get("seed"), int)
+    ):
+        values["seed"] = prefs["seed"]
+    values.update(options)
+    prompt_param = wf.prompt_param
+    if prompt_param is not None:
+        values[prompt_param] = parsed.prompt
+    if parsed.negative is not None:
+        values["negative"] = parsed.negative
+    for name in wf.image_params:
+        values[name] = IMAGE_PLACEHOLDER
+    return values, as_file
+
+
+# --- input images -----------------------------------------------------------------------
+
+
+def _media_of(message: Message | None) -> tuple[str, int | None] | None:
+    """(file_id, size) of the photo (largest size) or document a message carries."""
+    if message is None:
+        return None
+    if message.photo:
+        largest = message.photo[-1]
+        return largest.file_id, largest.file_size
+    if message.document is not None:
+        return message.document.file_id, message.document.file_size
+    return None
+
+
+async def download_checked(
+    bot: Bot, services: Services, file_id: str, size: int | None
+) -> jobs.InputImage:
+    """Fetch a file from Telegram and check it is an image within our limits.
+
+    Raises:
+        ImageRejected: not an image, damaged, or too large.
+    """
+    limits = services.settings.limits
+    if size is not None and size > min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT):
+        raise images.ImageRejected(
+            f"That file is {size / (1024 * 1024):.1f} MB; the limit is "
+            f"{min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT) // (1024 * 1024)} MB."
+        )
+    try:
+        tg_file = await bot.get_file(file_id)
+        data = bytes(await tg_file.download_as_bytearray())
+    except BadRequest as exc:
+        if "too big" in exc.message:
+            raise images.ImageRejected(
+                "That file is too large for a bot to download (20 MB at most)."
+            ) from exc
+        raise images.ImageRejected("That file could not be downloaded; send it again.") from exc
+    checked = await asyncio.to_thread(
+        images.check_image, data, max_bytes=limits.max_image_bytes,
+        max_pixels=limits.max_image_pixels,
+    )
+    ext = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "webp"}[checked.mime]
+    return jobs.InputImage(filename=f"telegram.{ext}", mime=checked.mime, data=checked.data)
+
+
+async def find_image(
+    bot: Bot, services: Services, message: Message, entry: registry.Entry
+) -> jobs.InputImage:
+    """The image an edit command works on: a photo sent with the command, else the photo
+    it replies to, else the chat's last result (chaining).
+
+    Raises:
+        ImageRejected: the photo is not a usable image.
+        UsageError: there is no image at all.
+    """
+    media = _media_of(message) or _media_of(message.reply_to_message)
+    if media is not None:
+        return await download_checked(bot, services, *media)
+    db = services.db
+    session = await db.sessions.last_outputs(message.chat.id)
+    if session is not None:
+        wanted = [o for o in session.outputs if o.mime.startswith("image/")]
+        if wanted:
+            outputs = {o.index: o for o in await db.jobs.outputs(session.job_id)}
+            stored = outputs.get(wanted[0].index)
+            if stored is not None:
+                return jobs.InputImage(
+                    filename=stored.filename.rsplit("/", 1)[-1], mime=stored.mime,
+                    data=stored.data,
+                )
+    raise errors.UsageError(
+        f"/{entry.name} edits an image: send it as the caption of a photo, reply to a "
+        "photo with it, or make an image first."
+    )
+
+
+# --- queueing ---------------------------------------------------------------------------
+
+
+async def submit(
+    services: Services,
+    bot: Bot,
+    *,
+    who: access.Who,
+    in_group: bool,
+    entry: registry.Entry,
+    values: Mapping[str, object],
+    inputs: Sequence[jobs.InputImage],
+    key: str,
+    reply_to: int | None,
+    as_file: bool | None = None,
+) -> jobs.Job:
+    """Queue the job and post its status message; the job (an existing one for a retry).
+
+    Raises:
+        QueueLimitReached, DailyQuotaReached: the user must wait.
+    """
+    max_active, quota = services.access.limits(who)
+    new = jobs.NewJob(
+        user_id=who.user_id, chat_id=who.chat_id, command=entry.name,
+        workflow_hash=entry.workflow.hash, params=dict(values), inputs=tuple(inputs),
+        idempotency_key=key, max_attempts=services.settings.worker.max_attempts,
+    )
+    job = await services.db.jobs.enqueue(new, max_active=max_active, daily_quota=quota)
+    if job.id != new.id:
+        logger.info("update seen before; job already queued",
+                    extra={"action": "duplicate_update", "job_id": str(job.id)})
+        return job
+    services.access.note_job(who.user_id)
+    if as_file:
+        services.file_jobs.add(job.id)
+    text = await services.tracker.text_for(job)
+    reply = (
+        ReplyParameters(reply_to, allow_sending_without_reply=True)
+        if reply_to is not None else None
+    )
+    message = await bot.send_message(
+        who.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+    )
+    try:
+        job = await services.db.jobs.set_status_message(job.id, message.message_id)
+    except errors.ComfyveilError:
+        return job  # forgotten meanwhile (/forget); nothing to follow
+    if job.status.finished:
+        # It finished before its status message was recorded: the sink could not
+        # remove it, so do it here.
+        await services.tracker.finish(job)
+    else:
+        services.tracker.track(
+            job, chat_id=who.chat_id, message_id=message.message_id, text=text,
+            in_group=in_group,
+        )
+    return job
+
+
+async def rerun(
+    services: Services,
+    bot: Bot,
+    *,
+    who: access.Who,
+    in_group: bool,
+    job: jobs.Job,
+    key: str,
+    reply_to: int | None,
+) -> jobs.Job:
+    """Queue `job` again with a new seed (/again and the re-roll button).
+
+    Raises:
+        UsageError: the command is off now, or the input image is no longer kept.
+    """
+    entry = await services.commands.get(job.command)
+    if entry is None:
+        raise errors.UsageError(f"The command /{job.command} is not available now.")
+    inputs: list[jobs.InputImage] = []
+    if entry.takes_image:
+        inputs = await services.db.jobs.inputs(job.id)
+        if len(inputs) < len(entry.workflow.image_params):
+            raise errors.UsageError(
+                f"The image of that /{job.command} job is no longer kept; send the command "
+                "again with the image."
+            )
+    values = {k: v for k, v in job.params.items() if k != "seed"}
+    validated = entry.workflow.validate(values)
+    services.access.check_cooldown(who)
+    return await submit(
+        services, bot, who=who, in_group=in_group, entry=entry, values=validated,
+        inputs=inputs, key=key, reply_to=reply_to,
+        as_file=job.id in services.file_jobs or None,
+    )

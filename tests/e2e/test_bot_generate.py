@@ -1,0 +1,80 @@
+"""A user sends /f and gets a photo; the status message goes away."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.e2e.bot_support import SMALL, running_bot
+from tests.fakes.comfyui import FakeComfyUI
+from tests.fakes.telegram import FakeTelegram
+
+
+async def test_f_sends_a_photo_and_removes_the_status(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(10, f"/f a red fox in snow --seed 42 {SMALL}")
+        photo = await stack.result(10)
+        caption = photo.result["caption"]
+        assert caption.startswith("/f · seed 42")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=10)
+        assert "Queued" in status.result["text"] or "Starting" in status.result["text"]
+        await fake_telegram.wait_for(
+            lambda _: status.result["message_id"] in fake_telegram.deleted(10)
+        )
+        buttons = [b["text"] for b in photo.result["reply_markup"]["inline_keyboard"][0]]
+        assert len(buttons) == 3
+        # The fake ComfyUI ran exactly one prompt with the user's values.
+        assert len(fake_comfy.prompts) == 1
+
+
+async def test_help_lists_enabled_commands_and_menu_is_registered(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        menu = {c["command"] for c in fake_telegram.commands.get("default", [])} or {
+            c["command"] for cmds in fake_telegram.commands.values() for c in cmds
+        }
+        assert {"f", "fd", "sd3", "wan", "qwen", "help", "cancel"} <= menu
+        stack.send(11, "/help")
+        text = await stack.reply_text(11)
+        assert "/f Flux Schnell" in text and "/qwen" in text
+        assert "--steps" in text and "(1–8)" in text
+
+        stack.send(11, "/workflows disable sd3")
+        refused = await stack.reply_text(11, count=2)
+        assert refused == "Only the bot's admins can do that."
+
+
+async def test_admin_disables_a_workflow_and_users_no_longer_see_it(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
+        stack.send(1, "/workflows disable sd3")
+        assert await stack.reply_text(1) == "/sd3 is off now."
+        stack.send(12, "/sd3 a castle")
+        assert await stack.reply_text(12) == "There is no command /sd3. /help lists them all."
+        stack.send(12, "/help")
+        assert "/sd3" not in await stack.reply_text(12, count=2)
+        assert await stack.queued_count() == 0
+
+
+async def test_plain_text_gets_a_hint_and_groups_stay_quiet(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(13, "hello there")
+        assert "/help" in await stack.reply_text(13)
+        # In a group: chatter and commands for another bot are ignored...
+        stack.send(13, "hello everyone", chat_id=-500, chat_type="group")
+        stack.send(13, "/f a fox", chat_id=-500, chat_type="group")
+        stack.send(13, "/f@OtherBot a fox", chat_id=-500, chat_type="group")
+        # ...a command addressed to us is answered.
+        stack.send(13, f"/f@ComfyveilTestBot a fox {SMALL}", chat_id=-500, chat_type="group")
+        await stack.result(-500, count=2)
+        await asyncio.sleep(0.5)
+        photos = fake_telegram.calls("sendPhoto")
+        assert len(photos) == 2  # "/f" and "/f@ComfyveilTestBot"; not "/f@OtherBot"
+        texts = [c.params.get("text") for c in fake_telegram.calls("sendMessage")
+                 if str(c.params.get("chat_id")) == "-500"]
+        assert not any("/help" in str(t) for t in texts)

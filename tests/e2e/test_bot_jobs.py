@@ -1,0 +1,84 @@
+"""The user's jobs: /cancel (queued and running), /again and re-roll, /status, /history."""
+
+from __future__ import annotations
+
+import asyncio
+
+from comfyveil.store import jobs
+from tests.e2e.bot_support import SMALL, running_bot
+from tests.fakes.telegram import FakeTelegram
+
+
+def texts_of(fake: FakeTelegram, chat: int) -> list[str]:
+    return [m.get("text", "") for m in fake.bot_messages(chat)]
+
+
+async def test_cancel_a_queued_job(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False) as stack:
+        stack.send(30, f"/f a fox {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=30)
+        assert status.result["text"].startswith("Queued #1")
+        stack.send(30, "/cancel")
+        reply = await stack.reply_text(30, count=2)
+        assert reply.startswith("Cancelled job #")
+        job = (await db.jobs.list_for_user(30, limit=1))[0]
+        assert job.status is jobs.Status.CANCELLED
+        await fake_telegram.wait_for(
+            lambda _: "Cancelled." in texts_of(fake_telegram, 30)
+        )
+        assert fake_telegram.calls("sendPhoto") == []
+
+
+async def test_cancel_a_running_job_by_its_id(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    slow = await fake_comfy_factory(step_delay=0.4)
+    async with running_bot(fake_telegram, db, [slow]) as stack:
+        stack.send(31, f"/f a slow fox --steps 8 {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=31)
+        # The status message follows the job: running, with the sampler's steps.
+        await fake_telegram.wait_for(
+            lambda _: any("step" in t for t in texts_of(fake_telegram, 31)), timeout=10
+        )
+        job = (await db.jobs.list_for_user(31, limit=1))[0]
+        stack.send(31, f"/cancel #{job.id.hex[:8]}")
+        assert (await stack.reply_text(31, count=2)).startswith("Stopping job #")
+        await fake_telegram.wait_for(
+            lambda _: any(m["message_id"] == status.result["message_id"]
+                          and m.get("text") == "Cancelled." for m in
+                          fake_telegram.bot_messages(31)), timeout=10,
+        )
+        assert (await db.jobs.get(job.id)).status is jobs.Status.CANCELLED
+        assert slow.interrupts, "the GPU was told to stop"
+        await asyncio.sleep(0.3)
+        assert fake_telegram.calls("sendPhoto") == []
+
+
+async def test_again_and_reroll_use_new_seeds(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(32, f"/f a fox --seed 7 {SMALL}")
+        first = await stack.result(32)
+        stack.send(32, "/again")
+        await stack.result(32, count=2)
+        button = first.result["reply_markup"]["inline_keyboard"][0][0]
+        fake_telegram.user_presses(32, first.result["message_id"], button["callback_data"])
+        await stack.result(32, count=3)
+        runs = await db.jobs.list_for_user(32, limit=3)
+        seeds = {j.params["seed"] for j in runs}
+        assert len(seeds) == 3 and 7 in seeds
+        assert {j.params["width"] for j in runs} == {256}
+        assert {j.params["prompt"] for j in runs} == {"a fox"}
+
+
+async def test_status_and_history(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False) as stack:
+        stack.send(33, f"/f first {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=33)
+        stack.send(33, f"/f second {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=33, count=2)
+        stack.send(33, "/status")
+        status = await stack.reply_text(33, count=3)
+        assert status.count("Queued #") == 2
+        stack.send(33, "/history")
+        history = await stack.reply_text(33, count=4)
+        assert "first" in history and "second" in history and "queued" in history

@@ -1,0 +1,94 @@
+"""Access and limits: allow-list, bans, quotas, queue limit, cooldown; bad inputs.
+
+Every refusal is one plain sentence and queues nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from comfyveil import config
+from tests.e2e.bot_support import SMALL, running_bot
+from tests.fakes.telegram import FakeTelegram
+
+
+async def test_allow_list_refuses_strangers_until_an_admin_allows_them(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], open=False, admins=(1,),
+                           allow=(40,)) as stack:
+        stack.send(41, f"/f a fox {SMALL}")
+        assert await stack.reply_text(41) == (
+            "This bot is private. Ask its operator to allow your id 41."
+        )
+        assert await stack.queued_count() == 0
+        stack.send(40, f"/f a fox {SMALL}")  # on the allow-list
+        await stack.result(40)
+        stack.send(1, "/allow 41")
+        assert "41" in await stack.reply_text(1)
+        stack.send(41, f"/f a fox {SMALL}")
+        await stack.result(41)
+        stack.send(1, "/ban 41")
+        await stack.reply_text(1, count=2)
+        stack.send(41, f"/f a fox {SMALL}")
+        assert await stack.reply_text(41, count=3) == "You are not allowed to use this bot."
+
+
+async def test_daily_quota_reached(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
+    limits = config.LimitsConfig(daily_quota=1)
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits,
+                           admins=(1,)) as stack:
+        stack.send(42, f"/f one {SMALL}")
+        await stack.result(42)
+        stack.send(42, f"/f two {SMALL}")
+        text = await stack.reply_text(42, count=2)
+        assert text == "You have used all 1 jobs of your daily quota; try again tomorrow."
+        assert await stack.queued_count() == 1
+        stack.send(1, "/quota 42 5")  # an admin raises it
+        await stack.reply_text(1)
+        stack.send(42, f"/f three {SMALL}")
+        await stack.result(42, count=2)
+
+
+async def test_queue_limit_and_cooldown(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
+    limits = config.LimitsConfig(max_queued=1)
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False,
+                           limits=limits) as stack:
+        stack.send(43, f"/f one {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=43)
+        stack.send(43, f"/f two {SMALL}")
+        text = await stack.reply_text(43, count=2)
+        assert text.startswith("You already have 1 job waiting or running")
+        assert await stack.queued_count() == 1
+    limits = config.LimitsConfig(cooldown=60)
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False,
+                           limits=limits) as stack:
+        stack.send(44, f"/f one {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=44)
+        stack.send(44, f"/f two {SMALL}")
+        assert (await stack.reply_text(44, count=2)).startswith("Wait 6")
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("/f", "Write a prompt after /f, for example: /f a red fox."),
+        ("/f " + "fox " * 2500, "The prompt is 9999 characters long; the limit is 2000."),
+        ("/f a fox --sampler euler",
+         "/f has no option --sampler. Allowed: --ar, --file, --height, --seed, --steps, "
+         "--width."),
+        ("/f a fox --steps 50", "Steps must be between 1 and 8 (got 50)."),
+        ("/f a fox --ar 10:1", "The aspect ratio 10:1 is too extreme; use one between 1:4 "
+                               "and 4:1."),
+        ("/f a fox --no blurry", "/f has no negative prompt, so --no cannot be used."),
+        ("/qwen make it night --ar 16:9", "/qwen has no width and height, so --ar cannot be "
+                                          "used."),
+    ],
+)
+async def test_bad_inputs_get_one_sentence_and_queue_nothing(
+    fake_telegram: FakeTelegram, fake_comfy, db, text: str, answer: str
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(45, text)
+        assert await stack.reply_text(45) == answer
+        assert len(fake_telegram.calls("sendMessage")) == 1
+        assert await stack.queued_count() == 0

@@ -1,0 +1,67 @@
+"""`comfyveil run` as an operator starts it: a subprocess with a config file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tests.e2e.bot_support import SMALL
+from tests.fakes.comfyui import FakeComfyUI
+from tests.fakes.telegram import FakeTelegram
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
+    env.pop("DATABASE_URL", None)
+    env.update(extra)
+    return env
+
+
+async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
+) -> None:
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+        env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+        assert b"@ComfyveilTestBot is running" in line
+        fake_telegram.user_sends(60, f"/f a fox {SMALL}")
+        photo = await fake_telegram.wait_for_call("sendPhoto", chat_id=60, timeout=30)
+        assert photo.result["caption"].startswith("/f")
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert b"stopped" in out
+        assert fake_telegram.token.encode() not in err
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_run_without_a_token_says_where_it_must_come_from(tmp_path: Path) -> None:
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text('[telegram]\nopen = true\n')
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", "run", "--config", str(conf), env=_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert err.decode().strip() == (
+        "comfyveil: no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] "
+        "token_file (a file only you can read); it is never taken from the command line"
+    )

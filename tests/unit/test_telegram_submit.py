@@ -1,0 +1,83 @@
+"""Building a job's values from a command, the user's settings and the workflow."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from comfyveil.comfy import workflow
+from comfyveil.telegram import callbacks_data, commands, parse, registry, submit
+
+
+def entry(command: str) -> registry.Entry:
+    wf = workflow.find(command)
+    row = SimpleNamespace(title=wf.title, description=wf.description)
+    return registry.Entry(command, row, wf)  # type: ignore[arg-type]
+
+
+def parsed(e: registry.Entry, text: str) -> parse.ParsedCommand:
+    result = parse.parse(text, e.options, negative_allowed=e.negative_allowed)
+    assert result is not None
+    return result
+
+
+def test_options_override_settings_which_override_defaults() -> None:
+    f = entry("f")
+    prefs = {"ar": "16:9", "steps": 50, "seed_mode": "fixed", "seed": 5}
+    values, as_file = submit.build_values(f, parsed(f, "/f a fox"), prefs)
+    assert values == {"width": 1360, "height": 768, "steps": 8, "seed": 5, "prompt": "a fox"}
+    assert as_file is None
+    values, as_file = submit.build_values(
+        f, parsed(f, "/f a fox --ar 1:1 --steps 2 --seed 9 --file"), prefs
+    )
+    checked = f.workflow.validate(values)
+    assert (checked["width"], checked["height"], checked["steps"], checked["seed"]) == (
+        1024, 1024, 2, 9)
+    assert as_file is True
+
+
+def test_sizes_respect_the_workflow_bounds() -> None:
+    f = entry("f")
+    width, height = submit.size_for(f.workflow, "1:4")
+    assert (width, height) == (512, 2048)
+    assert width % 16 == 0
+
+
+def test_edit_workflow_gets_an_image_placeholder_and_refuses_ar() -> None:
+    qwen = entry("qwen")
+    values, _ = submit.build_values(qwen, parsed(qwen, "/qwen make it night --no blur"), {})
+    assert values["image"] == submit.IMAGE_PLACEHOLDER
+    assert values["negative"] == "blur"
+    qwen.workflow.validate(values)  # complete: nothing required is missing
+    with pytest.raises(parse.ParseError, match="--ar cannot be used"):
+        submit.build_values(qwen, parsed(qwen, "/qwen x --ar 16:9"), {})
+
+
+def test_help_shows_defaults_from_the_graph() -> None:
+    help_ = entry("f").help()
+    steps = next(o for o in help_.options if o.name == "steps")
+    assert (steps.minimum, steps.maximum, steps.default) == (1, 8, 4)
+    assert [o.name for o in help_.options][:2] == ["seed", "steps"]
+
+
+def test_callback_data_round_trips_within_telegram_limits() -> None:
+    job = "3f2a9c1d-0000-4000-8000-000000000001"
+    for data in (callbacks_data.again(job), callbacks_data.edit(job, 2),
+                 callbacks_data.as_file(job, 0), callbacks_data.setting("ar", "16:9")):
+        assert len(data.encode()) <= 64
+        assert callbacks_data.parse(data) is not None
+    press = callbacks_data.parse(callbacks_data.edit(job, 2))
+    assert press is not None and str(press.job_id) == job and press.index == 2
+    assert callbacks_data.parse("set:ar:16:9") == callbacks_data.Press("set", key="ar",
+                                                                        value="16:9")
+    assert callbacks_data.parse("again:not-a-uuid") is None
+
+
+def test_settings_buttons_only_accept_offered_values() -> None:
+    assert commands.settings_change("ar", "16:9", {}) == ({"ar": "16:9"}, [])
+    assert commands.settings_change("ar", "", {"ar": "1:1"}) == ({}, ["ar"])
+    changes, _ = commands.settings_change("seed", "fixed", {})
+    assert changes["seed_mode"] == "fixed" and isinstance(changes["seed"], int)
+    with pytest.raises(Exception, match="not offered"):
+        commands.settings_change("steps", "999", {})
