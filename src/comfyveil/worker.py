@@ -80,6 +80,7 @@ class _Running:
     slot: pool.Slot | None = None
     cancel_requested: bool = False
     cancelling: bool = False
+    settled: bool = False  # final status written: no more lease renewals, only delivery
     progress_at: float = 0.0
 
 
@@ -281,7 +282,8 @@ class Worker:
             return
         if done is not None:
             self._avoid.pop(job.id, None)
-            await self._deliver(done, outputs)
+            # Shielded: a result half sent to the user must not be sent again later.
+            await asyncio.shield(self._deliver(done, outputs))
 
     async def _settle(
         self, running: _Running, write: Callable[[], Awaitable[T]]
@@ -291,11 +293,15 @@ class Worker:
         recovered by another worker, which re-attaches to its prompt)."""
         task = asyncio.ensure_future(self._retry_db(write, running))
         try:
-            return await asyncio.shield(task)
+            result = await asyncio.shield(task)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await task
             raise
+        # The lease ends with the final status; renewing it now would fail and cancel
+        # the delivery that follows (which then ran twice).
+        running.settled = True
+        return result
 
     async def _retry_db(
         self, write: Callable[[], Awaitable[T]], running: _Running
@@ -501,6 +507,8 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             for running in list(self._running.values()):
+                if running.settled:
+                    continue
                 try:
                     renewed = await self.store.renew_lease(running.job, self.options.lease_seconds)
                 except store_errors.LeaseLost:
