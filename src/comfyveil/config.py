@@ -101,12 +101,13 @@ class AnyoneConfig:
     control: str | None = None  # "127.0.0.1:PORT" of that daemon's control port
     cookie_file: Path | None = None
     telegram: bool = False  # route Bot API traffic through anon too
+    # A private test network (a file of DirAuthority lines); unset: the public network.
+    private_network: Path | None = None
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
     job_retention_days: float = DEFAULT_JOB_RETENTION_DAYS
-    log_prompts: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def from_mapping(
     )
     an = _take(
         top.get("anyone", {}), "anyone",
-        {"enabled", "binary", "socks", "control", "cookie_file", "telegram"},
+        {"enabled", "binary", "socks", "control", "cookie_file", "telegram", "private_network"},
     )
     anyone = AnyoneConfig(
         enabled=bool(an.get("enabled", True)),
@@ -241,9 +242,17 @@ def from_mapping(
         control=an.get("control"),
         cookie_file=_path(an["cookie_file"], base) if "cookie_file" in an else None,
         telegram=bool(an.get("telegram", False)),
+        private_network=(
+            _path(an["private_network"], base) if "private_network" in an else None
+        ),
     )
     if anyone.control and not anyone.socks:
         raise ConfigError("anyone.control needs anyone.socks: both name the daemon you run")
+    if anyone.private_network and anyone.socks:
+        raise ConfigError(
+            "anyone.private_network and anyone.socks cannot both be set: the network is "
+            "chosen by the daemon you run"
+        )
     privacy = PrivacyConfig(
         **_take(top.get("privacy", {}), "privacy", set(PrivacyConfig.__annotations__))
     )

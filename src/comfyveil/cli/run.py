@@ -21,7 +21,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config
+from comfyveil import config, retention
 from comfyveil.anyone import errors as anon_errors
 from comfyveil.anyone import process, routing
 from comfyveil.comfy import pool
@@ -91,6 +91,10 @@ async def run(args: argparse.Namespace) -> int:
             stack.push_async_callback(bot.close)
             print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
                   flush=True)
+            purge = asyncio.create_task(
+                retention.purge_forever(db, settings.privacy), name="retention"
+            )
+            stack.callback(purge.cancel)
             worker_task = asyncio.create_task(worker.run(), name="worker")
             stopping = asyncio.create_task(stop.wait(), name="stop-signal")
             await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config, sinks
+from comfyveil import config, retention, sinks
 from comfyveil.anyone import routing
 from comfyveil.comfy import pool
 from comfyveil.store import database
@@ -73,9 +73,13 @@ async def run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.stop)
+            purge = asyncio.create_task(
+                retention.purge_forever(db, settings.privacy), name="retention"
+            )
             try:
                 await worker.run()
             finally:
+                purge.cancel()
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     with contextlib.suppress(Exception):
                         loop.remove_signal_handler(signum)
