@@ -26,7 +26,9 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 # Subcommand modules, in the order `comfyveil --help` lists them.
-SUBCOMMANDS = ("generate",)
+SUBCOMMANDS = (
+    "run", "generate", "submit", "jobs", "worker", "workflows", "bench", "anon", "db",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
