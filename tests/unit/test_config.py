@@ -75,6 +75,7 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
         ({"backends": [{"url": "ftp://x"}]}, "must start with http"),
         ({"backends": [{"url": "http://a"}, {"url": "http://b", "name": "gpu0"}]}, "same name"),
         ({"anyone": {"control": "127.0.0.1:1"}}, "needs anyone.socks"),
+        ({"anyone": {"socks": "127.0.0.1:1", "private_network": "n"}}, "cannot both be set"),
         ({"telegram": {"admins": ["me"]}}, "numeric Telegram ids"),
     ],
 )
@@ -100,3 +101,11 @@ def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
     assert settings.worker == defaults.worker
     assert settings.telegram == defaults.telegram
     assert settings.anyone == defaults.anyone
+
+
+def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "comfyveil.toml"
+    cfg.write_text('[anyone]\nprivate_network = "net/authorities.txt"\n')
+    settings = config.load(cfg, environ={})
+    assert settings.anyone.private_network == tmp_path / "net" / "authorities.txt"
+    assert config.from_mapping({}, environ={}).anyone.private_network is None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import config
+from comfyveil.anyone import process, routing, runtime
 from comfyveil.bench import compare, report, runner
 from comfyveil.errors import UsageError
 
@@ -148,24 +149,28 @@ def _read_image(path: Path) -> bytes:
     return data
 
 
-def proxy_router(settings: config.Settings) -> runner.ProxyFor:
-    """Route each backend as the configuration says.
+def backend_config(settings: config.Settings, name: str, url: str) -> config.BackendConfig:
+    """The configured backend of that name and URL (its via, its key), else a plain one."""
+    for backend in settings.backends:
+        if backend.name == name and backend.url == url:
+            return backend
+    return config.BackendConfig(name=name, url=url)
 
-    Hook for the Anyone network: `routing.proxy_url_for` needs a running anon client
-    for hidden-service backends; until the bench starts one, such a backend is refused
-    with a plain sentence before anything runs.
-    """
-    from comfyveil.anyone import routing
 
-    configured = {b.name: b for b in settings.backends}
+def proxy_router(
+    settings: config.Settings, anon: process.AnonClient | None = None
+) -> runner.ProxyFor:
+    """Route each backend as the configuration says: hidden services through `anon`
+    (its own circuits per backend); without anon such a backend is refused plainly."""
 
     def proxy_for(name: str, url: str) -> str | None:
-        backend = configured.get(name)
-        if backend is None or backend.url != url:
-            backend = config.BackendConfig(name=name, url=url)
-        return routing.proxy_url_for(backend, None)
+        return routing.proxy_url_for(backend_config(settings, name, url), anon)
 
     return proxy_for
+
+
+def _anon_progress(percent: int, summary: str) -> None:
+    print(f"anon: {percent}% {summary}", file=sys.stderr, flush=True)
 
 
 def _default_out() -> Path:
@@ -213,16 +218,18 @@ async def run_bench(args: argparse.Namespace) -> int:
     workflows = await asyncio.to_thread(load_workflows, args.workflow, settings)
     runner.check_values(workflows, values)
     image = await asyncio.to_thread(_read_image, args.image) if args.image else None
-    proxy_for = proxy_router(settings)
-    for backend in backends:  # refuse a backend we cannot route before measuring anything
-        proxy_for(backend.name, backend.url)
     plan = runner.Plan(
         backends=tuple(backends), workflows=workflows, runs=args.runs, warmup=args.warmup,
         values=values, image=image, seed_base=args.seed, parallel=args.parallel,
         metric=args.metric, timeout=args.timeout,
     )
-    with live_progress(plan.total_runs) as listener:
-        result = await runner.run(plan, proxy_for=proxy_for, on_progress=listener)
+    configs = [backend_config(settings, b.name, b.url) for b in backends]
+    async with runtime.anon_for(settings, configs, on_progress=_anon_progress) as router:
+        proxy_for = proxy_router(settings, router.anon)
+        for backend in backends:  # refuse a backend we cannot route before measuring
+            proxy_for(backend.name, backend.url)
+        with live_progress(plan.total_runs) as listener:
+            result = await runner.run(plan, proxy_for=proxy_for, on_progress=listener)
     out = args.out or _default_out()
     paths = await report.write_all(result, out)
     names = [wf.name for wf in result.workflows]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import config, images
+from comfyveil.anyone import runtime
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import execute, workflow
 from comfyveil.errors import UsageError
@@ -88,6 +89,22 @@ def read_images(
     return bound
 
 
+def server_backend(settings: config.Settings, server: str | None) -> config.BackendConfig:
+    """The backend to use: --server (with a configured backend's settings when it is
+    one of them, e.g. its client key), else the first configured backend."""
+    if server is None:
+        return settings.backend_list()[0]
+    url = server.rstrip("/")
+    for backend in settings.backends:
+        if backend.url == url:
+            return backend
+    return config.BackendConfig(name="server", url=url)
+
+
+def _anon_progress(percent: int, summary: str) -> None:
+    print(f"anon: {percent}% {summary}", file=sys.stderr, flush=True)
+
+
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     try:
@@ -103,13 +120,16 @@ async def run(args: argparse.Namespace) -> int:
     values.update({name: image.upload_name for name, image in inputs.items()})
     validated = wf.validate(values)
 
-    backend = settings.backend_list()[0]
-    url = (args.server or backend.url).rstrip("/")
-    name = backend.name if args.server is None else "server"
+    backend = server_backend(settings, args.server)
     progress = execute.ProgressPrinter(sys.stderr)
     progress.set_graph(wf.graph)
     try:
-        async with comfy_client.ComfyClient(url, name=name) as client:
+        async with (
+            runtime.anon_for(settings, [backend], on_progress=_anon_progress) as router,
+            comfy_client.ComfyClient(
+                backend.url, name=backend.name, proxy=router.proxy_for(backend)
+            ) as client,
+        ):
             outcome = await execute.execute(
                 client, wf, validated, inputs, on_event=progress.on_event, timeout=args.timeout
             )

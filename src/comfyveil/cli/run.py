@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import config, retention
-from comfyveil.anyone import errors as anon_errors
-from comfyveil.anyone import process, routing
+from comfyveil.anyone import runtime
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.telegram import app
@@ -47,17 +46,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _needs_anon(settings: config.Settings) -> bool:
-    if settings.anyone.telegram:
-        return True
-    for backend in settings.backend_list():
-        try:
-            routing.proxy_url_for(backend, None)
-        except anon_errors.AnonError:
-            return True
-    return False
-
-
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     if not settings.telegram.token:
@@ -68,20 +56,16 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            anon: process.AnonClient | None = None
-            if _needs_anon(settings):
-                client = process.from_settings(settings, network=None)
-                anon = await stack.enter_async_context(client)  # type: ignore[arg-type]
+            router = await stack.enter_async_context(
+                runtime.anon_for(settings, settings.backend_list(), telegram=True)
+            )
             db = await database.Database.open(settings)
             stack.push_async_callback(db.close)
             await db.commands.seed()
             backends = await stack.enter_async_context(
-                pool.Pool(settings.backend_list(),
-                          proxy_for=lambda b: routing.proxy_url_for(b, anon))
+                pool.Pool(settings.backend_list(), proxy_for=router.proxy_for)
             )
-            bot = app.TelegramBot(
-                settings, db, pool=backends, proxy=routing.telegram_proxy_url(settings, anon)
-            )
+            bot = app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
             worker = Worker(db, backends, sinks=[bot.sink], options=WorkerOptions(
                 lease_seconds=settings.worker.lease_seconds,
                 poll_interval=settings.worker.poll_interval,

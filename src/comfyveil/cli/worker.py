@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import config, retention, sinks
-from comfyveil.anyone import routing
+from comfyveil.anyone import runtime
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.worker import SHUTDOWN_GRACE, Worker, WorkerOptions
@@ -57,18 +57,15 @@ def options_from(settings: config.Settings, args: argparse.Namespace) -> WorkerO
     )
 
 
-def direct_proxy(backend: config.BackendConfig) -> str | None:
-    """Backends reached directly; one that needs the Anyone network is refused plainly
-    (`comfyveil run` starts anon and passes its own hook)."""
-    return routing.proxy_url_for(backend, None)
-
-
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     delivery = [sinks.FileSink(args.out)] if args.out is not None else []
     async with await database.Database.open(settings) as db:
         await db.commands.seed()
-        async with pool.Pool(settings.backend_list(), proxy_for=direct_proxy) as backends:
+        async with (
+            runtime.anon_for(settings, settings.backend_list()) as router,
+            pool.Pool(settings.backend_list(), proxy_for=router.proxy_for) as backends,
+        ):
             worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
