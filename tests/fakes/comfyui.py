@@ -61,11 +61,24 @@ MODEL_INPUTS = {
     "photomaker_model_name": "photomaker",
 }
 
-MODEL_FOLDERS = [
-    "checkpoints", "loras", "vae", "text_encoders", "diffusion_models", "clip_vision",
-    "style_models", "embeddings", "diffusers", "vae_approx", "controlnet", "gligen",
-    "upscale_models", "latent_upscale_models", "hypernetworks", "photomaker", "classifiers",
-    "model_patches", "audio_encoders", "custom_nodes",
+MODEL_FOLDERS = [  # GET /models of 0.3.64, in its order
+    "checkpoints", "configs", "loras", "vae", "text_encoders", "diffusion_models",
+    "clip_vision", "style_models", "embeddings", "diffusers", "vae_approx", "controlnet",
+    "gligen", "upscale_models", "custom_nodes", "hypernetworks", "photomaker", "classifiers",
+    "model_patches", "audio_encoders",
+]
+
+# Classes whose IS_CHANGED returns the time: the real server never reuses their output.
+NEVER_CACHED = frozenset({"SaveImageWebsocket"})
+
+# ImageInvert as 0.3.64 computes it: x/255 in float32, 1 - x, 255 * x, truncated to uint8
+# (one less than 255 - v for many v). Pure-Python float32 rounding via struct.
+def _f32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+_INVERT_LUT = [
+    min(255, max(0, int(_f32(255.0 * _f32(1.0 - _f32(v / 255.0)))))) for v in range(256)
 ]
 
 # What models=None "has": every file the shipped workflows name (notes §11).
@@ -429,8 +442,10 @@ class FakeComfyUI:
                 await ws.send_str(message)
 
     async def _send_bytes(self, frame: bytes, sid: str | None) -> None:
-        ws = self.sockets.get(sid) if sid else None
-        if ws is not None:
+        targets = list(self.sockets.values()) if sid is None else (
+            [self.sockets[sid]] if sid in self.sockets else []
+        )
+        for ws in targets:
             with contextlib.suppress(Exception):
                 await ws.send_bytes(frame)
 
@@ -477,7 +492,7 @@ class FakeComfyUI:
     async def _models_folder(self, request: web.Request) -> web.Response:
         folder = request.match_info["folder"]
         if folder not in MODEL_FOLDERS:
-            return web.Response(status=404, text="404: Not Found")
+            return web.Response(status=404)  # empty body, no Content-Type, like the real one
         return _json(sorted(self.models.get(folder, [])))
 
     def _build_object_info(self) -> dict[str, Any]:
@@ -505,19 +520,27 @@ class FakeComfyUI:
         return info
 
     def _input_files(self) -> list[str]:
+        """LoadImage's list: image files directly in input/ (no subfolders), sorted."""
         base = self.dirs["input"]
         return sorted(
-            str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()
+            p.name for p in base.iterdir()
+            if p.is_file() and (mimetypes.guess_type(p.name, strict=False)[0] or "")
+            .startswith("image/")
         )
 
-    async def _get_object_info(self, _request: web.Request) -> web.Response:
+    def _refresh_load_image(self) -> None:
         self._node_defs["LoadImage"]["input"]["required"]["image"][0] = self._input_files()
+
+    async def _get_object_info(self, _request: web.Request) -> web.Response:
+        self._refresh_load_image()
         return _json(self._node_defs)
 
     async def _get_object_info_class(self, request: web.Request) -> web.Response:
         name = request.match_info["node_class"]
         if name not in self._node_defs:
             return _json({})
+        if name == "LoadImage":
+            self._refresh_load_image()
         return _json({name: self._node_defs[name]})
 
     # --- prompt and queue --------------------------------------------------------------
@@ -530,6 +553,14 @@ class FakeComfyUI:
             body = await self._body(request)
         except ValueError:
             return _server_error()
+        if isinstance(body, (list, str)):
+            # the real server only tests `"prompt" in body`: a list or string lacks it
+            if "prompt" in body:
+                return _server_error()
+            self.number += 1
+            error = {"type": "no_prompt", "message": "No prompt provided",
+                     "details": "No prompt provided", "extra_info": {}}
+            return _json({"error": error, "node_errors": {}}, status=400)
         if not isinstance(body, dict):
             return _server_error()
         if "number" in body:
@@ -544,6 +575,10 @@ class FakeComfyUI:
         prompt = body["prompt"]
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         targets = body.get("partial_execution_targets")
+        if isinstance(prompt, (list, str)) and not prompt:
+            prompt = {}  # iterates as empty: "no outputs", like the real one
+        if not isinstance(prompt, dict):
+            return _server_error()  # validate_prompt indexes it and raises: a 500
         ok, error, outputs, node_errors = self._validate(prompt, targets)
         extra = dict(body.get("extra_data") or {})
         if "client_id" in body:
@@ -657,36 +692,44 @@ class FakeComfyUI:
     async def _upload(self, request: web.Request) -> web.Response:
         form = await request.post()
         image = form.get("image")
-        if image is None or not isinstance(image, web.FileField):
+        if not image:
             return web.Response(status=400)
+        if not isinstance(image, web.FileField):
+            return _server_error()  # a part without a file name: `image.file` raises
         kind = str(form.get("type") or "input")
         base = self.dirs.get(kind)
         if base is None:
-            return web.Response(status=400)
+            return _server_error()  # the real one hits an unbound variable
         subfolder = str(form.get("subfolder") or "")
         folder = (base / subfolder).resolve()
         if not folder.is_relative_to(base.resolve()):
             return web.Response(status=400)
         data = image.file.read()
-        name = Path(image.filename or "").name
+        name = image.filename or ""
         if not name:
+            return _server_error()
+        if not (folder / name).resolve().is_relative_to(base.resolve()):
             return web.Response(status=400)
-        overwrite = str(form.get("overwrite", "")).lower() in ("true", "1")
+        overwrite = form.get("overwrite") in ("true", "1")  # exactly, no lowercasing
         folder.mkdir(parents=True, exist_ok=True)
-        stem, suffix = Path(name).stem, Path(name).suffix
+        if not (folder / name).parent.is_dir():
+            return _server_error()  # a folder in the name: the real one fails to open it
+        suffix = Path(name).suffix  # the name may hold a folder: keep it, like splitext
+        stem = name[: len(name) - len(suffix)]
         path, duplicate, i = folder / name, False, 1
         if not overwrite:
             while path.exists():
                 if hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(data).digest():
                     duplicate = True
                     break
-                path = folder / f"{stem} ({i}){suffix}"
+                name = f"{stem} ({i}){suffix}"
+                path = folder / name
                 i += 1
         if not duplicate:
             path.write_bytes(data)
-        self.uploads.append({"name": path.name, "subfolder": subfolder, "type": kind,
+        self.uploads.append({"name": name, "subfolder": subfolder, "type": kind,
                              "size": len(data), "duplicate": duplicate})
-        return _json({"name": path.name, "subfolder": subfolder, "type": kind})
+        return _json({"name": name, "subfolder": subfolder, "type": kind})
 
     # --- validation (execution.validate_prompt of 0.3.64) -----------------------------
 
@@ -800,7 +843,11 @@ class FakeComfyUI:
                 if not source_ok:
                     valid = False
                 continue
-            error = self._check_value(node["class_type"], name, value, input_type, config, spec)
+            converted: dict[str, Any] = {}
+            error = self._check_value(node["class_type"], name, value, input_type, config, spec,
+                                      converted)
+            if isinstance(node.get("inputs"), dict):
+                node["inputs"].update(converted)
             if error is not None:
                 errors.append(error)
                 valid = False
@@ -809,23 +856,26 @@ class FakeComfyUI:
 
     def _check_value(
         self, class_type: str, name: str, value: Any, input_type: Any,
-        config: dict[str, Any], spec: Any,
+        config: dict[str, Any], spec: Any, converted: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
+        if converted is None:
+            converted = {}
         base = {"input_name": name, "input_config": spec, "received_value": value}
         if class_type == "LoadImage" and name == "image":
             path = _annotated(self.dirs, str(value), "input")
             if path is None or not path.is_file():
                 return {"type": "custom_validation_failed",
                         "message": "Custom validation failed for node",
-                        "details": f"{name} - Invalid image file: {value}", "extra_info": base}
+                        "details": f"{name} - Invalid image file: {value}",
+                        "extra_info": {"input_name": name}}
             return None
         converters = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
         if isinstance(input_type, str) and input_type in converters:
             try:
-                if input_type == "INT" and isinstance(value, float) and not value.is_integer():
-                    raise ValueError(f"invalid literal for int() with base 10: '{value}'")
-                value = converters[input_type](value)
-            except (TypeError, ValueError) as exc:
+                value = converters[input_type](value)  # int(40.5) == 40, like the real one
+                converted[name] = value  # the real one writes it back into the prompt
+                base = {**base, "received_value": value}
+            except (TypeError, ValueError, OverflowError) as exc:
                 return {"type": "invalid_input_type",
                         "message": f"Failed to convert an input value to a {input_type} value",
                         "details": f"{name}, {value}, {exc}",
@@ -894,7 +944,8 @@ class FakeComfyUI:
         await self._broadcast_status()  # the worker took it
         await send("execution_start", {"prompt_id": pid, "timestamp": _now_ms()}, True)
         order = _execution_order(job.prompt, job.outputs)
-        signatures = {n: self._signature(job.prompt, n, {}) for n in order}
+        memo: dict[str, str] = {}
+        signatures = {n: self._signature(job.prompt, n, memo) for n in order}
         cached = [n for n in order if self.cache_enabled and signatures[n] in self._cache]
         await send("execution_cached",
                    {"nodes": cached, "prompt_id": pid, "timestamp": _now_ms()}, True)
@@ -910,7 +961,8 @@ class FakeComfyUI:
                     "real_node_id": node_id}
 
         async def send_progress_state() -> None:
-            await send("progress_state", {"prompt_id": pid, "nodes": dict(progress)})
+            # sent to the job's socket, or to every socket when it has no client_id
+            await self._send("progress_state", {"prompt_id": pid, "nodes": dict(progress)}, sid)
 
         current = ""
         try:
@@ -920,8 +972,7 @@ class FakeComfyUI:
                 class_type = node["class_type"]
                 if node_id in cached:
                     outs, ui = self._cache[signatures[node_id]]
-                    values[node_id] = outs
-                    executed.append(node_id)
+                    values[node_id] = outs  # not "executed": the real list leaves it out
                     if ui is not None:
                         ui_outputs[node_id] = ui
                         await send("executed", {"node": node_id, "display_node": node_id,
@@ -948,7 +999,9 @@ class FakeComfyUI:
                     ui_outputs[node_id] = ui
                     await send("executed", {"node": node_id, "display_node": node_id,
                                             "output": ui, "prompt_id": pid})
-                progress[node_id] = state(node_id, 1.0, 1.0, "finished")
+                # the bar ends full at its own max (2/2 after two ticks), 1/1 otherwise
+                top = float(progress[node_id]["max"])
+                progress[node_id] = state(node_id, top, top, "finished")
                 await send_progress_state()
             await send("execution_success", {"prompt_id": pid, "timestamp": _now_ms()}, True)
         except _Interrupted:
@@ -1007,6 +1060,8 @@ class FakeComfyUI:
                 parts["__hash"] = hashlib.sha256(path.read_bytes()).hexdigest()
         if node["class_type"] in ("SaveImage", "SaveVideo", "PreviewImage"):
             parts["__prompt"] = json.dumps(prompt, sort_keys=True, default=str)
+        if node["class_type"] in NEVER_CACHED:
+            parts["__changed"] = uuid.uuid4().hex  # IS_CHANGED returns time.time()
         memo[node_id] = hashlib.sha256(
             json.dumps([node["class_type"], parts], sort_keys=True, default=str).encode()
         ).hexdigest()
@@ -1076,7 +1131,7 @@ class FakeComfyUI:
         return [[image], [mask]], None
 
     async def _node_ImageInvert(self, i: dict[str, Any], _ctx: _NodeContext) -> Any:
-        return [[ImageOps.invert(img.convert("RGB")) for img in i["image"]]], None
+        return [[img.convert("RGB").point(_INVERT_LUT * 3) for img in i["image"]]], None
 
     async def _node_ImageScale(self, i: dict[str, Any], _ctx: _NodeContext) -> Any:
         out = []
@@ -1213,8 +1268,7 @@ class _NodeContext:
         if fake._interrupt:
             raise _Interrupted
         self.progress[node] = self.state(node, value, maximum, "running")
-        if self.sid is None:
-            return
+        # With no client_id the real server sends these to every socket.
         await fake._send("progress_state", {"prompt_id": pid, "nodes": dict(self.progress)},
                          self.sid)
         progress = {"value": value, "max": maximum, "prompt_id": pid, "node": node}

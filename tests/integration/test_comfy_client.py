@@ -8,6 +8,7 @@ import os
 import socket
 from typing import Any
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -423,15 +424,147 @@ async def test_video_outputs_are_classified_as_video(fake_comfy: FakeComfyUI) ->
         assert b"".join(chunks)[4:8] == b"ftyp"
 
 
-@pytest.mark.real_comfyui
-@pytest.mark.skipif(not os.environ.get("COMFYUI_URL"), reason="COMFYUI_URL is not set")
-async def test_real_comfyui_model_free_run() -> None:
-    url = os.environ["COMFYUI_URL"]
-    async with comfy_client.ComfyClient(url, name="real") as client:
-        result = await client.run(empty_image(40, 24, prefix="comfyveil_probe"))
+# --- the same model-free scenarios against the fake, and a real ComfyUI when asked ---------
+#
+#   COMFYUI_URL=http://127.0.0.1:8188 pytest -m real_comfyui tests/integration/test_comfy_client.py
+#
+# The real server keeps its cache between tests, so each run uses values of its own.
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.real_comfyui)])
+async def comfy_url(request: pytest.FixtureRequest, fake_comfy_factory: FakeFactory) -> str:
+    """The fake's URL, or COMFYUI_URL for the real_comfyui variant (skipped without it)."""
+    if request.param == "real":
+        url = os.environ.get("COMFYUI_URL")
+        if not url:
+            pytest.skip("COMFYUI_URL is not set")
+        return url
+    # ImageBlur stands in for the seconds a 1024x1024 blur takes on a real CPU.
+    fake = await fake_comfy_factory(delays={"ImageBlur": 1.0})
+    return fake.url
+
+
+def _tag() -> int:
+    """A colour no earlier run used, so the real server's cache cannot answer."""
+    return int.from_bytes(os.urandom(3), "big")
+
+
+def slow_blur(tag: int, prefix: str = "comfyveil_slow") -> dict[str, Any]:
+    """Model-free and seconds long on a real CPU: a big image, a wide blur, a save."""
+    return {
+        "1": {"class_type": "EmptyImage",
+              "inputs": {"width": 1024, "height": 1024, "batch_size": 1, "color": tag}},
+        "2": {"class_type": "ImageBlur",
+              "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 10.0}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": prefix}},
+    }
+
+
+async def _settled(client: comfy_client.ComfyClient, prompt_id: str) -> dict[str, Any] | None:
+    """Wait until the prompt neither runs nor waits; its history entry, if it ran."""
+    for _ in range(600):
+        if (await client.queue()).position(prompt_id) is None:
+            return await client.history(prompt_id)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{prompt_id} still queued after 60 s")
+
+
+async def test_model_free_run_reports_events_in_order(comfy_url: str) -> None:
+    seen: list[events.Event] = []
+    tag = _tag()
+    async with comfy_client.ComfyClient(comfy_url, name="b") as client:
+        result = await client.run(
+            {**empty_image(40, 24, prefix="comfyveil_probe"),
+             "1": {"class_type": "EmptyImage",
+                   "inputs": {"width": 40, "height": 24, "batch_size": 1, "color": tag}}},
+            on_event=seen.append)
         result.raise_for_status()
+        assert len(result.outputs) == 1
         assert png_size(await client.download(result.outputs[0])) == (40, 24)
-        with pytest.raises(errors.WorkflowRejected) as info:
-            await client.submit({"1": {"class_type": "NoSuchNode", "inputs": {}}})
-        assert info.value.missing_nodes == ["NoSuchNode"]
         assert (await client.history("comfyveil-never-submitted")) is None
+    mine = [e for e in seen if not isinstance(e, (events.Status, events.QueuePosition,
+                                                  events.ProgressState))]
+    assert [type(e).__name__ for e in mine] == [
+        "ExecutionStart", "ExecutionCached", "Executing", "Executing", "Executed",
+        "ExecutionSuccess", "Executing"]
+    assert [e.node for e in mine if isinstance(e, events.Executing)] == ["1", "2", None]
+    finished = [e for e in seen if isinstance(e, events.ProgressState)][-1]
+    assert {n.state for n in finished.nodes.values()} == {"finished"}
+
+
+async def test_values_are_checked_like_comfyui(comfy_url: str) -> None:
+    def sized(width: Any) -> dict[str, Any]:
+        return {"1": {"class_type": "EmptyImage",
+                      "inputs": {"width": width, "height": 8, "batch_size": 1, "color": _tag()}},
+                "2": {"class_type": "SaveImage",
+                      "inputs": {"images": ["1", 0], "filename_prefix": "comfyveil_size"}}}
+
+    async with comfy_client.ComfyClient(comfy_url, name="b") as client:
+        with pytest.raises(errors.WorkflowRejected) as small:
+            await client.submit(sized(-1))
+        assert small.value.node_errors["1"]["errors"][0]["type"] == "value_smaller_than_min"
+        with pytest.raises(errors.WorkflowRejected) as text:
+            await client.submit(sized("40.5"))
+        assert text.value.node_errors["1"]["errors"][0]["type"] == "invalid_input_type"
+        with pytest.raises(errors.WorkflowRejected) as unknown:
+            await client.submit({"1": {"class_type": "NoSuchNode", "inputs": {}}})
+        assert unknown.value.missing_nodes == ["NoSuchNode"]
+        # a float for an INT is accepted and truncated: int(40.5) == 40
+        result = (await client.run(sized(40.5))).raise_for_status()
+        assert png_size(await client.download(result.outputs[0])) == (40, 8)
+
+
+async def test_partially_valid_prompt_never_produces_its_valid_outputs(comfy_url: str) -> None:
+    # The valid branch starts at once on an idle server: POST /queue delete cannot stop
+    # it, only an interrupt can.
+    tag = _tag()
+    prompt = {**slow_blur(tag, prefix="comfyveil_partial"),
+              "8": {"class_type": "EmptyImage",
+                    "inputs": {"width": -1, "height": 8, "batch_size": 1, "color": tag}},
+              "9": {"class_type": "PreviewImage", "inputs": {"images": ["8", 0]}}}
+    pid = f"comfyveil-partial-{tag}"
+    async with comfy_client.ComfyClient(comfy_url, name="b") as client:
+        with pytest.raises(errors.WorkflowRejected) as info:
+            await client.submit(prompt, prompt_id=pid)
+        assert list(info.value.node_errors) == ["8"]
+        history = await _settled(client, pid)
+    if history is not None:  # it had started: it must have been interrupted
+        assert history["outputs"] == {}
+        assert history["status"]["status_str"] == "error"
+        assert "execution_interrupted" in [m[0] for m in history["status"]["messages"]]
+
+
+async def test_interrupt_stops_the_running_prompt_only(comfy_url: str) -> None:
+    tag = _tag()
+    async with comfy_client.ComfyClient(comfy_url, name="b") as client:
+        running = await client.submit(slow_blur(tag), prompt_id=f"comfyveil-a-{tag}")
+        waiting = await client.submit(slow_blur(tag + 1), prompt_id=f"comfyveil-b-{tag}")
+        for _ in range(100):
+            if (await client.queue()).position(running.prompt_id) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await client.interrupt(waiting.prompt_id) is False  # waits: nothing sent
+        assert await client.interrupt(running.prompt_id) is True
+        stopped = await _settled(client, running.prompt_id)
+        done = await _settled(client, waiting.prompt_id)
+    assert stopped is not None and stopped["status"]["status_str"] == "error"
+    assert stopped["outputs"] == {}
+    assert [m[0] for m in stopped["status"]["messages"]][-1] == "execution_interrupted"
+    assert done is not None and done["status"]["status_str"] == "success"
+    assert list(done["outputs"]) == ["3"]
+
+
+async def test_image_invert_pixels_match_comfyui_float32_arithmetic(comfy_url: str) -> None:
+    # ComfyUI turns pixels into float32 x/255, inverts 1-x, saves trunc(255*x): often one
+    # less than 255-v. Computed here with numpy float32, independently of the fake.
+    values = np.arange(256, dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(np.stack([values] * 3, axis=-1)[None, :, :], "RGB").save(buffer, "PNG")
+    expected = (255.0 * (1.0 - values.astype(np.float32) / 255.0)).astype(np.uint8)
+    assert (expected != 255 - values).any()
+    async with comfy_client.ComfyClient(comfy_url, name="b") as client:
+        up = await client.upload_image(buffer.getvalue(), f"comfyveil-ramp-{_tag()}.png")
+        result = (await client.run(invert(up.reference))).raise_for_status()
+        with Image.open(io.BytesIO(await client.download(result.outputs[0]))) as img:
+            got = np.asarray(img.convert("RGB"))[0, :, 0]
+    assert got.tolist() == expected.tolist()

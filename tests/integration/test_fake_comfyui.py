@@ -146,3 +146,100 @@ async def test_http_quirks(fake_comfy: FakeComfyUI) -> None:
         assert (await http.get("/history", params={"max_items": "abc"})).status_code == 500
         assert (await http.get("/object_info/NoSuchNode")).json() == {}
         assert (await http.delete("/prompt")).status_code == 405
+
+
+async def test_cached_nodes_are_not_listed_as_executed_on_error(fake_comfy: FakeComfyUI) -> None:
+    async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        await http.post("/prompt", json={"prompt": PROMPT})
+        escape = {"1": PROMPT["1"], "2": {"class_type": "SaveImage", "inputs": {
+            "images": ["1", 0], "filename_prefix": "../escape"}}}
+        pid = (await http.post("/prompt", json={"prompt": escape})).json()["prompt_id"]
+        for _ in range(100):
+            entry = (await http.get(f"/history/{pid}")).json().get(pid)
+            if entry:
+                break
+            await asyncio.sleep(0.02)
+    messages = dict((m[0], m[1]) for m in entry["status"]["messages"])
+    assert messages["execution_cached"]["nodes"] == ["1"]
+    assert messages["execution_error"]["executed"] == []  # node 1 came from the cache
+
+
+async def test_save_image_websocket_reruns_and_its_bar_ends_at_its_max(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    prompt = {"1": PROMPT["1"],
+              "2": {"class_type": "SaveImageWebsocket", "inputs": {"images": ["1", 0]}}}
+    ws_url = fake_comfy.url.replace("http", "ws") + "/ws?clientId=sw"
+    async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        await ws.recv()
+        runs = []
+        for _ in range(2):
+            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "sw"})
+                   ).json()["prompt_id"]
+            runs.append(await _until_done(ws, pid))
+    for frames in runs:
+        assert _kinds(frames).count("<binary>") == 2  # IS_CHANGED is the time: never cached
+        last = [f for f in frames if isinstance(f, dict) and f["type"] == "progress_state"][-1]
+        node = last["data"]["nodes"]["2"]
+        assert (node["state"], node["value"], node["max"]) == ("finished", 2, 2)
+    cached = [f for f in runs[1] if isinstance(f, dict) and f["type"] == "execution_cached"]
+    assert cached[0]["data"]["nodes"] == ["1"]
+
+
+async def test_progress_of_a_prompt_without_client_id_reaches_every_socket(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    ws_url = fake_comfy.url.replace("http", "ws") + "/ws?clientId=onlooker"
+    async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        await ws.recv()
+        await http.post("/prompt", json={"prompt": PROMPT})
+        frames: list[Any] = []
+        while not (frames and frames[-1]["type"] == "status"
+                   and frames[-1]["data"]["status"]["exec_info"]["queue_remaining"] == 0):
+            frames.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
+    # what a real 0.3.64 sent to a foreign socket: statuses and every progress_state
+    assert _kinds(frames) == ["status", "status"] + ["progress_state"] * 4 + ["status"]
+    assert frames[-2]["data"]["nodes"]["2"]["state"] == "finished"
+
+
+async def test_load_image_list_follows_the_input_folder(fake_comfy: FakeComfyUI) -> None:
+    fake_comfy.put_input("a.png", b"x")
+    fake_comfy.put_input("notes.txt", b"x")
+    (fake_comfy.dirs["input"] / "sub").mkdir()
+    (fake_comfy.dirs["input"] / "sub" / "deep.png").write_bytes(b"x")
+    async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        def listed(info: dict[str, Any]) -> list[str]:
+            return list(info["LoadImage"]["input"]["required"]["image"][0])
+
+        assert listed((await http.get("/object_info/LoadImage")).json()) == ["a.png"]
+        fake_comfy.put_input("b.webp", b"x")
+        assert listed((await http.get("/object_info/LoadImage")).json()) == ["a.png", "b.webp"]
+        assert listed((await http.get("/object_info")).json()) == ["a.png", "b.webp"]
+
+
+async def test_models_and_request_shape_quirks(fake_comfy: FakeComfyUI) -> None:
+    async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        folders = (await http.get("/models")).json()
+        assert folders[:3] == ["checkpoints", "configs", "loras"]
+        assert folders[-1] == "audio_encoders" and "latent_upscale_models" not in folders
+        missing = await http.get("/models/nonexistent")
+        assert (missing.status_code, missing.content) == (404, b"")
+        assert "content-type" not in missing.headers
+        as_list = await http.post("/prompt", json=[1, 2])
+        assert as_list.status_code == 400 and as_list.json()["error"]["type"] == "no_prompt"
+        assert (await http.post("/prompt", json={"prompt": [1]})).status_code == 500
+        image = {"1": {"class_type": "LoadImage", "inputs": {"image": "no-such.png"}},
+                 "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}}
+        bad = (await http.post("/prompt", json={"prompt": image})).json()
+        assert bad["node_errors"]["1"]["errors"][0]["extra_info"] == {"input_name": "image"}
+
+        async def upload(name: str, data: bytes, **form: str) -> httpx.Response:
+            return await http.post("/upload/image", files={"image": (name, data, "image/png")},
+                                   data=form)
+
+        assert (await upload("x.png", b"one", type="bogus")).status_code == 500
+        assert (await upload("", b"one")).status_code == 500
+        assert (await upload("x.png", b"one")).json()["name"] == "x.png"
+        assert (await upload("x.png", b"two", overwrite="TRUE")).json()["name"] == "x (1).png"
+        assert (await upload("x.png", b"three", overwrite="1")).json()["name"] == "x.png"
+    assert (fake_comfy.dirs["input"] / "x.png").read_bytes() == b"three"

@@ -586,8 +586,10 @@ class ComfyClient:
         node_errors = data.get("node_errors") or {}
         if node_errors:
             # Some outputs would not run; we want all of them, so take it back out.
+            # An idle server has already started it: deleting from the queue would
+            # not stop it, so interrupt it if it runs, drop it if it waits.
             with contextlib.suppress(errors.ComfyError):
-                await self.delete_queued([str(data["prompt_id"])])
+                await self.cancel(str(data["prompt_id"]))
             raise errors.WorkflowRejected(
                 {"type": "prompt_outputs_failed_validation",
                  "message": "Prompt outputs failed validation"},
@@ -760,6 +762,12 @@ class ComfyClient:
             return "interrupted"
         if position is not None:
             await self.delete_queued([prompt_id])
+            # It may have started between the look and the delete (which only
+            # touches waiting prompts): then interrupt it instead.
+            state = await self.queue()
+            if any(item.prompt_id == prompt_id for item in state.running):
+                await self._call("POST", "/interrupt", json={"prompt_id": prompt_id})
+                return "interrupted"
             return "removed"
         return "unknown"
 
