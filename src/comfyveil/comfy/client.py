@@ -227,8 +227,10 @@ class _Tracker:
             self.node_ms[node] = self.node_ms.get(node, 0.0) + (now - since) * 1000.0
             self._current = None
 
-    def feed(self, event: events.Event) -> None:
-        now = time.monotonic()
+    def feed(self, event: events.Event, now: float | None = None) -> None:
+        """Fold one event in; `now` is when it arrived (monotonic), so node times do not
+        depend on how quickly the consumer got round to it."""
+        now = time.monotonic() if now is None else now
         match event:
             case events.ExecutionStart():
                 self.started = True
@@ -382,19 +384,20 @@ class _Socket:
                 queue.put_nowait(_LOST)
 
     def _route(self, event: events.Event) -> None:
+        arrived = time.monotonic()
         pid = event.prompt_id
         if isinstance(event, events.ExecutionStart):
             self.current_prompt = pid
         if pid is None:
             if isinstance(event, events.Status):
                 for queue in self.listeners.values():
-                    queue.put_nowait(event)
+                    queue.put_nowait((arrived, event))
                 return
             pid = self.current_prompt  # legacy previews and text carry no prompt id
         if isinstance(event, events.Executing) and event.node is None:
             self.current_prompt = None
         if pid is not None and pid in self.listeners:
-            self.listeners[pid].put_nowait(event)
+            self.listeners[pid].put_nowait((arrived, event))
 
     async def close(self) -> None:
         self.alive = False
@@ -728,12 +731,13 @@ class ComfyClient:
                 log.info("lost the event stream of backend %s; polling instead", self.name)
                 result = await self._reconcile(prompt_id)
                 return result if result is not None else await self._poll(prompt_id, on_event)
-            tracker.feed(item)
-            if isinstance(item, events.Status) and not tracker.started and on_event is not None:
+            arrived, event = item
+            tracker.feed(event, arrived)
+            if isinstance(event, events.Status) and not tracker.started and on_event is not None:
                 await self._emit_position(prompt_id, on_event)
                 continue
-            if not isinstance(item, events.Status):
-                await _call_back(on_event, item)
+            if not isinstance(event, events.Status):
+                await _call_back(on_event, event)
         return tracker.result()
 
     # --- control ----------------------------------------------------------------------
