@@ -43,16 +43,43 @@ VALUES (%(job_id)s, %(index)s, %(filename)s, %(mime)s, %(data)s);
 
 -- claim_job --
 -- Take the next job: highest priority, then the user whose last turn is oldest, then oldest job
-WITH candidate AS (
+-- The order is that of ORDER BY priority DESC, turn NULLS FIRST, created_at, id over all ready
+-- jobs, found without reading them all: a user's first ready job is the only one of theirs
+-- that can come first, so only the users with queued jobs (a loose index scan) and the first
+-- %(per_user)s ready jobs of each (more than one, to step past rows other workers are
+-- claiming right now) are sorted. per_user NULL reads every ready job (the exhaustive form).
+WITH RECURSIVE waiting (user_id) AS (
+    (SELECT user_id FROM jobs WHERE status = 'queued' ORDER BY user_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.user_id FROM jobs j
+            WHERE j.status = 'queued' AND j.user_id > w.user_id
+            ORDER BY j.user_id LIMIT 1)
+    FROM waiting w
+    WHERE w.user_id IS NOT NULL
+), candidate AS (
     SELECT j.id
-    FROM jobs j
-    LEFT JOIN queue_turns t ON t.user_id = j.user_id
-    WHERE j.status = 'queued'
-      AND (j.not_before IS NULL OR j.not_before <= now())
-      AND (%(backends)s::text[] IS NULL OR j.backends IS NULL OR j.backends && %(backends)s::text[])
-    ORDER BY j.priority DESC, t.turn ASC NULLS FIRST, j.created_at, j.id
+    FROM (
+        SELECT r.id, r.priority, t.turn, r.created_at
+        FROM waiting w
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.priority, q.created_at
+            FROM jobs q
+            WHERE q.status = 'queued' AND q.user_id = w.user_id
+              AND (q.not_before IS NULL OR q.not_before <= now())
+              AND (%(backends)s::text[] IS NULL OR q.backends IS NULL
+                   OR q.backends && %(backends)s::text[])
+            ORDER BY q.priority DESC, q.created_at, q.id
+            LIMIT %(per_user)s::int
+        ) r
+        LEFT JOIN queue_turns t ON t.user_id = w.user_id
+        ORDER BY r.priority DESC, t.turn ASC NULLS FIRST, r.created_at, r.id
+    ) c
+    CROSS JOIN LATERAL (  -- locks candidates one at a time, in order, until one is free
+        SELECT l.id FROM jobs l WHERE l.id = c.id AND l.status = 'queued'
+        FOR UPDATE SKIP LOCKED
+    ) j
+    ORDER BY c.priority DESC, c.turn ASC NULLS FIRST, c.created_at, c.id
     LIMIT 1
-    FOR UPDATE OF j SKIP LOCKED
 ), claimed AS (
     UPDATE jobs j
     SET status = 'running',
@@ -64,9 +91,20 @@ WITH candidate AS (
     FROM candidate c
     WHERE j.id = c.id
     RETURNING j.*
-), turn AS (
+), turn_held AS (
+    -- A user's turn row locked by a claim racing this one is skipped, not waited for: that
+    -- claim is moving the user to the back already, and waiting would serialise workers.
+    SELECT t.user_id FROM queue_turns t
+    WHERE t.user_id = (SELECT user_id FROM claimed)
+    FOR UPDATE SKIP LOCKED
+), turn_moved AS (
+    UPDATE queue_turns t SET turn = nextval('queue_turn_seq')
+    FROM turn_held h
+    WHERE t.user_id = h.user_id
+), turn_first AS (
     INSERT INTO queue_turns (user_id, turn)
-    SELECT user_id, nextval('queue_turn_seq') FROM claimed
+    SELECT user_id, nextval('queue_turn_seq') FROM claimed c
+    WHERE NOT EXISTS (SELECT 1 FROM queue_turns t WHERE t.user_id = c.user_id)
     ON CONFLICT (user_id) DO UPDATE SET turn = excluded.turn
 ), event AS (
     INSERT INTO job_events (job_id, kind, status, data)
