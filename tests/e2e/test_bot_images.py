@@ -111,3 +111,18 @@ async def test_send_as_file_button_sends_the_original_bytes(
         document = await stack.result(26, method="sendDocument")
         job = (await db.jobs.list_for_user(26, limit=1))[0]
         assert document.files["document"][1] == (await db.jobs.outputs(job.id))[0].data
+
+
+async def test_again_after_an_edit_edits_the_same_image_with_a_new_seed(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        sent = stack.send(25, photo=png(64, 48, (200, 10, 10)), caption="/qwen add a hat --steps 2")
+        await stack.result(25)
+        original = fake_telegram.file_bytes(sent["photo"][-1]["file_id"])
+        stack.send(25, "/again")
+        await stack.result(25, count=2)
+        assert len(fake_comfy.uploads) == 2  # the second job sent the kept image again
+        assert last_upload(fake_comfy) == original
+        runs = await db.jobs.list_for_user(25, limit=2)
+        assert len({j.params["seed"] for j in runs}) == 2

@@ -149,7 +149,8 @@ SELECT cancel_requested,
 FROM updated;
 
 -- complete_job --
--- Mark a running job succeeded and drop its input images
+-- Mark a running job succeeded; its input images stay until the retention purge so a
+-- re-roll of an edit can use them again
 WITH updated AS (
     UPDATE jobs
     SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
@@ -160,8 +161,6 @@ WITH updated AS (
     INSERT INTO job_events (job_id, kind, status, data)
     SELECT id, 'succeeded', status, jsonb_build_object('outputs', %(output_count)s::int)
     FROM updated
-), dropped AS (
-    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated)
 )
 SELECT * FROM updated;
 
