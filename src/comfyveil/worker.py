@@ -77,11 +77,15 @@ class _Running:
     job: jobs.Job
     task: asyncio.Task[None] | None = None
     placed: asyncio.Event = field(default_factory=asyncio.Event)  # has a slot, or waits
+    waiting: bool = False  # waits in the pool for a free GPU
     slot: pool.Slot | None = None
     cancel_requested: bool = False
     cancelling: bool = False
     settled: bool = False  # final status written: no more lease renewals, only delivery
     progress_at: float = 0.0
+    progress_next: dict[str, Any] | None = None  # the newest progress not yet written
+    progress_task: asyncio.Task[None] | None = None
+    progress_closed: bool = False  # the job left the backend: no more progress writes
 
 
 class Worker:
@@ -116,6 +120,7 @@ class Worker:
         self._delivering: set[uuid.UUID] = set()
         self._side: list[asyncio.Task[None]] = []
         self._cancels: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[None]] = set()  # progress writes in flight
         self.stopped = asyncio.Event()
 
     # --- life cycle ----------------------------------------------------------------
@@ -160,6 +165,8 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), opts.poll_interval)
         finally:
             await self._shutdown()
+            if self._side_tasks:  # the last progress writes (they end on their own)
+                await asyncio.wait(list(self._side_tasks), timeout=DB_RETRY_DELAY * 4)
             for side in self._side:
                 side.cancel()
             for side in self._side:
@@ -184,30 +191,57 @@ class Worker:
     # --- claiming ----------------------------------------------------------------
 
     async def _fill(self) -> None:
-        """Claim jobs while a backend has a free slot and no job of ours waits for one."""
+        """Claim as many jobs as backends have free slots, all at once.
+
+        Jobs claimed but not yet placed on a backend count against the free slots (they
+        are about to take them); a job of ours that waits for a GPU stops claiming, so
+        the database, not this process, holds the waiting work.
+        """
         while not self._stop.is_set():
-            if any(r.slot is None and r.placed.is_set() for r in self._running.values()):
+            if any(r.waiting for r in self._running.values()):
                 return  # one of ours already waits for a GPU: leave the rest queued
-            free = self.pool.free_backends()
-            if not free and self.pool.any_healthy:
+            free = self.pool.free_slots()
+            unplaced = sum(1 for r in self._running.values() if not r.placed.is_set())
+            if free:
+                want = sum(free.values()) - unplaced
+            elif self.pool.any_healthy or unplaced:
                 return
-            # All backends down: take one job anyway so its user hears "waiting for a GPU".
-            try:
-                job = await self.store.claim(
-                    self.worker_id, backends=free or None,
-                    lease_seconds=self.options.lease_seconds,
-                )
-            except store_errors.StoreError as exc:
-                logger.warning("cannot claim jobs: %s", exc, extra={"action": "claim_failed"})
+            else:
+                # All backends down: take one job anyway so its user hears "waiting for a
+                # GPU".
+                want = 1
+            if want <= 0:
+                return
+            names = list(free) or None
+            claims = await asyncio.gather(
+                *(self.store.claim(self.worker_id, backends=names,
+                                   lease_seconds=self.options.lease_seconds)
+                  for _ in range(want)),
+                return_exceptions=True,
+            )
+            failure: BaseException | None = None
+            claimed = 0
+            for outcome in claims:
+                if isinstance(outcome, BaseException):
+                    failure = outcome
+                elif outcome is not None:
+                    claimed += 1
+                    self._start(outcome)
+            if failure is not None:
+                if not isinstance(failure, store_errors.StoreError):
+                    raise failure
+                logger.warning("cannot claim jobs: %s", failure,
+                               extra={"action": "claim_failed"})
                 await self._sleep(DB_RETRY_DELAY * 4)
                 return
-            if job is None:
-                return
-            running = _Running(job)
-            self._running[job.id] = running
-            running.task = asyncio.create_task(self._process(running), name=f"job-{job.id}")
-            running.task.add_done_callback(lambda _t, jid=job.id: self._finished(jid))
-            await running.placed.wait()
+            if claimed < want:
+                return  # the queue is empty (for our free backends)
+
+    def _start(self, job: jobs.Job) -> None:
+        running = _Running(job)
+        self._running[job.id] = running
+        running.task = asyncio.create_task(self._process(running), name=f"job-{job.id}")
+        running.task.add_done_callback(lambda _t, jid=job.id: self._finished(jid))
 
     def _finished(self, job_id: uuid.UUID) -> None:
         self._running.pop(job_id, None)
@@ -226,6 +260,7 @@ class Worker:
             try:
                 outputs = await self._execute(running)
             finally:
+                running.progress_closed = True
                 await self._release_slot(running)
                 running.placed.set()
         except asyncio.CancelledError:
@@ -356,13 +391,18 @@ class Worker:
                 outcome = await self._run_on(running, wf, values, backend, attach=False)
         else:
             async def waiting(text: str) -> None:
+                running.waiting = True
                 running.placed.set()
-                await self._record_progress(running, {"state": "waiting", "text": text},
-                                            force=True)
+                self._record_progress(running, {"state": "waiting", "text": text}, force=True)
 
-            running.slot = await self.pool.acquire(
-                wf, prompt_id, on_wait=waiting, avoid=self._avoid.get(job.id)
-            )
+            try:
+                running.slot = await self.pool.acquire(
+                    wf, prompt_id, on_wait=waiting, avoid=self._avoid.get(job.id)
+                )
+            finally:
+                if running.waiting:
+                    running.waiting = False
+                    self._wake.set()  # the queue may hold work for more free slots now
             running.placed.set()
             backend = running.slot.backend
             # Recorded before the prompt is posted: a successor then looks for it there
@@ -388,7 +428,7 @@ class Worker:
             images = await self.store.inputs(job.id)
             for name, image in zip(wf.image_params, images, strict=False):
                 inputs[name] = execute.InputImage(image.data, image.mime)
-            await self._record_progress(
+            self._record_progress(
                 running, {"state": "submitted", "backend": backend.name}, force=True
             )
         return await execute.execute(
@@ -460,25 +500,51 @@ class Worker:
                 slot = running.slot
                 if slot is not None:
                     data["backend"] = slot.backend.name
-                await self._record_progress(running, data, force=force)
+                self._record_progress(running, data, force=force)
         return on_event
 
-    async def _record_progress(
+    def _record_progress(
         self, running: _Running, data: Mapping[str, Any], *, force: bool = False
     ) -> None:
+        """Save the job's progress in the background, the latest first.
+
+        The job never waits for its progress row: events from the backend keep flowing
+        while a write is in flight, and writes that pile up meanwhile collapse into the
+        newest one. A cancel request read back with a write cancels the job.
+        """
+        if running.progress_closed:
+            return
         now = time.monotonic()
         if not force and now - running.progress_at < PROGRESS_INTERVAL:
             return
         running.progress_at = now
-        try:
-            cancel = await self.store.record_progress(running.job, data)
-        except store_errors.LeaseLost:
-            raise
-        except store_errors.StoreError as exc:  # progress is best effort
-            logger.info("progress not saved: %s", exc, extra={"action": "progress_unsaved"})
-            return
-        if cancel:
-            self._request_cancel(running)
+        running.progress_next = dict(data)
+        if running.progress_task is None or running.progress_task.done():
+            task = asyncio.create_task(self._write_progress(running),
+                                       name=f"progress-{running.job.id}")
+            running.progress_task = task
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+
+    async def _write_progress(self, running: _Running) -> None:
+        while running.progress_next is not None and not running.progress_closed:
+            data, running.progress_next = running.progress_next, None
+            try:
+                cancel = await self.store.record_progress(running.job, data)
+            except store_errors.LeaseLost:
+                if running.progress_closed:
+                    return  # the job ended meanwhile: its final status is the last word
+                logger.warning("lease lost; dropping the job here",
+                               extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                running.cancelling = True
+                if running.task is not None and not running.task.done():
+                    running.task.cancel()
+                return
+            except store_errors.StoreError as exc:  # progress is best effort
+                logger.info("progress not saved: %s", exc, extra={"action": "progress_unsaved"})
+                continue
+            if cancel:
+                self._request_cancel(running)
 
     def _request_cancel(self, running: _Running) -> None:
         if running.cancelling:

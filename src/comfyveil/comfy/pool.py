@@ -85,6 +85,29 @@ def queue_length(answer: Any) -> int:
     raise errors.BackendProtocolError("the backend's queue answer is not understood")
 
 
+def queue_ids(answer: Any) -> set[str] | None:
+    """The prompt ids running or pending on a backend, when the answer names them."""
+    items: list[Any] = []
+    for running, pending in (("running", "pending"), ("queue_running", "queue_pending")):
+        if hasattr(answer, running):
+            items = [*getattr(answer, running), *getattr(answer, pending)]
+            break
+        if isinstance(answer, Mapping) and running in answer:
+            items = [*answer[running], *(answer.get(pending) or ())]
+            break
+    else:
+        return None
+    ids: set[str] = set()
+    for item in items:
+        prompt_id = getattr(item, "prompt_id", None)
+        if prompt_id is None and isinstance(item, list | tuple) and len(item) > 1:
+            prompt_id = item[1]  # ComfyUI's raw [number, prompt_id, prompt, ...]
+        if not isinstance(prompt_id, str):
+            return None
+        ids.add(prompt_id)
+    return ids
+
+
 @dataclass(eq=False)
 class Backend:
     """One backend as the pool sees it."""
@@ -98,7 +121,9 @@ class Backend:
     next_probe: float = 0.0
     remote_queue: int = 0  # running + pending at the last probe
     local_at_probe: int = 0  # of which were ours
+    remote_ids: set[str] | None = None  # the prompt ids seen at the last probe, if named
     jobs: set[str] = field(default_factory=set)  # job ids this pool put there
+    released: set[str] = field(default_factory=set)  # ours that left since the last probe
     last_error: str | None = None
 
     @property
@@ -111,9 +136,21 @@ class Backend:
 
     @property
     def load(self) -> int:
-        """Jobs on the backend: ours now plus the others' seen at the last probe."""
-        foreign = max(0, self.remote_queue - self.local_at_probe)
+        """Jobs on the backend: ours now plus the others' seen at the last probe.
+
+        When the probe named the prompts, a job of ours that ended after the probe does
+        not count as someone else's, so its slot is free the moment it is released, not
+        at the next probe.
+        """
+        if self.remote_ids is not None:
+            foreign = len(self.remote_ids - self.jobs - self.released)
+        else:
+            foreign = max(0, self.remote_queue - self.local_at_probe)
         return len(self.jobs) + foreign
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.capacity - self.load) if self.healthy else 0
 
     @property
     def free(self) -> bool:
@@ -196,6 +233,10 @@ class Pool:
         """Names of the backends that can take one more job now."""
         return [b.name for b in self.backends.values() if b.free]
 
+    def free_slots(self) -> dict[str, int]:
+        """How many more jobs each backend with room can take now (by name)."""
+        return {b.name: b.free_slots for b in self.backends.values() if b.free_slots > 0}
+
     def candidates(self, wf: workflow.Workflow) -> list[Backend]:
         """Healthy backends able to run `wf`, the least loaded (idle) first."""
         able = [b for b in self.backends.values() if b.healthy and not b.problems(wf)]
@@ -270,7 +311,10 @@ class Pool:
         return Slot(backend, job_id)
 
     async def release(self, slot: Slot) -> None:
-        slot.backend.jobs.discard(slot.job_id)
+        """Give the slot back and wake every waiter at once (no probe needed)."""
+        if slot.job_id in slot.backend.jobs:
+            slot.backend.jobs.discard(slot.job_id)
+            slot.backend.released.add(slot.job_id)
         await self._notify()
 
     @contextlib.asynccontextmanager
@@ -311,6 +355,8 @@ class Pool:
 
     async def probe(self, backend: Backend) -> bool:
         """Probe one backend now; True when it is up."""
+        # Jobs of ours released while the probe runs may still show in its answer.
+        released_before = set(backend.released)
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
                 answer = await backend.client.queue()
@@ -326,7 +372,9 @@ class Pool:
             await self.mark_down(backend, str(exc) if str(exc) else type(exc).__name__)
             return False
         backend.remote_queue = queue_length(answer)
+        backend.remote_ids = queue_ids(answer)
         backend.local_at_probe = len(backend.jobs)
+        backend.released -= released_before
         backend.next_probe = time.monotonic() + self.probe_interval
         if not backend.healthy:
             logger.info(
