@@ -81,7 +81,10 @@ class _Running:
     slot: pool.Slot | None = None
     cancel_requested: bool = False
     cancelling: bool = False
-    settled: bool = False  # final status written: no more lease renewals, only delivery
+    # The final status is being written (or was): no more lease renewals or progress
+    # writes. A renewal or progress write landing after that write finds the job no longer
+    # running; it must not read that as a lost lease and cancel the delivery that follows.
+    settled: bool = False
     progress_at: float = 0.0
     progress_next: dict[str, Any] | None = None  # the newest progress not yet written
     progress_task: asyncio.Task[None] | None = None
@@ -326,17 +329,18 @@ class Worker:
         """Write a job's final status: shielded from cancellation, retried while the
         database is unreachable (up to twice the lease; after that the job has been
         recovered by another worker, which re-attaches to its prompt)."""
+        # The lease ends with the final status: from the moment it is being written, a
+        # renewal or progress write would fail and cancel the delivery that follows
+        # (which then ran twice, or late from another worker's deliver loop).
+        running.settled = True
+        running.progress_closed = True
         task = asyncio.ensure_future(self._retry_db(write, running))
         try:
-            result = await asyncio.shield(task)
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await task
             raise
-        # The lease ends with the final status; renewing it now would fail and cancel
-        # the delivery that follows (which then ran twice).
-        running.settled = True
-        return result
 
     async def _retry_db(
         self, write: Callable[[], Awaitable[T]], running: _Running
@@ -532,7 +536,7 @@ class Worker:
             try:
                 cancel = await self.store.record_progress(running.job, data)
             except store_errors.LeaseLost:
-                if running.progress_closed:
+                if running.progress_closed or running.settled:
                     return  # the job ended meanwhile: its final status is the last word
                 logger.warning("lease lost; dropping the job here",
                                extra={"action": "lease_lost", "job_id": str(running.job.id)})
@@ -578,6 +582,8 @@ class Worker:
                 try:
                     renewed = await self.store.renew_lease(running.job, self.options.lease_seconds)
                 except store_errors.LeaseLost:
+                    if running.settled:
+                        continue  # the final status landed while the renewal was in flight
                     logger.warning("lease lost; dropping the job here",
                                    extra={"action": "lease_lost", "job_id": str(running.job.id)})
                     running.cancelling = True
@@ -588,7 +594,7 @@ class Worker:
                     logger.warning("cannot renew leases: %s", exc,
                                    extra={"action": "renew_failed"})
                     break
-                if renewed.cancel_requested:
+                if renewed.cancel_requested and not running.settled:
                     self._request_cancel(running)
 
     async def _listen_loop(self) -> None:
@@ -645,7 +651,10 @@ class Worker:
                     if outputs is None or (job.status is jobs.Status.SUCCEEDED and not outputs):
                         outputs = await self.store.outputs(job.id)
                     await sink.deliver(job, outputs)
-                    await self.store.record_delivery(job.id, sink.name)
+                    # Recorded here only (the sink does not): after the sink returned.
+                    await asyncio.shield(
+                        self.store.record_delivery(job.id, sink.name, _detail(sink, job.id))
+                    )
                 except ComfyveilError as exc:
                     logger.warning("delivery to %s failed: %s", sink.name, exc,
                                    extra={"action": "delivery_failed", "job_id": str(job.id)})
@@ -673,3 +682,13 @@ class Worker:
                     if age >= self.options.delivery_grace:
                         await self._deliver(job, None, only=[sink])
             await asyncio.sleep(interval)
+
+
+def _detail(sink: sinks_mod.DeliverySink, job_id: uuid.UUID) -> Mapping[str, Any] | None:
+    """What a sink wants recorded with a delivery (e.g. the Telegram message ids), if it
+    says (an optional `delivery_detail(job_id)` method)."""
+    detail_of = getattr(sink, "delivery_detail", None)
+    if detail_of is None:
+        return None
+    detail = detail_of(job_id)
+    return detail if isinstance(detail, Mapping) else None

@@ -180,6 +180,17 @@ def _seconds(value: dt.timedelta | float) -> float:
     return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
+def _queued_eta(row: Row, parallel: int) -> float | None:
+    """The ETA of a queued job from a `position_and_eta` row: the queue ahead shared out
+    over `parallel` runners, plus its own run; None without measured runs of its command.
+    A command ahead without measured runs counts as long as the job's own."""
+    own = row["own_seconds"]
+    if own is None:
+        return None
+    waiting = float(row["waiting_seconds"] or 0.0)
+    return waiting / max(parallel, 1) + float(own)
+
+
 class JobStore:
     """Every database operation on jobs."""
 
@@ -464,15 +475,31 @@ class JobStore:
             started = job.started_at or job.updated_at
             elapsed = (dt.datetime.now(dt.UTC) - started).total_seconds()
             return max(own[job.command] - elapsed, 0.0)
-        ahead = await self._ahead(job_id)
-        if ahead is None:  # claimed meanwhile
+        row = await self.db.one("position_and_eta", job_id=job_id)
+        if row is None or not row["queued"]:  # claimed meanwhile
             return await self.eta(job_id, parallel=parallel)
-        means = await self.durations({job.command, *ahead})
-        if job.command not in means:
+        return _queued_eta(row, parallel)
+
+    async def position_and_eta(
+        self, job_id: uuid.UUID, *, parallel: int = 1
+    ) -> tuple[int | None, float | None]:
+        """`position` and `eta` of a queued job from one query (the queue is read once).
+
+        A job no longer queued (claimed or ended meanwhile) has no position, and the ETA
+        `eta` gives for it now.
+        """
+        row = await self.db.one("position_and_eta", job_id=job_id)
+        if row is None or not row["queued"]:
+            return None, await self.eta(job_id, parallel=parallel)
+        return int(row["ahead"]), _queued_eta(row, parallel)
+
+    async def for_delivery(self, job_id: uuid.UUID) -> tuple[Job, dict[str, Any]] | None:
+        """A job as it is now with its user's settings ({} without a user row), in one
+        query; None when there is no such job (its user was forgotten)."""
+        row = await self.db.one("job_for_delivery", job_id=job_id)
+        if row is None:
             return None
-        fallback = means[job.command]
-        waiting = sum(count * means.get(command, fallback) for command, count in ahead.items())
-        return waiting / max(parallel, 1) + means[job.command]
+        return Job.from_row(row), dict(row["user_settings"] or {})
 
     async def inputs(self, job_id: uuid.UUID) -> list[InputImage]:
         return [InputImage.from_row(r) for r in await self.db.all("job_inputs", job_id=job_id)]

@@ -334,6 +334,51 @@ WHERE q.id <> me.id
       < (-me.priority, me.round, me.turn, me.created_at, me.id)
 GROUP BY q.command;
 
+-- position_and_eta --
+-- A queued job's place and the inputs of its ETA, in one pass: the queued jobs ahead of it
+-- (as queue_ahead counts them), and the mean of the last 20 successful runs of each command
+-- among them and its own (as command_durations). queued is false when the job is not queued.
+WITH queued AS (
+    SELECT j.id, j.command, j.priority, j.created_at, j.backends,
+           row_number() OVER (PARTITION BY j.user_id
+                              ORDER BY j.priority DESC, j.created_at, j.id) AS round,
+           coalesce(t.turn, -1) AS turn
+    FROM jobs j
+    LEFT JOIN queue_turns t ON t.user_id = j.user_id
+    WHERE j.status = 'queued'
+), me AS (
+    SELECT * FROM queued WHERE id = %(job_id)s
+), ahead AS (
+    SELECT q.command, count(*) AS ahead
+    FROM queued q, me
+    WHERE q.id <> me.id
+      AND (q.backends IS NULL OR me.backends IS NULL OR q.backends && me.backends)
+      AND (-q.priority, q.round, q.turn, q.created_at, q.id)
+          < (-me.priority, me.round, me.turn, me.created_at, me.id)
+    GROUP BY q.command
+), recent AS (
+    SELECT command, extract(epoch FROM finished_at - started_at) AS seconds,
+           row_number() OVER (PARTITION BY command ORDER BY finished_at DESC) AS n
+    FROM jobs
+    WHERE status = 'succeeded' AND started_at IS NOT NULL
+      AND command IN (SELECT command FROM ahead UNION SELECT command FROM me)
+), means AS (
+    SELECT command, avg(seconds)::float8 AS seconds FROM recent WHERE n <= 20 GROUP BY command
+), own AS (
+    SELECT m.seconds FROM means m, me WHERE m.command = me.command
+)
+SELECT EXISTS (SELECT 1 FROM me) AS queued,
+       coalesce((SELECT sum(ahead) FROM ahead), 0)::int AS ahead,
+       (SELECT seconds FROM own) AS own_seconds,
+       (SELECT sum(a.ahead * coalesce(m.seconds, (SELECT seconds FROM own)))::float8
+        FROM ahead a LEFT JOIN means m ON m.command = a.command) AS waiting_seconds;
+
+-- job_for_delivery --
+-- One job by id with its user's settings (NULL when the user has no row)
+SELECT j.*, u.settings AS user_settings
+FROM jobs j LEFT JOIN users u ON u.id = j.user_id
+WHERE j.id = %(job_id)s;
+
 -- command_durations --
 -- Mean run time in seconds of the last 20 successful runs per command (on one backend or any)
 SELECT command, avg(seconds)::float8 AS seconds, count(*) AS samples

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from comfyveil import config, errors
 from comfyveil.store import users
@@ -40,6 +41,14 @@ class Who:
     role: str  # user | admin | banned
     is_admin: bool
     allowed: bool
+    # The users row read by `identify`, kept for the life of one update so handlers need
+    # not read it again (None: the user has no row yet).
+    user: users.User | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The user's own settings as read for this update ({} without a row)."""
+        return dict(self.user.settings) if self.user is not None else {}
 
 
 class Access:
@@ -58,12 +67,12 @@ class Access:
         config_admin = user_id in tg.admins
         is_admin = config_admin or role == "admin"
         if role == "banned" and not config_admin:
-            return Who(user_id, chat_id, role, False, False)
+            return Who(user_id, chat_id, role, False, False, user)
         granted = bool(user is not None and user.settings.get(ALLOWED_KEY))
         allowed = (
             is_admin or tg.open or granted or user_id in tg.allow or chat_id in tg.allow
         )
-        return Who(user_id, chat_id, role, is_admin, allowed)
+        return Who(user_id, chat_id, role, is_admin, allowed, user)
 
     async def require(self, user_id: int, chat_id: int) -> Who:
         """`identify`, refusing with a plain sentence those who may not use the bot.

@@ -52,7 +52,7 @@ async def _dispatch(
     assert query is not None and query.message is not None
     chat = query.message.chat
     if press.action == "set":
-        prefs = await services.db.users.settings(who.user_id)
+        prefs = who.settings
         changes, remove = commands.settings_change(press.key, press.value, prefs)
         prefs = await services.db.users.update_settings(who.user_id, changes, remove)
         try:
@@ -68,7 +68,7 @@ async def _dispatch(
         if press.value != "yes":
             await query.edit_message_text("Nothing was deleted.")
             return None, False
-        granted = bool((await services.db.users.settings(who.user_id)).get(access.ALLOWED_KEY))
+        granted = bool(who.settings.get(access.ALLOWED_KEY))
         deleted = await services.db.users.forget(who.user_id)
         if granted:  # an admin's grant is not the user's data: keep it
             await services.access.allow(who.user_id)

@@ -92,7 +92,7 @@ async def run_workflow(
     if parsed is None:
         return
     services.access.check_cooldown(who)
-    prefs = await services.db.users.settings(who.user_id)
+    prefs = who.settings
     values, as_file = submit.build_values(entry, parsed, prefs)
     validated = wf.validate(values)
     inputs = []
@@ -260,7 +260,7 @@ def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dic
 
 async def settings(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Show my settings with buttons to change them."""
-    prefs = await context.services.db.users.settings(who.user_id)
+    prefs = who.settings
     await replies.reply(update, settings_text(prefs), reply_markup=settings_keyboard(prefs))
 
 

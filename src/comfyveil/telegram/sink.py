@@ -4,8 +4,9 @@ A result is sent as a photo (a video, an animation for video workflows; a docume
 uncompressed, when the user asked for files or Telegram refuses the photo) with a caption
 (command, seed, time) and three buttons: re-roll, edit this, send as file. The status
 message is then removed; a failed or cancelled job's status message becomes its one
-sentence. The worker records the delivery after `deliver` returns; we also record it
-here with the sent message ids, so a delivery retried after a crash is recognisable.
+sentence. The worker records the delivery (once) after `deliver` returns, with the sent
+message ids that :meth:`TelegramSink.delivery_detail` hands it, so a delivery retried
+after a crash is recognisable; a crash between sending and recording re-sends once.
 """
 
 from __future__ import annotations
@@ -116,16 +117,22 @@ class TelegramSink:
         self.delivered = 0
         self._inflight: dict[uuid.UUID, asyncio.Future[None]] = {}
         self._done: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
+        self._details: dict[uuid.UUID, dict[str, Any]] = {}
 
     @property
     def name(self) -> str:
         return SINK_NAME
 
-    async def deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
-        """Send the result (or the ending) and record it.
+    def delivery_detail(self, job_id: uuid.UUID) -> dict[str, Any] | None:
+        """What the worker records with the delivery of `job_id` (the sent message ids),
+        once; None when this sink sent nothing for it."""
+        return self._details.pop(job_id, None)
 
-        Shielded: a delivery that has begun runs to its end (sent and recorded) even when
-        the worker's job task is cancelled meanwhile, so it is never sent twice.
+    async def deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
+        """Send the result (or the ending); the worker records the delivery.
+
+        Shielded: a delivery that has begun runs to its end (sent, status message finished)
+        even when the worker's job task is cancelled meanwhile, so it is never sent twice.
         """
         if job.id in self._done:
             return  # this process already delivered it (a re-delivery after a hiccup)
@@ -146,11 +153,12 @@ class TelegramSink:
     async def _deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
         db = self.services.db
         tracker = self.services.tracker
-        # The handler may have set the status message after the worker read the row.
-        fresh = await db.jobs.get(job.id)
+        # The handler may have set the status message after the worker read the row; the
+        # user's settings come with it (one query).
+        fresh = await db.jobs.for_delivery(job.id)
         if fresh is None:
             return  # the user asked to be forgotten meanwhile
-        job = fresh
+        job, user_settings = fresh
         sent: list[int] = []
         try:
             if job.status is jobs.Status.SUCCEEDED:
@@ -160,7 +168,7 @@ class TelegramSink:
                     )
                 else:
                     as_file = job.id in self.services.file_jobs or bool(
-                        (await db.users.settings(job.user_id)).get(SEND_AS_FILE_SETTING)
+                        user_settings.get(SEND_AS_FILE_SETTING)
                     )
                     caption = caption_for(job)
                     for output in outputs:
@@ -181,5 +189,7 @@ class TelegramSink:
                         extra={"action": "delivery_blocked", "job_id": str(job.id)})
         self.services.file_jobs.discard(job.id)
         await tracker.finish(job)
-        await db.jobs.record_delivery(job.id, SINK_NAME, {"message_ids": sent})
+        self._details[job.id] = {"message_ids": sent}
+        while len(self._details) > DONE_MEMORY:  # a caller that never asks for them
+            self._details.pop(next(iter(self._details)))
         self.delivered += 1

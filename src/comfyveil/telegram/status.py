@@ -139,8 +139,9 @@ class StatusTracker:
     async def text_for(self, job: jobs.Job) -> str:
         """The status text of `job` as it is now (Telegram HTML)."""
         if job.status is jobs.Status.QUEUED:
-            ahead = await self.db.jobs.position(job.id)
-            eta = await self.db.jobs.eta(job.id, parallel=max(1, self.parallel()))
+            ahead, eta = await self.db.jobs.position_and_eta(
+                job.id, parallel=max(1, self.parallel())
+            )
             view = render.JobView(
                 id=str(job.id), command=job.command, status="queued",
                 position=None if ahead is None else ahead + 1, eta_s=eta,
