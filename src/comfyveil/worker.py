@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL = 5.0  # seconds between two looks at the queue when no NOTIFY arrives
 LEASE_SECONDS = 30.0  # a job's lease; renewed every third of it
+DELIVERY_CLAIM_SECONDS = 120.0  # a catch-up delivery's claim; another worker may retry after
 SHUTDOWN_GRACE = 30.0  # seconds running jobs get to finish on stop before being handed back
 RETRY_BACKOFF = 2.0  # seconds before the first retry of a transient failure, then doubled
 RETRY_BACKOFF_MAX = 120.0  # seconds
@@ -679,7 +680,16 @@ class Worker:
                     if job.finished_at is None or job.id in self._delivering:
                         continue
                     age = time.time() - job.finished_at.timestamp()
-                    if age >= self.options.delivery_grace:
+                    if age < self.options.delivery_grace:
+                        continue
+                    try:
+                        mine = await self.store.claim_delivery(
+                            job.id, sink.name, self.worker_id,
+                            seconds=DELIVERY_CLAIM_SECONDS,
+                        )
+                    except store_errors.StoreError:
+                        break
+                    if mine:
                         await self._deliver(job, None, only=[sink])
             await asyncio.sleep(interval)
 

@@ -303,3 +303,27 @@ async def test_listener_reconnects_after_losing_its_connection(db: Database) -> 
             job = await db.jobs.enqueue(new_job(1))
             note = await anext(stream)
     assert note.channel == database.JOBS_CHANNEL and note.payload == {"job_id": str(job.id)}
+
+
+async def test_only_one_worker_may_catch_up_on_a_delivery(db: Database) -> None:
+    job = await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    await db.jobs.complete(claimed)
+
+    first, second = await asyncio.gather(
+        db.jobs.claim_delivery(job.id, "telegram", "w1", seconds=60),
+        db.jobs.claim_delivery(job.id, "telegram", "w2", seconds=60),
+    )
+    assert sorted([first, second]) == [False, True]
+    assert await db.jobs.claim_delivery(job.id, "files", "w2", seconds=60)  # another sink
+
+    # The claimant died: once its claim lapses another worker may deliver.
+    await db.jobs.claim_delivery(job.id, "files", "w2", seconds=60)
+    assert await db.jobs.claim_delivery(job.id, "slow", "w1", seconds=0.05)
+    await asyncio.sleep(0.1)
+    assert await db.jobs.claim_delivery(job.id, "slow", "w2", seconds=60)
+
+    # Delivered is final.
+    await db.jobs.record_delivery(job.id, "done")
+    assert not await db.jobs.claim_delivery(job.id, "done", "w1", seconds=60)

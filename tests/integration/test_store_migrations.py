@@ -17,7 +17,7 @@ from comfyveil.store import database, errors, sql
 
 EXPECTED_TABLES = {
     "users", "commands", "jobs", "job_inputs", "job_outputs", "job_events", "deliveries",
-    "chat_sessions", "queue_turns", "schema_migrations",
+    "chat_sessions", "queue_turns", "schema_migrations", "delivery_claims",
 }
 
 

@@ -512,6 +512,19 @@ class JobStore:
 
     # -- delivery and retention --------------------------------------------------------
 
+    async def claim_delivery(
+        self, job_id: uuid.UUID, sink: str, worker_id: str, *, seconds: float
+    ) -> bool:
+        """Take the right to (re-)deliver a finished job to `sink` for `seconds`.
+
+        False when it was delivered already or another worker holds a live claim, so two
+        workers catching up on a crashed one's results never both send the same one.
+        """
+        row = await self.db.one(
+            "claim_delivery", job_id=job_id, sink=sink, worker_id=worker_id, seconds=seconds
+        )
+        return row is not None
+
     async def record_delivery(
         self, job_id: uuid.UUID, sink: str, detail: Mapping[str, Any] | None = None
     ) -> bool:

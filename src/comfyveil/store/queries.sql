@@ -420,6 +420,16 @@ WHERE j.status IN ('succeeded', 'failed', 'cancelled')
 ORDER BY j.finished_at, j.id
 LIMIT %(limit)s;
 
+-- claim_delivery --
+-- Take the right to deliver a finished job to a sink for a while; no row: someone has it
+INSERT INTO delivery_claims (job_id, sink, claimed_by, claimed_until)
+SELECT %(job_id)s, %(sink)s, %(worker_id)s, now() + make_interval(secs => %(seconds)s)
+WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = %(job_id)s AND d.sink = %(sink)s)
+ON CONFLICT (job_id, sink) DO UPDATE
+SET claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until
+WHERE delivery_claims.claimed_until < now()
+RETURNING job_id;
+
 -- purge_expired --
 -- Delete finished jobs (and their images, outputs, events) older than the retention
 WITH purged AS (
