@@ -92,3 +92,21 @@ async def test_bad_inputs_get_one_sentence_and_queue_nothing(
         assert await stack.reply_text(45) == answer
         assert len(fake_telegram.calls("sendMessage")) == 1
         assert await stack.queued_count() == 0
+
+
+async def test_admin_overviews_of_users_and_backends(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, admins=(1,),
+                           open=True) as stack:
+        stack.send(45, f"/f a fox {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=45)  # queued, no worker
+        stack.send(1, "/users")
+        users = await stack.reply_text(1)
+        assert "45 user · 1/100 today" in users  # (the code tag is HTML, gone in the text)
+        stack.send(1, "/backends")
+        backends = await stack.reply_text(1, count=2)
+        assert "Jobs waiting in the queue: 1" in backends
+        assert "gpu0: up" in backends
+        stack.send(45, "/users")  # not an admin
+        assert await stack.reply_text(45, count=2) == "Only the bot's admins can do that."

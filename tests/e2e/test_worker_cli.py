@@ -159,3 +159,17 @@ async def test_submit_refuses_bad_input_before_anything_is_queued(
     assert code == 2, stderr
     assert message in stderr and "Traceback" not in stderr and stdout == ""
     assert await db.jobs.list_for_user(0) == []
+
+
+async def test_jobs_list_all_shows_chat_users_jobs_too(
+    db: database.Database, database_url: str, tmp_path: Path
+) -> None:
+    from tests.integration.test_store_jobs import new_job
+
+    chat_job = await db.jobs.enqueue(new_job(77))
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
+    code, mine, _ = await run_cli("jobs", "list", "--config", str(cfg), cwd=tmp_path)
+    assert code == 0 and str(chat_job.id) not in mine  # the default is the CLI's own jobs
+    code, everyone, _ = await run_cli("jobs", "list", "--all", "--config", str(cfg),
+                                      cwd=tmp_path)
+    assert code == 0 and str(chat_job.id) in everyone and "queued" in everyone

@@ -2,6 +2,7 @@
 
     comfyveil jobs                 # the recent jobs queued from the command line
     comfyveil jobs list --user 42  # a Telegram user's recent jobs
+    comfyveil jobs list --all      # everyone's
     comfyveil jobs show JOB_ID
     comfyveil jobs cancel JOB_ID
 """
@@ -26,12 +27,17 @@ def register(subparsers: Any) -> None:
         description="List recent jobs, show one job, or cancel one.",
     )
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
-    parser.set_defaults(handler=list_jobs, user=CLI_USER_ID, limit=20, status=None)
+    parser.set_defaults(
+        handler=list_jobs, user=CLI_USER_ID, all_users=False, limit=20, status=None
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     listing = actions.add_parser("list", help="recent jobs, newest first")
     listing.add_argument(
         "--user", type=int, default=CLI_USER_ID,
         help=f"a Telegram user id (default {CLI_USER_ID}: jobs queued with `comfyveil submit`)",
+    )
+    listing.add_argument(
+        "--all", dest="all_users", action="store_true", help="every user's jobs"
     )
     listing.add_argument("--limit", type=int, default=20)
     listing.add_argument("--status", choices=[s.value for s in jobs.Status], default=None)
@@ -64,7 +70,10 @@ def _time(value: Any) -> str:
 async def list_jobs(args: argparse.Namespace) -> int:
     async with await _open(args) as db:
         statuses = [jobs.Status(args.status)] if args.status else None
-        found = await db.jobs.list_for_user(args.user, limit=args.limit, statuses=statuses)
+        if args.all_users:
+            found = await db.jobs.list_recent(limit=args.limit, statuses=statuses)
+        else:
+            found = await db.jobs.list_for_user(args.user, limit=args.limit, statuses=statuses)
     if not found:
         print("no jobs")
         return 0

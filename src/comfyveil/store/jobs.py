@@ -432,6 +432,21 @@ class JobStore:
         )
         return [Job.from_row(row) for row in rows]
 
+    async def list_recent(
+        self, *, limit: int = 20, statuses: Iterable[Status] | None = None
+    ) -> list[Job]:
+        """Everyone's most recent jobs, newest first."""
+        rows = await self.db.all(
+            "list_recent_jobs", limit=limit,
+            statuses=[str(s) for s in statuses] if statuses is not None else None,
+        )
+        return [Job.from_row(row) for row in rows]
+
+    async def queue_length(self) -> int:
+        """Jobs waiting in the queue."""
+        row = await self.db.one("queue_length")
+        return int(row["queued"]) if row else 0
+
     async def set_status_message(self, job_id: uuid.UUID, message_id: int) -> Job:
         row = await self.db.one("set_status_message", job_id=job_id, message_id=message_id)
         if row is None:

@@ -307,6 +307,17 @@ WHERE user_id = %(user_id)s
 ORDER BY created_at DESC, id
 LIMIT %(limit)s;
 
+-- list_recent_jobs --
+-- Everyone's most recent jobs, newest first (operators' view)
+SELECT * FROM jobs
+WHERE (%(statuses)s::job_status[] IS NULL OR status = ANY(%(statuses)s::job_status[]))
+ORDER BY created_at DESC, id
+LIMIT %(limit)s;
+
+-- queue_length --
+-- How many jobs wait in the queue
+SELECT count(*) AS queued FROM jobs WHERE status = 'queued';
+
 -- set_status_message --
 -- Remember the Telegram message that shows a job's status
 UPDATE jobs SET status_message_id = %(message_id)s, updated_at = now()
@@ -439,6 +450,24 @@ WITH purged AS (
     RETURNING id
 )
 SELECT count(*) AS purged FROM purged;
+
+-- list_users --
+-- The most recently active users (a users row or a job) with role, quota and jobs today
+WITH known AS (
+    SELECT id, updated_at AS seen FROM users
+    UNION ALL
+    SELECT user_id, max(created_at) FROM jobs GROUP BY user_id
+), latest AS (
+    SELECT id, max(seen) AS seen FROM known GROUP BY id
+)
+SELECT l.id, coalesce(u.role, 'user') AS role, u.daily_quota,
+       coalesce((u.settings->>'allowed')::boolean, false) AS granted,
+       (SELECT count(*) FROM jobs j WHERE j.user_id = l.id
+          AND j.created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'))
+       AS today
+FROM latest l LEFT JOIN users u ON u.id = l.id
+ORDER BY l.seen DESC NULLS LAST, l.id
+LIMIT %(limit)s;
 
 -- get_or_create_user --
 -- A user's row, created with the given role on first sight

@@ -87,6 +87,10 @@ class UserStore:
         assert row is not None
         return dict(row["settings"])
 
+    async def overview(self, *, limit: int = 40) -> list[dict[str, Any]]:
+        """The most recently active users: id, role, daily_quota, granted, today."""
+        return [dict(row) for row in await self.db.all("list_users", limit=limit)]
+
     async def quota_used_today(self, user_id: int) -> int:
         """Jobs the user created since midnight UTC."""
         row = await self.db.one("quota_used_today", user_id=user_id)

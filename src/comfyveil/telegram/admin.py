@@ -5,29 +5,13 @@ Admins are the ids in ``[telegram] admins`` and users with the ``admin`` role.
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg.rows import dict_row
 from telegram import Update
 
 from comfyveil import errors
-from comfyveil.store import errors as store_errors
 from comfyveil.telegram import access, commands, replies
 from comfyveil.telegram.context import BotContext
 
 USERS_SHOWN = 40
-
-# The store has no queries for these overviews yet (asked for: list_users, queue_length);
-# until then they are read here, read-only.
-_LIST_USERS = """
-SELECT u.id, u.role, u.daily_quota, coalesce((u.settings->>'allowed')::boolean, false) AS granted,
-       (SELECT count(*) FROM jobs j WHERE j.user_id = u.id
-          AND j.created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'))
-       AS today
-FROM users u ORDER BY u.updated_at DESC LIMIT %(limit)s
-"""
-_QUEUE_LENGTH = "SELECT count(*) AS queued FROM jobs WHERE status = 'queued'"
-
 
 def _args(text: str) -> list[str]:
     return text.split()[1:]
@@ -40,17 +24,10 @@ def _user_id(word: str) -> int:
         raise errors.UsageError(f"{word[:20]!r} is not a Telegram user id (a number).") from None
 
 
-async def _rows(context: BotContext, query: str, **params: Any) -> list[dict[str, Any]]:
-    async with store_errors.wrap_exceptions(), context.services.db.pool.connection() as conn:
-        cursor = conn.cursor(row_factory=dict_row)
-        await cursor.execute(query, params or None)  # type: ignore[arg-type]
-        return await cursor.fetchall()
-
-
 async def users(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Known users with role, quota and today's jobs."""
     tg = context.services.settings.telegram
-    rows = await _rows(context, _LIST_USERS, limit=USERS_SHOWN)
+    rows = await context.services.db.users.overview(limit=USERS_SHOWN)
     default_quota = context.services.settings.limits.daily_quota
     lines = ["<b>Users</b>",
              f"Mode: {'open to everyone' if tg.open else 'allow-list'}; admins from config: "
@@ -109,7 +86,7 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
 async def backends(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """The GPU backends: up or down, jobs on each, the queue in the database."""
     pool = context.services.pool
-    queued = (await _rows(context, _QUEUE_LENGTH))[0]["queued"]
+    queued = await context.services.db.jobs.queue_length()
     lines = ["<b>Backends</b>", f"Jobs waiting in the queue: {queued}"]
     if pool is None:
         lines.append("No worker runs in this process; see `comfyveil jobs` on the workers.")
