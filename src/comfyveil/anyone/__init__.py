@@ -6,4 +6,5 @@
     control.py   asyncio control-port client
     hidden.py    hidden services and client-authorization keys
     routing.py   proxy_url_for(backend, anon), telegram_proxy_url(settings, anon)
+    runtime.py   anon_for(settings, backends): start anon only when something needs it
 """
