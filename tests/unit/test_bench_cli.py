@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from comfyveil.bench import records, report
-from comfyveil.cli import bench
+from comfyveil.cli import _run_args, bench
 from comfyveil.errors import UsageError
 
 
@@ -28,9 +28,10 @@ def test_duplicate_backend_names_are_refused() -> None:
 
 
 def test_set_values() -> None:
-    assert bench.parse_values(["steps=4", "prompt=a=b"]) == {"steps": "4", "prompt": "a=b"}
+    parse = _run_args.parse_assignments
+    assert parse(["steps=4", "prompt=a=b"]) == {"steps": "4", "prompt": "a=b"}
     with pytest.raises(UsageError):
-        bench.parse_values(["steps"])
+        parse(["steps"])
 
 
 def test_bench_and_compare_parse() -> None:

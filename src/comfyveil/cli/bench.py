@@ -24,6 +24,7 @@ from typing import Any
 from comfyveil import config
 from comfyveil.anyone import process, routing, runtime
 from comfyveil.bench import compare, report, runner
+from comfyveil.cli import _run_args
 from comfyveil.errors import UsageError
 
 # The seed's table, in its order; other shipped workflows follow by name.
@@ -108,17 +109,6 @@ def parse_backends(items: list[str]) -> list[runner.Backend]:
     if len(set(names)) != len(names):
         raise UsageError("two --backend options have the same name; give each its own")
     return backends
-
-
-def parse_values(pairs: list[str]) -> dict[str, str]:
-    """`--set NAME=VALUE` pairs; the workflow converts and checks each value."""
-    values: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--set needs NAME=VALUE, got {pair!r}")
-        values[name.strip()] = value
-    return values
 
 
 def load_workflows(names: list[str], settings: config.Settings) -> tuple[Any, ...]:
@@ -214,7 +204,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     backends = parse_backends(args.backend) or [
         runner.Backend(b.name, b.url) for b in settings.backend_list()
     ]
-    values = parse_values(args.values)
+    values = _run_args.parse_assignments(args.values)
     workflows = await asyncio.to_thread(load_workflows, args.workflow, settings)
     runner.check_values(workflows, values)
     image = await asyncio.to_thread(_read_image, args.image) if args.image else None

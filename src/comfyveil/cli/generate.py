@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config, images
+from comfyveil import config
 from comfyveil.anyone import runtime
+from comfyveil.cli import _run_args
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import execute, workflow
 from comfyveil.errors import UsageError
@@ -28,16 +29,7 @@ def register(subparsers: Any) -> None:
         description="Run WORKFLOW (a shipped name, a command such as f, or a path to "
         "NAME.toml) with PROMPT on a ComfyUI server and save every output into DIR.",
     )
-    parser.add_argument("workflow", metavar="WORKFLOW")
-    parser.add_argument("prompt", metavar="PROMPT", nargs="*", help="the prompt text")
-    parser.add_argument(
-        "--image", action="append", default=[], type=Path, metavar="FILE",
-        help="an input image, for workflows that take one (repeat for several)",
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], dest="values", metavar="NAME=VALUE",
-        help="set a workflow parameter, e.g. --set steps=4 (repeatable)",
-    )
+    _run_args.add_workflow_run(parser)
     parser.add_argument(
         "--server", default=None, metavar="URL",
         help=f"ComfyUI server (default: first configured backend, else "
@@ -52,17 +44,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def parse_assignments(pairs: list[str]) -> dict[str, str]:
-    """Turn ["steps=4", "seed=1"] into {"steps": "4", "seed": "1"}."""
-    values: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--set needs NAME=VALUE, got {pair!r}")
-        values[name.strip()] = value
-    return values
-
-
 def read_images(
     wf: workflow.Workflow, paths: list[Path], settings: config.Settings
 ) -> dict[str, execute.InputImage]:
@@ -73,18 +54,7 @@ def read_images(
         raise UsageError(f"workflow {wf.name} takes {allowed}, got {len(paths)}")
     bound: dict[str, execute.InputImage] = {}
     for name, path in zip(names, paths, strict=False):
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
-        try:
-            checked = images.check_image(
-                data,
-                max_bytes=settings.limits.max_image_bytes,
-                max_pixels=settings.limits.max_image_pixels,
-            )
-        except UsageError as exc:
-            raise UsageError(f"{path}: {exc}") from exc
+        checked = _run_args.read_image(path, settings)
         bound[name] = execute.InputImage(checked.data, checked.mime)
     return bound
 
@@ -111,7 +81,7 @@ async def run(args: argparse.Namespace) -> int:
         wf = workflow.find(args.workflow, extra_dirs=settings.workflow_dirs)
     except workflow.WorkflowError as exc:
         raise UsageError(str(exc)) from exc
-    values: dict[str, object] = dict(parse_assignments(args.values))
+    values: dict[str, object] = dict(_run_args.parse_assignments(args.values))
     if args.prompt:
         if wf.prompt_param is None:
             raise UsageError(f"workflow {wf.name} takes no prompt")

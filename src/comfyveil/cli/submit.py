@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import sys
 import uuid
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from comfyveil import config, sinks
-from comfyveil.cli.generate import parse_assignments
+from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
 from comfyveil.errors import ComfyveilError, UsageError
 from comfyveil.store import database, jobs
@@ -38,16 +37,7 @@ def register(subparsers: Any) -> None:
         description="Queue WORKFLOW (a command such as f, or a workflow name) with PROMPT "
         "and print the job id; with --wait, follow it and save its outputs into DIR.",
     )
-    parser.add_argument("workflow", metavar="WORKFLOW")
-    parser.add_argument("prompt", metavar="PROMPT", nargs="*", help="the prompt text")
-    parser.add_argument(
-        "--image", action="append", default=[], type=Path, metavar="FILE",
-        help="an input image, for workflows that take one (repeat for several)",
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], dest="values", metavar="NAME=VALUE",
-        help="set a workflow parameter, e.g. --set steps=4 (repeatable)",
-    )
+    _run_args.add_workflow_run(parser)
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
     parser.add_argument("--out", type=Path, default=Path(), metavar="DIR")
     parser.add_argument("--priority", type=int, default=0, help="higher runs first")
@@ -56,27 +46,9 @@ def register(subparsers: Any) -> None:
 
 
 def check_image(path: Path, settings: config.Settings) -> jobs.InputImage:
-    """Read an --image file and make sure it is an image within the limits. Blocking."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
-    limit = settings.limits.max_image_bytes
-    if len(data) > limit:
-        raise UsageError(f"{path.name} is larger than {limit // (1024 * 1024)} MB")
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            kind = image.format or ""
-            pixels = image.width * image.height
-            image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise UsageError(f"{path.name} is not an image comfyveil can read") from exc
-    if pixels > settings.limits.max_image_pixels:
-        raise UsageError(f"{path.name} has too many pixels ({pixels})")
-    mime = Image.MIME.get(kind, "application/octet-stream")
-    return jobs.InputImage(filename=path.name, mime=mime, data=data)
+    """Read an --image file and check it is an image within the limits. Blocking."""
+    checked = _run_args.read_image(path, settings)
+    return jobs.InputImage(filename=path.name, mime=checked.mime, data=checked.data)
 
 
 async def find_command(db: database.Database, name: str) -> workflow.Workflow:
@@ -112,7 +84,7 @@ async def build_job(
         UsageError: unknown command, bad parameter, missing or unreadable image.
     """
     wf = await find_command(db, name)
-    values: dict[str, object] = dict(parse_assignments(list(assignments)))
+    values: dict[str, object] = dict(_run_args.parse_assignments(list(assignments)))
     if prompt:
         if wf.prompt_param is None:
             raise UsageError(f"/{wf.command} takes no prompt")
