@@ -117,6 +117,20 @@ def test_graph_is_valid_on_comfyui_0_3_64(name: str, shipped: dict[str, workflow
     assert workflow.validate_graph(graph_of(shipped[name]), object_info) == []
 
 
+# /object_info as served by ComfyUI tag v0.3.64 itself (CPU, without the optional
+# spandrel and audio nodes), captured during our contract check. The file above comes
+# from a later commit that still calls itself 0.3.64; a graph must be valid on both.
+LIVE_OBJECT_INFO_PATH = OBJECT_INFO_PATH.with_name("comfyui-v0.3.64-cpu-live-object_info.json")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_graph_is_valid_on_a_live_comfyui_v0_3_64(
+    name: str, shipped: dict[str, workflow.Workflow]
+) -> None:
+    live = json.loads(LIVE_OBJECT_INFO_PATH.read_text(encoding="utf-8"))
+    assert workflow.validate_graph(graph_of(shipped[name]), live) == []
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_link_carries_the_type_its_input_wants(
     name: str, shipped: dict[str, workflow.Workflow], object_info: dict[str, Any]
