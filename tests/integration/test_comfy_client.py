@@ -568,3 +568,21 @@ async def test_image_invert_pixels_match_comfyui_float32_arithmetic(comfy_url: s
         with Image.open(io.BytesIO(await client.download(result.outputs[0]))) as img:
             got = np.asarray(img.convert("RGB"))[0, :, 0]
     assert got.tolist() == expected.tolist()
+
+
+async def test_run_reports_its_place_behind_a_busy_backend(
+    fake_comfy_factory: FakeFactory,
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.05)
+    positions: list[int] = []
+
+    def on_event(event: events.Event) -> None:
+        if isinstance(event, events.QueuePosition):
+            positions.append(event.position)
+
+    async with comfy_client.ComfyClient(fake.url) as busy, \
+            comfy_client.ComfyClient(fake.url) as mine:
+        await busy.submit(mini_model(steps=10))  # half a second of GPU work ahead of us
+        result = await mine.run(empty_image(), on_event=on_event)
+    assert result.status == "success"
+    assert positions and positions[0] == 1  # told it waits behind one job

@@ -655,8 +655,9 @@ class ComfyClient:
                 prompt, prompt_id=pid, front=front, extra_data=extra_data,
                 client_id=socket.client_id,
             )
+            submitted_at = time.monotonic()
             await self._emit_position(pid, on_event)
-            return await self._follow_socket(pid, queue, on_event)
+            return await self._follow_socket(pid, queue, on_event, submitted_at)
         finally:
             socket.unlisten(pid)
 
@@ -708,15 +709,26 @@ class ComfyClient:
                 await _call_back(on_event, events.QueuePosition(prompt_id, position))
             await asyncio.sleep(self.poll_interval)
 
-    async def _emit_position(self, prompt_id: str, on_event: EventCallback | None) -> None:
+    async def _emit_position(
+        self, prompt_id: str, on_event: EventCallback | None, queue_remaining: int | None = None
+    ) -> None:
+        """Tell the caller where the prompt waits (after submitting, and on each `status`
+        the server broadcasts when its queue changes). GET /queue carries every queued
+        prompt in full, so it is asked only when the small count says others wait too."""
         if on_event is None:
+            return
+        if queue_remaining is None:
+            queue_remaining = await self.queue_remaining()
+        if queue_remaining <= 1:  # ours is the only prompt there: running, or next
+            await _call_back(on_event, events.QueuePosition(prompt_id, 0))
             return
         position = (await self.queue()).position(prompt_id)
         if position is not None:
             await _call_back(on_event, events.QueuePosition(prompt_id, position))
 
     async def _follow_socket(
-        self, prompt_id: str, queue: asyncio.Queue[Any], on_event: EventCallback | None
+        self, prompt_id: str, queue: asyncio.Queue[Any], on_event: EventCallback | None,
+        submitted_at: float = 0.0,
     ) -> RunResult:
         tracker = _Tracker(prompt_id, self.name)
         while not tracker.done:
@@ -734,7 +746,11 @@ class ComfyClient:
             arrived, event = item
             tracker.feed(event, arrived)
             if isinstance(event, events.Status) and not tracker.started and on_event is not None:
-                await self._emit_position(prompt_id, on_event)
+                # A status sent before our prompt was accepted does not count it.
+                fresh = arrived >= submitted_at
+                await self._emit_position(
+                    prompt_id, on_event, event.queue_remaining if fresh else None
+                )
                 continue
             if not isinstance(event, events.Status):
                 await _call_back(on_event, event)
@@ -792,6 +808,17 @@ class ComfyClient:
                 f"backend {self.name} sent an unreadable queue", backend=self.name
             ) from exc
         return QueueState(running, tuple(pending))
+
+    async def queue_remaining(self) -> int:
+        """Prompts running plus pending (GET /prompt: a small answer, unlike /queue)."""
+        data = await self._call("GET", "/prompt")
+        try:
+            return int(data["exec_info"]["queue_remaining"])
+        except (TypeError, KeyError, ValueError) as exc:
+            raise errors.BackendProtocolError(
+                f"backend {self.name} answered GET /prompt with an unexpected shape",
+                backend=self.name,
+            ) from exc
 
     async def queue_position(self, prompt_id: str) -> int | None:
         return (await self.queue()).position(prompt_id)
