@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL = 5.0  # seconds between two looks at the queue when no NOTIFY arrives
 LEASE_SECONDS = 30.0  # a job's lease; renewed every third of it
+FINAL_EVENTS = frozenset({"succeeded", "failed", "cancelled"})  # job_events kinds that end a job
 DELIVERY_CLAIM_SECONDS = 120.0  # a catch-up delivery's claim; another worker may retry after
 SHUTDOWN_GRACE = 30.0  # seconds running jobs get to finish on stop before being handed back
 RETRY_BACKOFF = 2.0  # seconds before the first retry of a transient failure, then doubled
@@ -606,11 +607,15 @@ class Worker:
                         if note.reconnected or note.channel == database.JOBS_CHANNEL:
                             self._wake.set()
                             continue
-                        if note.payload.get("event") == "cancel_requested":
+                        event = note.payload.get("event")
+                        if event == "cancel_requested":
                             with contextlib.suppress(ValueError, TypeError):
                                 running = self._running.get(uuid.UUID(note.payload["job_id"]))
                                 if running is not None:
                                     self._request_cancel(running)
+                        elif event in FINAL_EVENTS:
+                            with contextlib.suppress(ValueError, TypeError):
+                                self._finished_elsewhere(uuid.UUID(note.payload["job_id"]))
             except store_errors.StoreError as exc:
                 logger.warning("LISTEN unavailable (%s); polling", exc,
                                extra={"action": "listen_failed"})
@@ -649,6 +654,12 @@ class Worker:
         try:
             for sink in targets:
                 try:
+                    # Whoever claims delivers: this worker, the one catching up on a crashed
+                    # worker's results, or the bot's process for a remote worker's job.
+                    if not await self.store.claim_delivery(
+                        job.id, sink.name, self.worker_id, seconds=DELIVERY_CLAIM_SECONDS
+                    ):
+                        continue
                     if outputs is None or (job.status is jobs.Status.SUCCEEDED and not outputs):
                         outputs = await self.store.outputs(job.id)
                     await sink.deliver(job, outputs)
@@ -682,16 +693,25 @@ class Worker:
                     age = time.time() - job.finished_at.timestamp()
                     if age < self.options.delivery_grace:
                         continue
-                    try:
-                        mine = await self.store.claim_delivery(
-                            job.id, sink.name, self.worker_id,
-                            seconds=DELIVERY_CLAIM_SECONDS,
-                        )
-                    except store_errors.StoreError:
-                        break
-                    if mine:
-                        await self._deliver(job, None, only=[sink])
+                    await self._deliver(job, None, only=[sink])
             await asyncio.sleep(interval)
+
+    def _finished_elsewhere(self, job_id: uuid.UUID) -> None:
+        """A job this worker is not running has ended (another worker, maybe on another
+        host, ran it): deliver it now to our sinks instead of at the next catch-up."""
+        if not self.sinks or job_id in self._running or job_id in self._delivering:
+            return
+        task = asyncio.create_task(self._deliver_by_id(job_id), name=f"deliver-{job_id}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _deliver_by_id(self, job_id: uuid.UUID) -> None:
+        try:
+            job = await self.store.get(job_id)
+        except store_errors.StoreError:
+            return  # the catch-up loop will find it
+        if job is not None and job.status.finished:
+            await self._deliver(job, None)
 
 
 def _detail(sink: sinks_mod.DeliverySink, job_id: uuid.UUID) -> Mapping[str, Any] | None:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
 from pathlib import Path
 
 import pytest
 
-from comfyveil import sinks
+from comfyveil import config, sinks
+from comfyveil.comfy import pool, workflow
 from comfyveil.store import database, jobs
-from tests.integration.worker_support import enqueue, running_worker, wait_for, wait_status
+from comfyveil.worker import Worker
+from tests.integration.worker_support import (
+    FAST,
+    enqueue,
+    running_worker,
+    wait_for,
+    wait_status,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -147,3 +158,52 @@ async def test_all_backends_down_the_job_waits_and_says_so(
         await fake.start()  # same port
         done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=20)
     assert done.attempts == 1 and fake.executions[str(job.id)] == 1
+
+
+class _Recorder:
+    """A delivery sink that remembers what it was given."""
+
+    name = "chat"
+
+    def __init__(self) -> None:
+        self.delivered: list[jobs.Job] = []
+
+    async def deliver(self, job: jobs.Job, outputs: object) -> None:
+        self.delivered.append(job)
+
+
+async def test_a_remote_workers_result_reaches_the_bot_at_once_and_once(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    remote_gpu, bot_gpu = await fake_comfy_factory(), await fake_comfy_factory()
+    bot_side = _Recorder()
+    # The bot's own worker would catch up on undelivered results only after a minute:
+    # the result must arrive through the job's notification, not the catch-up scan.
+    patient = dataclasses.replace(FAST, delivery_grace=60.0)
+    await db.commands.seed()
+    wf = workflow.find("f")
+    values = wf.validate({"prompt": "a fox", "steps": 2, "width": 256, "height": 256})
+    async with pool.Pool([config.BackendConfig("bot-gpu", bot_gpu.url, via="direct")],
+                         probe_interval=0.2) as bot_pool, \
+            running_worker(db, [remote_gpu.url]):  # the GPU host's worker: gpu0, no sink
+        bot_worker = Worker(db, bot_pool, sinks=[bot_side], options=patient)
+        bot_task = asyncio.create_task(bot_worker.run())
+        try:
+            job = await db.jobs.enqueue(jobs.NewJob(
+                user_id=1, chat_id=1, command="f", workflow_hash=wf.hash, params=values,
+                backends=("gpu0",),  # only the remote worker may run it
+            ))
+            await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+            finished = time.monotonic()
+            await wait_for(lambda: _now(len(bot_side.delivered) == 1), timeout=5)
+            assert time.monotonic() - finished < 5
+            await asyncio.sleep(0.5)  # and no second delivery follows
+        finally:
+            bot_worker.stop()
+            await asyncio.wait_for(bot_task, 30)
+    assert [j.id for j in bot_side.delivered] == [job.id]
+    assert remote_gpu.executions[str(job.id)] == 1 and not bot_gpu.executions
+
+
+async def _now(value: bool) -> bool:
+    return value
