@@ -24,8 +24,9 @@ import pytest
 from PIL import Image
 
 from comfyveil import config, sinks
-from comfyveil.anyone import errors, hidden, runtime
+from comfyveil.anyone import errors, hidden, process, runtime
 from comfyveil.anyone import network as network_mod
+from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import pool
 from comfyveil.store import database, jobs
 from comfyveil.worker import Worker
@@ -378,3 +379,53 @@ def test_two_processes_get_two_state_directories(tmp_path: Path) -> None:
         assert first == base and second == base.with_name("state-1")
     with runtime._state_dir(base) as again:
         assert again == base  # released at exit
+
+
+class _CountingAnon(process.AnonClient):
+    """Stands in for a managed anon: counts NEWNYM requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.socks_port = 9999
+        self.suffix = ".anon"
+        self.newnyms = 0
+
+    async def new_identity(self) -> None:
+        self.newnyms += 1
+
+
+async def test_a_failing_hidden_backend_gets_fresh_circuits_before_the_next_try(
+    tmp_path: Path,
+) -> None:
+    anon = _CountingAnon()
+    settings = config.from_mapping({}, environ={"COMFYVEIL_DATA_DIR": str(tmp_path)})
+    router = runtime.Router(anon, settings)
+    hidden_backend = config.BackendConfig("cloud", "http://" + "a" * 56 + ".anon")
+    local = config.BackendConfig("gpu0", "http://127.0.0.1:1", via="direct")
+
+    class Down:
+        """A client whose backend cannot be reached."""
+
+        def __init__(self, cfg: config.BackendConfig, proxy: str | None) -> None:
+            self.name = cfg.name
+
+        async def __aenter__(self) -> Down:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        async def queue(self) -> object:
+            raise comfy_errors.BackendUnreachable(backend=self.name)
+
+        system_stats = object_info = queue
+
+    async with pool.Pool([hidden_backend, local], proxy_for=router.proxy_for,
+                         client_factory=Down, on_down=router.backend_down,
+                         probe_interval=60) as backends:
+        # Both failed their first probe; only the hidden one is anon's business.
+        assert not backends.get("cloud").healthy and not backends.get("gpu0").healthy
+        assert anon.newnyms == 1
+        await backends.mark_down(backends.get("gpu0"), "refused")
+        await backends.mark_down(backends.get("cloud"), "still nothing")
+        assert anon.newnyms == 1  # anon ignores NEWNYM within 10 s; so do we

@@ -23,8 +23,9 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from comfyveil import config
@@ -34,6 +35,7 @@ from comfyveil.anyone import network as network_mod
 logger = logging.getLogger(__name__)
 
 MAX_STATE_DIRS = 16  # anon processes of comfyveil one host may run side by side
+NEWNYM_INTERVAL = 10.0  # seconds; anon ignores NEWNYM signals closer together than this
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Router:
 
     anon: process.AnonClient | None
     settings: config.Settings
+    _last_newnym: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def proxy_for(self, backend: config.BackendConfig) -> str | None:
         """The SOCKS URL for this backend (its own circuits), or None for a direct line."""
@@ -50,6 +53,24 @@ class Router:
     def telegram_proxy(self) -> str | None:
         """python-telegram-bot's proxy when [anyone] telegram is on, else None."""
         return routing.telegram_proxy_url(self.settings, self.anon)
+
+    async def backend_down(self, backend: config.BackendConfig) -> None:
+        """A backend reached through anon failed: ask anon for new circuits and a fresh
+        hidden-service descriptor before the next try (a stale descriptor or a dead
+        introduction point otherwise keeps failing). At most once per NEWNYM_INTERVAL,
+        anon's own limit; an anon we do not control is left alone."""
+        new_identity = getattr(self.anon, "new_identity", None)
+        if new_identity is None or self.proxy_for(backend) is None:
+            return
+        now = time.monotonic()
+        if now - self._last_newnym.get("at", -NEWNYM_INTERVAL) < NEWNYM_INTERVAL:
+            return
+        self._last_newnym["at"] = now
+        try:
+            await new_identity()
+        except errors.AnonError as exc:
+            logger.info("could not renew anon's circuits: %s", exc,
+                        extra={"action": "newnym_failed"})
 
 
 def _routed(backend: config.BackendConfig) -> bool:

@@ -64,7 +64,8 @@ async def run(args: argparse.Namespace) -> int:
         await db.commands.seed()
         async with (
             runtime.anon_for(settings, settings.backend_list()) as router,
-            pool.Pool(settings.backend_list(), proxy_for=router.proxy_for) as backends,
+            pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
+                      on_down=router.backend_down) as backends,
         ):
             worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))
             loop = asyncio.get_running_loop()

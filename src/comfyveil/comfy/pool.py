@@ -60,6 +60,8 @@ class BackendClient(Protocol):
 
 ProxyFor = Callable[[config.BackendConfig], "str | None"]
 ClientFactory = Callable[[config.BackendConfig, "str | None"], BackendClient]
+# Told when a backend starts failing, e.g. to renew anon's circuits before the next try.
+OnDown = Callable[[config.BackendConfig], Awaitable[None]]
 
 
 def direct(backend: config.BackendConfig) -> str | None:
@@ -185,11 +187,13 @@ class Pool:
         proxy_for: ProxyFor = direct,
         client_factory: ClientFactory = _default_client,
         probe_interval: float = PROBE_INTERVAL,
+        on_down: OnDown | None = None,
     ) -> None:
         if not backends:
             raise config.ConfigError("no backends configured")
         self._configs = tuple(backends)
         self._proxy_for = proxy_for
+        self._on_down = on_down
         self._client_factory = client_factory
         self.probe_interval = probe_interval
         self.backends: dict[str, Backend] = {}
@@ -351,6 +355,8 @@ class Pool:
             )
         backend.healthy = False
         backend.last_error = reason
+        if self._on_down is not None:
+            await self._on_down(backend.config)
         await self._notify()
 
     async def probe(self, backend: Backend) -> bool:
