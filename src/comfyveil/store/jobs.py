@@ -453,17 +453,10 @@ class JobStore:
             raise errors.JobNotFound()
         return Job.from_row(row)
 
-    async def _ahead(self, job_id: uuid.UUID) -> dict[str, int] | None:
-        job = await self.get(job_id)
-        if job is None or job.status is not Status.QUEUED:
-            return None
-        rows = await self.db.all("queue_ahead", job_id=job_id)
-        return {row["command"]: row["ahead"] for row in rows}
-
     async def position(self, job_id: uuid.UUID) -> int | None:
         """How many queued jobs will be claimed before this one (0: next); None if not queued."""
-        ahead = await self._ahead(job_id)
-        return None if ahead is None else sum(ahead.values())
+        row = await self.db.one("position_and_eta", job_id=job_id)
+        return int(row["ahead"]) if row is not None and row["queued"] else None
 
     async def durations(
         self, commands: Iterable[str], backend: str | None = None

@@ -324,30 +324,9 @@ UPDATE jobs SET status_message_id = %(message_id)s, updated_at = now()
 WHERE id = %(job_id)s
 RETURNING *;
 
--- queue_ahead --
--- Queued jobs ahead of one job in round-robin claim order, by command
-WITH queued AS (
-    SELECT j.id, j.command, j.priority, j.created_at, j.backends,
-           row_number() OVER (PARTITION BY j.user_id
-                              ORDER BY j.priority DESC, j.created_at, j.id) AS round,
-           coalesce(t.turn, -1) AS turn
-    FROM jobs j
-    LEFT JOIN queue_turns t ON t.user_id = j.user_id
-    WHERE j.status = 'queued'
-), me AS (
-    SELECT * FROM queued WHERE id = %(job_id)s
-)
-SELECT q.command, count(*) AS ahead
-FROM queued q, me
-WHERE q.id <> me.id
-  AND (q.backends IS NULL OR me.backends IS NULL OR q.backends && me.backends)
-  AND (-q.priority, q.round, q.turn, q.created_at, q.id)
-      < (-me.priority, me.round, me.turn, me.created_at, me.id)
-GROUP BY q.command;
-
 -- position_and_eta --
 -- A queued job's place and the inputs of its ETA, in one pass: the queued jobs ahead of it
--- (as queue_ahead counts them), and the mean of the last 20 successful runs of each command
+-- in round-robin claim order), and the mean of the last 20 successful runs of each command
 -- among them and its own (as command_durations). queued is false when the job is not queued.
 WITH queued AS (
     SELECT j.id, j.command, j.priority, j.created_at, j.backends,
