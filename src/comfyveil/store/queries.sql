@@ -326,7 +326,7 @@ RETURNING *;
 
 -- position_and_eta --
 -- A queued job's place and the inputs of its ETA, in one pass: the queued jobs ahead of it
--- in round-robin claim order), and the mean of the last 20 successful runs of each command
+-- (in round-robin claim order), and the mean of the last 20 successful runs of each command
 -- among them and its own (as command_durations). queued is false when the job is not queued.
 WITH queued AS (
     SELECT j.id, j.command, j.priority, j.created_at, j.backends,
