@@ -90,8 +90,7 @@ async def show_job(args: argparse.Namespace) -> int:
         job = await db.jobs.get(job_id)
         if job is None:
             raise UsageError(f"there is no job {job_id}")
-        position = await db.jobs.position(job_id)
-        eta = await db.jobs.eta(job_id)
+        position, eta = await db.jobs.position_and_eta(job_id)
         history = await db.jobs.events(job_id)
         outputs = await db.jobs.outputs(job_id)
     print(f"job      {job.id}")
