@@ -375,6 +375,22 @@ async def test_unreachable_port_is_backend_unreachable() -> None:
             await client.run(empty_image())
 
 
+async def test_proxy_that_hangs_up_is_backend_unreachable() -> None:
+    """A dying anon accepts the SOCKS connection and closes it without a reply."""
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, comfy_client.ComfyClient(
+        "http://127.0.0.1:1", name="hidden", proxy=f"socks5://127.0.0.1:{port}", timeout=2
+    ) as client:
+        with pytest.raises(errors.BackendUnreachable, match="backend hidden cannot be reached"):
+            await client.queue()
+        with pytest.raises(errors.BackendUnreachable):
+            await client.run(empty_image())
+
+
 async def test_missing_output_file_is_file_not_found(fake_comfy: FakeComfyUI) -> None:
     async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
         missing = comfy_client.OutputFile("2", "nothing.png", "", "output", "image")

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import httpx
+import socksio
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -507,7 +508,9 @@ class ComfyClient:
         try:
             request = self._http.build_request(method, self._url(path), **kwargs)
             return await self._http.send(request, stream=stream)
-        except httpx.TransportError as exc:  # connect, read, write, timeouts, proxy
+        # httpcore lets socksio's error escape when a proxy hangs up before its
+        # greeting, which is what a dying or restarting anon does.
+        except (httpx.TransportError, socksio.SOCKSError) as exc:
             log.info("backend %s unreachable: %s", self.name, type(exc).__name__)
             raise errors.BackendUnreachable(backend=self.name) from exc
         except OSError as exc:
@@ -948,7 +951,7 @@ class ComfyClient:
             try:
                 async for chunk in response.aiter_bytes():
                     yield chunk
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, socksio.SOCKSError) as exc:
                 raise errors.BackendUnreachable(backend=self.name) from exc
         finally:
             await response.aclose()

@@ -377,6 +377,10 @@ class Pool:
         except (errors.ComfyError, TimeoutError, OSError) as exc:
             await self.mark_down(backend, str(exc) if str(exc) else type(exc).__name__)
             return False
+        except Exception as exc:  # one odd answer must not end health checks for all
+            logger.exception("probing backend %s failed unexpectedly", backend.name)
+            await self.mark_down(backend, f"probe failed ({type(exc).__name__})")
+            return False
         backend.remote_queue = queue_length(answer)
         backend.remote_ids = queue_ids(answer)
         backend.local_at_probe = len(backend.jobs)
