@@ -30,6 +30,7 @@ DEFAULT_JOB_RETENTION_DAYS = 7.0  # prompts, images and job rows are deleted aft
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_JOB_TIMEOUT = 1800.0  # seconds a job may run on a GPU before it is failed
+DEFAULT_STATUS_DELAY = 1.0  # seconds before a job's status message is posted
 
 
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -73,6 +74,9 @@ class TelegramConfig:
     allow: tuple[int, ...] = ()  # user ids and chat ids allowed to use the bot
     open: bool = False  # anyone may use the bot
     poll_timeout: float = 30.0
+    # A job's status message waits this long; a result that comes sooner arrives alone,
+    # one Bot API call instead of three (post, photo, delete) under Telegram's 30/s.
+    status_delay: float = DEFAULT_STATUS_DELAY
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,12 @@ def _path(value: Any, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
+def _seconds(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"{key} must be a number of seconds, 0 or more")
+    return float(value)
+
+
 def _ids(value: Any, key: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
         raise ConfigError(f"{key} must be a list of numeric Telegram ids")
@@ -184,7 +194,7 @@ def from_mapping(
     tg = _take(
         top.get("telegram", {}),
         "telegram",
-        {"token_file", "api_url", "admins", "allow", "open", "poll_timeout"},
+        {"token_file", "api_url", "admins", "allow", "open", "poll_timeout", "status_delay"},
     )
     token = env.get("COMFYVEIL_TELEGRAM_TOKEN")
     if not token and "token_file" in tg:
@@ -196,6 +206,9 @@ def from_mapping(
         allow=_ids(tg.get("allow", []), "telegram.allow"),
         open=bool(tg.get("open", False)),
         poll_timeout=float(tg.get("poll_timeout", 30.0)),
+        status_delay=_seconds(
+            tg.get("status_delay", DEFAULT_STATUS_DELAY), "telegram.status_delay"
+        ),
     )
 
     backends = []

@@ -33,7 +33,8 @@ def settings_for(
     limits = telegram_options.pop("limits", config.LimitsConfig())
     tg = config.TelegramConfig(
         token=telegram.token, api_url=telegram.url, poll_timeout=1.0,
-        **({"open": True} | telegram_options),
+        # Most tests follow the status message from the start; the delay has its own.
+        **({"open": True, "status_delay": 0.0} | telegram_options),
     )
     backends = tuple(
         config.BackendConfig(name=f"gpu{i}", url=fake.url, via="direct")

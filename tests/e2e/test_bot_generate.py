@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.comfyui import FakeComfyUI
@@ -78,3 +79,33 @@ async def test_plain_text_gets_a_hint_and_groups_stay_quiet(
         texts = [c.params.get("text") for c in fake_telegram.calls("sendMessage")
                  if str(c.params.get("chat_id")) == "-500"]
         assert not any("/help" in str(t) for t in texts)
+
+
+async def test_a_quick_result_arrives_alone_without_a_status_message(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], status_delay=0.5) as stack:
+        stack.send(13, f"/f a quick fox {SMALL}")
+        await stack.result(13)
+        await asyncio.sleep(1.0)  # past the delay: the pending status post must stand down
+        assert fake_telegram.calls("sendMessage") == []
+        assert fake_telegram.deleted(13) == []
+        assert len(fake_telegram.calls("sendPhoto")) == 1
+
+
+async def test_a_slow_job_shows_its_status_after_the_delay_then_removes_it(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    slow = await fake_comfy_factory(step_delay=0.4)
+    async with running_bot(fake_telegram, db, [slow], status_delay=0.3) as stack:
+        sent_at = time.monotonic()
+        stack.send(14, f"/f a slow fox --steps 4 {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=14)
+        assert status.at - sent_at >= 0.3
+        assert fake_telegram.calls("sendPhoto") == [], "the status came before the result"
+        photo = await stack.result(14)
+        assert photo.at > status.at
+        await fake_telegram.wait_for(
+            lambda _: status.result["message_id"] in fake_telegram.deleted(14)
+        )
+        assert len(fake_telegram.calls("sendMessage")) == 1

@@ -1,9 +1,11 @@
 """One status message per job, kept up to date in place.
 
 "Queued #3 · about 40 s" -> "Running on gpu0 · 45% · step 9/20"; then the result replaces
-it (the sink calls :meth:`StatusTracker.finish`). Updates arrive by NOTIFY from the
-store (a job's events and its progress rows); a slow fallback re-reads every tracked
-job now and then in case a notification was missed.
+it (the sink calls :meth:`StatusTracker.finish`). The message is posted only once the job
+has taken `status_delay` seconds (:meth:`StatusTracker.post_later`): a result that comes
+sooner arrives alone, with no message flashing up and away before it. Updates arrive by
+NOTIFY from the store (a job's events and its progress rows); a slow fallback re-reads
+every tracked job now and then in case a notification was missed.
 
 Edits are throttled per message (about one per second in private chats, one per three
 seconds in groups, where Telegram allows 20 messages a minute), identical texts are not
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from telegram import Bot
+from telegram import Bot, ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
@@ -99,6 +101,7 @@ class StatusTracker:
         self._sem = asyncio.Semaphore(MAX_CONCURRENT_REFRESH)
         self._tasks: list[asyncio.Task[None]] = []
         self._refreshes: set[asyncio.Task[None]] = set()
+        self._pending_posts: set[asyncio.Task[None]] = set()
         self.listening = asyncio.Event()
         self.edits = 0  # status edits sent (for tests and the benchmark)
 
@@ -111,14 +114,65 @@ class StatusTracker:
         ]
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._refreshes]:
+        tasks = [*self._tasks, *self._refreshes, *self._pending_posts]
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._refreshes]:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
 
     # --- what handlers and the sink call --------------------------------------------
+
+    async def post(
+        self, job: jobs.Job, *, reply_to: int | None, in_group: bool
+    ) -> jobs.Job:
+        """Post `job`'s status message now and follow it; the job as stored after."""
+        text = await self.text_for(job)
+        reply = (
+            ReplyParameters(reply_to, allow_sending_without_reply=True)
+            if reply_to is not None else None
+        )
+        message = await self.bot.send_message(
+            job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+        )
+        try:
+            job = await self.db.jobs.set_status_message(job.id, message.message_id)
+        except store_errors.StoreError:
+            return job  # forgotten meanwhile (/forget), or not recorded: nothing to follow
+        if job.status.finished:
+            # It finished before its status message was recorded: the sink could not
+            # remove it, so do it here.
+            await self.finish(job)
+        else:
+            self.track(job, chat_id=job.chat_id, message_id=message.message_id, text=text,
+                       in_group=in_group)
+        return job
+
+    def post_later(
+        self, job: jobs.Job, *, delay: float, reply_to: int | None, in_group: bool
+    ) -> None:
+        """Post `job`'s status message in `delay` seconds, unless it has finished by then."""
+        task = asyncio.create_task(
+            self._post_later(job.id, delay=delay, reply_to=reply_to, in_group=in_group),
+            name="status-post",
+        )
+        self._pending_posts.add(task)
+        task.add_done_callback(self._pending_posts.discard)
+
+    async def _post_later(
+        self, job_id: uuid.UUID, *, delay: float, reply_to: int | None, in_group: bool
+    ) -> None:
+        await asyncio.sleep(delay)
+        try:
+            job = await self.db.jobs.get(job_id)
+            if job is None or job.status.finished or job.status_message_id is not None:
+                return  # its result (or its ending) was sent, or it was forgotten
+            await self.post(job, reply_to=reply_to, in_group=in_group)
+        except (store_errors.StoreError, TelegramError) as exc:
+            # The result still comes when the job ends; only the progress view is lost.
+            logger.info("status message not posted: %s", type(exc).__name__,
+                        extra={"action": "status_post_failed", "job_id": str(job_id)})
 
     def track(
         self, job: jobs.Job, *, chat_id: int, message_id: int, text: str, in_group: bool

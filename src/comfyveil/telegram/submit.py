@@ -13,8 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from telegram import Bot, Message, ReplyParameters
-from telegram.constants import ParseMode
+from telegram import Bot, Message
 from telegram.error import BadRequest
 
 from comfyveil import errors, images
@@ -216,28 +215,11 @@ async def submit(
     services.access.note_job(who.user_id)
     if as_file:
         services.file_jobs.add(job.id)
-    text = await services.tracker.text_for(job)
-    reply = (
-        ReplyParameters(reply_to, allow_sending_without_reply=True)
-        if reply_to is not None else None
-    )
-    message = await bot.send_message(
-        who.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
-    )
-    try:
-        job = await services.db.jobs.set_status_message(job.id, message.message_id)
-    except errors.ComfyveilError:
-        return job  # forgotten meanwhile (/forget); nothing to follow
-    if job.status.finished:
-        # It finished before its status message was recorded: the sink could not
-        # remove it, so do it here.
-        await services.tracker.finish(job)
-    else:
-        services.tracker.track(
-            job, chat_id=who.chat_id, message_id=message.message_id, text=text,
-            in_group=in_group,
-        )
-    return job
+    delay = services.settings.telegram.status_delay
+    if delay > 0:
+        services.tracker.post_later(job, delay=delay, reply_to=reply_to, in_group=in_group)
+        return job
+    return await services.tracker.post(job, reply_to=reply_to, in_group=in_group)
 
 
 async def rerun(
