@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import mimetypes
 import os
 import socket
@@ -51,6 +52,7 @@ RETRY_BACKOFF_MAX = 120.0  # seconds
 DELIVERY_GRACE = 30.0  # seconds after a job ended before another worker re-delivers it
 DB_RETRY_DELAY = 0.5  # seconds between tries of a write while the database is unreachable
 PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
+PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
 
 T = TypeVar("T")
 
@@ -87,7 +89,9 @@ class _Running:
     # writes. A renewal or progress write landing after that write finds the job no longer
     # running; it must not read that as a lost lease and cancel the delivery that follows.
     settled: bool = False
-    progress_at: float = 0.0
+    progress_at: float = field(default_factory=time.monotonic)  # the last write (or claim)
+    progress_due: float = math.inf  # when progress_next is written
+    progress_sooner: asyncio.Event = field(default_factory=asyncio.Event)  # due moved earlier
     progress_next: dict[str, Any] | None = None  # the newest progress not yet written
     progress_task: asyncio.Task[None] | None = None
     progress_closed: bool = False  # the job left the backend: no more progress writes
@@ -122,6 +126,12 @@ class Worker:
         self._stop = asyncio.Event()
         self._workflows: dict[str, workflow.Workflow] = {}
         self._avoid: dict[uuid.UUID, str] = {}  # the backend a job last failed on
+        # Claims that found nothing are not repeated each time a slot frees up, only after
+        # news of the queue: a NOTIFY of a queued job, a LISTEN reconnect, recovered leases
+        # or the poll interval. _queue_news counts those; _found_empty is (the count when
+        # a claim found nothing, the backends it asked for; None: any).
+        self._queue_news = 0
+        self._found_empty: tuple[int, frozenset[str] | None] | None = None
         self._delivering: set[uuid.UUID] = set()
         self._side: list[asyncio.Task[None]] = []
         self._cancels: set[asyncio.Task[None]] = set()
@@ -166,8 +176,10 @@ class Worker:
             while not self._stop.is_set():
                 self._wake.clear()
                 await self._fill()
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self._wake.wait(), opts.poll_interval)
+                except TimeoutError:
+                    self._queue_news += 1  # backoffs end and notifications get lost
         finally:
             await self._shutdown()
             if self._side_tasks:  # the last progress writes (they end on their own)
@@ -218,6 +230,10 @@ class Worker:
             if want <= 0:
                 return
             names = list(free) or None
+            asked = frozenset(names) if names is not None else None
+            if self._known_empty(asked):
+                return
+            news = self._queue_news
             claims = await asyncio.gather(
                 *(self.store.claim(self.worker_id, backends=names,
                                    lease_seconds=self.options.lease_seconds)
@@ -240,7 +256,18 @@ class Worker:
                 await self._sleep(DB_RETRY_DELAY * 4)
                 return
             if claimed < want:
+                if self.options.listen:  # without LISTEN no news comes: keep asking
+                    self._found_empty = (news, asked)
                 return  # the queue is empty (for our free backends)
+
+    def _known_empty(self, asked: frozenset[str] | None) -> bool:
+        """Whether a claim for `asked` backends found nothing since the last queue news."""
+        if self._found_empty is None:
+            return False
+        news, empty_for = self._found_empty
+        if news != self._queue_news:
+            return False
+        return empty_for is None or (asked is not None and asked <= empty_for)
 
     def _start(self, job: jobs.Job) -> None:
         running = _Running(job)
@@ -431,7 +458,7 @@ class Worker:
         job = running.job
         inputs: dict[str, execute.InputImage] = {}
         if not attach:
-            images = await self.store.inputs(job.id)
+            images = await self.store.inputs(job.id) if wf.image_params else []
             for name, image in zip(wf.image_params, images, strict=False):
                 inputs[name] = execute.InputImage(image.data, image.mime)
             self._record_progress(
@@ -515,15 +542,18 @@ class Worker:
         """Save the job's progress in the background, the latest first.
 
         The job never waits for its progress row: events from the backend keep flowing
-        while a write is in flight, and writes that pile up meanwhile collapse into the
-        newest one. A cancel request read back with a write cancels the job.
+        while a write is pending, and they collapse into the newest one. Writes trail the
+        events, a change of state by PROGRESS_SETTLE, progress by up to PROGRESS_INTERVAL
+        after the last write, so a job that ends sooner writes none: its final status says
+        all. A cancel request read back with a write cancels the job.
         """
         if running.progress_closed:
             return
         now = time.monotonic()
-        if not force and now - running.progress_at < PROGRESS_INTERVAL:
-            return
-        running.progress_at = now
+        due = now + PROGRESS_SETTLE if force else max(now, running.progress_at + PROGRESS_INTERVAL)
+        if due < running.progress_due:
+            running.progress_due = due
+            running.progress_sooner.set()
         running.progress_next = dict(data)
         if running.progress_task is None or running.progress_task.done():
             task = asyncio.create_task(self._write_progress(running),
@@ -534,7 +564,14 @@ class Worker:
 
     async def _write_progress(self, running: _Running) -> None:
         while running.progress_next is not None and not running.progress_closed:
+            while (wait := running.progress_due - time.monotonic()) > 0:
+                running.progress_sooner.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(running.progress_sooner.wait(), wait)
+            if running.progress_closed or running.progress_next is None:
+                return
             data, running.progress_next = running.progress_next, None
+            running.progress_at, running.progress_due = time.monotonic(), math.inf
             try:
                 cancel = await self.store.record_progress(running.job, data)
             except store_errors.LeaseLost:
@@ -603,8 +640,12 @@ class Worker:
         while True:
             try:
                 async with self.db.listen() as listener:
+                    # Jobs queued before LISTEN took hold sent their NOTIFY to no one.
+                    self._queue_news += 1
+                    self._wake.set()
                     async for note in listener:
                         if note.reconnected or note.channel == database.JOBS_CHANNEL:
+                            self._queue_news += 1
                             self._wake.set()
                             continue
                         event = note.payload.get("event")
@@ -630,6 +671,7 @@ class Worker:
                 logger.info("cannot recover expired leases now: %s", exc)
                 recovered = []
             if recovered:
+                self._queue_news += 1
                 self._wake.set()
                 for job in recovered:
                     if job.status.finished:

@@ -281,11 +281,9 @@ class JobStore:
             "backends": list(backends) if backends is not None else None,
             "lease_seconds": lease_seconds,
         }
+        # When each user's first few ready jobs are all being claimed by racing workers,
+        # the function looks at every ready job before it answers None.
         row = await self.db.one("claim_job", per_user=CLAIM_CANDIDATES_PER_USER, **params)
-        if row is None:
-            # Nothing among each user's first few ready jobs was free: either the queue is
-            # empty (then this is cheap) or that many claims are racing; look at them all.
-            row = await self.db.one("claim_job", per_user=None, **params)
         if row is None:
             return None
         job = Job.from_row(row)

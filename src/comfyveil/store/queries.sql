@@ -47,7 +47,7 @@ VALUES (%(job_id)s, %(index)s, %(filename)s, %(mime)s, %(data)s);
 -- jobs, found without reading them all: a user's first ready job is the only one of theirs
 -- that can come first, so only the users with queued jobs (a loose index scan) and the first
 -- %(per_user)s ready jobs of each (more than one, to step past rows other workers are
--- claiming right now) are sorted. per_user NULL reads every ready job (the exhaustive form).
+-- claiming right now) are sorted; when none of those is free, every ready job is read.
 SELECT * FROM comfyveil_claim_job(
     %(worker_id)s, %(backends)s::text[], %(lease_seconds)s, %(per_user)s::int
 );

@@ -8,7 +8,8 @@
 -- force_generic_plan makes it planned once. benchmarks/queue_throughput.py measures it.
 --
 -- The order it implements: highest priority, then the user whose last turn is oldest,
--- then the oldest job; see claim_job in queries.sql.
+-- then the oldest job; see claim_job in queries.sql. p_per_user bounds how many ready jobs
+-- of each user are looked at; when none of those was free it looks at all (NULL).
 CREATE FUNCTION comfyveil_claim_job(
     p_worker_id text, p_backends text[], p_lease_seconds double precision, p_per_user int
 ) RETURNS SETOF jobs
@@ -83,5 +84,11 @@ BEGIN
         FROM claimed
     )
     SELECT * FROM claimed;
+    IF NOT FOUND AND p_per_user IS NOT NULL THEN
+        -- Each user's first few ready jobs were all being claimed by other workers, or the
+        -- queue is empty (then this is cheap): look at every ready job, in the same call.
+        RETURN QUERY
+        SELECT * FROM comfyveil_claim_job(p_worker_id, p_backends, p_lease_seconds, NULL);
+    END IF;
 END;
 $$;
