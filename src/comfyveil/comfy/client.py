@@ -749,11 +749,10 @@ class ComfyClient:
             arrived, event = item
             tracker.feed(event, arrived)
             if isinstance(event, events.Status) and not tracker.started and on_event is not None:
-                # A status sent before our prompt was accepted does not count it.
-                fresh = arrived >= submitted_at
-                await self._emit_position(
-                    prompt_id, on_event, event.queue_remaining if fresh else None
-                )
+                # A status that arrived before our prompt was accepted may not count it; the
+                # position asked for right after submitting already covers it.
+                if arrived >= submitted_at:
+                    await self._emit_position(prompt_id, on_event, event.queue_remaining)
                 continue
             if not isinstance(event, events.Status):
                 await _call_back(on_event, event)
