@@ -20,8 +20,9 @@ from comfyveil.cli import bench as bench_cli
 from comfyveil.comfy import workflow
 from tests.fakes.comfyui import FakeComfyUI
 
-NODE_DELAY = 0.04  # seconds per executed node at speed 1.0
-STEP_DELAY = 0.04  # seconds per sampler step at speed 1.0
+NODE_DELAY = 0.08  # seconds per executed node at speed 1.0 (long enough that a loaded
+# 2-core CI machine adds little to it)
+STEP_DELAY = 0.08  # seconds per sampler step at speed 1.0
 SMALL = {"steps": "5", "width": "256", "height": "256"}  # keep the fakes' PNG work tiny
 WORKFLOWS = ("sd3.5_simple_example", "flux_schnell_full_text_to_image")
 
