@@ -21,9 +21,10 @@ of concurrent users, in the same run.
 Each user sends its next command when its previous result arrived (closed loop). Added
 latency = ours - direct, at p50 and p99. The product keeps its production rate limiter:
 python-telegram-bot's AIORateLimiter with its defaults (30 requests/s overall, 20/min per
-group chat; the users here are private chats) and 3 retries on RetryAfter. Each job
-costs about 3 Bot API calls (status message, photo, status deleted), so a closed loop
-meets the limiter at about 10 jobs/s; rows where it did are marked, and `--pause S`
+group chat; the users here are private chats) and 3 retries on RetryAfter. A job whose
+result comes within `status_delay` (1 s; all of them here, the nodes take no time) costs
+one Bot API call, the photo, so a closed loop meets the limiter at about 30 jobs/s, where
+Telegram itself would stop a real bot; rows where it did are marked, and `--pause S`
 (each user waits S seconds between jobs) measures latency below it. Also reported per
 level: the bot's CPU per job and the CPU shares of the bot and of this process. Prints
 a table, then one JSON object as the very last line.
