@@ -260,6 +260,11 @@ class Worker:
                     self._found_empty = (news, asked)
                 return  # the queue is empty (for our free backends)
 
+    def _queue_changed(self) -> None:
+        """The queue may hold new work: claim again, even where it was found empty."""
+        self._queue_news += 1
+        self._wake.set()
+
     def _known_empty(self, asked: frozenset[str] | None) -> bool:
         """Whether a claim for `asked` backends found nothing since the last queue news."""
         if self._found_empty is None:
@@ -641,12 +646,10 @@ class Worker:
             try:
                 async with self.db.listen() as listener:
                     # Jobs queued before LISTEN took hold sent their NOTIFY to no one.
-                    self._queue_news += 1
-                    self._wake.set()
+                    self._queue_changed()
                     async for note in listener:
                         if note.reconnected or note.channel == database.JOBS_CHANNEL:
-                            self._queue_news += 1
-                            self._wake.set()
+                            self._queue_changed()
                             continue
                         event = note.payload.get("event")
                         if event == "cancel_requested":
@@ -671,8 +674,7 @@ class Worker:
                 logger.info("cannot recover expired leases now: %s", exc)
                 recovered = []
             if recovered:
-                self._queue_news += 1
-                self._wake.set()
+                self._queue_changed()
                 for job in recovered:
                     if job.status.finished:
                         await self._deliver(job, [])
