@@ -339,11 +339,14 @@ async def test_cleared_job_is_reported_lost_instead_of_hanging(fake_comfy: FakeC
             await asyncio.wait_for(job, 5)
 
 
-async def test_no_origin_header_reaches_the_backend(fake_comfy: FakeComfyUI) -> None:
+async def test_no_origin_or_user_agent_header_reaches_the_backend(fake_comfy: FakeComfyUI) -> None:
     async with comfy_client.ComfyClient(fake_comfy.url) as client:
         (await client.run(empty_image())).raise_for_status()
     assert any(r.path == "/ws" for r in fake_comfy.requests)
+    assert any(r.path == "/prompt" for r in fake_comfy.requests)
     assert all("Origin" not in r.headers for r in fake_comfy.requests)
+    # neither the library nor its version tells the backend what talks to it
+    assert all("User-Agent" not in r.headers for r in fake_comfy.requests)
 
 
 async def test_fake_refuses_a_foreign_origin_like_comfyui(fake_comfy: FakeComfyUI) -> None:

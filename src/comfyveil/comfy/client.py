@@ -1,9 +1,9 @@
-"""An asyncio client for one ComfyUI backend: HTTP with httpx, events over WebSocket.
+"""An asyncio client for one ComfyUI backend: HTTP (`comfy.transport`), events over WebSocket.
 
 One `ComfyClient` talks to one backend. It keeps one WebSocket (one client_id) and
 routes events to every job running through it, so a pool can run a job and have the
 next one waiting on the same backend. Foreign errors are translated here, once, into
-`comfy.errors`; nothing else in comfyveil sees httpx or websockets exceptions.
+`comfy.errors`; nothing else in comfyveil sees aiohttp or websockets exceptions.
 
 Privacy: no Origin header is ever sent (ComfyUI answers 403 to a foreign one), the
 environment's proxy variables are ignored, and a SOCKS proxy URL is used for HTTP and
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import re
 import time
@@ -26,13 +27,12 @@ from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, Literal
 
-import httpx
-import socksio
+import aiohttp
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
-from comfyveil.comfy import errors, events
+from comfyveil.comfy import errors, events, transport
 
 __all__ = [
     "ComfyClient",
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0  # seconds between /queue + /history checks when no events can come
 CHECK_INTERVAL = 15.0  # seconds of socket silence before checking the job still exists
+STREAM_CHUNK = 1 << 20  # bytes handed on at a time from a downloading output
 
 EventCallback = Callable[[events.Event], Awaitable[None] | None]
 
@@ -434,7 +435,6 @@ class ComfyClient:
         name: the backend's name, used in every error message.
         timeout: seconds for each HTTP request and for opening the WebSocket.
         proxy: a SOCKS URL (``socks5://user:pass@127.0.0.1:9050``) for HTTP and WebSocket.
-        http_client: an httpx client to use instead of building one (not closed by us).
         poll_interval: seconds between /queue + /history checks when following a job
             without events (re-attach, lost socket).
         check_interval: seconds of silence on the socket after which the client checks
@@ -448,7 +448,6 @@ class ComfyClient:
         name: str = "comfyui",
         timeout: float = 30.0,
         proxy: str | None = None,
-        http_client: httpx.AsyncClient | None = None,
         poll_interval: float = POLL_INTERVAL,
         check_interval: float = CHECK_INTERVAL,
     ) -> None:
@@ -458,10 +457,7 @@ class ComfyClient:
         self.poll_interval = poll_interval
         self.check_interval = check_interval
         self._proxy = _socks_h(proxy)
-        self._own_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(
-            timeout=timeout, proxy=self._proxy, trust_env=False, follow_redirects=False
-        )
+        self._http = transport.Http(backend=name, timeout=timeout, proxy=self._proxy)
         self._socket: _Socket | None = None
         self._socket_lock = asyncio.Lock()
         self._object_info: dict[str, Any] | None = None
@@ -486,8 +482,7 @@ class ComfyClient:
         if self._socket is not None:
             await self._socket.close()
             self._socket = None
-        if self._own_http:
-            await self._http.aclose()
+        await self._http.aclose()
 
     @property
     def client_id(self) -> str | None:
@@ -499,43 +494,37 @@ class ComfyClient:
     def _url(self, path: str) -> str:
         return self.base_url + path
 
-    async def _send(
-        self, method: str, path: str, *, stream: bool = False, **kwargs: Any
-    ) -> httpx.Response:
+    def _check_open(self) -> None:
         if self._closed:
             raise errors.ComfyError(f"the client for backend {self.name} is closed",
                                     backend=self.name)
-        try:
-            request = self._http.build_request(method, self._url(path), **kwargs)
-            return await self._http.send(request, stream=stream)
-        # httpcore lets socksio's error escape when a proxy hangs up before its
-        # greeting, which is what a dying or restarting anon does.
-        except (httpx.TransportError, socksio.SOCKSError) as exc:
-            log.info("backend %s unreachable: %s", self.name, type(exc).__name__)
-            raise errors.BackendUnreachable(backend=self.name) from exc
-        except OSError as exc:
-            raise errors.BackendUnreachable(backend=self.name) from exc
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> transport.Reply:
+        self._check_open()
+        return await self._http.request(method, self._url(path), **kwargs)
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send a request; return the decoded JSON, or None for an empty 200."""
         response = await self._send(method, path, **kwargs)
-        if response.status_code != 200:
+        if response.status != 200:
             raise self._status_error(method, path, response)
         return self._json(method, path, response)
 
-    def _json(self, method: str, path: str, response: httpx.Response) -> Any:
-        if not response.content.strip():
+    def _json(self, method: str, path: str, response: transport.Reply) -> Any:
+        if not response.body.strip():
             return None
         try:
-            return response.json()
+            return json.loads(response.body)
         except ValueError as exc:
             raise errors.BackendProtocolError(
                 f"backend {self.name} answered {method} {path} with something that is not JSON",
                 backend=self.name,
             ) from exc
 
-    def _status_error(self, method: str, path: str, response: httpx.Response) -> errors.ComfyError:
-        code = response.status_code
+    def _status_error(
+        self, method: str, path: str, response: transport.Reply
+    ) -> errors.ComfyError:
+        code = response.status
         if code == 403:
             return errors.BackendProtocolError(
                 f"backend {self.name} refused {method} {path} (403 forbidden)",
@@ -569,7 +558,7 @@ class ComfyClient:
         if extra_data:
             body["extra_data"] = dict(extra_data)
         response = await self._send("POST", "/prompt", json=body)
-        if response.status_code == 400:
+        if response.status == 400:
             data = self._json("POST", "/prompt", response) or {}
             if not isinstance(data, Mapping):
                 raise errors.BackendProtocolError(
@@ -579,9 +568,9 @@ class ComfyClient:
             raise errors.WorkflowRejected(
                 data.get("error"), data.get("node_errors"), backend=self.name
             )
-        if response.status_code == 413:
+        if response.status == 413:
             raise errors.UploadTooLarge(self._limit(response), backend=self.name)
-        if response.status_code != 200:
+        if response.status != 200:
             raise self._status_error("POST", "/prompt", response)
         data = self._json("POST", "/prompt", response)
         if not isinstance(data, Mapping) or "prompt_id" not in data:
@@ -864,9 +853,9 @@ class ComfyClient:
     async def models(self, folder: str) -> list[str]:
         """File names in one model folder (checkpoints, loras, vae, ...); [] if none."""
         response = await self._send("GET", f"/models/{folder}")
-        if response.status_code == 404:
+        if response.status == 404:
             return []
-        if response.status_code != 200:
+        if response.status != 200:
             raise self._status_error("GET", f"/models/{folder}", response)
         data = self._json("GET", f"/models/{folder}", response)
         if not isinstance(data, list):
@@ -878,9 +867,9 @@ class ComfyClient:
     async def features(self) -> dict[str, Any]:
         """Server features; {} on servers too old to have the route."""
         response = await self._send("GET", "/features")
-        if response.status_code == 404:
+        if response.status == 404:
             return {}
-        if response.status_code != 200:
+        if response.status != 200:
             raise self._status_error("GET", "/features", response)
         data = self._json("GET", "/features", response)
         return dict(data) if isinstance(data, Mapping) else {}
@@ -901,16 +890,16 @@ class ComfyClient:
             form["subfolder"] = subfolder
         response = await self._send(
             "POST", "/upload/image",
-            files={"image": (filename, data, "application/octet-stream")}, data=form,
+            data=_upload_form(form, data, filename),
         )
-        if response.status_code == 413:
+        if response.status == 413:
             raise errors.UploadTooLarge(self._limit(response), backend=self.name)
-        if response.status_code == 400:
+        if response.status == 400:
             raise errors.UploadRejected(
                 f"backend {self.name} refused the file name or folder of the upload",
                 backend=self.name,
             )
-        if response.status_code != 200:
+        if response.status != 200:
             raise self._status_error("POST", "/upload/image", response)
         answer = self._json("POST", "/upload/image", response)
         if not isinstance(answer, Mapping) or "name" not in answer:
@@ -923,7 +912,7 @@ class ComfyClient:
         )
 
     @staticmethod
-    def _limit(response: httpx.Response) -> int | None:
+    def _limit(response: transport.Reply) -> int | None:
         found = _LIMIT.search(response.text or "")
         return int(float(found[1])) if found else None
 
@@ -938,22 +927,25 @@ class ComfyClient:
 
     async def stream(self, file: OutputFile | UploadedFile) -> AsyncIterator[bytes]:
         """GET /view: the file in chunks, for big videos."""
-        response = await self._send("GET", "/view", params=self._view_params(file), stream=True)
-        try:
-            if response.status_code == 404:
-                name = PurePosixPath(self._view_params(file)["filename"]).name
+        self._check_open()
+        url, params = self._url("/view"), self._view_params(file)
+        async with self._http.open("GET", url, params=params) as response:
+            if response.status == 404:
+                name = PurePosixPath(params["filename"]).name
                 raise errors.FileNotFound(
                     f"backend {self.name} has no file {name}", backend=self.name
                 )
-            if response.status_code != 200:
-                raise self._status_error("GET", "/view", response)
-            try:
-                async for chunk in response.aiter_bytes():
-                    yield chunk
-            except (httpx.TransportError, socksio.SOCKSError) as exc:
-                raise errors.BackendUnreachable(backend=self.name) from exc
-        finally:
-            await response.aclose()
+            if response.status != 200:
+                body = transport.Reply(response.status, await response.read())
+                raise self._status_error("GET", "/view", body)
+            async for chunk in response.content.iter_chunked(STREAM_CHUNK):
+                yield chunk
+
+
+def _upload_form(fields: Mapping[str, str], data: bytes, filename: str) -> aiohttp.FormData:
+    form = aiohttp.FormData(fields)
+    form.add_field("image", data, filename=filename, content_type="application/octet-stream")
+    return form
 
 
 def _queue_item(raw: Any) -> QueueItem:
