@@ -11,14 +11,16 @@ import struct
 import tarfile
 from pathlib import Path
 
-import httpx
 import pytest
-import websockets
+import telegram
 
 from comfyveil import config
 from comfyveil.anyone import errors, hidden, install, process, routing
 from comfyveil.anyone import network as network_mod
 from comfyveil.cli import anon as anon_cli
+from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import errors as comfy_errors
+from comfyveil.telegram.request import AiohttpRequest
 
 AUTH = ("auth0 orport=5000 no-v2 v3ident=" + "A" * 40 + " 127.0.0.1:5001 " + "B" * 40,)
 SERVICE_ID = "a" * 56
@@ -279,24 +281,30 @@ class _RecordingSocks:
 
 
 async def test_socks_request_carries_the_hostname_not_an_address() -> None:
-    """httpx and websockets, with our proxy URL, never resolve the name locally."""
+    """The ComfyUI client (HTTP and WebSocket) and the Bot API requests, given our proxy
+    URLs, hand the host name to the proxy and never resolve it here."""
     socks = _RecordingSocks()
     anon = _Attached(await socks.start())
     host = f"{SERVICE_ID}.anon"
     backend = config.BackendConfig("gpu0", f"http://{host}")
     proxy = routing.proxy_url_for(backend, anon)
     assert proxy is not None
+    telegram_proxy = anon.socks_url("telegram")
     try:
-        with pytest.raises(httpx.ProxyError):
-            async with httpx.AsyncClient(proxy=proxy, timeout=5) as client:
-                await client.get(f"http://{host}/system_stats")
-        with pytest.raises(websockets.ProxyError):
-            async with websockets.connect(f"ws://{host}/ws", proxy=proxy, open_timeout=5):
+        async with comfy_client.ComfyClient(backend.url, name="gpu0", proxy=proxy) as client:
+            with pytest.raises(comfy_errors.BackendUnreachable):
+                await client.system_stats()
+            with pytest.raises(comfy_errors.BackendUnreachable):
+                await client.run({})  # opens the WebSocket first
+        bot = telegram.Bot("1:test", base_url=f"http://api.{host}/bot",
+                           request=AiohttpRequest(proxy=telegram_proxy))
+        with pytest.raises(telegram.error.NetworkError):
+            async with bot:  # getMe
                 pass
     finally:
         await socks.stop()
-    assert len(socks.requests) == 2
-    for kind, seen_host, port, user in socks.requests:
-        assert (kind, seen_host, port) == ("domain", host, 80)
-        assert user == "comfyveil-backend-gpu0"
+    assert [r[:3] for r in socks.requests] == [
+        ("domain", host, 80), ("domain", host, 80), ("domain", f"api.{host}", 80)]
+    assert [r[3] for r in socks.requests] == [
+        "comfyveil-backend-gpu0", "comfyveil-backend-gpu0", "comfyveil-telegram"]
 

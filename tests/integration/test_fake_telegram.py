@@ -27,6 +27,7 @@ from telegram.ext import (
     filters,
 )
 
+from comfyveil.telegram.request import AiohttpRequest
 from tests.fakes import telegram as fake
 
 USER = 1001
@@ -75,16 +76,21 @@ async def pressed(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
     await query.edit_message_caption(f"pressed {query.data}")
 
 
-@pytest.fixture
-async def app(fake_telegram: fake.FakeTelegram) -> AsyncIterator[Application]:  # type: ignore[type-arg]
-    application = (
+# PTB's own HTTP layer shows the fake is faithful; ours (the bot's) must behave the same.
+@pytest.fixture(params=["httpx", "aiohttp"])
+async def app(
+    fake_telegram: fake.FakeTelegram, request: pytest.FixtureRequest
+) -> AsyncIterator[Application]:  # type: ignore[type-arg]
+    builder = (
         Application.builder()
         .token(fake_telegram.token)
         .base_url(fake_telegram.base_url)
         .base_file_url(fake_telegram.base_file_url)
         .rate_limiter(AIORateLimiter(max_retries=2))
-        .build()
     )
+    if request.param == "aiohttp":
+        builder = builder.request(AiohttpRequest()).get_updates_request(AiohttpRequest())
+    application = builder.build()
     application.add_handler(CommandHandler("echo", echo))
     application.add_handler(CommandHandler("pic", picture))
     application.add_handler(MessageHandler(filters.PHOTO, photo_in))

@@ -51,6 +51,7 @@ from comfyveil.telegram import (
     status,
 )
 from comfyveil.telegram.context import BotContext, Services, attach
+from comfyveil.telegram.request import AiohttpRequest
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +84,13 @@ def build_application(
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(rate_limiter or AIORateLimiter(max_retries=RATE_LIMIT_RETRIES))
         .concurrent_updates(CONCURRENT_UPDATES)
-        .connection_pool_size(CONNECTION_POOL)
-        .pool_timeout(10.0)
-        .media_write_timeout(60.0)
+        .request(AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
+                                media_write_timeout=60.0, proxy=proxy))
+        .get_updates_request(AiohttpRequest(connection_pool_size=1, proxy=proxy))
     )
     if tg.api_url:
         base = tg.api_url.rstrip("/")
         builder = builder.base_url(f"{base}/bot").base_file_url(f"{base}/file/bot")
-    if proxy:
-        builder = builder.proxy(proxy).get_updates_proxy(proxy)
     application = builder.build()
     messages = filters.UpdateType.MESSAGE & (
         filters.TEXT | filters.CAPTION | filters.PHOTO | filters.Document.ALL
