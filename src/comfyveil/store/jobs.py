@@ -322,37 +322,22 @@ class JobStore:
         return bool(row["cancel_requested"])
 
     async def complete(self, job: Job, outputs: Sequence[Output] = ()) -> Job:
-        """Mark the job succeeded, store its outputs, and make them the chat's last result."""
-        if not outputs:  # one statement: no transaction to open and commit around it
-            row = await self.db.one(
-                "complete_job", job_id=job.id, worker_id=job.lease_owner, output_count=0
-            )
-            if row is None:
-                raise errors.LeaseLost()
-            logger.info("job succeeded", extra={"action": "job_succeeded", "job_id": str(job.id)})
-            return Job.from_row(row)
-        async with self.db.session(transaction=True) as s:
-            row = await s.one(
-                "complete_job", job_id=job.id, worker_id=job.lease_owner,
-                output_count=len(outputs),
-            )
-            if row is None:
-                raise errors.LeaseLost()
-            refs = []
-            for index, output in enumerate(outputs):
-                await s.run(
-                    "insert_job_output", job_id=job.id, index=index, filename=output.filename,
-                    kind=output.kind, mime=output.mime, data=output.data, size=output.size,
-                )
-                refs.append(
-                    {"index": index, "filename": output.filename, "kind": output.kind,
-                     "mime": output.mime}
-                )
-            if refs:
-                await s.run(
-                    "set_chat_outputs", chat_id=row["chat_id"], user_id=row["user_id"],
-                    job_id=job.id, outputs=Jsonb(refs),
-                )
+        """Mark the job succeeded, store its outputs, and make them the chat's last result.
+
+        Raises:
+            LeaseLost: this worker no longer holds the job; nothing was stored.
+        """
+        refs = [
+            {"index": index, "filename": o.filename, "kind": o.kind, "mime": o.mime}
+            for index, o in enumerate(outputs)
+        ]
+        row = await self.db.one(
+            "complete_job", job_id=job.id, worker_id=job.lease_owner,
+            filenames=[o.filename for o in outputs], kinds=[o.kind for o in outputs],
+            mimes=[o.mime for o in outputs], datas=[o.data for o in outputs], refs=Jsonb(refs),
+        )
+        if row is None:
+            raise errors.LeaseLost()
         logger.info("job succeeded", extra={"action": "job_succeeded", "job_id": str(job.id)})
         return Job.from_row(row)
 

@@ -86,8 +86,9 @@ SELECT cancel_requested,
 FROM updated;
 
 -- complete_job --
--- Mark a running job succeeded; its input images stay until the retention purge so a
--- re-roll of an edit can use them again
+-- Mark a running job succeeded, store its outputs and make them the chat's last result, in
+-- one statement (one round trip, all or nothing); its input images stay until the retention
+-- purge so a re-roll of an edit can use them again. No row: the lease was lost
 WITH updated AS (
     UPDATE jobs
     SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
@@ -96,15 +97,25 @@ WITH updated AS (
     RETURNING *
 ), event AS (
     INSERT INTO job_events (job_id, kind, status, data)
-    SELECT id, 'succeeded', status, jsonb_build_object('outputs', %(output_count)s::int)
+    SELECT id, 'succeeded', status,
+           jsonb_build_object('outputs', cardinality(%(filenames)s::text[]))
     FROM updated
+), stored AS (
+    INSERT INTO job_outputs (job_id, index, filename, kind, mime, data, size)
+    SELECT u.id, o.index - 1, o.filename, o.kind, o.mime, o.data, length(o.data)
+    FROM updated u,
+         unnest(%(filenames)s::text[], %(kinds)s::text[], %(mimes)s::text[], %(datas)s::bytea[])
+             WITH ORDINALITY AS o (filename, kind, mime, data, index)
+), chained AS (
+    INSERT INTO chat_sessions (chat_id, user_id, job_id, outputs)
+    SELECT u.chat_id, u.user_id, u.id, %(refs)s::jsonb
+    FROM updated u
+    WHERE cardinality(%(filenames)s::text[]) > 0
+    ON CONFLICT (chat_id) DO UPDATE
+    SET user_id = excluded.user_id, job_id = excluded.job_id, outputs = excluded.outputs,
+        updated_at = now()
 )
 SELECT * FROM updated;
-
--- insert_job_output --
--- Store one output file of a job
-INSERT INTO job_outputs (job_id, index, filename, kind, mime, data, size)
-VALUES (%(job_id)s, %(index)s, %(filename)s, %(kind)s, %(mime)s, %(data)s, %(size)s);
 
 -- fail_job --
 -- Requeue a job after a transient error while attempts remain, else mark it failed
