@@ -180,6 +180,17 @@ def _seconds(value: dt.timedelta | float) -> float:
     return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
+def _queued(row: Row | None) -> Row:
+    """The row `enqueue_job` returned, or the refusal it carries as an exception."""
+    if row is None or row["refusal"] == "retry":
+        raise errors.StoreError("the job could not be queued; try again")
+    if row["refusal"] == "queue_limit":
+        raise errors.QueueLimitReached(row["refusal_limit"])
+    if row["refusal"] == "daily_quota":
+        raise errors.DailyQuotaReached(row["refusal_limit"])
+    return row
+
+
 def _queued_eta(row: Row, parallel: int) -> float | None:
     """The ETA of a queued job from a `position_and_eta` row: the queue ahead shared out
     over `parallel` runners, plus its own run; None without measured runs of its command.
@@ -213,47 +224,28 @@ class JobStore:
         Raises:
             QueueLimitReached, DailyQuotaReached: the user must wait.
         """
-        async with self.db.session(transaction=True) as s:
-            await s.one("lock_user_queue", user_id=new.user_id)
-            if new.idempotency_key is not None:
-                existing = await s.one(
-                    "get_job_by_idempotency_key", idempotency_key=new.idempotency_key
-                )
-                if existing is not None:
-                    return Job.from_row(existing)
-            usage = await s.one("user_queue_usage", user_id=new.user_id)
-            assert usage is not None
-            if max_active is not None and usage["active"] >= max_active:
-                raise errors.QueueLimitReached(max_active)
-            quota = usage["quota_override"] if usage["quota_override"] is not None else daily_quota
-            if quota is not None and usage["today"] >= quota:
-                raise errors.DailyQuotaReached(quota)
-            row = await s.one(
-                "insert_job",
-                id=new.id,
-                idempotency_key=new.idempotency_key,
-                user_id=new.user_id,
-                chat_id=new.chat_id,
-                command=new.command,
-                workflow_hash=new.workflow_hash,
-                params=Jsonb(dict(new.params)),
-                backends=list(new.backends) if new.backends is not None else None,
-                max_attempts=new.max_attempts,
-                priority=new.priority,
-                status_message_id=new.status_message_id,
-            )
-            if row is None:  # the key was taken by another user's transaction meanwhile
-                existing = await s.one(
-                    "get_job_by_idempotency_key", idempotency_key=new.idempotency_key
-                )
-                if existing is None:
-                    raise errors.StoreError("the job could not be queued; try again")
-                return Job.from_row(existing)
-            for index, image in enumerate(new.inputs):
-                await s.run(
-                    "insert_job_input", job_id=new.id, index=index, filename=image.filename,
-                    mime=image.mime, data=image.data,
-                )
+        params = {
+            "id": new.id, "idempotency_key": new.idempotency_key, "user_id": new.user_id,
+            "chat_id": new.chat_id, "command": new.command, "workflow_hash": new.workflow_hash,
+            "params": Jsonb(dict(new.params)),
+            "backends": list(new.backends) if new.backends is not None else None,
+            "max_attempts": new.max_attempts, "priority": new.priority,
+            "status_message_id": new.status_message_id, "max_active": max_active,
+            "daily_quota": daily_quota,
+        }
+        if not new.inputs:  # one statement: no transaction to open and commit around it
+            row = _queued(await self.db.one("enqueue_job", **params))
+        else:
+            async with self.db.session(transaction=True) as s:
+                row = _queued(await s.one("enqueue_job", **params))
+                if row["created"]:
+                    for index, image in enumerate(new.inputs):
+                        await s.run(
+                            "insert_job_input", job_id=new.id, index=index,
+                            filename=image.filename, mime=image.mime, data=image.data,
+                        )
+        if not row["created"]:
+            return Job.from_row(row)  # its idempotency key was used before
         logger.info("job queued", extra={"action": "job_queued", "job_id": str(new.id)})
         return Job.from_row(row)
 

@@ -1,40 +1,16 @@
 -- Every query comfyveil runs. A query starts with `-- name --` and a description line;
 -- the Python method that runs it has the same name. Parameters are %(name)s.
 
--- lock_user_queue --
--- Serialise enqueues of one user so the per-user limits cannot be raced past
-SELECT pg_advisory_xact_lock(1129270860, hashtext(%(user_id)s::text));
-
--- get_job_by_idempotency_key --
--- The job created earlier with this idempotency key, if any
-SELECT * FROM jobs WHERE idempotency_key = %(idempotency_key)s;
-
--- user_queue_usage --
--- A user's jobs waiting or running, jobs created today (UTC) and quota override
-SELECT
-    count(*) FILTER (WHERE status IN ('queued', 'running')) AS active,
-    count(*) FILTER (
-        WHERE created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
-    ) AS today,
-    (SELECT daily_quota FROM users WHERE id = %(user_id)s) AS quota_override
-FROM jobs
-WHERE user_id = %(user_id)s;
-
--- insert_job --
--- Create a queued job; nothing when the idempotency key is taken
-WITH inserted AS (
-    INSERT INTO jobs (id, idempotency_key, user_id, chat_id, command, workflow_hash, params,
-                      backends, max_attempts, priority, status_message_id)
-    VALUES (%(id)s, %(idempotency_key)s, %(user_id)s, %(chat_id)s, %(command)s,
-            %(workflow_hash)s, %(params)s, %(backends)s, %(max_attempts)s, %(priority)s,
-            %(status_message_id)s)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING *
-), event AS (
-    INSERT INTO job_events (job_id, kind, status, data)
-    SELECT id, 'queued', status, jsonb_build_object('command', command) FROM inserted
-)
-SELECT * FROM inserted;
+-- enqueue_job --
+-- Queue a job unless the user's limits refuse it; with an idempotency key already used, that
+-- job. Columns: refusal, refusal_limit, created, then the job's (all NULL when refused)
+SELECT e.refusal, e.refusal_limit, e.created, (e.job_row).*
+FROM comfyveil_enqueue_job(
+    %(id)s::uuid, %(idempotency_key)s::text, %(user_id)s::bigint, %(chat_id)s::bigint,
+    %(command)s::text, %(workflow_hash)s::text, %(params)s::jsonb, %(backends)s::text[],
+    %(max_attempts)s::int, %(priority)s::int, %(status_message_id)s::bigint,
+    %(max_active)s::int, %(daily_quota)s::int
+) e;
 
 -- insert_job_input --
 -- Keep one input image of a job until the job ends
