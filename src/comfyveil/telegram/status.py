@@ -97,6 +97,8 @@ class StatusTracker:
         self._tokens_at = time.monotonic()
         self._tracked: dict[uuid.UUID, _Tracked] = {}
         self._finished: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
+        # jobs whose end reached `finish`, message or not: a status post due later skips them
+        self._ended: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(MAX_CONCURRENT_REFRESH)
         self._tasks: list[asyncio.Task[None]] = []
@@ -164,6 +166,8 @@ class StatusTracker:
         self, job_id: uuid.UUID, *, delay: float, reply_to: int | None, in_group: bool
     ) -> None:
         await asyncio.sleep(delay)
+        if job_id in self._ended:
+            return  # its result or its ending was delivered here: nothing to ask the database
         try:
             job = await self.db.jobs.get(job_id)
             if job is None or job.status.finished or job.status_message_id is not None:
@@ -221,6 +225,10 @@ class StatusTracker:
     async def finish(self, job: jobs.Job) -> None:
         """Turn the status message into the job's end: removed when a result was sent,
         the error sentence when it failed, "Cancelled." when cancelled. Idempotent."""
+        if job.status.finished:
+            self._ended[job.id] = None
+            while len(self._ended) > FINISHED_MEMORY:
+                self._ended.popitem(last=False)
         tracked = self._tracked.pop(job.id, None)
         if tracked is not None:
             async with tracked.lock:  # let an edit in flight land before the last word
