@@ -589,6 +589,18 @@ async def test_image_invert_pixels_match_comfyui_float32_arithmetic(comfy_url: s
     assert got.tolist() == expected.tolist()
 
 
+async def test_a_job_that_starts_at_once_asks_no_queue_position(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    seen: list[events.Event] = []
+    async with comfy_client.ComfyClient(fake_comfy.url) as client:
+        (await client.run(empty_image(), on_event=seen.append)).raise_for_status()
+    asked = [r for r in fake_comfy.requests
+             if r.method == "GET" and r.path in ("/prompt", "/queue")]
+    assert asked == []  # an idle backend started it before the grace ran out
+    assert not any(isinstance(e, events.QueuePosition) for e in seen)
+
+
 async def test_run_reports_its_place_behind_a_busy_backend(
     fake_comfy_factory: FakeFactory,
 ) -> None:

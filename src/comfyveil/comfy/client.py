@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0  # seconds between /queue + /history checks when no events can come
 CHECK_INTERVAL = 15.0  # seconds of socket silence before checking the job still exists
+POSITION_GRACE = 0.25  # seconds a submitted prompt may take to start before its place is asked
 STREAM_CHUNK = 1 << 20  # bytes handed on at a time from a downloading output
 
 EventCallback = Callable[[events.Event], Awaitable[None] | None]
@@ -647,9 +648,7 @@ class ComfyClient:
                 prompt, prompt_id=pid, front=front, extra_data=extra_data,
                 client_id=socket.client_id,
             )
-            submitted_at = time.monotonic()
-            await self._emit_position(pid, on_event)
-            return await self._follow_socket(pid, queue, on_event, submitted_at)
+            return await self._follow_socket(pid, queue, on_event, time.monotonic())
         finally:
             socket.unlisten(pid)
 
@@ -704,8 +703,9 @@ class ComfyClient:
     async def _emit_position(
         self, prompt_id: str, on_event: EventCallback | None, queue_remaining: int | None = None
     ) -> None:
-        """Tell the caller where the prompt waits (after submitting, and on each `status`
-        the server broadcasts when its queue changes). GET /queue carries every queued
+        """Tell the caller where the prompt waits (when it has not started soon after
+        submitting, and on each `status` the server broadcasts when its queue changes,
+        until it starts). GET /queue carries every queued
         prompt in full, so it is asked only when the small count says others wait too."""
         if on_event is None:
             return
@@ -723,10 +723,20 @@ class ComfyClient:
         submitted_at: float = 0.0,
     ) -> RunResult:
         tracker = _Tracker(prompt_id, self.name)
+        # Where the prompt waits is asked only if it has not started within a moment: on an
+        # idle backend (the usual case) it starts at once and the question costs a request.
+        position_due = submitted_at + POSITION_GRACE if on_event is not None else None
         while not tracker.done:
+            timeout = self.check_interval
+            if position_due is not None:
+                timeout = max(0.0, min(timeout, position_due - time.monotonic()))
             try:
-                item = await asyncio.wait_for(queue.get(), timeout=self.check_interval)
+                item = await asyncio.wait_for(queue.get(), timeout=timeout)
             except TimeoutError:
+                if position_due is not None:
+                    position_due = None
+                    await self._emit_position(prompt_id, on_event)
+                    continue
                 result = await self._reconcile(prompt_id)  # JobLost if it was cleared
                 if result is not None:
                     return result
@@ -737,10 +747,13 @@ class ComfyClient:
                 return result if result is not None else await self._poll(prompt_id, on_event)
             arrived, event = item
             tracker.feed(event, arrived)
+            if tracker.started:
+                position_due = None
             if isinstance(event, events.Status) and not tracker.started and on_event is not None:
                 # A status that arrived before our prompt was accepted may not count it; the
-                # position asked for right after submitting already covers it.
+                # position asked for after the grace covers that case.
                 if arrived >= submitted_at:
+                    position_due = None
                     await self._emit_position(prompt_id, on_event, event.queue_remaining)
                 continue
             if not isinstance(event, events.Status):
