@@ -127,11 +127,14 @@ class Worker:
         self._workflows: dict[str, workflow.Workflow] = {}
         self._avoid: dict[uuid.UUID, str] = {}  # the backend a job last failed on
         # Claims that found nothing are not repeated each time a slot frees up, only after
-        # news of the queue: a NOTIFY of a queued job, a LISTEN reconnect, recovered leases
-        # or the poll interval. _queue_news counts those; _found_empty is (the count when
-        # a claim found nothing, the backends it asked for; None: any).
-        self._queue_news = 0
-        self._found_empty: tuple[int, frozenset[str] | None] | None = None
+        # news of the queue. A NOTIFY of a queued job is news of one job (_job_news counts
+        # them); a LISTEN reconnect, recovered leases or the poll interval are news of an
+        # unknown amount (_other_news). _found_empty is (both counts when the queue was
+        # last known empty, the backends asked for; None: any): after it, a claim asks for
+        # no more jobs than were announced since, so one queued job costs one claim.
+        self._job_news = 0
+        self._other_news = 0
+        self._found_empty: tuple[int, int, frozenset[str] | None] | None = None
         self._delivering: set[uuid.UUID] = set()
         self._side: list[asyncio.Task[None]] = []
         self._cancels: set[asyncio.Task[None]] = set()
@@ -179,7 +182,7 @@ class Worker:
                 try:
                     await asyncio.wait_for(self._wake.wait(), opts.poll_interval)
                 except TimeoutError:
-                    self._queue_news += 1  # backoffs end and notifications get lost
+                    self._other_news += 1  # backoffs end and notifications get lost
         finally:
             await self._shutdown()
             if self._side_tasks:  # the last progress writes (they end on their own)
@@ -231,9 +234,12 @@ class Worker:
                 return
             names = list(free) or None
             asked = frozenset(names) if names is not None else None
-            if self._known_empty(asked):
-                return
-            news = self._queue_news
+            announced = self._announced_since_empty(asked)
+            if announced is not None:
+                if announced <= 0:
+                    return
+                want = min(want, announced)
+            job_news, other_news = self._job_news, self._other_news
             claims = await asyncio.gather(
                 *(self.store.claim(self.worker_id, backends=names,
                                    lease_seconds=self.options.lease_seconds)
@@ -257,22 +263,32 @@ class Worker:
                 return
             if claimed < want:
                 if self.options.listen:  # without LISTEN no news comes: keep asking
-                    self._found_empty = (news, asked)
+                    self._found_empty = (job_news, other_news, asked)
                 return  # the queue is empty (for our free backends)
+            if announced is not None and self._found_empty is not None:
+                # Those announced jobs are taken: what is left was announced after them.
+                seen, other, empty_for = self._found_empty
+                self._found_empty = (seen + claimed, other, empty_for)
 
-    def _queue_changed(self) -> None:
-        """The queue may hold new work: claim again, even where it was found empty."""
-        self._queue_news += 1
+    def _queue_changed(self, *, one_job: bool = False) -> None:
+        """The queue may hold new work (`one_job`: exactly one more job was queued)."""
+        if one_job:
+            self._job_news += 1
+        else:
+            self._other_news += 1
         self._wake.set()
 
-    def _known_empty(self, asked: frozenset[str] | None) -> bool:
-        """Whether a claim for `asked` backends found nothing since the last queue news."""
+    def _announced_since_empty(self, asked: frozenset[str] | None) -> int | None:
+        """How many jobs were queued since a claim for `asked` backends found nothing, as
+        far as the notifications tell; None when unknown (no such claim, or other news)."""
         if self._found_empty is None:
-            return False
-        news, empty_for = self._found_empty
-        if news != self._queue_news:
-            return False
-        return empty_for is None or (asked is not None and asked <= empty_for)
+            return None
+        seen, other, empty_for = self._found_empty
+        if other != self._other_news:
+            return None
+        if not (empty_for is None or (asked is not None and asked <= empty_for)):
+            return None
+        return self._job_news - seen
 
     def _start(self, job: jobs.Job) -> None:
         running = _Running(job)
@@ -648,8 +664,11 @@ class Worker:
                     # Jobs queued before LISTEN took hold sent their NOTIFY to no one.
                     self._queue_changed()
                     async for note in listener:
-                        if note.reconnected or note.channel == database.JOBS_CHANNEL:
+                        if note.reconnected:
                             self._queue_changed()
+                            continue
+                        if note.channel == database.JOBS_CHANNEL:
+                            self._queue_changed(one_job=True)
                             continue
                         event = note.payload.get("event")
                         if event == "cancel_requested":
