@@ -127,6 +127,10 @@ class Backend:
     jobs: set[str] = field(default_factory=set)  # job ids this pool put there
     released: set[str] = field(default_factory=set)  # ours that left since the last probe
     last_error: str | None = None
+    # workflow hash -> (the object_info it was checked against, its problems there)
+    _checked: dict[str, tuple[Mapping[str, Any], list[str]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def name(self) -> str:
@@ -160,9 +164,15 @@ class Backend:
 
     def problems(self, wf: workflow.Workflow) -> list[str]:
         """What stops this backend from running `wf` (empty: it can)."""
-        if self.object_info is None:
+        info = self.object_info
+        if info is None:
             return ["its nodes and models are not known yet"]
-        return wf.check(self.object_info)
+        # Asked several times per job; the answer changes only with a new /object_info.
+        cached = self._checked.get(wf.hash)
+        if cached is None or cached[0] is not info:
+            cached = (info, wf.check(info))
+            self._checked[wf.hash] = cached
+        return list(cached[1])
 
 
 @dataclass(frozen=True)
