@@ -41,6 +41,22 @@ async def test_a_job_runs_once_and_its_files_are_delivered(
     assert await db.jobs.undelivered("files") == []
 
 
+async def test_jobs_queued_one_after_another_start_on_their_notification(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """After a claim found the queue empty the worker claims only as many jobs as were
+    announced; each announced job must still start at once, not at the next poll."""
+    fake = await fake_comfy_factory()
+    slow_poll = dataclasses.replace(FAST, poll_interval=30.0)
+    async with running_worker(db, [fake.url], options=slow_poll):
+        for round_ in range(3):
+            batch = [await enqueue(db, user=round_ * 10 + i, prompt=f"fox {i}")
+                     for i in range(round_ + 1)]
+            for job in batch:
+                await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=10)
+            await asyncio.sleep(0.3)  # the worker finds the queue empty in between
+
+
 async def _true(value: bool) -> bool:
     return value
 
