@@ -371,7 +371,7 @@ class Worker:
         if done is not None:
             self._avoid.pop(job.id, None)
             # Shielded: a result half sent to the user must not be sent again later.
-            await asyncio.shield(self._deliver(done, outputs))
+            await asyncio.shield(self._deliver(done, outputs, claimed=True))
 
     async def _settle(
         self, running: _Running, write: Callable[[], Awaitable[T]]
@@ -500,7 +500,10 @@ class Worker:
     # --- final writes --------------------------------------------------------------
 
     async def _complete(self, running: _Running, outputs: list[jobs.Output]) -> jobs.Job:
-        return await self.store.complete(running.job, outputs)
+        return await self.store.complete(
+            running.job, outputs, claim_for=[sink.name for sink in self.sinks],
+            claim_seconds=DELIVERY_CLAIM_SECONDS,
+        )
 
     async def _fail(self, running: _Running, message: str, *, transient: bool) -> jobs.Job:
         job = running.job
@@ -703,12 +706,13 @@ class Worker:
 
     async def _deliver(
         self, job: jobs.Job, outputs: Sequence[jobs.Output] | None,
-        only: Sequence[sinks_mod.DeliverySink] | None = None,
+        only: Sequence[sinks_mod.DeliverySink] | None = None, *, claimed: bool = False,
     ) -> None:
         """Give a finished job to the sinks (all, or `only` these); record each delivery.
 
-        The delivery is recorded after the sink took it: a crash in between re-delivers
-        once (the deliver loop of the next worker finds it), never loses it.
+        `claimed`: the completion claimed the delivery to every sink already. The delivery
+        is recorded after the sink took it: a crash in between re-delivers once (the
+        deliver loop of the next worker finds it), never loses it.
         """
         targets = self.sinks if only is None else tuple(only)
         if not targets or job.id in self._delivering:
@@ -719,7 +723,7 @@ class Worker:
                 try:
                     # Whoever claims delivers: this worker, the one catching up on a crashed
                     # worker's results, or the bot's process for a remote worker's job.
-                    if not await self.store.claim_delivery(
+                    if not claimed and not await self.store.claim_delivery(
                         job.id, sink.name, self.worker_id, seconds=DELIVERY_CLAIM_SECONDS
                     ):
                         continue

@@ -327,3 +327,13 @@ async def test_only_one_worker_may_catch_up_on_a_delivery(db: Database) -> None:
     # Delivered is final.
     await db.jobs.record_delivery(job.id, "done")
     assert not await db.jobs.claim_delivery(job.id, "done", "w1", seconds=60)
+
+
+async def test_completing_claims_the_delivery_for_the_workers_sinks(db: Database) -> None:
+    job = await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w1")
+    assert claimed is not None
+    await db.jobs.complete(claimed, claim_for=["telegram"], claim_seconds=60)
+    # The completing worker delivers it; a catching-up worker keeps off until the claim lapses.
+    assert not await db.jobs.claim_delivery(job.id, "telegram", "w2", seconds=60)
+    assert await db.jobs.claim_delivery(job.id, "files", "w2", seconds=60)  # not claimed

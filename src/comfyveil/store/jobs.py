@@ -313,8 +313,14 @@ class JobStore:
             raise errors.LeaseLost()
         return bool(row["cancel_requested"])
 
-    async def complete(self, job: Job, outputs: Sequence[Output] = ()) -> Job:
+    async def complete(
+        self, job: Job, outputs: Sequence[Output] = (), *, claim_for: Sequence[str] = (),
+        claim_seconds: float = 0.0,
+    ) -> Job:
         """Mark the job succeeded, store its outputs, and make them the chat's last result.
+
+        `claim_for` names sinks whose delivery this worker claims at the same time, for
+        `claim_seconds` (as `claim_delivery` would, one statement sooner).
 
         Raises:
             LeaseLost: this worker no longer holds the job; nothing was stored.
@@ -327,6 +333,7 @@ class JobStore:
             "complete_job", job_id=job.id, worker_id=job.lease_owner,
             filenames=[o.filename for o in outputs], kinds=[o.kind for o in outputs],
             mimes=[o.mime for o in outputs], datas=[o.data for o in outputs], refs=Jsonb(refs),
+            sinks=list(claim_for), claim_seconds=claim_seconds,
         )
         if row is None:
             raise errors.LeaseLost()

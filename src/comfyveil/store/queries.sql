@@ -62,9 +62,10 @@ SELECT cancel_requested,
 FROM updated;
 
 -- complete_job --
--- Mark a running job succeeded, store its outputs and make them the chat's last result, in
--- one statement (one round trip, all or nothing); its input images stay until the retention
--- purge so a re-roll of an edit can use them again. No row: the lease was lost
+-- Mark a running job succeeded, store its outputs, make them the chat's last result and
+-- claim its delivery to the worker's sinks, in one statement (one round trip, all or
+-- nothing); its input images stay until the retention purge so a re-roll of an edit can
+-- use them again. No row: the lease was lost
 WITH updated AS (
     UPDATE jobs
     SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
@@ -90,6 +91,14 @@ WITH updated AS (
     ON CONFLICT (chat_id) DO UPDATE
     SET user_id = excluded.user_id, job_id = excluded.job_id, outputs = excluded.outputs,
         updated_at = now()
+), claimed AS (
+    -- as claim_delivery; the job ends only now, so no one can have delivered it yet
+    INSERT INTO delivery_claims (job_id, sink, claimed_by, claimed_until)
+    SELECT u.id, s.sink, %(worker_id)s, now() + make_interval(secs => %(claim_seconds)s)
+    FROM updated u, unnest(%(sinks)s::text[]) AS s (sink)
+    ON CONFLICT (job_id, sink) DO UPDATE
+    SET claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until
+    WHERE delivery_claims.claimed_until < now()
 )
 SELECT * FROM updated;
 
