@@ -34,6 +34,10 @@ async def test_settings_apply_to_the_next_job_and_files_come_uncompressed(
         assert (job.params["width"], job.params["height"]) == (1360, 768)
         assert job.params["steps"] == 4
         assert document.files["document"][1] == (await db.jobs.outputs(job.id))[0].data
+        # One job may say otherwise: --file no sends a photo despite the setting.
+        stack.send(70, "/f a small lake --file no --width 256 --height 256")
+        await stack.result(70, method="sendPhoto")
+        assert len(fake_telegram.calls("sendDocument")) == 1
 
 
 async def test_forget_deletes_everything_after_confirmation(

@@ -69,6 +69,7 @@ async def _dispatch(
             await query.edit_message_text("Nothing was deleted.")
             return None, False
         granted = bool(who.settings.get(access.ALLOWED_KEY))
+        services.forget_deliveries_of(who.user_id)
         deleted = await services.db.users.forget(who.user_id)
         if granted:  # an admin's grant is not the user's data: keep it
             await services.access.allow(who.user_id)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from comfyveil.telegram import access, registry, status
 
 SERVICES_KEY = "comfyveil"
+DELIVERY_MODES_KEPT = 10_000  # jobs queued here whose delivery mode is remembered
 
 
 @dataclass(eq=False)
@@ -30,6 +31,8 @@ class Services:
     Attributes:
         pool: the backend pool when a worker runs in this process (for /backends).
         file_jobs: jobs whose user asked for ``--file``: delivered as documents.
+        delivery_modes: for jobs queued by this process, their user and whether the result
+            goes as a file, decided when queued; the sink then reads nothing back.
     """
 
     settings: config.Settings
@@ -40,6 +43,17 @@ class Services:
     pool: pool_mod.Pool | None = None
     bot_username: str = ""
     file_jobs: set[uuid.UUID] = field(default_factory=set)
+    delivery_modes: dict[uuid.UUID, tuple[int, bool]] = field(default_factory=dict)
+
+    def remember_delivery(self, job_id: uuid.UUID, user_id: int, *, as_file: bool) -> None:
+        self.delivery_modes[job_id] = (user_id, as_file)
+        while len(self.delivery_modes) > DELIVERY_MODES_KEPT:  # never delivered: forget
+            self.delivery_modes.pop(next(iter(self.delivery_modes)))
+
+    def forget_deliveries_of(self, user_id: int) -> None:
+        """The user asked to be forgotten: their results must be looked up (and found gone)."""
+        for job_id in [j for j, (uid, _) in self.delivery_modes.items() if uid == user_id]:
+            del self.delivery_modes[job_id]
 
 
 class BotContext(CallbackContext[ExtBot[None], dict[Any, Any], dict[Any, Any], dict[Any, Any]]):

@@ -153,12 +153,21 @@ class TelegramSink:
     async def _deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
         db = self.services.db
         tracker = self.services.tracker
-        # The handler may have set the status message after the worker read the row; the
-        # user's settings come with it (one query).
-        fresh = await db.jobs.for_delivery(job.id)
-        if fresh is None:
-            return  # the user asked to be forgotten meanwhile
-        job, user_settings = fresh
+        # The worker's row was read when the job ended or later; a status message posted
+        # after that is the tracker's to finish. How to send was decided when the job was
+        # queued here; for a job queued before this process started, read it back (with
+        # the user's settings, one query).
+        mode = self.services.delivery_modes.pop(job.id, None)
+        if mode is None:
+            fresh = await db.jobs.for_delivery(job.id)
+            if fresh is None:
+                return  # the user asked to be forgotten meanwhile
+            job, user_settings = fresh
+            as_file = job.id in self.services.file_jobs or bool(
+                user_settings.get(SEND_AS_FILE_SETTING)
+            )
+        else:
+            as_file = mode[1]
         sent: list[int] = []
         try:
             if job.status is jobs.Status.SUCCEEDED:
@@ -167,9 +176,6 @@ class TelegramSink:
                         job.chat_id, "The job finished but produced no image.",
                     )
                 else:
-                    as_file = job.id in self.services.file_jobs or bool(
-                        user_settings.get(SEND_AS_FILE_SETTING)
-                    )
                     caption = caption_for(job)
                     for output in outputs:
                         message = await send_output(

@@ -21,6 +21,7 @@ from comfyveil.comfy import workflow
 from comfyveil.store import jobs
 from comfyveil.telegram import access, parse, registry
 from comfyveil.telegram.context import Services
+from comfyveil.telegram.sink import SEND_AS_FILE_SETTING
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,10 @@ async def submit(
     services.access.note_job(who.user_id)
     if as_file:
         services.file_jobs.add(job.id)
+    setting = bool(who.settings.get(SEND_AS_FILE_SETTING))
+    services.remember_delivery(
+        job.id, who.user_id, as_file=as_file if as_file is not None else setting
+    )
     delay = services.settings.telegram.status_delay
     if delay > 0:
         services.tracker.post_later(job, delay=delay, reply_to=reply_to, in_group=in_group)
