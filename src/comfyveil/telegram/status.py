@@ -258,15 +258,17 @@ class StatusTracker:
     # --- loops ----------------------------------------------------------------------
 
     def _mark(self, job_id: uuid.UUID | None = None, *, queued: bool = False) -> None:
+        changed = False
         if job_id is not None:
             tracked = self._tracked.get(job_id)
             if tracked is not None:
-                tracked.dirty = True
+                tracked.dirty = changed = True
         if queued:  # someone moved: every queued position may have changed
             for tracked in self._tracked.values():
                 if tracked.status is jobs.Status.QUEUED:
-                    tracked.dirty = True
-        self._wake.set()
+                    tracked.dirty = changed = True
+        if changed:  # news of jobs nobody watches here wakes nothing
+            self._wake.set()
 
     async def _listen_loop(self) -> None:
         while True:
