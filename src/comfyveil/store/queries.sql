@@ -64,43 +64,13 @@ FROM updated;
 -- complete_job --
 -- Mark a running job succeeded, store its outputs, make them the chat's last result and
 -- claim its delivery to the worker's sinks, in one statement (one round trip, all or
--- nothing); its input images stay until the retention purge so a re-roll of an edit can
--- use them again. No row: the lease was lost
-WITH updated AS (
-    UPDATE jobs
-    SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-        error = NULL, updated_at = now()
-    WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
-    RETURNING *
-), event AS (
-    INSERT INTO job_events (job_id, kind, status, data)
-    SELECT id, 'succeeded', status,
-           jsonb_build_object('outputs', cardinality(%(filenames)s::text[]))
-    FROM updated
-), stored AS (
-    INSERT INTO job_outputs (job_id, index, filename, kind, mime, data, size)
-    SELECT u.id, o.index - 1, o.filename, o.kind, o.mime, o.data, length(o.data)
-    FROM updated u,
-         unnest(%(filenames)s::text[], %(kinds)s::text[], %(mimes)s::text[], %(datas)s::bytea[])
-             WITH ORDINALITY AS o (filename, kind, mime, data, index)
-), chained AS (
-    INSERT INTO chat_sessions (chat_id, user_id, job_id, outputs)
-    SELECT u.chat_id, u.user_id, u.id, %(refs)s::jsonb
-    FROM updated u
-    WHERE cardinality(%(filenames)s::text[]) > 0
-    ON CONFLICT (chat_id) DO UPDATE
-    SET user_id = excluded.user_id, job_id = excluded.job_id, outputs = excluded.outputs,
-        updated_at = now()
-), claimed AS (
-    -- as claim_delivery; the job ends only now, so no one can have delivered it yet
-    INSERT INTO delivery_claims (job_id, sink, claimed_by, claimed_until)
-    SELECT u.id, s.sink, %(worker_id)s, now() + make_interval(secs => %(claim_seconds)s)
-    FROM updated u, unnest(%(sinks)s::text[]) AS s (sink)
-    ON CONFLICT (job_id, sink) DO UPDATE
-    SET claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until
-    WHERE delivery_claims.claimed_until < now()
-)
-SELECT * FROM updated;
+-- nothing; the statement is in migration 0006); its input images stay until the retention
+-- purge so a re-roll of an edit can use them again. No row: the lease was lost
+SELECT * FROM comfyveil_complete_job(
+    %(job_id)s::uuid, %(worker_id)s::text, %(filenames)s::text[], %(kinds)s::text[],
+    %(mimes)s::text[], %(datas)s::bytea[], %(refs)s::jsonb, %(sinks)s::text[],
+    %(claim_seconds)s::float8
+);
 
 -- fail_job --
 -- Requeue a job after a transient error while attempts remain, else mark it failed
