@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,10 @@ async def test_a_renewal_landing_after_completion_does_not_drop_the_delivery(
     sink = sinks.FileSink(tmp_path / "out")
     real_complete = db.jobs.complete
 
-    async def slow_complete(job: jobs.Job, outputs: Sequence[jobs.Output] = ()) -> jobs.Job:
-        done = await real_complete(job, outputs)
+    async def slow_complete(
+        job: jobs.Job, outputs: Sequence[jobs.Output] = (), **claim: Any
+    ) -> jobs.Job:
+        done = await real_complete(job, outputs, **claim)
         # The row is final now; a renewal tick falls in this gap and finds no lease.
         await asyncio.sleep(RACY.lease_seconds)
         return done
