@@ -180,7 +180,8 @@ class Worker:
                 self._wake.clear()
                 await self._fill()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), opts.poll_interval)
+                    async with asyncio.timeout(opts.poll_interval):
+                        await self._wake.wait()
                 except TimeoutError:
                     self._other_news += 1  # backoffs end and notifications get lost
         finally:

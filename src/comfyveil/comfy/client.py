@@ -731,7 +731,12 @@ class ComfyClient:
             if position_due is not None:
                 timeout = max(0.0, min(timeout, position_due - time.monotonic()))
             try:
-                item = await asyncio.wait_for(queue.get(), timeout=timeout)
+                # Events come in bursts: take a waiting one without arming a timer.
+                if queue.empty():
+                    async with asyncio.timeout(timeout):
+                        item = await queue.get()
+                else:
+                    item = queue.get_nowait()
             except TimeoutError:
                 if position_due is not None:
                     position_due = None
