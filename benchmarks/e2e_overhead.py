@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
+from tests.fixtures.database import open_for_the_database_user
 
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import execute, workflow
@@ -279,6 +280,7 @@ async def ours(telegram: BenchTelegram, product: Product, users: int, per_user: 
 
 async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="comfyveil-bench-e2e-"))
+    open_for_the_database_user(root / "pg")  # run as root, PostgreSQL is another user
     server = embedded.EmbeddedServer(root / "pg")
     db_url = await server.start()
     comfy = FakeComfyUI(root=root / "comfy")

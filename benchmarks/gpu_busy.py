@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.fakes
 
 from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
+from tests.fixtures.database import open_for_the_database_user  # noqa: E402
 
 from comfyveil import config  # noqa: E402
 from comfyveil.comfy import pool, workflow  # noqa: E402
@@ -102,6 +103,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="comfyveil-bench-") as tmpdir:
         tmp = Path(tmpdir)
+        open_for_the_database_user(tmp / "pg")  # run as root, PostgreSQL is another user
         server = embedded.EmbeddedServer(tmp / "pg")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

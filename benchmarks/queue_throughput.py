@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.fixtures.database import open_for_the_database_user
+
 from comfyveil.store import database, embedded, jobs
 
 try:
@@ -182,6 +184,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         name: {w: [] for w in WORKERS} for name in systems
     }
     with tempfile.TemporaryDirectory(prefix="comfyveil-bench-") as tmpdir:
+        open_for_the_database_user(Path(tmpdir) / "pg")  # run as root, PostgreSQL is another user
         server = embedded.EmbeddedServer(Path(tmpdir) / "pg")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

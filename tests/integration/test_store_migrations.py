@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 
 from comfyveil import config
 from comfyveil.cli import db as db_cli
-from comfyveil.store import database, errors, sql
+from comfyveil.store import database, embedded, errors, sql
+from tests.fixtures.database import open_for_the_database_user
 
 EXPECTED_TABLES = {
     "users", "commands", "jobs", "job_inputs", "job_outputs", "job_events", "deliveries",
@@ -82,6 +84,7 @@ async def test_open_without_url_starts_and_stops_the_embedded_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = Path(tempfile.mkdtemp(prefix="comfyveil-embedded-"))
+    open_for_the_database_user(root / "pg")
     try:
         settings = config.Settings(
             data_dir=root, database=config.DatabaseConfig(url=None, data_dir=root / "pg")
@@ -96,5 +99,24 @@ async def test_open_without_url_starts_and_stops_the_embedded_server(
         # a second start finds the data again
         async with await database.Database.open(settings) as again:
             assert await again.users.get(42) is not None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only")
+async def test_as_root_the_embedded_server_opens_no_private_directory() -> None:
+    root = Path(tempfile.mkdtemp(prefix="comfyveil-private-"))  # 0700, like /root
+    try:
+        with pytest.raises(errors.EmbeddedServerError, match=str(root)) as raised:
+            await embedded.EmbeddedServer(root / "data" / "pg").start()
+        assert "DATABASE_URL" in str(raised.value)
+        assert root.stat().st_mode & 0o777 == 0o700  # left as it was
+        assert not (root / "data" / "pg").exists()
+        # Open, but so deep that the socket would move to a shared 0777 directory.
+        open_for_the_database_user(root / "x")
+        deep = root / ("d" * 60) / ("e" * 60)
+        deep.mkdir(parents=True, mode=0o755)
+        with pytest.raises(errors.EmbeddedServerError, match="too long"):
+            await embedded.EmbeddedServer(deep / "pg").start()
     finally:
         shutil.rmtree(root, ignore_errors=True)

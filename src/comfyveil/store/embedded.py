@@ -5,12 +5,21 @@ pgserver is blocking (it runs initdb and pg_ctl), so every call goes through
 never on a TCP port. Several `Database` objects in one process share one server; it is
 stopped when the last of them releases it, and pgserver itself leaves it running while
 another process still uses it.
+
+Run as root, pgserver runs PostgreSQL as a separate system user (`pgserver`) and, so that
+user can reach its files, makes every directory above the data directory and above its
+own binaries readable and enterable by every local user; when the socket path would be
+too long it puts the socket in a shared directory it sets to 0777, and the server trusts
+every local connection. Rather than let it open a private directory (``/root``) or the
+database to the machine's other users, `start` refuses then and says what to do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -25,6 +34,41 @@ _users: dict[Path, int] = {}
 _servers: dict[Path, Any] = {}
 
 
+_OPEN_TO_OTHERS = stat.S_IROTH | stat.S_IXOTH
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket path (sun_path less its NUL, Linux)
+
+
+def closed_to_others(path: Path) -> list[Path]:
+    """The directories above `path` that other local users cannot both list and enter."""
+    return [p for p in path.parents if p.stat().st_mode & _OPEN_TO_OTHERS != _OPEN_TO_OTHERS]
+
+
+def check_root_safety(data_dir: Path, binaries: Path) -> None:
+    """As root, refuse what pgserver would open to every local user (see the module's
+    docstring).
+
+    Raises:
+        EmbeddedServerError: a private directory would be opened, or the socket would go
+            to a shared directory.
+    """
+    closed = sorted(set(closed_to_others(data_dir)) | set(closed_to_others(binaries)))
+    if closed:
+        raise errors.EmbeddedServerError(
+            "running as root, the embedded PostgreSQL would make "
+            + ", ".join(str(p) for p in closed)
+            + " readable by every local user (it runs the database as the user 'pgserver', "
+            "which must reach its files). Run comfyveil as a normal user, set DATABASE_URL "
+            "(or [database] url) to a PostgreSQL of your own, or keep comfyveil and its "
+            "data_dir where other users may already look (for example /opt and /var/lib)"
+        )
+    if len(os.fsencode(data_dir / ".s.PGSQL.5432")) > SOCKET_PATH_MAX:
+        raise errors.EmbeddedServerError(
+            f"running as root, the path {data_dir} is too long for the database's socket, "
+            "which would then go to a shared directory any local user may connect through; "
+            "choose a shorter [database] data_dir"
+        )
+
+
 def _start(data_dir: Path) -> str:
     with warnings.catch_warnings():
         # platformdirs warns about XDG_RUNTIME_DIR at import; irrelevant here.
@@ -36,6 +80,9 @@ def _start(data_dir: Path) -> str:
         server = _servers.get(data_dir)
         if server is None:
             data_dir.parent.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                # where pgserver keeps its PostgreSQL binaries (its POSTGRES_BIN_PATH)
+                check_root_safety(data_dir, Path(pgserver.__file__).parent / "pginstall" / "bin")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 server = pgserver.get_server(data_dir, cleanup_mode="stop")
@@ -70,6 +117,8 @@ class EmbeddedServer:
             return self.url
         try:
             self.url = await asyncio.to_thread(_start, self.data_dir)
+        except errors.EmbeddedServerError:
+            raise
         except Exception as exc:  # pgserver raises plain subprocess/OS/assertion errors
             raise errors.EmbeddedServerError(
                 f"the embedded PostgreSQL in {self.data_dir} could not be started "
