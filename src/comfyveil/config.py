@@ -33,13 +33,27 @@ DEFAULT_JOB_TIMEOUT = 1800.0  # seconds a job may run on a GPU before it is fail
 DEFAULT_STATUS_DELAY = 1.0  # seconds before a job's status message is posted
 
 
-def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where comfyveil keeps its embedded database, anon state and outputs."""
+ROOT_DATA_DIR = Path("/var/lib/comfyveil")
+
+
+def default_data_dir(
+    environ: Mapping[str, str] | None = None, *, euid: int | None = None
+) -> Path:
+    """Where comfyveil keeps its embedded database, anon state and outputs.
+
+    Root's default is /var/lib/comfyveil, as for a system service: in /root the embedded
+    PostgreSQL could only run by opening /root to every local user (`store.embedded`).
+    """
     env = os.environ if environ is None else environ
     if data_dir := env.get("COMFYVEIL_DATA_DIR"):
         return Path(data_dir).expanduser()
-    base = env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "comfyveil"
+    if base := env.get("XDG_DATA_HOME"):
+        return Path(base) / "comfyveil"
+    if euid is None:
+        euid = os.geteuid() if hasattr(os, "geteuid") else -1
+    if euid == 0:
+        return ROOT_DATA_DIR
+    return Path.home() / ".local" / "share" / "comfyveil"
 
 
 @dataclass(frozen=True)

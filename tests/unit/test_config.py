@@ -109,3 +109,11 @@ def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> 
     settings = config.load(cfg, environ={})
     assert settings.anyone.private_network == tmp_path / "net" / "authorities.txt"
     assert config.from_mapping({}, environ={}).anyone.private_network is None
+
+
+def test_default_data_dir_keeps_root_out_of_its_home() -> None:
+    home = Path.home() / ".local" / "share" / "comfyveil"
+    assert config.default_data_dir({}, euid=1000) == home
+    assert config.default_data_dir({}, euid=0) == Path("/var/lib/comfyveil")
+    assert config.default_data_dir({"XDG_DATA_HOME": "/x"}, euid=0) == Path("/x/comfyveil")
+    assert config.default_data_dir({"COMFYVEIL_DATA_DIR": "/d"}, euid=0) == Path("/d")
