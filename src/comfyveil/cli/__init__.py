@@ -50,9 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs request URLs at INFO; Bot API URLs carry the token.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,27 +12,17 @@ Privacy: no User-Agent or Origin header; the environment's proxy variables are i
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import aiohttp_socks
-import python_socks
 
+from comfyveil import proxy as proxy_mod
 from comfyveil.comfy import errors
 
 # What a dead, refusing, hanging-up or too-slow backend (or proxy in front of it) raises.
-_UNREACHABLE = (
-    aiohttp.ClientError,
-    aiohttp_socks.ProxyError,
-    aiohttp_socks.ProxyConnectionError,
-    aiohttp_socks.ProxyTimeoutError,
-    python_socks.ProxyError,
-    TimeoutError,
-    OSError,
-)
+_UNREACHABLE = (aiohttp.ClientError, *proxy_mod.ERRORS, TimeoutError, OSError)
 CONNECTIONS = 100  # per backend: a pool runs a handful of jobs on each, plus uploads
 
 
@@ -63,17 +53,10 @@ class Http:
         self._proxy = proxy
         self._session: aiohttp.ClientSession | None = None
 
-    def _connector(self) -> aiohttp.BaseConnector:
-        if self._proxy is None:
-            return aiohttp.TCPConnector(limit=CONNECTIONS)
-        # python-socks reads only socks4/socks5; the "h" (resolve at the proxy) is rdns.
-        url = re.sub(r"^(socks[45])[ah]://", r"\1://", self._proxy)
-        return aiohttp_socks.ProxyConnector.from_url(url, rdns=True, limit=CONNECTIONS)
-
     def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=self._connector(),
+                connector=proxy_mod.connector(self._proxy, limit=CONNECTIONS),
                 timeout=self._timeout,
                 trust_env=False,
                 skip_auto_headers=("User-Agent",),

@@ -11,27 +11,28 @@ instead, so a stalled upload still ends.
 
 from __future__ import annotations
 
-import re
+import functools
 import ssl
 from typing import Any
 
 import aiohttp
-import aiohttp_socks
 import certifi
-import python_socks
 from telegram._utils.defaultvalue import DefaultValue
 from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
-_FAILED = (
-    aiohttp.ClientError,
-    aiohttp_socks.ProxyError,
-    aiohttp_socks.ProxyConnectionError,
-    python_socks.ProxyError,
-    OSError,
-)
-_TIMED_OUT = (TimeoutError, aiohttp_socks.ProxyTimeoutError)
+from comfyveil import proxy
+
+_TIMED_OUT = (TimeoutError, *proxy.TIMED_OUT)
+_FAILED = (aiohttp.ClientError, *proxy.ERRORS, OSError)
+
+
+@functools.cache
+def _trust_store() -> ssl.SSLContext:
+    """The trust store httpx used (certifi); a slim system may have none of its own.
+    Built once: loading it costs tens of milliseconds."""
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 class AiohttpRequest(BaseRequest):
@@ -46,7 +47,7 @@ class AiohttpRequest(BaseRequest):
             resolved by the proxy.
     """
 
-    __slots__ = ("_defaults", "_media_write_timeout", "_pool_size", "_proxy", "_session", "_ssl")
+    __slots__ = ("_defaults", "_media_write_timeout", "_pool_size", "_proxy", "_session")
 
     def __init__(
         self,
@@ -64,25 +65,18 @@ class AiohttpRequest(BaseRequest):
         self._media_write_timeout = media_write_timeout
         self._proxy = proxy
         self._session: aiohttp.ClientSession | None = None
-        # the trust store httpx used; a slim system may have none of its own
-        self._ssl = ssl.create_default_context(cafile=certifi.where())
 
     @property
     def read_timeout(self) -> float | None:
         return self._defaults[0]
 
-    def _connector(self) -> aiohttp.BaseConnector:
-        if self._proxy is None:
-            return aiohttp.TCPConnector(limit=self._pool_size, ssl=self._ssl)
-        # python-socks reads only socks4/socks5; the "h" (resolve at the proxy) is rdns.
-        url = re.sub(r"^(socks[45])[ah]://", r"\1://", self._proxy)
-        return aiohttp_socks.ProxyConnector.from_url(
-            url, rdns=True, limit=self._pool_size, ssl=self._ssl
-        )
-
     async def initialize(self) -> None:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=self._connector(), trust_env=False)
+            self._session = aiohttp.ClientSession(
+                connector=proxy.connector(self._proxy, limit=self._pool_size,
+                                          ssl_context=_trust_store()),
+                trust_env=False,
+            )
 
     async def shutdown(self) -> None:
         if self._session is not None and not self._session.closed:
