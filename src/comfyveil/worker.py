@@ -489,7 +489,7 @@ class Worker:
         return await execute.execute(
             backend.client, wf, values, inputs, prompt_id=str(job.id),
             on_event=self._progress_callback(running), timeout=self.options.job_timeout,
-            attach=attach,
+            attach=attach, on_ran=lambda: self._release_slot(running),
         )
 
     async def _release_slot(self, running: _Running) -> None:

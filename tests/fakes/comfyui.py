@@ -214,6 +214,9 @@ class FakeComfyUI:
         self.prompt_interrupt = prompt_interrupt
         self.previews = previews
         self.cache_enabled = cache
+        # Seconds every GET /view waits before answering: a slow link back to the bot
+        # (an onion circuit, a big video), set by tests that need one.
+        self.view_delay = 0.0
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix="fake-comfyui-")
         self.root = Path(root or self._tmp.name)  # type: ignore[union-attr]
         self.dirs = {name: self.root / name for name in ("input", "output", "temp")}
@@ -677,6 +680,8 @@ class FakeComfyUI:
         path = folder / filename
         if not path.is_file():
             return web.Response(status=404)
+        if self.view_delay:
+            await asyncio.sleep(self.view_delay)
         data = path.read_bytes()
         content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         if content_type in ("text/html", "text/javascript", "application/javascript", "text/css"):

@@ -57,6 +57,23 @@ async def test_jobs_queued_one_after_another_start_on_their_notification(
             await asyncio.sleep(0.3)  # the worker finds the queue empty in between
 
 
+async def test_the_gpu_takes_the_next_job_while_a_result_is_still_downloading(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """A backend's slot is free once its GPU is done, not once the files are home: over
+    a slow link the next job must not wait for the previous download."""
+    fake = await fake_comfy_factory(step_delay=0.1)
+    fake.view_delay = 2.0
+    first = await enqueue(db, prompt="first")
+    second = await enqueue(db, prompt="second")
+    async with running_worker(db, [fake.url], max_waiting=0):  # one job at a time
+        await wait_for(lambda: _true(fake.executions[str(first.id)] == 1), timeout=10)
+        await wait_for(lambda: _true(str(second.id) in fake.history_entries), timeout=1.5)
+        assert (await db.jobs.get(first.id)).status is jobs.Status.RUNNING  # still downloading
+        for job in (first, second):
+            await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=10)
+
+
 async def _true(value: bool) -> bool:
     return value
 

@@ -20,6 +20,7 @@ from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors, events, workflow
 
 EventCallback = Callable[[events.Event], Awaitable[None] | None]
+RanCallback = Callable[[], Awaitable[None]]
 
 _MIME_EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
 
@@ -86,11 +87,15 @@ async def execute(
     on_event: EventCallback | None = None,
     timeout: float | None = None,
     attach: bool = False,
+    on_ran: RanCallback | None = None,
 ) -> Outcome:
     """Run `wf` with validated `values` on `client`'s backend and download the outputs.
 
     With `attach=True` the prompt was submitted earlier (by a worker that died) and is
     followed by id instead of being submitted again, so the GPU work is not paid twice.
+    `on_ran` is awaited once the backend is done with the prompt, before the outputs
+    are downloaded: from then on its GPU can take the next job, however slow the link
+    that carries the files back.
 
     Raises:
         ComfyError: the backend refused, failed, was interrupted or took too long.
@@ -115,6 +120,8 @@ async def execute(
             backend=client.name,
         ) from exc
     run_seconds = time.perf_counter() - run_started
+    if on_ran is not None:
+        await on_ran()
     result.raise_for_status()
 
     download_started = time.perf_counter()
