@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import shutil
@@ -71,6 +72,12 @@ LIMITER_RATE = 30.0  # requests/s AIORateLimiter allows overall
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
 RSS_SAMPLE_INTERVAL = 0.05
+BURST_ROUNDS = 5
+BURST_SETTLE = 0.5  # seconds between two bursts, so each starts on an idle bot
+
+
+# Each request to the fake is handled in its own task, so this is per request.
+REQUEST_ARRIVED: contextvars.ContextVar[float] = contextvars.ContextVar("request_arrived")
 
 
 class BenchTelegram(FakeTelegram):
@@ -95,8 +102,13 @@ class BenchTelegram(FakeTelegram):
         self.photo_waiters[chat_id] = future
         return future
 
+    async def _handle_method(self, request: Any) -> Any:
+        # Stamped before the fake reads the multipart body: its parsing is harness work.
+        REQUEST_ARRIVED.set(time.monotonic())
+        return await super()._handle_method(request)
+
     def _api_sendphoto(self, params: dict[str, Any], files: Any) -> dict[str, Any]:
-        at = time.monotonic()  # when the request arrived, before the fake re-encodes it
+        at = REQUEST_ARRIVED.get()  # when the request arrived, not when it was parsed
         result = super()._api_sendphoto(params, files)
         future = self.photo_waiters.pop(int(params["chat_id"]), None)
         if future is not None and not future.done():
@@ -211,14 +223,20 @@ async def wait_ready(product: Product, telegram: BenchTelegram) -> float:
     raise RuntimeError("the bot process was not ready in time:\n" + product.log_tail())
 
 
-async def direct(comfy: FakeComfyUI, users: int, per_user: int,
-                 pause: float) -> tuple[list[float], float]:
+def start_offset(user: int, users: int, spread: float) -> float:
+    """When user number `user` sends its first message: evenly over `spread` seconds."""
+    return spread * user / users
+
+
+async def direct(comfy: FakeComfyUI, users: int, per_user: int, pause: float,
+                 spread: float) -> tuple[list[float], float]:
     wf = workflow.find("f")
     latencies: list[float] = []
     async with comfy_client.ComfyClient(comfy.url, name="gpu0") as client:
         await execute.execute(client, wf, wf.validate(VALUES))  # warm-up
 
-        async def user() -> None:
+        async def user(number: int) -> None:
+            await asyncio.sleep(start_offset(number, users, spread))
             for n in range(per_user):
                 if n and pause:
                     await asyncio.sleep(pause)
@@ -227,7 +245,7 @@ async def direct(comfy: FakeComfyUI, users: int, per_user: int,
                 latencies.append(time.perf_counter() - started)
 
         started = time.perf_counter()
-        await asyncio.gather(*(user() for _ in range(users)))
+        await asyncio.gather(*(user(i) for i in range(users)))
         wall = time.perf_counter() - started
     return latencies, wall
 
@@ -247,7 +265,7 @@ async def one(telegram: BenchTelegram, product: Product, chat: int) -> float:
 
 
 async def ours(telegram: BenchTelegram, product: Product, users: int, per_user: int,
-               first_user: int, *, pause: float,
+               first_user: int, *, pause: float, spread: float,
                sample_rss: bool) -> tuple[list[float], float, float]:
     latencies: list[float] = []
     await one(telegram, product, first_user - 1)  # warm-up
@@ -260,16 +278,17 @@ async def ours(telegram: BenchTelegram, product: Product, users: int, per_user: 
             peak = max(peak, product.rss_mb())
             await asyncio.sleep(RSS_SAMPLE_INTERVAL)
 
-    async def user(chat: int) -> None:
+    async def user(number: int) -> None:
+        await asyncio.sleep(start_offset(number, users, spread))
         for n in range(per_user):
             if n and pause:
                 await asyncio.sleep(pause)
-            latencies.append(await one(telegram, product, chat))
+            latencies.append(await one(telegram, product, first_user + number))
 
     sampling_task = asyncio.create_task(sampler()) if sample_rss else None
     try:
         started = time.perf_counter()
-        await asyncio.gather(*(user(first_user + i) for i in range(users)))
+        await asyncio.gather(*(user(i) for i in range(users)))
         wall = time.perf_counter() - started
     finally:
         sampling = False
@@ -278,7 +297,24 @@ async def ours(telegram: BenchTelegram, product: Product, users: int, per_user: 
     return latencies, wall, max(peak, product.rss_mb())
 
 
-async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0) -> dict[str, Any]:
+async def bursts(comfy: FakeComfyUI, telegram: BenchTelegram, product: Product, users: int,
+                 first_user: int) -> list[float]:
+    """Each round, every user sends one message at the same instant, first straight to
+    the fake ComfyUI, then through the bot; the round's slowest answer through the bot
+    minus the slowest direct one, for each of BURST_ROUNDS rounds."""
+    added = []
+    for n in range(BURST_ROUNDS):
+        base, _ = await direct(comfy, users, 1, 0.0, 0.0)
+        mine, _, _ = await ours(telegram, product, users, 1, first_user + n * (users + 10),
+                                pause=0.0, spread=0.0, sample_rss=False)
+        added.append(max(mine) - max(base))
+        await asyncio.sleep(BURST_SETTLE)
+    return added
+
+
+async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0,
+               spread: float | None = None) -> dict[str, Any]:
+    spread = pause if spread is None else spread
     root = Path(tempfile.mkdtemp(prefix="comfyveil-bench-e2e-"))
     open_for_the_database_user(root / "pg")  # run as root, PostgreSQL is another user
     server = embedded.EmbeddedServer(root / "pg")
@@ -303,18 +339,21 @@ async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0) -> di
         largest = max(levels)
         for users in levels:
             per_user = max(1, jobs_per_level // users)
-            base, base_wall = await direct(comfy, users, per_user, pause)
+            base, base_wall = await direct(comfy, users, per_user, pause, spread)
             calls_before = len(telegram.sent)
             cpu_before = product.cpu_s()
             harness_before = harness_cpu_s()
             mine, wall, peak = await ours(telegram, product, users, per_user, next_user + 1,
-                                          pause=pause, sample_rss=users == largest)
+                                          pause=pause, spread=spread,
+                                          sample_rss=users == largest)
             if users == largest:
                 rss_peak_mb = peak
             next_user += users + 10
             calls = len(telegram.sent) - calls_before  # Bot API calls but getUpdates
             cpu = product.cpu_s() - cpu_before
             harness = harness_cpu_s() - harness_before
+            burst_added = await bursts(comfy, telegram, product, users, next_user + 1)
+            next_user += BURST_ROUNDS * (users + 10)
             rows.append({
                 "users": users, "jobs": len(mine),
                 "direct_p50_ms": pct(base, 0.5) * 1000, "direct_p99_ms": pct(base, 0.99) * 1000,
@@ -330,6 +369,8 @@ async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0) -> di
                 "harness_cpu_share": harness / wall,  # this process: fakes and users
                 "bot_api_req_per_s": calls / wall,
                 "limiter_bound": calls / wall >= 0.9 * LIMITER_RATE,
+                "burst_added_worst_ms": statistics.median(burst_added) * 1000,
+                "burst_added_worst_ms_each": [round(a * 1000, 1) for a in burst_added],
             })
     finally:
         exit_code = await product.stop()
@@ -344,6 +385,7 @@ async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0) -> di
         "bot_ready_s": ready_s, "rss_idle_mb": rss_idle_mb,
         "rss_peak_mb": rss_peak_mb, "rss_peak_at_users": max(levels),
         "bot_exit_code": exit_code, "cpus": os.cpu_count(), "pause_s": pause,
+        "start_spread_s": spread, "burst_rounds": BURST_ROUNDS,
         "targets": {"added_p50_ms_at_10": TARGET_P50_MS, "added_p99_ms_at_10": TARGET_P99_MS,
                     "rss_mb_at_100": TARGET_RSS_MB},
         "met": {
@@ -357,7 +399,8 @@ async def main(levels: list[int], jobs_per_level: int, pause: float = 0.0) -> di
 def print_table(result: dict[str, Any]) -> None:
     head = (f"{'users':>5} {'jobs':>5} {'direct p50':>10} {'ours p50':>9} {'added p50':>9} "
             f"{'added p99':>9} {'direct j/s':>10} {'ours j/s':>8} {'API req/s':>9} "
-            f"{'calls/job':>9} {'bot CPU/job':>11} {'bot CPU':>7} {'fakes CPU':>9}")
+            f"{'calls/job':>9} {'bot CPU/job':>11} {'bot CPU':>7} {'fakes CPU':>9} "
+            f"{'burst worst':>11}")
     print(head)
     print("-" * len(head))
     for r in result["rows"]:
@@ -367,7 +410,8 @@ def print_table(result: dict[str, Any]) -> None:
               f"{r['direct_jobs_per_s']:>10.1f} {r['ours_jobs_per_s']:>8.1f} "
               f"{r['bot_api_req_per_s']:>8.1f}{'*' if r['limiter_bound'] else ' '} "
               f"{r['bot_api_calls_per_job']:>9.1f} {r['bot_cpu_ms_per_job']:>9.1f}ms "
-              f"{r['bot_cpu_share']:>6.0%} {r['harness_cpu_share']:>9.0%}")
+              f"{r['bot_cpu_share']:>6.0%} {r['harness_cpu_share']:>9.0%} "
+              f"{r['burst_added_worst_ms']:>+9.1f}ms")
     print(f"product: `comfyveil run` in its own process (ready in {result['bot_ready_s']:.1f} s, "
           f"exit code {result['bot_exit_code']} after SIGTERM); {result['cpus']} CPUs shared "
           "with the fakes")
@@ -375,7 +419,11 @@ def print_table(result: dict[str, Any]) -> None:
           f"{LIMITER_RATE:.0f} req/s: the limiter caps jobs/s near {LIMITER_RATE:.0f} / calls "
           "per job and queues the rest (use --pause to stay under it)")
     print(f"each user waits {result['pause_s']:g} s after a result before its next message; "
+          f"their first messages are spread evenly over {result['start_spread_s']:g} s; "
           "CPU shares are of one core over the timed part")
+    print(f"burst worst: all users send one message at the same instant; the slowest answer "
+          f"through the bot minus the slowest direct one (median of {result['burst_rounds']} "
+          "such rounds, not timed above)")
     print(f"RSS of the bot process: {result['rss_idle_mb']:.0f} MB idle, peak "
           f"{result['rss_peak_mb']:.0f} MB during the {result['rss_peak_at_users']}-user level")
     print(f"targets at 10 users: added p50 <= {TARGET_P50_MS:.0f} ms, p99 <= "
@@ -389,8 +437,13 @@ if __name__ == "__main__":
     parser.add_argument("--pause", type=float, default=0.0,
                         help="seconds each user waits after a result before its next message "
                         "(keeps the load under Telegram's rate limit)")
+    parser.add_argument("--spread", type=float, default=None,
+                        help="seconds over which the users' first messages are spread "
+                        "evenly (default: the pause, as users who arrive one by one; 0: "
+                        "all at the same instant)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", ResourceWarning)
-    outcome = asyncio.run(main([int(x) for x in args.levels.split(",")], args.jobs, args.pause))
+    outcome = asyncio.run(main([int(x) for x in args.levels.split(",")], args.jobs, args.pause,
+                               args.spread))
     print_table(outcome)
     print(json.dumps(outcome))
