@@ -25,13 +25,24 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-# Subcommand modules, in the order `comfyveil --help` lists them.
-SUBCOMMANDS = (
-    "run", "generate", "submit", "jobs", "worker", "workflows", "bench", "anon", "db",
-)
+# Subcommand modules, in the order `comfyveil --help` lists them, with their help line.
+SUBCOMMANDS = {
+    "run": "run the Telegram bot with its worker and database",
+    "generate": "run a workflow once on a ComfyUI server and save its outputs",
+    "submit": "queue a job for the workers (optionally wait and save its outputs)",
+    "jobs": "list, show and cancel queued jobs",
+    "worker": "run queued jobs on the configured ComfyUI backends",
+    "workflows": "list, add, enable, disable and check chat commands",
+    "bench": "benchmark workflows on one or more ComfyUI backends",
+    "anon": "the Anyone Network client (anon)",
+    "db": "database schema: migrate, status",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; with `only`, that subcommand's whole parser and a
+    bare entry for the others, so a command imports only its own module (the bot's
+    imports alone take most of a second; `comfyveil --help` needs none of them)."""
     parser = argparse.ArgumentParser(
         prog="comfyveil",
         description="Private, self-hosted chat front end for ComfyUI.",
@@ -42,9 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="more log output; -vv also prints tracebacks",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in SUBCOMMANDS:
-        importlib.import_module(f"comfyveil.cli.{name}").register(subparsers)
+    for name, summary in SUBCOMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(f"comfyveil.cli.{name}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary)
     return parser
+
+
+def _subcommand(argv: Sequence[str]) -> str:
+    """The subcommand named on the command line ("" when none): the first word that is
+    not an option, since the top-level options take no value."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -53,7 +73,9 @@ def _configure_logging(verbosity: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(only=_subcommand(argv))
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     try:

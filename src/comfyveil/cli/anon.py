@@ -11,14 +11,14 @@ import asyncio
 import sys
 from pathlib import Path
 
-from comfyveil import config
+from comfyveil import cli, config
 from comfyveil.anyone import hidden, install, process
 from comfyveil.anyone import network as network_mod
 from comfyveil.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("anon", help="the Anyone Network client (anon)")
+    parser = subparsers.add_parser("anon", help=cli.SUBCOMMANDS["anon"])
     commands = parser.add_subparsers(dest="anon_command", metavar="ACTION", required=True)
 
     inst = commands.add_parser("install", help="install the pinned anon binary")

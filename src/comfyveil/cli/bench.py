@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config
+from comfyveil import cli, config
 from comfyveil.anyone import process, routing, runtime
 from comfyveil.bench import compare, report, runner
 from comfyveil.cli import _run_args
@@ -39,7 +39,7 @@ EXIT_FAILED_RUNS = 1
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark workflows on one or more ComfyUI backends",
+        help=cli.SUBCOMMANDS["bench"],
         description="Run each workflow --warmup times (not counted), then --runs times on "
         "every backend with the same seeds and parameters, and write results.json, "
         "results.csv, results.md and results.png into --out. The first backend is the "

@@ -15,13 +15,13 @@ from typing import Any
 
 import psycopg
 
-from comfyveil import config
+from comfyveil import cli, config
 from comfyveil.store import database, embedded
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "db", help="database schema: migrate, status",
+        "db", help=cli.SUBCOMMANDS["db"],
         description="Manage comfyveil's PostgreSQL schema.",
     )
     actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config
+from comfyveil import cli, config
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
 from comfyveil.comfy import client as comfy_client
@@ -25,7 +25,7 @@ from comfyveil.errors import UsageError
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "generate",
-        help="run a workflow once on a ComfyUI server and save its outputs",
+        help=cli.SUBCOMMANDS["generate"],
         description="Run WORKFLOW (a shipped name, a command such as f, or a path to "
         "NAME.toml) with PROMPT on a ComfyUI server and save every output into DIR.",
     )

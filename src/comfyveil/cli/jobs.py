@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config
+from comfyveil import cli, config
 from comfyveil.cli.submit import CLI_USER_ID, describe_progress
 from comfyveil.errors import UsageError
 from comfyveil.store import database, jobs
@@ -23,7 +23,7 @@ from comfyveil.store import database, jobs
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "jobs",
-        help="list, show and cancel queued jobs",
+        help=cli.SUBCOMMANDS["jobs"],
         description="List recent jobs, show one job, or cancel one.",
     )
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")

@@ -21,7 +21,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config, retention
+from comfyveil import cli, config, retention
 from comfyveil.anyone import runtime
 from comfyveil.comfy import pool
 from comfyveil.store import database
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="run the Telegram bot with its worker and database",
+        help=cli.SUBCOMMANDS["run"],
         description="Start the database (embedded unless [database] url or DATABASE_URL is "
         "set), a worker for the configured backends and the Telegram bot, until SIGTERM or "
         "Ctrl-C. The bot token comes from COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file.",

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from comfyveil import config, sinks
+from comfyveil import cli, config, sinks
 from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
 from comfyveil.errors import ComfyveilError, UsageError
@@ -33,7 +33,7 @@ WAIT_POLL = 1.0  # seconds between looks at the job while waiting, besides NOTIF
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "submit",
-        help="queue a job for the workers (optionally wait and save its outputs)",
+        help=cli.SUBCOMMANDS["submit"],
         description="Queue WORKFLOW (a command such as f, or a workflow name) with PROMPT "
         "and print the job id; with --wait, follow it and save its outputs into DIR.",
     )

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config, retention, sinks
+from comfyveil import cli, config, retention, sinks
 from comfyveil.anyone import runtime
 from comfyveil.comfy import pool
 from comfyveil.store import database
@@ -27,7 +27,7 @@ from comfyveil.worker import SHUTDOWN_GRACE, Worker, WorkerOptions
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "worker",
-        help="run queued jobs on the configured ComfyUI backends",
+        help=cli.SUBCOMMANDS["worker"],
         description="Claim jobs from the database and run them on the backends of the "
         "configuration file, until SIGTERM or Ctrl-C.",
     )

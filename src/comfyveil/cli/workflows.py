@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config
+from comfyveil import cli, config
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import workflow
@@ -31,7 +31,7 @@ ROLES = commands_store.DEFAULT_ROLES
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "workflows", help="list, add, enable, disable and check chat commands",
+        "workflows", help=cli.SUBCOMMANDS["workflows"],
         description="Manage the chat commands and the ComfyUI workflows behind them.",
     )
     actions = parser.add_subparsers(dest="workflows_action", metavar="ACTION", required=True)
