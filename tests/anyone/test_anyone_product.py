@@ -316,6 +316,64 @@ async def test_worker_job_through_anon_survives_anon_being_killed(
     assert len([p for p in sink.delivered if p.name.startswith(str(job.id))]) >= 1
 
 
+# -- `comfyveil worker` as its own process, as on a host apart from the GPU -------------
+
+
+@pytest.mark.anyone
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
+    anyone_network: PrivateAnyoneNetwork, hidden_comfy: HiddenComfy,
+    db: database.Database, database_url: str, tmp_path: Path,
+) -> None:
+    """The deployment the README describes: the worker knows the GPU host only by its
+    .anon address and client key, starts its own anon, and stops cleanly on SIGTERM."""
+    assert anyone_network.network is not None
+    net_file = tmp_path / "private-network.txt"
+    net_file.write_text(anyone_network.network.to_file_text())
+    cfg = tmp_path / "comfyveil.toml"
+    cfg.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n\n'
+        f'[database]\nurl = "{database_url}"\n\n'
+        f'[[backends]]\nname = "hidden"\nurl = "{hidden_comfy.url}"\n'
+        f'auth_key_file = "{hidden_comfy.key_file}"\n\n'
+        f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n\n'
+        "[worker]\npoll_interval = 0.5\n"
+    )
+    assert f":{hidden_comfy.fake.port}" not in cfg.read_text()  # only the .anon address
+    seen = len(hidden_comfy.fake.requests)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", "worker", "--config", str(cfg), "--out", str(out),
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        job = await enqueue(db, steps=2, prompt="a fox behind seven proxies")
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, jobs.Status.FAILED,
+                                 timeout=180)
+        assert done.status is jobs.Status.SUCCEEDED, done.error
+        assert done.backend == "hidden"
+
+        async def saved() -> bool:
+            return out.is_dir() and any(out.iterdir())
+
+        await wait_for(saved, timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    [result] = list(out.iterdir())
+    assert result.read_bytes() == (await db.jobs.outputs(job.id))[0].data
+    paths = _paths_seen(hidden_comfy.fake, seen)
+    assert {("POST", "/prompt"), ("GET", "/ws"), ("GET", "/view")} <= paths
+    assert "a fox behind seven proxies" not in err.decode()  # prompts stay out of logs
+    # The worker's anon ran in its own state directory, on the private network.
+    anonrc = tmp_path / "data" / "anon" / "state" / "anonrc"
+    assert "TestingTorNetwork 1" in anonrc.read_text()
+
+
 # -- no network needed ------------------------------------------------------------------
 
 
