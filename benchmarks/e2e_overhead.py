@@ -1,6 +1,7 @@
 """End-to-end overhead: the whole chat path against a direct ComfyUI call.
 
     .venv/bin/python benchmarks/e2e_overhead.py [--levels 1,10,100] [--jobs 40] [--pause 0]
+                                                [--spread SECONDS]
 
 Path measured ("ours"): the real product, `python -m comfyveil run --config FILE`, in its
 own process (bot, worker and database pool, as deployed), with python-telegram-bot
@@ -18,10 +19,17 @@ Baseline ("direct"): `comfy.execute.execute` (upload, submit, follow, download) 
 process on the same fake ComfyUI with the same workflow and values, with the same number
 of concurrent users, in the same run.
 
-Each user sends its next command when its previous result arrived (closed loop). Added
-latency = ours - direct, at p50 and p99. The product keeps its production rate limiter:
-python-telegram-bot's AIORateLimiter with its defaults (30 requests/s overall, 20/min per
-group chat; the users here are private chats) and 3 retries on RetryAfter. A job whose
+Each user sends its next command when its previous result arrived (closed loop), after
+`--pause` seconds; the users' first commands are spread evenly over `--spread` seconds
+(default: the pause, as users who arrive one by one; with no pause, all at once). Added
+latency = ours - direct, at p50 and p99; both paths see the same arrivals. Apart from
+those timed rounds, each level also sends BURST_ROUNDS bursts in which every user sends
+one command at the same instant, and reports the slowest answer through the bot minus
+the slowest direct one ("burst worst", the median over the bursts).
+
+The product keeps its production rate limiter: python-telegram-bot's AIORateLimiter with
+its defaults (30 requests/s overall, 20/min per group chat; the users here are private
+chats) and 3 retries on RetryAfter. A job whose
 result comes within `status_delay` (1 s; all of them here, the nodes take no time) costs
 one Bot API call, the photo, so a closed loop meets the limiter at about 30 jobs/s, where
 Telegram itself would stop a real bot; rows where it did are marked, and `--pause S`
