@@ -8,8 +8,9 @@ import uuid
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
-from comfyveil.store import database, errors, jobs
+from comfyveil.store import database, errors, jobs, sql
 
 Database = database.Database
 
@@ -337,3 +338,44 @@ async def test_completing_claims_the_delivery_for_the_workers_sinks(db: Database
     # The completing worker delivers it; a catching-up worker keeps off until the claim lapses.
     assert not await db.jobs.claim_delivery(job.id, "telegram", "w2", seconds=60)
     assert await db.jobs.claim_delivery(job.id, "files", "w2", seconds=60)  # not claimed
+
+
+async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
+    db: Database,
+) -> None:
+    """A crash of PostgreSQL itself may undo a claim or a progress note (the job runs
+    again), never a queued job, a result or a delivery."""
+    await db.jobs.enqueue(new_job(1))
+    await db.jobs.enqueue(new_job(2))  # left queued, for claim_job to take
+    job = await db.jobs.claim("w1", lease_seconds=60)
+    assert job is not None
+    params = {
+        "worker_id": "w1", "backends": None, "lease_seconds": 60, "per_user": 4,
+        "job_id": job.id, "backend": "gpu0", "progress": Jsonb({"percent": 50}),
+        "filenames": [], "kinds": [], "mimes": [], "datas": [], "refs": Jsonb([]),
+        "sinks": [], "claim_seconds": 1.0, "sink": "files", "detail": Jsonb({}),
+    }
+    enqueue_params = {
+        "id": uuid.uuid4(), "idempotency_key": None, "user_id": 3, "chat_id": 3,
+        "command": "f", "workflow_hash": "h" * 64, "params": Jsonb({}), "backends": None,
+        "max_attempts": 3, "priority": 0, "status_message_id": None, "max_active": None,
+        "daily_quota": None,
+    }
+
+    async def commit_waits(query: str, values: dict[str, object]) -> bool:
+        async with db.pool.connection() as conn:
+            try:
+                await conn.execute("BEGIN")
+                cursor = await conn.execute(sql.queries[query], values)
+                assert cursor.rowcount >= 1, query  # the statement did write
+                setting = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+            finally:
+                await conn.execute("ROLLBACK")
+        assert setting is not None
+        return setting["synchronous_commit"] != "off"
+
+    for relaxed in ("claim_job", "mark_submitted", "renew_lease", "record_progress"):
+        assert not await commit_waits(relaxed, params), relaxed
+    assert await commit_waits("enqueue_job", enqueue_params)
+    for durable in ("complete_job", "record_delivery"):
+        assert await commit_waits(durable, params), durable
