@@ -29,11 +29,11 @@ the slowest direct one ("burst worst", the median over the bursts).
 
 The product keeps its production rate limiter: python-telegram-bot's AIORateLimiter with
 its defaults (30 requests/s overall, 20/min per group chat; the users here are private
-chats) and 3 retries on RetryAfter. A job whose
-result comes within `status_delay` (1 s; all of them here, the nodes take no time) costs
-one Bot API call, the photo, so a closed loop meets the limiter at about 30 jobs/s, where
-Telegram itself would stop a real bot; rows where it did are marked, and `--pause S`
-(each user waits S seconds between jobs) measures latency below it. Also reported per
+chats) and 3 retries on RetryAfter. A job whose result comes within `status_delay` (1 s;
+all of them here, the nodes take no time) costs one Bot API call, the photo, so a closed
+loop meets the limiter at about 30 jobs/s, where Telegram itself would stop a real bot;
+rows where it did are marked, and `--pause S` (each user waits S seconds between jobs)
+measures latency below it. Also reported per
 level: the bot's CPU per job and the CPU shares of the bot and of this process. Prints
 a table, then one JSON object as the very last line.
 """
