@@ -110,6 +110,27 @@ def _check_copy(stdout: str, noisy_png: Path) -> None:
     assert _pixels(saved) == _pixels(noisy_png.read_bytes())
 
 
+def _hidden_config(
+    tmp_path: Path, anyone_network: PrivateAnyoneNetwork, hidden: HiddenComfy,
+    more: str = "",
+) -> Path:
+    """A settings file naming the hidden ComfyUI by its .anon address and client key
+    only, with our own anon on the session's private network; `more` is appended."""
+    assert anyone_network.network is not None
+    net_file = tmp_path / "private-network.txt"
+    net_file.write_text(anyone_network.network.to_file_text())
+    cfg = tmp_path / "comfyveil.toml"
+    cfg.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n\n'
+        f'[[backends]]\nname = "hidden"\nurl = "{hidden.url}"\n'
+        f'auth_key_file = "{hidden.key_file}"\n\n'
+        f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n\n'
+        + more
+    )
+    assert f":{hidden.fake.port}" not in cfg.read_text()  # only the .anon address
+    return cfg
+
+
 def _paths_seen(fake: FakeComfyUI, since: int) -> set[tuple[str, str]]:
     return {(r.method, r.path.removeprefix("/api")) for r in fake.requests[since:]}
 
@@ -124,17 +145,7 @@ async def test_generate_reaches_a_hidden_comfyui_with_its_client_key(
     anyone_network: PrivateAnyoneNetwork, hidden_comfy: HiddenComfy, noisy_png: Path,
     tmp_path: Path,
 ) -> None:
-    assert anyone_network.network is not None
-    net_file = tmp_path / "private-network.txt"
-    net_file.write_text(anyone_network.network.to_file_text())
-    cfg = tmp_path / "comfyveil.toml"
-    cfg.write_text(
-        f'data_dir = "{tmp_path / "data"}"\n\n'
-        f'[[backends]]\nname = "hidden"\nurl = "{hidden_comfy.url}"\n'
-        f'auth_key_file = "{hidden_comfy.key_file}"\n\n'
-        f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n'
-    )
-    assert f":{hidden_comfy.fake.port}" not in cfg.read_text()  # only the .anon address
+    cfg = _hidden_config(tmp_path, anyone_network, hidden_comfy)
     seen = len(hidden_comfy.fake.requests)
     code, out, err = await _generate(
         str(COPY_WORKFLOW), "--image", str(noisy_png), "--out", str(tmp_path / "out"),
@@ -328,19 +339,10 @@ async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
 ) -> None:
     """The deployment the README describes: the worker knows the GPU host only by its
     .anon address and client key, starts its own anon, and stops cleanly on SIGTERM."""
-    assert anyone_network.network is not None
-    net_file = tmp_path / "private-network.txt"
-    net_file.write_text(anyone_network.network.to_file_text())
-    cfg = tmp_path / "comfyveil.toml"
-    cfg.write_text(
-        f'data_dir = "{tmp_path / "data"}"\n\n'
-        f'[database]\nurl = "{database_url}"\n\n'
-        f'[[backends]]\nname = "hidden"\nurl = "{hidden_comfy.url}"\n'
-        f'auth_key_file = "{hidden_comfy.key_file}"\n\n'
-        f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n\n'
-        "[worker]\npoll_interval = 0.5\n"
+    cfg = _hidden_config(
+        tmp_path, anyone_network, hidden_comfy,
+        f'[database]\nurl = "{database_url}"\n\n[worker]\npoll_interval = 0.5\n',
     )
-    assert f":{hidden_comfy.fake.port}" not in cfg.read_text()  # only the .anon address
     seen = len(hidden_comfy.fake.requests)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
