@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import errors, events
+from comfyveil.comfy import errors, events, results
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.comfy import FakeFactory
 
@@ -124,7 +124,7 @@ async def test_upload_then_load_invert_save(fake_comfy: FakeComfyUI) -> None:
         first = await client.upload_image(buffer.getvalue(), "photo.png")
         again = await client.upload_image(buffer.getvalue(), "photo.png")
         other = await client.upload_image(b"different bytes", "photo.png")
-        assert first == again == comfy_client.UploadedFile("photo.png", "", "input")
+        assert first == again == results.UploadedFile("photo.png", "", "input")
         assert other.name == "photo (1).png"
         result = (await client.run(invert(first.reference))).raise_for_status()
         out = result.outputs[0]
@@ -396,7 +396,7 @@ async def test_proxy_that_hangs_up_is_backend_unreachable() -> None:
 
 async def test_missing_output_file_is_file_not_found(fake_comfy: FakeComfyUI) -> None:
     async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
-        missing = comfy_client.OutputFile("2", "nothing.png", "", "output", "image")
+        missing = results.OutputFile("2", "nothing.png", "", "output", "image")
         with pytest.raises(errors.FileNotFound, match=r"backend gpu0 has no file nothing\.png"):
             await client.download(missing)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from comfyveil.comfy import errors
-from comfyveil.comfy.client import RunResult
 from comfyveil.comfy.events import ExecutionError, ExecutionInterrupted
+from comfyveil.comfy.results import RunResult
 from comfyveil.errors import ComfyveilError
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import errors, events, workflow
+from comfyveil.comfy import errors, events, results, workflow
 
 EventCallback = Callable[[events.Event], Awaitable[None] | None]
 RanCallback = Callable[[], Awaitable[None]]
@@ -40,13 +40,13 @@ class InputImage:
 
 @dataclass(frozen=True, slots=True)
 class OutputData:
-    file: comfy_client.OutputFile
+    file: results.OutputFile
     data: bytes = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    result: comfy_client.RunResult
+    result: results.RunResult
     files: tuple[OutputData, ...]
     upload_seconds: float
     run_seconds: float  # submit to done, as the caller saw it
@@ -69,7 +69,7 @@ async def upload_inputs(
 
 
 async def download_outputs(
-    client: comfy_client.ComfyClient, result: comfy_client.RunResult
+    client: comfy_client.ComfyClient, result: results.RunResult
 ) -> tuple[OutputData, ...]:
     """Fetch the files a finished run saved (temp previews are skipped)."""
     wanted = [f for f in result.outputs if f.type == "output"] or list(result.outputs)
