@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from comfyveil.comfy import workflow
+from comfyveil.comfy import template, workflow
 from comfyveil.errors import UsageError
 
 OBJECT_INFO_PATH = Path(__file__).parent.parent / "data" / "comfyui-0.3.64-object_info.json"
@@ -296,7 +296,7 @@ def test_validate_coerces_bool() -> None:
 
 def test_apply_sets_every_target_and_leaves_the_template_alone() -> None:
     wf = toy()
-    before = json.dumps(workflow._thaw(wf.graph), sort_keys=True)
+    before = json.dumps(template.thaw(wf.graph), sort_keys=True)
     values = wf.validate({"prompt": "a dog", "seed": 9, "size": 768, "image": "up/in.png"})
     graph = wf.apply(values)
     assert graph["6"]["inputs"]["text"] == "a dog"
@@ -307,7 +307,7 @@ def test_apply_sets_every_target_and_leaves_the_template_alone() -> None:
     graph["3"]["inputs"]["steps"] = 99  # the copy is the caller's own
     again = wf.apply(values)
     assert again["3"]["inputs"]["steps"] == 4
-    assert json.dumps(workflow._thaw(wf.graph), sort_keys=True) == before
+    assert json.dumps(template.thaw(wf.graph), sort_keys=True) == before
     assert wf.graph["6"]["inputs"]["text"] == "a cat"
 
 

@@ -1,0 +1,189 @@
+"""A command option's value: coerced to its parameter's type and checked against its bounds,
+with the one plain sentence a user sees when it does not fit."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from comfyveil.errors import UsageError
+
+__all__ = ["PARAM_TYPES", "SEED_MAX", "Param", "ParamError", "Target"]
+
+PARAM_TYPES = ("text", "int", "float", "seed", "image", "choice", "bool")
+SEED_MAX = 2**53 - 1  # the largest integer a JSON number keeps exactly everywhere
+
+_TRUE = frozenset({"true", "yes", "on", "1", "y"})
+_FALSE = frozenset({"false", "no", "off", "0", "n"})
+
+
+class ParamError(UsageError):
+    """An option of the command is not valid."""
+
+    def __init__(self, message: str | None = None, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Target:
+    """One node input that a parameter sets."""
+
+    node: str
+    input: str
+
+
+@dataclass(frozen=True)
+class Param:
+    """A command option bound to one or more node inputs of the graph."""
+
+    name: str
+    type: str
+    targets: tuple[Target, ...]
+    required: bool = False
+    default: Any = None
+    min: int | float | None = None
+    max: int | float | None = None
+    max_length: int | None = None
+    choices: tuple[Any, ...] | None = None
+    description: str = ""
+    step: int | float | None = None
+    aliases: tuple[str, ...] = ()
+    free_text: bool = False
+
+    def convert(self, value: object) -> object:
+        """Return `value` coerced to this parameter's type and checked against its bounds.
+
+        Raises:
+            ParamError: one plain sentence naming the parameter and the problem.
+        """
+        if self.type == "text":
+            return self._convert_text(value)
+        if self.type in ("int", "seed"):
+            return self._check_range(self._to_int(value))
+        if self.type == "float":
+            return self._check_range(self._to_float(value))
+        if self.type == "bool":
+            return self._to_bool(value)
+        if self.type == "choice":
+            return self._to_choice(value)
+        return self._to_image(value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The binding as plain data (for hashing and storage)."""
+        return {
+            "name": self.name, "type": self.type,
+            "targets": [[t.node, t.input] for t in self.targets],
+            "required": self.required, "default": self.default, "min": self.min,
+            "max": self.max, "step": self.step, "max_length": self.max_length,
+            "choices": list(self.choices) if self.choices is not None else None,
+            "description": self.description, "aliases": list(self.aliases),
+            "free_text": self.free_text,
+        }
+
+    def _fail(self, message: str) -> ParamError:
+        return ParamError(message, param=self.name)
+
+    def _convert_text(self, value: object) -> str:
+        if not isinstance(value, str):
+            raise self._fail(f"{self.name} must be text")
+        if self.max_length is not None and len(value) > self.max_length:
+            raise self._fail(
+                f"{self.name} is too long ({len(value)} characters, at most {self.max_length})"
+            )
+        if self.required and not value.strip():
+            raise self._fail(f"{self.name} must not be empty")
+        return value
+
+    def _to_int(self, value: object) -> int:
+        if isinstance(value, bool):
+            raise self._fail(f"{self.name} must be a whole number")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise self._fail(f"{self.name} must be a whole number (got {show(value)})")
+
+    def _to_float(self, value: object) -> float:
+        number: float | None = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number):
+            raise self._fail(f"{self.name} must be a number (got {show(value)})")
+        return number
+
+    def _check_range(self, number: int | float) -> int | float:
+        low = self.min if self.min is not None else (0 if self.type == "seed" else None)
+        high = self.max if self.max is not None else (SEED_MAX if self.type == "seed" else None)
+        if (low is not None and number < low) or (high is not None and number > high):
+            if low is not None and high is not None:
+                bounds = f"between {num(low)} and {num(high)}"
+            elif low is not None:
+                bounds = f"at least {num(low)}"
+            else:
+                bounds = f"at most {num(high)}"
+            raise self._fail(f"{self.name} must be {bounds} (got {num(number)})")
+        if self.step:
+            base = low or 0
+            ratio = (number - base) / self.step
+            if abs(ratio - round(ratio)) > 1e-9:
+                if base % self.step == 0:
+                    rule = f"a multiple of {num(self.step)}"
+                else:
+                    rule = f"{num(base)} plus a multiple of {num(self.step)}"
+                raise self._fail(f"{self.name} must be {rule} (got {num(number)})")
+        return number
+
+    def _to_bool(self, value: object) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in _TRUE:
+                return True
+            if word in _FALSE:
+                return False
+        raise self._fail(f"{self.name} must be yes or no (got {show(value)})")
+
+    def _to_choice(self, value: object) -> object:
+        for choice in self.choices or ():
+            if value == choice or (isinstance(value, str) and value.strip() == str(choice)):
+                return choice
+        options = ", ".join(str(c) for c in self.choices or ())
+        raise self._fail(f"{self.name} must be one of: {options} (got {show(value)})")
+
+    def _to_image(self, value: object) -> object:
+        if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
+            return value
+        raise self._fail(f"{self.name} must be an image")
+
+
+# --- words for messages ---------------------------------------------------------
+
+
+def num(value: float) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def show(value: object) -> str:
+    return repr(clip(value, 30)) if isinstance(value, str) else clip(repr(value), 30)

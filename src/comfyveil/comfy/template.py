@@ -1,0 +1,209 @@
+"""A workflow: an API-format graph and the parameters bound into it; validating a user's
+values, applying them to a fresh copy of the graph, hashing it, checking a backend."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from comfyveil.comfy.params import SEED_MAX, Param, ParamError, clip
+from comfyveil.comfy.requirements import (
+    FOLDER_ALIASES,
+    combo_options,
+    graph_problems,
+    input_spec,
+    model_folder,
+    sorted_ids,
+)
+
+__all__ = ["Workflow"]
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """An API-format graph and the parameters that make it a command."""
+
+    name: str
+    command: str
+    title: str
+    description: str
+    kind: str
+    graph: Mapping[str, Any]  # deeply read-only; apply() returns a fresh copy
+    params: Mapping[str, Param]
+    source: Path | None = None
+    _lookup: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.hash))
+
+    @functools.cached_property
+    def hash(self) -> str:
+        """sha256 (hex) of the canonical graph and bindings; equal content, equal hash."""
+        document = {
+            "graph": thaw(self.graph),
+            "command": self.command, "title": self.title, "description": self.description,
+            "kind": self.kind,
+            "params": {name: p.to_dict() for name, p in sorted(self.params.items())},
+        }
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def image_params(self) -> list[str]:
+        """Names of the parameters that take an input image, in binding order."""
+        return [name for name, p in self.params.items() if p.type == "image"]
+
+    @property
+    def prompt_param(self) -> str | None:
+        """The text parameter that receives a command's free text, if any."""
+        for name, p in self.params.items():
+            if p.free_text:
+                return name
+        prompt = self.params.get("prompt")
+        return "prompt" if prompt is not None and prompt.type == "text" else None
+
+    def param(self, name_or_alias: str) -> Param:
+        """The parameter called `name_or_alias` (a name or an alias).
+
+        Raises:
+            ParamError: no such option; the message lists the options.
+        """
+        name = self._lookup.get(name_or_alias)
+        if name is None:
+            options = ", ".join(sorted(self.params)) or "none"
+            raise ParamError(
+                f"unknown option --{clip(name_or_alias, 40)}; options: {options}",
+                param=name_or_alias,
+            )
+        return self.params[name]
+
+    def validate(
+        self, values: Mapping[str, object], *, rng: random.Random | None = None
+    ) -> dict[str, object]:
+        """Check and complete a user's values; the result is what `apply` takes.
+
+        Strings are coerced (``--set steps=4`` arrives as ``"4"``), bounds are checked,
+        defaults filled in, and a seed drawn for each seed parameter not given. Values of
+        ``None`` count as not given. Image values pass through unchanged.
+
+        Raises:
+            ParamError: an unknown option, a missing required one, or a bad value.
+        """
+        given: dict[str, object] = {}
+        for key, value in values.items():
+            name = self.param(key).name
+            if name in given:
+                raise ParamError(f"{name} is given twice", param=name)
+            if value is not None:
+                given[name] = value
+        draw = rng if rng is not None else random.Random()
+        result: dict[str, object] = {}
+        for name, p in self.params.items():
+            if name in given:
+                result[name] = p.convert(given[name])
+            elif p.default is not None:
+                result[name] = p.default
+            elif p.type == "seed":
+                low = int(p.min) if p.min is not None else 0
+                high = int(p.max) if p.max is not None else SEED_MAX
+                result[name] = draw.randint(low, high)
+            elif p.required:
+                hint = f": {p.description}" if p.description else ""
+                raise ParamError(f"{name} is required{hint}", param=name)
+        return result
+
+    def apply(self, values: Mapping[str, object]) -> dict[str, Any]:
+        """A fresh copy of the graph with every bound input set to its value.
+
+        `values` should come from `validate`; parameters left out keep the graph's value.
+        Image parameters receive the uploaded file's name. The template is never changed.
+
+        Raises:
+            ParamError: a name that is not an option.
+        """
+        graph: dict[str, Any] = thaw(self.graph)
+        for key, value in values.items():
+            p = self.param(key)
+            if value is None:
+                continue
+            if p.type == "image" and isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            for target in p.targets:
+                graph[target.node]["inputs"][target.input] = copy.deepcopy(value)
+        return graph
+
+    def required_models(self) -> list[tuple[str, str]]:
+        """(folder, file name) of each model file the graph loads, in node order."""
+        seen: dict[tuple[str, str], None] = {}
+        for _node, _input, folder, filename in self._model_refs():
+            seen.setdefault((folder, filename))
+        return list(seen)
+
+    def check(
+        self, object_info: Mapping[str, Any], models: Mapping[str, Sequence[str]] | None = None
+    ) -> list[str]:
+        """Plain-words problems a backend has with this workflow; empty when it can run it.
+
+        `object_info` is the backend's ``/object_info``; its file lists are the files it has
+        installed. `models` (folder -> file names, from ``/models/{folder}``) is an optional
+        extra source of installed files.
+        """
+        problems: dict[str, None] = {}
+        for node in self.graph.values():
+            class_type = node.get("class_type")
+            if class_type not in object_info:
+                problems.setdefault(f"node type {class_type} is not installed")
+        for node_id, input_name, folder, filename in self._model_refs():
+            known = False
+            installed = False
+            info = object_info.get(self.graph[node_id]["class_type"])
+            spec = input_spec(info, input_name) if isinstance(info, Mapping) else None
+            options = combo_options(spec) if spec is not None else None
+            if options is not None:
+                known = True
+                installed = filename in options
+            if models is not None:
+                for alias in FOLDER_ALIASES.get(folder, (folder,)):
+                    if alias in models:
+                        known = True
+                        installed = installed or filename in models[alias]
+            if known and not installed:
+                problems.setdefault(f"model file {filename} ({folder}) is not installed")
+        for kind, message in graph_problems(self.graph, object_info):
+            if kind != "class":
+                problems.setdefault(message)
+        return list(problems)
+
+    def _model_refs(self) -> Iterator[tuple[str, str, str, str]]:
+        for node_id in sorted_ids(self.graph):
+            node = self.graph[node_id]
+            class_type = node.get("class_type", "")
+            for input_name, value in node.get("inputs", {}).items():
+                folder = model_folder(class_type, input_name, value)
+                if folder is not None:
+                    yield node_id, input_name, folder, value
+
+
+def freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(v) for v in value]
+    return value
