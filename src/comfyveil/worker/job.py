@@ -1,0 +1,305 @@
+"""Running one claimed job: placing it on a backend (or re-attaching to the prompt a backend
+already has), executing it, turning the outcome into a final write, and saving its
+progress and acting on cancel requests on the way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import mimetypes
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from comfyveil.comfy import errors as comfy_errors
+from comfyveil.comfy import events, execute, pool, workflow
+from comfyveil.errors import UsageError
+from comfyveil.store import errors as store_errors
+from comfyveil.store import jobs
+from comfyveil.worker.options import PROGRESS_INTERVAL, PROGRESS_SETTLE
+
+logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
+
+
+@dataclass(eq=False)
+class Running:
+    job: jobs.Job
+    task: asyncio.Task[None] | None = None
+    placed: asyncio.Event = field(default_factory=asyncio.Event)  # has a slot, or waits
+    waiting: bool = False  # waits in the pool for a free GPU
+    slot: pool.Slot | None = None
+    cancel_requested: bool = False
+    cancelling: bool = False
+    # The final status is being written (or was): no more lease renewals or progress
+    # writes. A renewal or progress write landing after that write finds the job no longer
+    # running; it must not read that as a lost lease and cancel the delivery that follows.
+    settled: bool = False
+    progress_at: float = field(default_factory=time.monotonic)  # the last write (or claim)
+    progress_due: float = math.inf  # when progress_next is written
+    progress_sooner: asyncio.Event = field(default_factory=asyncio.Event)  # due moved earlier
+    progress_next: dict[str, Any] | None = None  # the newest progress not yet written
+    progress_task: asyncio.Task[None] | None = None
+    progress_closed: bool = False  # the job left the backend: no more progress writes
+
+
+class JobRunner:
+    """The job-running part of `Worker` (which it is mixed into, with `Settling`)."""
+
+    async def _process(self, running: Running) -> None:
+        job = running.job
+        log_extra = {"job_id": str(job.id), "worker": self.worker_id}
+        try:
+            try:
+                outputs = await self._execute(running)
+            finally:
+                running.progress_closed = True
+                await self._release_slot(running)
+                running.placed.set()
+        except asyncio.CancelledError:
+            if running.cancel_requested:
+                await self._settle(running, lambda: self._mark_cancelled(running))
+            else:
+                await self._settle(running, lambda: self._hand_back(running))
+                raise
+            return
+        except comfy_errors.Interrupted as exc:
+            message = str(exc)
+            if running.cancel_requested:
+                await self._settle(running, lambda: self._mark_cancelled(running))
+            else:
+                await self._settle(
+                    running, lambda: self._fail(running, message, transient=False)
+                )
+            return
+        except store_errors.LeaseLost:
+            logger.warning("lost the lease of a job; another worker has it",
+                           extra={"action": "lease_lost", **log_extra})
+            return
+        except (comfy_errors.ComfyError, UsageError, workflow.WorkflowError) as exc:
+            transient = bool(getattr(exc, "transient", False))
+            message = str(exc)
+            if running.cancel_requested:
+                await self._settle(running, lambda: self._mark_cancelled(running))
+                return
+            if transient and isinstance(exc, comfy_errors.ComfyError):
+                backend = self.pool.get(exc.backend)
+                if backend is not None:
+                    self._avoid[job.id] = backend.name
+                    if isinstance(exc, comfy_errors.BackendUnreachable | comfy_errors.JobLost):
+                        await self.pool.mark_down(backend, str(exc))
+            await self._settle(
+                running, lambda: self._fail(running, message, transient=transient)
+            )
+            return
+        except store_errors.StoreError as exc:
+            logger.warning("database error while running a job: %s", exc,
+                           extra={"action": "job_store_error", **log_extra})
+            return  # the lease expires and the job is recovered (re-attached) elsewhere
+        except Exception:
+            logger.exception("unexpected error while running a job",
+                             extra={"action": "job_crashed", **log_extra})
+            await self._settle(running, lambda: self._fail(
+                running, "the job failed because of an internal error; it will be retried",
+                transient=True,
+            ))
+            return
+        try:
+            done = await self._settle(running, lambda: self._complete(running, outputs))
+        except store_errors.LeaseLost:
+            return
+        if done is not None:
+            self._avoid.pop(job.id, None)
+            # Shielded: a result half sent to the user must not be sent again later.
+            await asyncio.shield(self._deliver(done, outputs, claimed=True))
+
+    async def _workflow(self, job: jobs.Job) -> workflow.Workflow:
+        cached = self._workflows.get(job.workflow_hash)
+        if cached is not None:
+            return cached
+        command = await self.db.commands.get(job.command)
+        if command is None:
+            raise UsageError(f"the command /{job.command} no longer exists")
+        wf = command.to_workflow()
+        self._workflows[wf.hash] = wf
+        return wf
+
+    async def _execute(self, running: Running) -> list[jobs.Output]:
+        job = running.job
+        wf = await self._workflow(job)
+        # A command changed since the job was queued: check the values again.
+        values = wf.validate(job.params) if wf.hash != job.workflow_hash else dict(job.params)
+        prompt_id = str(job.id)
+
+        if job.submitted and job.backend and self.pool.get(job.backend) is not None:
+            running.slot = self.pool.take(job.backend, prompt_id)
+            running.placed.set()
+            assert running.slot is not None
+            backend = running.slot.backend
+            logger.info("re-attaching to a job on backend %s", backend.name,
+                        extra={"action": "job_reattach", "job_id": prompt_id})
+            try:
+                outcome = await self._run_on(running, wf, values, backend, attach=True)
+            except comfy_errors.JobLost:
+                # It never reached the GPU, or the backend restarted and forgot it: run it
+                # afresh on the same backend, within the same attempt.
+                logger.info("backend %s no longer knows the job; submitting it again",
+                            backend.name, extra={"action": "job_resubmit", "job_id": prompt_id})
+                outcome = await self._run_on(running, wf, values, backend, attach=False)
+        else:
+            async def waiting(text: str) -> None:
+                running.waiting = True
+                running.placed.set()
+                self._record_progress(running, {"state": "waiting", "text": text}, force=True)
+
+            try:
+                running.slot = await self.pool.acquire(
+                    wf, prompt_id, on_wait=waiting, avoid=self._avoid.get(job.id)
+                )
+            finally:
+                if running.waiting:
+                    running.waiting = False
+                    self._wake.set()  # the queue may hold work for more free slots now
+            running.placed.set()
+            backend = running.slot.backend
+            # Recorded before the prompt is posted: a successor then looks for it there
+            # first, and submits it again only if that backend never got it (JobLost).
+            running.job = await self.store.mark_submitted(job, backend.name)
+            outcome = await self._run_on(running, wf, values, backend, attach=False)
+        return [
+            jobs.Output(
+                filename=item.file.filename, kind=item.file.kind,
+                mime=mimetypes.guess_type(item.file.filename)[0] or "application/octet-stream",
+                data=item.data, index=index,
+            )
+            for index, item in enumerate(outcome.files)
+        ]
+
+    async def _run_on(
+        self, running: Running, wf: workflow.Workflow, values: Mapping[str, object],
+        backend: pool.Backend, *, attach: bool,
+    ) -> execute.Outcome:
+        job = running.job
+        inputs: dict[str, execute.InputImage] = {}
+        if not attach:
+            images = await self.store.inputs(job.id) if wf.image_params else []
+            for name, image in zip(wf.image_params, images, strict=False):
+                inputs[name] = execute.InputImage(image.data, image.mime)
+            self._record_progress(
+                running, {"state": "submitted", "backend": backend.name}, force=True
+            )
+        return await execute.execute(
+            backend.client, wf, values, inputs, prompt_id=str(job.id),
+            on_event=self._progress_callback(running), timeout=self.options.job_timeout,
+            attach=attach, on_ran=lambda: self._release_slot(running),
+        )
+
+    async def _release_slot(self, running: Running) -> None:
+        slot, running.slot = running.slot, None
+        if slot is not None:
+            await self.pool.release(slot)
+            self._wake.set()
+
+    # --- progress and cancellation -------------------------------------------------
+
+    def _progress_callback(
+        self, running: Running
+    ) -> Callable[[events.Event], Awaitable[None]]:
+        async def on_event(event: events.Event) -> None:
+            data: dict[str, Any] | None = None
+            force = False
+            if isinstance(event, events.QueuePosition):
+                data = {"state": "queued_on_backend", "position": event.position}
+                force = True
+            elif isinstance(event, events.ExecutionStart):
+                data = {"state": "running"}
+                force = True
+            elif isinstance(event, events.Executing) and event.node is not None:
+                data = {"state": "running", "node": event.node}
+            elif isinstance(event, events.Progress):
+                percent = round(100.0 * event.value / event.max, 1) if event.max else None
+                data = {"state": "running", "node": event.node, "value": event.value,
+                        "max": event.max, "percent": percent}
+            if data is not None:
+                slot = running.slot
+                if slot is not None:
+                    data["backend"] = slot.backend.name
+                self._record_progress(running, data, force=force)
+        return on_event
+
+    def _record_progress(
+        self, running: Running, data: Mapping[str, Any], *, force: bool = False
+    ) -> None:
+        """Save the job's progress in the background, the latest first.
+
+        The job never waits for its progress row: events from the backend keep flowing
+        while a write is pending, and they collapse into the newest one. Writes trail the
+        events, a change of state by PROGRESS_SETTLE, progress by up to PROGRESS_INTERVAL
+        after the last write, so a job that ends sooner writes none: its final status says
+        all. A cancel request read back with a write cancels the job.
+        """
+        if running.progress_closed:
+            return
+        now = time.monotonic()
+        due = now + PROGRESS_SETTLE if force else max(now, running.progress_at + PROGRESS_INTERVAL)
+        if due < running.progress_due:
+            running.progress_due = due
+            running.progress_sooner.set()
+        running.progress_next = dict(data)
+        if running.progress_task is None or running.progress_task.done():
+            task = asyncio.create_task(self._write_progress(running),
+                                       name=f"progress-{running.job.id}")
+            running.progress_task = task
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+
+    async def _write_progress(self, running: Running) -> None:
+        while running.progress_next is not None and not running.progress_closed:
+            while (wait := running.progress_due - time.monotonic()) > 0:
+                running.progress_sooner.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(running.progress_sooner.wait(), wait)
+            if running.progress_closed or running.progress_next is None:
+                return
+            data, running.progress_next = running.progress_next, None
+            running.progress_at, running.progress_due = time.monotonic(), math.inf
+            try:
+                cancel = await self.store.record_progress(running.job, data)
+            except store_errors.LeaseLost:
+                if running.progress_closed or running.settled:
+                    return  # the job ended meanwhile: its final status is the last word
+                logger.warning("lease lost; dropping the job here",
+                               extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                running.cancelling = True
+                if running.task is not None and not running.task.done():
+                    running.task.cancel()
+                return
+            except store_errors.StoreError as exc:  # progress is best effort
+                logger.info("progress not saved: %s", exc, extra={"action": "progress_unsaved"})
+                continue
+            if cancel:
+                self._request_cancel(running)
+
+    def _request_cancel(self, running: Running) -> None:
+        if running.cancelling:
+            return
+        running.cancel_requested = True
+        running.cancelling = True
+        task = asyncio.create_task(self._cancel(running), name=f"cancel-{running.job.id}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _cancel(self, running: Running) -> None:
+        """Stop this one prompt on its backend, then end the job as cancelled."""
+        slot = running.slot
+        if slot is not None:
+            try:
+                outcome = await slot.backend.client.cancel(str(running.job.id))
+                logger.info("cancel on backend %s: %s", slot.backend.name, outcome,
+                            extra={"action": "job_cancel", "job_id": str(running.job.id)})
+            except comfy_errors.ComfyError as exc:
+                logger.info("could not stop the job on its backend: %s", exc)
+        if running.task is not None and not running.task.done():
+            running.task.cancel()

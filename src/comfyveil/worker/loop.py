@@ -1,0 +1,298 @@
+"""The worker's loop: claiming jobs while a backend has a free slot, and the side tasks
+that renew leases, LISTEN for news of the queue and recover expired leases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+
+from comfyveil import sinks as sinks_mod
+from comfyveil.comfy import pool, workflow
+from comfyveil.store import database, jobs
+from comfyveil.store import errors as store_errors
+from comfyveil.worker.job import JobRunner, Running
+from comfyveil.worker.options import DB_RETRY_DELAY, FINAL_EVENTS, WorkerOptions, default_worker_id
+from comfyveil.worker.settle import Settling
+
+logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
+
+
+class Worker(JobRunner, Settling):
+    """Claims and runs jobs until `stop()`.
+
+    Args:
+        db: the opened database.
+        backends: the backend pool (opened by the caller).
+        sinks: where finished jobs are delivered.
+        options: intervals and limits.
+    """
+
+    def __init__(
+        self,
+        db: database.Database,
+        backends: pool.Pool,
+        *,
+        sinks: Sequence[sinks_mod.DeliverySink] = (),
+        options: WorkerOptions | None = None,
+    ) -> None:
+        self.db = db
+        self.store = db.jobs
+        self.pool = backends
+        self.sinks = tuple(sinks)
+        self.options = options or WorkerOptions()
+        self.worker_id = self.options.worker_id or default_worker_id()
+        self._running: dict[uuid.UUID, Running] = {}
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._workflows: dict[str, workflow.Workflow] = {}
+        self._avoid: dict[uuid.UUID, str] = {}  # the backend a job last failed on
+        # Claims that found nothing are not repeated each time a slot frees up, only after
+        # news of the queue. A NOTIFY of a queued job is news of one job (_job_news counts
+        # them); a LISTEN reconnect, recovered leases or the poll interval are news of an
+        # unknown amount (_other_news). _found_empty is (both counts when the queue was
+        # last known empty, the backends asked for; None: any): after it, a claim asks for
+        # no more jobs than were announced since, so one queued job costs one claim.
+        self._job_news = 0
+        self._other_news = 0
+        self._found_empty: tuple[int, int, frozenset[str] | None] | None = None
+        self._delivering: set[uuid.UUID] = set()
+        self._side: list[asyncio.Task[None]] = []
+        self._cancels: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[None]] = set()  # progress writes in flight
+        self.stopped = asyncio.Event()
+
+    # --- life cycle ----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running jobs get the grace period. Idempotent."""
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def running_jobs(self) -> list[uuid.UUID]:
+        return list(self._running)
+
+    async def run(self) -> None:
+        """Run until `stop()`; if cancelled, shut down cleanly first."""
+        task = asyncio.ensure_future(self._run_loop())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self.stop()
+            await task
+            raise
+
+    async def _run_loop(self) -> None:
+        logger.info("worker %s started", self.worker_id,
+                    extra={"action": "worker_started", "worker": self.worker_id})
+        opts = self.options
+        self._side = [
+            asyncio.create_task(self._renew_loop(), name=f"{self.worker_id}-leases"),
+            asyncio.create_task(self._recover_loop(), name=f"{self.worker_id}-recover"),
+            asyncio.create_task(self._deliver_loop(), name=f"{self.worker_id}-deliver"),
+        ]
+        if opts.listen:
+            self._side.append(
+                asyncio.create_task(self._listen_loop(), name=f"{self.worker_id}-listen")
+            )
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                await self._fill()
+                try:
+                    async with asyncio.timeout(opts.poll_interval):
+                        await self._wake.wait()
+                except TimeoutError:
+                    self._other_news += 1  # backoffs end and notifications get lost
+        finally:
+            await self._shutdown()
+            if self._side_tasks:  # the last progress writes (they end on their own)
+                await asyncio.wait(list(self._side_tasks), timeout=DB_RETRY_DELAY * 4)
+            for side in self._side:
+                side.cancel()
+            for side in self._side:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await side
+            self.stopped.set()
+            logger.info("worker %s stopped", self.worker_id,
+                        extra={"action": "worker_stopped", "worker": self.worker_id})
+
+    async def _shutdown(self) -> None:
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        if not tasks:
+            return
+        logger.info("waiting up to %.0f s for %d running job(s)", self.options.shutdown_grace,
+                    len(tasks), extra={"action": "worker_draining"})
+        _, pending = await asyncio.wait(tasks, timeout=self.options.shutdown_grace)
+        for task in pending:
+            task.cancel()  # the job task hands its job back under shield
+        if pending:
+            await asyncio.wait(pending)
+
+    # --- claiming ------------------------------------------------------------------
+
+    async def _fill(self) -> None:
+        """Claim as many jobs as backends have free slots, all at once.
+
+        Jobs claimed but not yet placed on a backend count against the free slots (they
+        are about to take them); a job of ours that waits for a GPU stops claiming, so
+        the database, not this process, holds the waiting work.
+        """
+        while not self._stop.is_set():
+            if any(r.waiting for r in self._running.values()):
+                return  # one of ours already waits for a GPU: leave the rest queued
+            free = self.pool.free_slots()
+            unplaced = sum(1 for r in self._running.values() if not r.placed.is_set())
+            if free:
+                want = sum(free.values()) - unplaced
+            elif self.pool.any_healthy or unplaced:
+                return
+            else:
+                # All backends down: take one job anyway so its user hears "waiting for a
+                # GPU".
+                want = 1
+            if want <= 0:
+                return
+            names = list(free) or None
+            asked = frozenset(names) if names is not None else None
+            announced = self._announced_since_empty(asked)
+            if announced is not None:
+                if announced <= 0:
+                    return
+                want = min(want, announced)
+            job_news, other_news = self._job_news, self._other_news
+            claims = await asyncio.gather(
+                *(self.store.claim(self.worker_id, backends=names,
+                                   lease_seconds=self.options.lease_seconds)
+                  for _ in range(want)),
+                return_exceptions=True,
+            )
+            failure: BaseException | None = None
+            claimed = 0
+            for outcome in claims:
+                if isinstance(outcome, BaseException):
+                    failure = outcome
+                elif outcome is not None:
+                    claimed += 1
+                    self._start(outcome)
+            if failure is not None:
+                if not isinstance(failure, store_errors.StoreError):
+                    raise failure
+                logger.warning("cannot claim jobs: %s", failure,
+                               extra={"action": "claim_failed"})
+                await self._sleep(DB_RETRY_DELAY * 4)
+                return
+            if claimed < want:
+                if self.options.listen:  # without LISTEN no news comes: keep asking
+                    self._found_empty = (job_news, other_news, asked)
+                return  # the queue is empty (for our free backends)
+            if announced is not None and self._found_empty is not None:
+                # Those announced jobs are taken: what is left was announced after them.
+                seen, other, empty_for = self._found_empty
+                self._found_empty = (seen + claimed, other, empty_for)
+
+    def _queue_changed(self, *, one_job: bool = False) -> None:
+        """The queue may hold new work (`one_job`: exactly one more job was queued)."""
+        if one_job:
+            self._job_news += 1
+        else:
+            self._other_news += 1
+        self._wake.set()
+
+    def _announced_since_empty(self, asked: frozenset[str] | None) -> int | None:
+        """How many jobs were queued since a claim for `asked` backends found nothing, as
+        far as the notifications tell; None when unknown (no such claim, or other news)."""
+        if self._found_empty is None:
+            return None
+        seen, other, empty_for = self._found_empty
+        if other != self._other_news:
+            return None
+        if not (empty_for is None or (asked is not None and asked <= empty_for)):
+            return None
+        return self._job_news - seen
+
+    def _start(self, job: jobs.Job) -> None:
+        running = Running(job)
+        self._running[job.id] = running
+        running.task = asyncio.create_task(self._process(running), name=f"job-{job.id}")
+        running.task.add_done_callback(lambda _t, jid=job.id: self._finished(jid))
+
+    def _finished(self, job_id: uuid.UUID) -> None:
+        self._running.pop(job_id, None)
+        self._wake.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    # --- side tasks ----------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        interval = self.options.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            for running in list(self._running.values()):
+                if running.settled:
+                    continue
+                try:
+                    renewed = await self.store.renew_lease(running.job, self.options.lease_seconds)
+                except store_errors.LeaseLost:
+                    if running.settled:
+                        continue  # the final status landed while the renewal was in flight
+                    logger.warning("lease lost; dropping the job here",
+                                   extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                    running.cancelling = True
+                    if running.task is not None:
+                        running.task.cancel()
+                    continue
+                except store_errors.StoreError as exc:
+                    logger.warning("cannot renew leases: %s", exc,
+                                   extra={"action": "renew_failed"})
+                    break
+                if renewed.cancel_requested and not running.settled:
+                    self._request_cancel(running)
+
+    async def _listen_loop(self) -> None:
+        while True:
+            try:
+                async with self.db.listen() as listener:
+                    # Jobs queued before LISTEN took hold sent their NOTIFY to no one.
+                    self._queue_changed()
+                    async for note in listener:
+                        if note.reconnected:
+                            self._queue_changed()
+                            continue
+                        if note.channel == database.JOBS_CHANNEL:
+                            self._queue_changed(one_job=True)
+                            continue
+                        event = note.payload.get("event")
+                        if event == "cancel_requested":
+                            with contextlib.suppress(ValueError, TypeError):
+                                running = self._running.get(uuid.UUID(note.payload["job_id"]))
+                                if running is not None:
+                                    self._request_cancel(running)
+                        elif event in FINAL_EVENTS:
+                            with contextlib.suppress(ValueError, TypeError):
+                                self._finished_elsewhere(uuid.UUID(note.payload["job_id"]))
+            except store_errors.StoreError as exc:
+                logger.warning("LISTEN unavailable (%s); polling", exc,
+                               extra={"action": "listen_failed"})
+                await asyncio.sleep(self.options.poll_interval)
+
+    async def _recover_loop(self) -> None:
+        interval = self.options.recover_interval or self.options.lease_seconds / 2
+        while True:
+            try:
+                recovered = await self.store.recover_expired()
+            except store_errors.StoreError as exc:
+                logger.info("cannot recover expired leases now: %s", exc)
+                recovered = []
+            if recovered:
+                self._queue_changed()
+                for job in recovered:
+                    if job.status.finished:
+                        await self._deliver(job, [])
+            await asyncio.sleep(interval)

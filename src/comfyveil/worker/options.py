@@ -1,0 +1,39 @@
+"""How a worker behaves: its options and the timings they default to."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+POLL_INTERVAL = 5.0  # seconds between two looks at the queue when no NOTIFY arrives
+LEASE_SECONDS = 30.0  # a job's lease; renewed every third of it
+FINAL_EVENTS = frozenset({"succeeded", "failed", "cancelled"})  # job_events kinds that end a job
+DELIVERY_CLAIM_SECONDS = 120.0  # a catch-up delivery's claim; another worker may retry after
+SHUTDOWN_GRACE = 30.0  # seconds running jobs get to finish on stop before being handed back
+RETRY_BACKOFF = 2.0  # seconds before the first retry of a transient failure, then doubled
+RETRY_BACKOFF_MAX = 120.0  # seconds
+DELIVERY_GRACE = 30.0  # seconds after a job ended before another worker re-delivers it
+DB_RETRY_DELAY = 0.5  # seconds between tries of a write while the database is unreachable
+PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
+PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker behaves; the defaults suit production, tests shorten the times."""
+
+    worker_id: str = ""  # default: host-pid-random
+    lease_seconds: float = LEASE_SECONDS
+    poll_interval: float = POLL_INTERVAL
+    job_timeout: float = 1800.0
+    shutdown_grace: float = SHUTDOWN_GRACE
+    retry_backoff: float = RETRY_BACKOFF
+    recover_interval: float | None = None  # default: half the lease
+    delivery_grace: float = DELIVERY_GRACE
+    listen: bool = True  # LISTEN for NOTIFY; False: polling only
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

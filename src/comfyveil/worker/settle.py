@@ -1,0 +1,189 @@
+"""Ending a job: writing its final status (shielded, retried while the database is away)
+and delivering finished jobs to the sinks, recording each delivery, including catch-up
+delivery of jobs a crashed or remote worker finished."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from comfyveil import sinks as sinks_mod
+from comfyveil.errors import ComfyveilError
+from comfyveil.store import errors as store_errors
+from comfyveil.store import jobs
+from comfyveil.worker.options import DB_RETRY_DELAY, DELIVERY_CLAIM_SECONDS, RETRY_BACKOFF_MAX
+
+if TYPE_CHECKING:
+    from comfyveil.worker.job import Running
+
+logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
+
+T = TypeVar("T")
+
+
+class Settling:
+    """The final-write and delivery part of `Worker` (which it is mixed into)."""
+
+    async def _settle(
+        self, running: Running, write: Callable[[], Awaitable[T]]
+    ) -> T | None:
+        """Write a job's final status: shielded from cancellation, retried while the
+        database is unreachable (up to twice the lease; after that the job has been
+        recovered by another worker, which re-attaches to its prompt)."""
+        # The lease ends with the final status: from the moment it is being written, a
+        # renewal or progress write would fail and cancel the delivery that follows
+        # (which then ran twice, or late from another worker's deliver loop).
+        running.settled = True
+        running.progress_closed = True
+        task = asyncio.ensure_future(self._retry_db(write, running))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await task
+            raise
+
+    async def _retry_db(
+        self, write: Callable[[], Awaitable[T]], running: Running
+    ) -> T | None:
+        deadline = time.monotonic() + self.options.lease_seconds * 2
+        while True:
+            try:
+                return await write()
+            except store_errors.LeaseLost:
+                logger.warning("job was taken over before its result was saved",
+                               extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                return None
+            except store_errors.DatabaseUnreachable as exc:
+                if time.monotonic() > deadline:
+                    logger.error("could not save a job's result: %s", exc,
+                                 extra={"action": "job_unsaved", "job_id": str(running.job.id)})
+                    return None
+                await asyncio.sleep(DB_RETRY_DELAY)
+
+    async def _complete(self, running: Running, outputs: list[jobs.Output]) -> jobs.Job:
+        return await self.store.complete(
+            running.job, outputs, claim_for=[sink.name for sink in self.sinks],
+            claim_seconds=DELIVERY_CLAIM_SECONDS,
+        )
+
+    async def _fail(self, running: Running, message: str, *, transient: bool) -> jobs.Job:
+        job = running.job
+        backoff = min(RETRY_BACKOFF_MAX,
+                      self.options.retry_backoff * 2 ** max(0, job.attempts - 1))
+        failed = await self.store.fail(job, message, transient=transient, backoff=backoff)
+        if failed.status is jobs.Status.QUEUED:
+            logger.info("job will be retried", extra={"action": "job_retry",
+                                                      "job_id": str(job.id)})
+        else:
+            self._avoid.pop(job.id, None)
+            logger.info("job failed: %s", message,
+                        extra={"action": "job_failed", "job_id": str(job.id)})
+            await self._deliver(failed, [])
+        return failed
+
+    async def _mark_cancelled(self, running: Running) -> jobs.Job:
+        cancelled = await self.store.mark_cancelled(running.job)
+        logger.info("job cancelled", extra={"action": "job_cancelled",
+                                            "job_id": str(running.job.id)})
+        await self._deliver(cancelled, [])
+        return cancelled
+
+    async def _hand_back(self, running: Running) -> jobs.Job:
+        released = await self.store.release(running.job)
+        logger.info("job handed back", extra={"action": "job_released",
+                                              "job_id": str(running.job.id)})
+        return released
+
+    # --- delivery ------------------------------------------------------------------
+
+    async def _deliver(
+        self, job: jobs.Job, outputs: Sequence[jobs.Output] | None,
+        only: Sequence[sinks_mod.DeliverySink] | None = None, *, claimed: bool = False,
+    ) -> None:
+        """Give a finished job to the sinks (all, or `only` these); record each delivery.
+
+        `claimed`: the completion claimed the delivery to every sink already. The delivery
+        is recorded after the sink took it: a crash in between re-delivers once (the
+        deliver loop of the next worker finds it), never loses it.
+        """
+        targets = self.sinks if only is None else tuple(only)
+        if not targets or job.id in self._delivering:
+            return
+        self._delivering.add(job.id)
+        try:
+            for sink in targets:
+                try:
+                    # Whoever claims delivers: this worker, the one catching up on a crashed
+                    # worker's results, or the bot's process for a remote worker's job.
+                    if not claimed and not await self.store.claim_delivery(
+                        job.id, sink.name, self.worker_id, seconds=DELIVERY_CLAIM_SECONDS
+                    ):
+                        continue
+                    if outputs is None or (job.status is jobs.Status.SUCCEEDED and not outputs):
+                        outputs = await self.store.outputs(job.id)
+                    await sink.deliver(job, outputs)
+                    # Recorded here only (the sink does not): after the sink returned.
+                    await asyncio.shield(
+                        self.store.record_delivery(job.id, sink.name, _detail(sink, job.id))
+                    )
+                except ComfyveilError as exc:
+                    logger.warning("delivery to %s failed: %s", sink.name, exc,
+                                   extra={"action": "delivery_failed", "job_id": str(job.id)})
+                except Exception:
+                    logger.exception("delivery to %s failed", sink.name,
+                                     extra={"action": "delivery_failed", "job_id": str(job.id)})
+        finally:
+            self._delivering.discard(job.id)
+
+    async def _deliver_loop(self) -> None:
+        """Deliver what a crashed worker finished but never delivered."""
+        if not self.sinks:
+            return
+        interval = max(self.options.poll_interval, 1.0)
+        while True:
+            for sink in self.sinks:
+                try:
+                    waiting = await self.store.undelivered(sink.name)
+                except store_errors.StoreError:
+                    break
+                for job in waiting:
+                    if job.finished_at is None or job.id in self._delivering:
+                        continue
+                    age = time.time() - job.finished_at.timestamp()
+                    if age < self.options.delivery_grace:
+                        continue
+                    await self._deliver(job, None, only=[sink])
+            await asyncio.sleep(interval)
+
+    def _finished_elsewhere(self, job_id: uuid.UUID) -> None:
+        """A job this worker is not running has ended (another worker, maybe on another
+        host, ran it): deliver it now to our sinks instead of at the next catch-up."""
+        if not self.sinks or job_id in self._running or job_id in self._delivering:
+            return
+        task = asyncio.create_task(self._deliver_by_id(job_id), name=f"deliver-{job_id}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _deliver_by_id(self, job_id: uuid.UUID) -> None:
+        try:
+            job = await self.store.get(job_id)
+        except store_errors.StoreError:
+            return  # the catch-up loop will find it
+        if job is not None and job.status.finished:
+            await self._deliver(job, None)
+
+
+def _detail(sink: sinks_mod.DeliverySink, job_id: uuid.UUID) -> Mapping[str, Any] | None:
+    """What a sink wants recorded with a delivery (e.g. the Telegram message ids), if it
+    says (an optional `delivery_detail(job_id)` method)."""
+    detail_of = getattr(sink, "delivery_detail", None)
+    if detail_of is None:
+        return None
+    detail = detail_of(job_id)
+    return detail if isinstance(detail, Mapping) else None
