@@ -28,10 +28,24 @@ COMMAND_RE = re.compile(r"^[a-z0-9_]{1,32}$")  # Telegram's rule for bot command
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 _TOP_KEYS = frozenset({"command", "title", "description", "kind", "params"})
-_PARAM_KEYS = frozenset({
-    "node", "input", "targets", "type", "required", "default", "min", "max", "step",
-    "max_length", "choices", "description", "aliases", "free_text",
-})
+_PARAM_KEYS = frozenset(
+    {
+        "node",
+        "input",
+        "targets",
+        "type",
+        "required",
+        "default",
+        "min",
+        "max",
+        "step",
+        "max_length",
+        "choices",
+        "description",
+        "aliases",
+        "free_text",
+    }
+)
 _NUMERIC_TYPES = ("int", "float", "seed")
 
 
@@ -92,8 +106,14 @@ def loads(
         raise WorkflowError(f"{where}: only one parameter may have free_text (got {free})")
 
     return Workflow(
-        name=name, command=command, title=title, description=description, kind=kind,
-        graph=freeze(graph), params=MappingProxyType(params), source=source,
+        name=name,
+        command=command,
+        title=title,
+        description=description,
+        kind=kind,
+        graph=freeze(graph),
+        params=MappingProxyType(params),
+        source=source,
         _lookup=MappingProxyType(lookup),
     )
 
@@ -141,8 +161,9 @@ def _shipped() -> tuple[Workflow, ...]:
         if entry.name.endswith(".toml"):
             stem = entry.name[: -len(".toml")]
             graph = root.joinpath(f"{stem}.json").read_text(encoding="utf-8")
-            found.append(loads(stem, entry.read_text(encoding="utf-8"), graph,
-                               source=Path(str(entry))))
+            found.append(
+                loads(stem, entry.read_text(encoding="utf-8"), graph, source=Path(str(entry)))
+            )
     return tuple(found)
 
 
@@ -160,8 +181,10 @@ def find(name_or_path: str | Path, extra_dirs: Iterable[Path] = ()) -> Workflow:
     """
     text = os.fspath(name_or_path)
     looks_like_command = COMMAND_RE.match(text.removeprefix("/")) is not None
-    if isinstance(name_or_path, Path) or text.endswith(".toml") or (
-        os.sep in text and not looks_like_command
+    if (
+        isinstance(name_or_path, Path)
+        or text.endswith(".toml")
+        or (os.sep in text and not looks_like_command)
     ):
         path = Path(text)
         if not path.is_file():
@@ -176,8 +199,12 @@ def find(name_or_path: str | Path, extra_dirs: Iterable[Path] = ()) -> Workflow:
     for workflow in known.values():
         if workflow.command == command:
             return workflow
-    listing = ", ".join(f"{w.command} ({w.name})" for w in
-                        sorted(known.values(), key=lambda w: w.command)) or "none"
+    listing = (
+        ", ".join(
+            f"{w.command} ({w.name})" for w in sorted(known.values(), key=lambda w: w.command)
+        )
+        or "none"
+    )
     raise WorkflowError(f"unknown workflow {clip(text, 60)}; known: {listing}")
 
 
@@ -197,8 +224,14 @@ def _check_graph_shape(raw: object, where: str) -> dict[str, Any]:
     return raw
 
 
-def _get(table: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, *,
-         required: bool = False) -> Any:
+def _get(
+    table: Mapping[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    where: str,
+    *,
+    required: bool = False,
+) -> Any:
     if key not in table:
         if required:
             raise WorkflowError(f"{where}: {key} is missing")
@@ -270,11 +303,19 @@ def _parse_param(name: str, table: object, graph: Mapping[str, Any], where: str)
     required = bool(_get(table, "required", bool, where))
 
     param = Param(
-        name=name, type=ptype, targets=targets, required=required, default=None,
-        min=low, max=high, max_length=max_length,
+        name=name,
+        type=ptype,
+        targets=targets,
+        required=required,
+        default=None,
+        min=low,
+        max=high,
+        max_length=max_length,
         choices=tuple(choices) if choices is not None else None,
-        description=_get(table, "description", str, where) or "", step=step,
-        aliases=tuple(aliases), free_text=free_text,
+        description=_get(table, "description", str, where) or "",
+        step=step,
+        aliases=tuple(aliases),
+        free_text=free_text,
     )
     default = table.get("default")
     if default is not None and (required or ptype in ("image",)):
@@ -300,8 +341,10 @@ def _parse_targets(table: Mapping[str, Any], where: str) -> tuple[Target, ...]:
     if has_single:
         node = table.get("node")
         input_name = table.get("input")
-        if not isinstance(node, str | int) or isinstance(node, bool) or not isinstance(
-            input_name, str
+        if (
+            not isinstance(node, str | int)
+            or isinstance(node, bool)
+            or not isinstance(input_name, str)
         ):
             raise WorkflowError(f"{where}: needs node (an id) and input (a name)")
         return (Target(str(node), input_name),)
@@ -310,9 +353,12 @@ def _parse_targets(table: Mapping[str, Any], where: str) -> tuple[Target, ...]:
         raise WorkflowError(f"{where}: needs node and input, or targets")
     targets = []
     for item in raw:
-        if (not isinstance(item, dict) or set(item) != {"node", "input"}
-                or not isinstance(item["input"], str)):
-            raise WorkflowError(f"{where}: each target must be {{node = \"id\", input = \"name\"}}")
+        if (
+            not isinstance(item, dict)
+            or set(item) != {"node", "input"}
+            or not isinstance(item["input"], str)
+        ):
+            raise WorkflowError(f'{where}: each target must be {{node = "id", input = "name"}}')
         targets.append(Target(str(item["node"]), item["input"]))
     if len(set(targets)) != len(targets):
         raise WorkflowError(f"{where}: a target is listed twice")
@@ -321,9 +367,11 @@ def _parse_targets(table: Mapping[str, Any], where: str) -> tuple[Target, ...]:
 
 def _literal_fits(ptype: str, value: object) -> bool:
     if ptype in ("int", "seed"):
-        return isinstance(value, int | float) and not isinstance(value, bool) and float(
-            value
-        ).is_integer()
+        return (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and float(value).is_integer()
+        )
     if ptype == "float":
         return isinstance(value, int | float) and not isinstance(value, bool)
     if ptype in ("text", "image"):
@@ -339,6 +387,10 @@ def _list(names: Iterable[str]) -> str:
 
 def _type_words(kind: type) -> str:
     return {
-        str: "text", int: "a whole number", bool: "true or false", dict: "a table",
-        list: "a list", float: "a number",
+        str: "text",
+        int: "a whole number",
+        bool: "true or false",
+        dict: "a table",
+        list: "a list",
+        float: "a number",
     }.get(kind, kind.__name__)

@@ -130,8 +130,9 @@ class ComfyClient(Following):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise errors.ComfyError(f"the client for backend {self.name} is closed",
-                                    backend=self.name)
+            raise errors.ComfyError(
+                f"the client for backend {self.name} is closed", backend=self.name
+            )
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> transport.Reply:
         self._check_open()
@@ -155,14 +156,13 @@ class ComfyClient(Following):
                 backend=self.name,
             ) from exc
 
-    def _status_error(
-        self, method: str, path: str, response: transport.Reply
-    ) -> errors.ComfyError:
+    def _status_error(self, method: str, path: str, response: transport.Reply) -> errors.ComfyError:
         code = response.status
         if code == 403:
             return errors.BackendProtocolError(
                 f"backend {self.name} refused {method} {path} (403 forbidden)",
-                backend=self.name, transient=False,
+                backend=self.name,
+                transient=False,
             )
         if code in (502, 503, 504):
             return errors.BackendUnreachable(backend=self.name)
@@ -220,8 +220,10 @@ class ComfyClient(Following):
             with contextlib.suppress(errors.ComfyError):
                 await self.cancel(str(data["prompt_id"]))
             raise errors.WorkflowRejected(
-                {"type": "prompt_outputs_failed_validation",
-                 "message": "Prompt outputs failed validation"},
+                {
+                    "type": "prompt_outputs_failed_validation",
+                    "message": "Prompt outputs failed validation",
+                },
                 node_errors,
                 backend=self.name,
             )
@@ -256,7 +258,10 @@ class ComfyClient(Following):
         queue = socket.listen(pid)
         try:
             await self.submit(
-                prompt, prompt_id=pid, front=front, extra_data=extra_data,
+                prompt,
+                prompt_id=pid,
+                front=front,
+                extra_data=extra_data,
                 client_id=socket.client_id,
             )
             return await self._follow_socket(pid, queue, on_event, time.monotonic())
@@ -416,7 +421,8 @@ class ComfyClient(Following):
         if subfolder:
             form["subfolder"] = subfolder
         response = await self._send(
-            "POST", "/upload/image",
+            "POST",
+            "/upload/image",
             data=_upload_form(form, data, filename),
         )
         if response.status == 413:
@@ -434,7 +440,8 @@ class ComfyClient(Following):
                 f"backend {self.name} sent an unreadable upload answer", backend=self.name
             )
         return UploadedFile(
-            str(answer["name"]), str(answer.get("subfolder") or ""),
+            str(answer["name"]),
+            str(answer.get("subfolder") or ""),
             str(answer.get("type") or type),
         )
 

@@ -86,7 +86,10 @@ class Following:
             await _call_back(on_event, events.QueuePosition(prompt_id, position))
 
     async def _follow_socket(
-        self, prompt_id: str, queue: asyncio.Queue[Any], on_event: EventCallback | None,
+        self,
+        prompt_id: str,
+        queue: asyncio.Queue[Any],
+        on_event: EventCallback | None,
         submitted_at: float = 0.0,
     ) -> RunResult:
         tracker = Tracker(prompt_id, self.name)

@@ -74,12 +74,18 @@ class Param:
     def to_dict(self) -> dict[str, Any]:
         """The binding as plain data (for hashing and storage)."""
         return {
-            "name": self.name, "type": self.type,
+            "name": self.name,
+            "type": self.type,
             "targets": [[t.node, t.input] for t in self.targets],
-            "required": self.required, "default": self.default, "min": self.min,
-            "max": self.max, "step": self.step, "max_length": self.max_length,
+            "required": self.required,
+            "default": self.default,
+            "min": self.min,
+            "max": self.max,
+            "step": self.step,
+            "max_length": self.max_length,
             "choices": list(self.choices) if self.choices is not None else None,
-            "description": self.description, "aliases": list(self.aliases),
+            "description": self.description,
+            "aliases": list(self.aliases),
             "free_text": self.free_text,
         }
 

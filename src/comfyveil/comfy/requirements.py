@@ -15,32 +15,38 @@ from comfyveil.comfy.params import num, show
 __all__ = ["validate_graph"]
 
 # Loader inputs naming a model file, and the models/ folder it lives in.
-_MODEL_INPUTS: Mapping[str, str] = MappingProxyType({
-    "ckpt_name": "checkpoints",
-    "unet_name": "diffusion_models",
-    "clip_name": "text_encoders",
-    "clip_name1": "text_encoders",
-    "clip_name2": "text_encoders",
-    "clip_name3": "text_encoders",
-    "clip_name4": "text_encoders",
-    "vae_name": "vae",
-    "lora_name": "loras",
-    "control_net_name": "controlnet",
-    "style_model_name": "style_models",
-    "gligen_name": "gligen",
-    "hypernetwork_name": "hypernetworks",
-})
+_MODEL_INPUTS: Mapping[str, str] = MappingProxyType(
+    {
+        "ckpt_name": "checkpoints",
+        "unet_name": "diffusion_models",
+        "clip_name": "text_encoders",
+        "clip_name1": "text_encoders",
+        "clip_name2": "text_encoders",
+        "clip_name3": "text_encoders",
+        "clip_name4": "text_encoders",
+        "vae_name": "vae",
+        "lora_name": "loras",
+        "control_net_name": "controlnet",
+        "style_model_name": "style_models",
+        "gligen_name": "gligen",
+        "hypernetwork_name": "hypernetworks",
+    }
+)
 # The same input name means another folder in these classes.
-_CLASS_MODEL_INPUTS: Mapping[tuple[str, str], str] = MappingProxyType({
-    ("CLIPVisionLoader", "clip_name"): "clip_vision",
-    ("UpscaleModelLoader", "model_name"): "upscale_models",
-    ("PhotoMakerLoader", "photomaker_model_name"): "photomaker",
-})
+_CLASS_MODEL_INPUTS: Mapping[tuple[str, str], str] = MappingProxyType(
+    {
+        ("CLIPVisionLoader", "clip_name"): "clip_vision",
+        ("UpscaleModelLoader", "model_name"): "upscale_models",
+        ("PhotoMakerLoader", "photomaker_model_name"): "photomaker",
+    }
+)
 # ComfyUI serves some folders under an older name too.
-FOLDER_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "diffusion_models": ("diffusion_models", "unet"),
-    "text_encoders": ("text_encoders", "clip"),
-})
+FOLDER_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "diffusion_models": ("diffusion_models", "unet"),
+        "text_encoders": ("text_encoders", "clip"),
+    }
+)
 _MODEL_EXTENSIONS = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".sft", ".onnx")
 _UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "upload")
 
@@ -88,8 +94,12 @@ def graph_problems(
 
 
 def _link_problems(
-    graph: Mapping[str, Any], object_info: Mapping[str, Any], label: str, name: str,
-    spec: Sequence[Any], link: Sequence[Any],
+    graph: Mapping[str, Any],
+    object_info: Mapping[str, Any],
+    label: str,
+    name: str,
+    spec: Sequence[Any],
+    link: Sequence[Any],
 ) -> Iterator[tuple[str, str]]:
     source_id, slot = str(link[0]), int(link[1])
     source = graph.get(source_id)
@@ -102,16 +112,22 @@ def _link_problems(
     outputs = source_info.get("output") or []
     source_label = f"node {source_id} ({source['class_type']})"
     if not 0 <= slot < len(outputs):
-        yield "link", (
-            f"{label} input {name} is linked to output {slot} of {source_label}, "
-            f"which has {len(outputs)} output(s)"
+        yield (
+            "link",
+            (
+                f"{label} input {name} is linked to output {slot} of {source_label}, "
+                f"which has {len(outputs)} output(s)"
+            ),
         )
         return
     given, wanted = outputs[slot], spec[0]
     if not _types_match(given, wanted):
-        yield "link", (
-            f"{label} input {name} expects {_type_name(wanted)} but {source_label} "
-            f"output {slot} gives {_type_name(given)}"
+        yield (
+            "link",
+            (
+                f"{label} input {name} expects {_type_name(wanted)} but {source_label} "
+                f"output {slot} gives {_type_name(given)}"
+            ),
         )
 
 
@@ -127,9 +143,11 @@ def _widget_problem(class_type: str, name: str, spec: Sequence[Any], value: obje
         shown = ", ".join(str(c) for c in choices[:8]) + (", ..." if len(choices) > 8 else "")
         return f"{show(value)} is not one of the choices ({shown})"
     if kind == "INT":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not float(
-            value
-        ).is_integer():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not float(value).is_integer()
+        ):
             return f"{show(value)} is not a whole number"
         return _range_problem(value, options)
     if kind == "FLOAT":
@@ -206,8 +224,11 @@ def model_folder(class_type: str, name: str, value: object) -> str | None:
 
 def is_link(value: object) -> bool:
     return (
-        isinstance(value, list | tuple) and len(value) == 2 and isinstance(value[0], str)
-        and isinstance(value[1], int) and not isinstance(value[1], bool)
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], int)
+        and not isinstance(value[1], bool)
     )
 
 

@@ -274,9 +274,7 @@ class Tracker:
         )
 
 
-def result_from_history(
-    prompt_id: str, backend: str, entry: Mapping[str, Any]
-) -> RunResult | None:
+def result_from_history(prompt_id: str, backend: str, entry: Mapping[str, Any]) -> RunResult | None:
     """A RunResult from a finished history entry; None while it is not finished."""
     status = entry.get("status") or {}
     messages = status.get("messages") or []

@@ -50,7 +50,9 @@ class Workflow:
         """sha256 (hex) of the canonical graph and bindings; equal content, equal hash."""
         document = {
             "graph": thaw(self.graph),
-            "command": self.command, "title": self.title, "description": self.description,
+            "command": self.command,
+            "title": self.title,
+            "description": self.description,
             "kind": self.kind,
             "params": {name: p.to_dict() for name, p in sorted(self.params.items())},
         }

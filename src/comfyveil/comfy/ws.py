@@ -114,8 +114,7 @@ async def connect(base_url: str, *, proxy: str | None, timeout: float, backend: 
             raise errors.BackendUnreachable(backend=backend) from exc
         raise
     try:
-        await conn.send('{"type":"feature_flags","data":'
-                        '{"supports_preview_metadata":true}}')
+        await conn.send('{"type":"feature_flags","data":{"supports_preview_metadata":true}}')
     except websockets.ConnectionClosed as exc:
         raise errors.BackendUnreachable(backend=backend) from exc
     return Socket(client_id, conn, backend)

@@ -70,13 +70,13 @@ class JobRunner:
             if running.cancel_requested:
                 await self._settle(running, lambda: self._mark_cancelled(running))
             else:
-                await self._settle(
-                    running, lambda: self._fail(running, message, transient=False)
-                )
+                await self._settle(running, lambda: self._fail(running, message, transient=False))
             return
         except store_errors.LeaseLost:
-            logger.warning("lost the lease of a job; another worker has it",
-                           extra={"action": "lease_lost", **log_extra})
+            logger.warning(
+                "lost the lease of a job; another worker has it",
+                extra={"action": "lease_lost", **log_extra},
+            )
             return
         except (comfy_errors.ComfyError, UsageError, workflow.WorkflowError) as exc:
             transient = bool(getattr(exc, "transient", False))
@@ -90,21 +90,27 @@ class JobRunner:
                     self._avoid[job.id] = backend.name
                     if isinstance(exc, comfy_errors.BackendUnreachable | comfy_errors.JobLost):
                         await self.pool.mark_down(backend, str(exc))
-            await self._settle(
-                running, lambda: self._fail(running, message, transient=transient)
-            )
+            await self._settle(running, lambda: self._fail(running, message, transient=transient))
             return
         except store_errors.StoreError as exc:
-            logger.warning("database error while running a job: %s", exc,
-                           extra={"action": "job_store_error", **log_extra})
+            logger.warning(
+                "database error while running a job: %s",
+                exc,
+                extra={"action": "job_store_error", **log_extra},
+            )
             return  # the lease expires and the job is recovered (re-attached) elsewhere
         except Exception:
-            logger.exception("unexpected error while running a job",
-                             extra={"action": "job_crashed", **log_extra})
-            await self._settle(running, lambda: self._fail(
-                running, "the job failed because of an internal error; it will be retried",
-                transient=True,
-            ))
+            logger.exception(
+                "unexpected error while running a job", extra={"action": "job_crashed", **log_extra}
+            )
+            await self._settle(
+                running,
+                lambda: self._fail(
+                    running,
+                    "the job failed because of an internal error; it will be retried",
+                    transient=True,
+                ),
+            )
             return
         try:
             done = await self._settle(running, lambda: self._complete(running, outputs))
@@ -138,17 +144,24 @@ class JobRunner:
             running.placed.set()
             assert running.slot is not None
             backend = running.slot.backend
-            logger.info("re-attaching to a job on backend %s", backend.name,
-                        extra={"action": "job_reattach", "job_id": prompt_id})
+            logger.info(
+                "re-attaching to a job on backend %s",
+                backend.name,
+                extra={"action": "job_reattach", "job_id": prompt_id},
+            )
             try:
                 outcome = await self._run_on(running, wf, values, backend, attach=True)
             except comfy_errors.JobLost:
                 # It never reached the GPU, or the backend restarted and forgot it: run it
                 # afresh on the same backend, within the same attempt.
-                logger.info("backend %s no longer knows the job; submitting it again",
-                            backend.name, extra={"action": "job_resubmit", "job_id": prompt_id})
+                logger.info(
+                    "backend %s no longer knows the job; submitting it again",
+                    backend.name,
+                    extra={"action": "job_resubmit", "job_id": prompt_id},
+                )
                 outcome = await self._run_on(running, wf, values, backend, attach=False)
         else:
+
             async def waiting(text: str) -> None:
                 running.waiting = True
                 running.placed.set()
@@ -170,16 +183,23 @@ class JobRunner:
             outcome = await self._run_on(running, wf, values, backend, attach=False)
         return [
             jobs.Output(
-                filename=item.file.filename, kind=item.file.kind,
+                filename=item.file.filename,
+                kind=item.file.kind,
                 mime=mimetypes.guess_type(item.file.filename)[0] or "application/octet-stream",
-                data=item.data, index=index,
+                data=item.data,
+                index=index,
             )
             for index, item in enumerate(outcome.files)
         ]
 
     async def _run_on(
-        self, running: Running, wf: workflow.Workflow, values: Mapping[str, object],
-        backend: pool.Backend, *, attach: bool,
+        self,
+        running: Running,
+        wf: workflow.Workflow,
+        values: Mapping[str, object],
+        backend: pool.Backend,
+        *,
+        attach: bool,
     ) -> execute.Outcome:
         job = running.job
         inputs: dict[str, execute.InputImage] = {}
@@ -191,9 +211,15 @@ class JobRunner:
                 running, {"state": "submitted", "backend": backend.name}, force=True
             )
         return await execute.execute(
-            backend.client, wf, values, inputs, prompt_id=str(job.id),
-            on_event=self._progress_callback(running), timeout=self.options.job_timeout,
-            attach=attach, on_ran=lambda: self._release_slot(running),
+            backend.client,
+            wf,
+            values,
+            inputs,
+            prompt_id=str(job.id),
+            on_event=self._progress_callback(running),
+            timeout=self.options.job_timeout,
+            attach=attach,
+            on_ran=lambda: self._release_slot(running),
         )
 
     async def _release_slot(self, running: Running) -> None:
@@ -204,9 +230,7 @@ class JobRunner:
 
     # --- progress and cancellation -------------------------------------------------
 
-    def _progress_callback(
-        self, running: Running
-    ) -> Callable[[events.Event], Awaitable[None]]:
+    def _progress_callback(self, running: Running) -> Callable[[events.Event], Awaitable[None]]:
         async def on_event(event: events.Event) -> None:
             data: dict[str, Any] | None = None
             force = False
@@ -220,13 +244,19 @@ class JobRunner:
                 data = {"state": "running", "node": event.node}
             elif isinstance(event, events.Progress):
                 percent = round(100.0 * event.value / event.max, 1) if event.max else None
-                data = {"state": "running", "node": event.node, "value": event.value,
-                        "max": event.max, "percent": percent}
+                data = {
+                    "state": "running",
+                    "node": event.node,
+                    "value": event.value,
+                    "max": event.max,
+                    "percent": percent,
+                }
             if data is not None:
                 slot = running.slot
                 if slot is not None:
                     data["backend"] = slot.backend.name
                 self._record_progress(running, data, force=force)
+
         return on_event
 
     def _record_progress(
@@ -249,8 +279,9 @@ class JobRunner:
             running.progress_sooner.set()
         running.progress_next = dict(data)
         if running.progress_task is None or running.progress_task.done():
-            task = asyncio.create_task(self._write_progress(running),
-                                       name=f"progress-{running.job.id}")
+            task = asyncio.create_task(
+                self._write_progress(running), name=f"progress-{running.job.id}"
+            )
             running.progress_task = task
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
@@ -270,8 +301,10 @@ class JobRunner:
             except store_errors.LeaseLost:
                 if running.progress_closed or running.settled:
                     return  # the job ended meanwhile: its final status is the last word
-                logger.warning("lease lost; dropping the job here",
-                               extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                logger.warning(
+                    "lease lost; dropping the job here",
+                    extra={"action": "lease_lost", "job_id": str(running.job.id)},
+                )
                 running.cancelling = True
                 if running.task is not None and not running.task.done():
                     running.task.cancel()
@@ -297,8 +330,12 @@ class JobRunner:
         if slot is not None:
             try:
                 outcome = await slot.backend.client.cancel(str(running.job.id))
-                logger.info("cancel on backend %s: %s", slot.backend.name, outcome,
-                            extra={"action": "job_cancel", "job_id": str(running.job.id)})
+                logger.info(
+                    "cancel on backend %s: %s",
+                    slot.backend.name,
+                    outcome,
+                    extra={"action": "job_cancel", "job_id": str(running.job.id)},
+                )
             except comfy_errors.ComfyError as exc:
                 logger.info("could not stop the job on its backend: %s", exc)
         if running.task is not None and not running.task.done():

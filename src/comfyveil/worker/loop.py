@@ -86,8 +86,11 @@ class Worker(JobRunner, Settling):
             raise
 
     async def _run_loop(self) -> None:
-        logger.info("worker %s started", self.worker_id,
-                    extra={"action": "worker_started", "worker": self.worker_id})
+        logger.info(
+            "worker %s started",
+            self.worker_id,
+            extra={"action": "worker_started", "worker": self.worker_id},
+        )
         opts = self.options
         self._side = [
             asyncio.create_task(self._renew_loop(), name=f"{self.worker_id}-leases"),
@@ -117,15 +120,22 @@ class Worker(JobRunner, Settling):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await side
             self.stopped.set()
-            logger.info("worker %s stopped", self.worker_id,
-                        extra={"action": "worker_stopped", "worker": self.worker_id})
+            logger.info(
+                "worker %s stopped",
+                self.worker_id,
+                extra={"action": "worker_stopped", "worker": self.worker_id},
+            )
 
     async def _shutdown(self) -> None:
         tasks = [r.task for r in self._running.values() if r.task is not None]
         if not tasks:
             return
-        logger.info("waiting up to %.0f s for %d running job(s)", self.options.shutdown_grace,
-                    len(tasks), extra={"action": "worker_draining"})
+        logger.info(
+            "waiting up to %.0f s for %d running job(s)",
+            self.options.shutdown_grace,
+            len(tasks),
+            extra={"action": "worker_draining"},
+        )
         _, pending = await asyncio.wait(tasks, timeout=self.options.shutdown_grace)
         for task in pending:
             task.cancel()  # the job task hands its job back under shield
@@ -165,9 +175,12 @@ class Worker(JobRunner, Settling):
                 want = min(want, announced)
             job_news, other_news = self._job_news, self._other_news
             claims = await asyncio.gather(
-                *(self.store.claim(self.worker_id, backends=names,
-                                   lease_seconds=self.options.lease_seconds)
-                  for _ in range(want)),
+                *(
+                    self.store.claim(
+                        self.worker_id, backends=names, lease_seconds=self.options.lease_seconds
+                    )
+                    for _ in range(want)
+                ),
                 return_exceptions=True,
             )
             failure: BaseException | None = None
@@ -181,8 +194,7 @@ class Worker(JobRunner, Settling):
             if failure is not None:
                 if not isinstance(failure, store_errors.StoreError):
                     raise failure
-                logger.warning("cannot claim jobs: %s", failure,
-                               extra={"action": "claim_failed"})
+                logger.warning("cannot claim jobs: %s", failure, extra={"action": "claim_failed"})
                 await self._sleep(DB_RETRY_DELAY * 4)
                 return
             if claimed < want:
@@ -242,15 +254,16 @@ class Worker(JobRunner, Settling):
                 except store_errors.LeaseLost:
                     if running.settled:
                         continue  # the final status landed while the renewal was in flight
-                    logger.warning("lease lost; dropping the job here",
-                                   extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                    logger.warning(
+                        "lease lost; dropping the job here",
+                        extra={"action": "lease_lost", "job_id": str(running.job.id)},
+                    )
                     running.cancelling = True
                     if running.task is not None:
                         running.task.cancel()
                     continue
                 except store_errors.StoreError as exc:
-                    logger.warning("cannot renew leases: %s", exc,
-                                   extra={"action": "renew_failed"})
+                    logger.warning("cannot renew leases: %s", exc, extra={"action": "renew_failed"})
                     break
                 if renewed.cancel_requested and not running.settled:
                     self._request_cancel(running)
@@ -278,8 +291,9 @@ class Worker(JobRunner, Settling):
                             with contextlib.suppress(ValueError, TypeError):
                                 self._finished_elsewhere(uuid.UUID(note.payload["job_id"]))
             except store_errors.StoreError as exc:
-                logger.warning("LISTEN unavailable (%s); polling", exc,
-                               extra={"action": "listen_failed"})
+                logger.warning(
+                    "LISTEN unavailable (%s); polling", exc, extra={"action": "listen_failed"}
+                )
                 await asyncio.sleep(self.options.poll_interval)
 
     async def _recover_loop(self) -> None:

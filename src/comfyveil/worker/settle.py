@@ -29,9 +29,7 @@ T = TypeVar("T")
 class Settling:
     """The final-write and delivery part of `Worker` (which it is mixed into)."""
 
-    async def _settle(
-        self, running: Running, write: Callable[[], Awaitable[T]]
-    ) -> T | None:
+    async def _settle(self, running: Running, write: Callable[[], Awaitable[T]]) -> T | None:
         """Write a job's final status: shielded from cancellation, retried while the
         database is unreachable (up to twice the lease; after that the job has been
         recovered by another worker, which re-attaches to its prompt)."""
@@ -48,63 +46,73 @@ class Settling:
                 await task
             raise
 
-    async def _retry_db(
-        self, write: Callable[[], Awaitable[T]], running: Running
-    ) -> T | None:
+    async def _retry_db(self, write: Callable[[], Awaitable[T]], running: Running) -> T | None:
         deadline = time.monotonic() + self.options.lease_seconds * 2
         while True:
             try:
                 return await write()
             except store_errors.LeaseLost:
-                logger.warning("job was taken over before its result was saved",
-                               extra={"action": "lease_lost", "job_id": str(running.job.id)})
+                logger.warning(
+                    "job was taken over before its result was saved",
+                    extra={"action": "lease_lost", "job_id": str(running.job.id)},
+                )
                 return None
             except store_errors.DatabaseUnreachable as exc:
                 if time.monotonic() > deadline:
-                    logger.error("could not save a job's result: %s", exc,
-                                 extra={"action": "job_unsaved", "job_id": str(running.job.id)})
+                    logger.error(
+                        "could not save a job's result: %s",
+                        exc,
+                        extra={"action": "job_unsaved", "job_id": str(running.job.id)},
+                    )
                     return None
                 await asyncio.sleep(DB_RETRY_DELAY)
 
     async def _complete(self, running: Running, outputs: list[jobs.Output]) -> jobs.Job:
         return await self.store.complete(
-            running.job, outputs, claim_for=[sink.name for sink in self.sinks],
+            running.job,
+            outputs,
+            claim_for=[sink.name for sink in self.sinks],
             claim_seconds=DELIVERY_CLAIM_SECONDS,
         )
 
     async def _fail(self, running: Running, message: str, *, transient: bool) -> jobs.Job:
         job = running.job
-        backoff = min(RETRY_BACKOFF_MAX,
-                      self.options.retry_backoff * 2 ** max(0, job.attempts - 1))
+        backoff = min(RETRY_BACKOFF_MAX, self.options.retry_backoff * 2 ** max(0, job.attempts - 1))
         failed = await self.store.fail(job, message, transient=transient, backoff=backoff)
         if failed.status is jobs.Status.QUEUED:
-            logger.info("job will be retried", extra={"action": "job_retry",
-                                                      "job_id": str(job.id)})
+            logger.info("job will be retried", extra={"action": "job_retry", "job_id": str(job.id)})
         else:
             self._avoid.pop(job.id, None)
-            logger.info("job failed: %s", message,
-                        extra={"action": "job_failed", "job_id": str(job.id)})
+            logger.info(
+                "job failed: %s", message, extra={"action": "job_failed", "job_id": str(job.id)}
+            )
             await self._deliver(failed, [])
         return failed
 
     async def _mark_cancelled(self, running: Running) -> jobs.Job:
         cancelled = await self.store.mark_cancelled(running.job)
-        logger.info("job cancelled", extra={"action": "job_cancelled",
-                                            "job_id": str(running.job.id)})
+        logger.info(
+            "job cancelled", extra={"action": "job_cancelled", "job_id": str(running.job.id)}
+        )
         await self._deliver(cancelled, [])
         return cancelled
 
     async def _hand_back(self, running: Running) -> jobs.Job:
         released = await self.store.release(running.job)
-        logger.info("job handed back", extra={"action": "job_released",
-                                              "job_id": str(running.job.id)})
+        logger.info(
+            "job handed back", extra={"action": "job_released", "job_id": str(running.job.id)}
+        )
         return released
 
     # --- delivery ------------------------------------------------------------------
 
     async def _deliver(
-        self, job: jobs.Job, outputs: Sequence[jobs.Output] | None,
-        only: Sequence[sinks_mod.DeliverySink] | None = None, *, claimed: bool = False,
+        self,
+        job: jobs.Job,
+        outputs: Sequence[jobs.Output] | None,
+        only: Sequence[sinks_mod.DeliverySink] | None = None,
+        *,
+        claimed: bool = False,
     ) -> None:
         """Give a finished job to the sinks (all, or `only` these); record each delivery.
 
@@ -133,11 +141,18 @@ class Settling:
                         self.store.record_delivery(job.id, sink.name, _detail(sink, job.id))
                     )
                 except ComfyveilError as exc:
-                    logger.warning("delivery to %s failed: %s", sink.name, exc,
-                                   extra={"action": "delivery_failed", "job_id": str(job.id)})
+                    logger.warning(
+                        "delivery to %s failed: %s",
+                        sink.name,
+                        exc,
+                        extra={"action": "delivery_failed", "job_id": str(job.id)},
+                    )
                 except Exception:
-                    logger.exception("delivery to %s failed", sink.name,
-                                     extra={"action": "delivery_failed", "job_id": str(job.id)})
+                    logger.exception(
+                        "delivery to %s failed",
+                        sink.name,
+                        extra={"action": "delivery_failed", "job_id": str(job.id)},
+                    )
         finally:
             self._delivering.discard(job.id)
 
