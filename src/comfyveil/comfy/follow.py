@@ -14,7 +14,7 @@ from comfyveil.comfy import errors, events
 from comfyveil.comfy.results import RunResult, Tracker, result_from_history
 from comfyveil.comfy.ws import LOST
 
-# The name it logged under before the client was split: operators filter on it.
+# The name it logged under before the client was split, so log lines read as before.
 log = logging.getLogger("comfyveil.comfy.client")
 
 POSITION_GRACE = 0.25  # seconds a submitted prompt may take to start before its place is asked

@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 from comfyveil.comfy import errors, events
 
-# The name it logged under before the client was split: operators filter on it.
+# The name it logged under before the client was split, so log lines read as before.
 log = logging.getLogger("comfyveil.comfy.client")
 
 LOST = object()  # queued to listeners when the socket dies
