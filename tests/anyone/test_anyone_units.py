@@ -79,7 +79,14 @@ def test_written_anonrc_is_private(tmp_path: Path) -> None:
                                binary=_fake_anon(tmp_path), data_dir=tmp_path / "state")
     text = anon._anonrc()
     network_mod.check_anonrc(text)  # passes
-    assert "SocksPort 127.0.0.1:auto" in text and "9050" not in text
+    # Unix sockets in the private state directory, never a TCP port: no flag that
+    # would let anon accept a group- or world-accessible directory.
+    state = tmp_path / "state"
+    assert f'SocksPort unix:"{state / "socks.sock"}" ExtendedErrors' in text.splitlines()
+    assert f'ControlPort unix:"{state / "control.sock"}"' in text.splitlines()
+    assert "127.0.0.1:" not in text.replace("127.0.0.1:5001", "") and "9050" not in text
+    for flag in ("GroupWritable", "WorldWritable", "RelaxDirModeCheck"):
+        assert flag not in text
     with pytest.raises(errors.PublicNetworkForbidden):
         network_mod.check_anonrc("AgreeToTerms 1\nSocksPort 9050\n")
 
@@ -207,21 +214,48 @@ def test_routing_rules() -> None:
     local = config.BackendConfig("local", "http://127.0.0.1:8188")
     forced = config.BackendConfig("cloud", "http://127.0.0.1:8188", via="anyone")
     direct = config.BackendConfig("lan", f"http://{SERVICE_ID}.anon", via="direct")
+    direct_ip = config.BackendConfig("lan", "http://10.0.0.5:8188", via="direct")
     url = routing.proxy_url_for(onion, anon)
     assert url is not None and url.startswith("socks5h://comfyveil-backend-gpu0:")
     assert url.endswith("@127.0.0.1:9999")
     assert routing.proxy_url_for(local, anon) is None
     assert routing.proxy_url_for(forced, anon) is not None
-    assert routing.proxy_url_for(direct, anon) is None
+    assert routing.proxy_url_for(direct_ip, anon) is None
     # Different backends, different SOCKS credentials: different circuits.
     assert routing.proxy_url_for(forced, anon) != url
     with pytest.raises(errors.AnonError, match="not running"):
         routing.proxy_url_for(onion, None)
-    # A newer daemon serves .anyone; an .anon host is then an ordinary name.
+    # A newer daemon serves .anyone.
     newer = _Attached(9999, ".anyone")
     assert routing.proxy_url_for(config.BackendConfig("n", f"http://{SERVICE_ID}.anyone"),
                                  newer) is not None
-    assert routing.proxy_url_for(onion, newer) is None
+
+
+def test_no_hidden_name_ever_goes_to_the_system_resolver() -> None:
+    """Each hidden-service suffix goes through anon, or is refused in words: never a
+    direct connection (which would resolve the name with the system's DNS)."""
+    older, newer = _Attached(9999, ".anon"), _Attached(9999, ".anyone")
+    older.version = "0.4.9.11-live"
+    anyone = config.BackendConfig("cloud", f"http://{SERVICE_ID}.anyone")
+    anon = config.BackendConfig("cloud", f"http://{SERVICE_ID}.ANON.")
+    with pytest.raises(errors.AnonError, match=(
+            r"backend cloud has a \.anyone address, but the running anon 0\.4\.9\.11-live "
+            r"serves \.anon addresses only")):
+        routing.proxy_url_for(anyone, older)
+    with pytest.raises(errors.AnonError, match=r"has a \.anon address.* \.anyone addresses only"):
+        routing.proxy_url_for(anon, newer)
+    managed = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                                  binary=Path("/nonexistent/anon"), data_dir=Path("/tmp/x"))
+    managed.suffix = ".anon"
+    onion = config.BackendConfig("tor", f"http://{SERVICE_ID}.onion")
+    with pytest.raises(errors.AnonError, match=r"has a \.onion address"):
+        routing.proxy_url_for(onion, managed)
+    # An operator's daemon may be Tor, which serves .onion: its business.
+    assert routing.proxy_url_for(onion, older) is not None
+    for backend in (anyone, anon, onion):
+        direct = config.BackendConfig(backend.name, backend.url, via="direct")
+        with pytest.raises(config.ConfigError, match='hidden service.*remove via = "direct"'):
+            routing.proxy_url_for(direct, older)
 
 
 def test_telegram_proxy() -> None:

@@ -17,7 +17,7 @@ import logging
 import re
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from comfyveil.anyone import errors
@@ -67,7 +67,7 @@ class Event:
 @dataclass(frozen=True)
 class OnionService:
     service_id: str  # 56 characters, no suffix
-    private_key: str | None = None  # "ED25519-V3:..." unless discarded
+    private_key: str | None = field(default=None, repr=False)  # "ED25519-V3:..." unless discarded
 
 
 def _quote(value: str) -> str:
@@ -91,12 +91,32 @@ class ControlConnection:
     async def connect(
         cls, host: str, port: int, *, cookie_file: Path | None = None, within: float = 10.0
     ) -> ControlConnection:
+        """A control port on TCP (an operator's daemon)."""
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), within)
         except (OSError, TimeoutError) as exc:
             raise errors.ControlError(
                 f"cannot reach anon's control port at {host}:{port}"
             ) from exc
+        return await cls._authenticated(reader, writer, cookie_file)
+
+    @classmethod
+    async def connect_unix(
+        cls, path: Path, *, cookie_file: Path | None = None, within: float = 10.0
+    ) -> ControlConnection:
+        """A control port on a Unix socket (our own anon)."""
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(path)), within)
+        except (OSError, TimeoutError) as exc:
+            raise errors.ControlError(f"cannot reach anon's control socket {path}") from exc
+        return await cls._authenticated(reader, writer, cookie_file)
+
+    @classmethod
+    async def _authenticated(
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        cookie_file: Path | None,
+    ) -> ControlConnection:
         conn = cls(reader, writer)
         try:
             await conn.authenticate(cookie_file)

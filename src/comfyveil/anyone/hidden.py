@@ -18,6 +18,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
+from comfyveil import redaction
 from comfyveil.anyone import errors
 
 SERVICE_ID = re.compile(r"^[a-z2-7]{56}$")
@@ -150,6 +151,8 @@ def read_client_key_file(path: Path) -> ClientKey:
     except OSError as exc:
         raise errors.HiddenServiceError(f"cannot read key file {path}") from exc
     parts = text.split(":")
+    if len(parts) == 4:
+        redaction.register(parts[3].strip())  # the private key: never in a log line
     if len(parts) != 4 or parts[1:3] != ["descriptor", "x25519"]:
         raise errors.HiddenServiceError(f"{path} is not a hidden-service client key file")
     service_id = parts[0].lower()

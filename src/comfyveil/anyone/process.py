@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from comfyveil import config
+from comfyveil import config, proxy
 from comfyveil.anyone import control, errors, hidden, install
 from comfyveil.anyone import network as network_mod
 
@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 BOOTSTRAP_TIMEOUT = 120.0
 STOP_TIMEOUT = 10.0
 RESTART_BACKOFF = (0.5, 30.0)  # first delay, longest delay
+SOCKS_SOCKET = "socks.sock"
+CONTROL_SOCKET = "control.sock"
+MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108 on Linux, 104 on macOS
 ProgressCallback = Callable[[int, str], None]
 
 
@@ -43,11 +46,17 @@ def suffix_for_version(version: str) -> str:
 
 
 class AnonClient:
-    """What the rest of comfyveil needs from a running anon: its SOCKS port and suffix."""
+    """What the rest of comfyveil needs from a running anon: its SOCKS port and suffix.
+
+    The SOCKS port is a Unix socket (`socks_path`, our own anon) or a TCP port
+    (`socks_host`:`socks_port`, an operator's daemon configured that way).
+    """
 
     socks_host: str = "127.0.0.1"
     socks_port: int | None = None
+    socks_path: Path | None = None
     suffix: str | None = None  # None when the daemon could not be asked
+    version: str | None = None
 
     def __init__(self) -> None:
         # Part of every SOCKS password, so circuits are never shared with another program.
@@ -57,21 +66,29 @@ class AnonClient:
     def hidden_suffixes(self) -> tuple[str, ...]:
         return (self.suffix,) if self.suffix else hidden.KNOWN_SUFFIXES
 
+    def serves(self, suffix: str) -> bool:
+        """Whether this daemon can reach hidden services whose addresses end in `suffix`."""
+        return self.suffix is None or suffix == self.suffix
+
     def socks_url(self, isolation: str = "default") -> str:
         """A socks5h:// URL: the hostname goes to anon, never to local DNS.
 
         Each distinct `isolation` name gets its own circuits (IsolateSOCKSAuth).
         """
+        user = f"comfyveil-{isolation}"
+        if self.socks_path is not None:
+            return proxy.unix_url(str(self.socks_path), user, self.isolation_secret)
         if self.socks_port is None:
             raise errors.AnonError("the Anyone client has no SOCKS port yet")
-        user = quote(f"comfyveil-{isolation}", safe="")
-        return f"socks5h://{user}:{self.isolation_secret}@{self.socks_host}:{self.socks_port}"
+        return (f"socks5h://{quote(user, safe='')}:{self.isolation_secret}"
+                f"@{self.socks_host}:{self.socks_port}")
 
 
 def _split_hostport(value: str, what: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
-        raise errors.AnonError(f"{what} must look like 127.0.0.1:PORT, not {value!r}")
+        raise errors.AnonError(
+            f"{what} must look like 127.0.0.1:PORT or unix:/path, not {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -81,14 +98,30 @@ class AttachedAnon(AnonClient):
     def __init__(self, *, socks: str, control_address: str | None = None,
                  cookie_file: Path | None = None) -> None:
         super().__init__()
-        self.socks_host, self.socks_port = _split_hostport(socks, "anyone.socks")
+        if socks.startswith("unix:"):
+            self.socks_path = Path(socks.removeprefix("unix:")).expanduser()
+        else:
+            self.socks_host, self.socks_port = _split_hostport(socks, "anyone.socks")
         self._control_address = control_address
+        self._control_path = (
+            Path(control_address.removeprefix("unix:")).expanduser()
+            if control_address and control_address.startswith("unix:") else None
+        )
         self._cookie_file = cookie_file
         self.control: control.ControlConnection | None = None
         self.version: str | None = None
 
+    def serves(self, suffix: str) -> bool:
+        # A Tor daemon reports a version like anon's, so the suffix read from it may be
+        # wrong for .onion: the operator who configured a .onion backend knows better.
+        return suffix == ".onion" or super().serves(suffix)
+
     async def start(self) -> None:
-        if self._control_address:
+        if self._control_path is not None:
+            self.control = await control.ControlConnection.connect_unix(
+                self._control_path, cookie_file=self._cookie_file
+            )
+        elif self._control_address:
             host, port = _split_hostport(self._control_address, "anyone.control")
             self.control = await control.ControlConnection.connect(
                 host, port, cookie_file=self._cookie_file
@@ -118,8 +151,6 @@ class ManagedAnon(AnonClient):
         network: network_mod.Network | None,
         binary: Path,
         data_dir: Path,
-        socks_port: int | None = None,
-        control_port: int | None = None,
         hidden_services: Sequence[hidden.HiddenServiceSpec] = (),
         client_keys: Iterable[Path] = (),
         bootstrap_timeout: float = BOOTSTRAP_TIMEOUT,
@@ -133,9 +164,10 @@ class ManagedAnon(AnonClient):
         self.network = network_mod.check_allowed(network, environ)
         self.binary = binary
         self.data_dir = data_dir.expanduser().resolve()
-        self._fixed_socks = socks_port
-        self._fixed_control = control_port
-        self.control_port: int | None = None
+        # Unix sockets inside the 0700 state directory: no other local user can reach
+        # anon's circuits (with the client keys loaded) or take its port during a restart.
+        self.socks_path = self.data_dir / SOCKS_SOCKET
+        self.control_path = self.data_dir / CONTROL_SOCKET
         self.hidden_services = tuple(hidden_services)
         self.client_keys = tuple(client_keys)
         self.bootstrap_timeout = bootstrap_timeout
@@ -281,14 +313,15 @@ class ManagedAnon(AnonClient):
     # -- internals ---------------------------------------------------------------------
 
     def _anonrc(self) -> str:
-        socks = self._fixed_socks or self.socks_port
-        ctl = self._fixed_control or self.control_port
         lines = [
             "AgreeToTerms 1",
             f"DataDirectory {self.data_dir}",
             f"Log notice file {self.data_dir / 'notice.log'}",
-            f"SocksPort 127.0.0.1:{socks or 'auto'}",
-            f"ControlPort 127.0.0.1:{ctl or 'auto'}",
+            # No GroupWritable/WorldWritable/RelaxDirModeCheck: anon itself then refuses
+            # to listen unless the directory is private. ExtendedErrors: a hidden
+            # service that refuses us says why (missing client key, no descriptor...).
+            f"SocksPort {_unix_port(self.socks_path)} ExtendedErrors",
+            f"ControlPort {_unix_port(self.control_path)}",
             f"ControlPortWriteToFile {self.data_dir / 'control-port'}",
             "CookieAuthentication 1",
             f"ClientOnionAuthDir {self.data_dir / 'onion-auth'}",
@@ -321,8 +354,9 @@ class ManagedAnon(AnonClient):
         for spec in self.hidden_services:
             hidden.prepare_dir(spec.directory)
         self._install_client_keys()
-        with contextlib.suppress(FileNotFoundError):
-            (self.data_dir / "control-port").unlink()
+        for stale in ("control-port", SOCKS_SOCKET, CONTROL_SOCKET):
+            with contextlib.suppress(FileNotFoundError):
+                (self.data_dir / stale).unlink()
         text = self._anonrc()
         network_mod.check_anonrc(text, self._environ)
         path = self.data_dir / "anonrc"
@@ -365,7 +399,7 @@ class ManagedAnon(AnonClient):
                     return line.split("]", 1)[-1].strip()[:200]
         return "no reason given"
 
-    async def _wait_control_port(self) -> tuple[str, int]:
+    async def _wait_control_port(self) -> Path:
         path = self.data_dir / "control-port"
         while True:
             if self._proc is None or self._proc.returncode is not None:
@@ -374,24 +408,21 @@ class ManagedAnon(AnonClient):
                 )
             with contextlib.suppress(OSError):
                 text = await asyncio.to_thread(path.read_text)
-                match = re.search(r"PORT=([\d.]+):(\d+)", text)
+                match = re.search(r"^UNIX_PORT=(.+)$", text, re.M)
                 if match:
-                    return match.group(1), int(match.group(2))
+                    return Path(match.group(1).strip())
             await asyncio.sleep(0.05)
 
     async def _connect_and_bootstrap(self) -> None:
-        host, port = await self._wait_control_port()
-        self.control_port = port
-        self.control = await control.ControlConnection.connect(
-            host, port, cookie_file=self.data_dir / "control_auth_cookie"
+        path = await self._wait_control_port()
+        self.control = await control.ControlConnection.connect_unix(
+            path, cookie_file=self.data_dir / "control_auth_cookie"
         )
         info = await self.control.getinfo("version", "net/listeners/socks")
         self.version = info["version"].split()[0]
         self.suffix = suffix_for_version(self.version)
-        socks = re.search(r":(\d+)", info.get("net/listeners/socks", ""))
-        if socks is None:
-            raise errors.AnonStartError("anon opened no SOCKS port")
-        self.socks_port = int(socks.group(1))
+        if f"unix:{self.socks_path}" not in info.get("net/listeners/socks", ""):
+            raise errors.AnonStartError("anon opened no SOCKS socket")
         for spec in self.hidden_services:
             with contextlib.suppress(errors.HiddenServiceError):
                 _, self.suffix = hidden.split_address(hidden.read_address(spec.directory))
@@ -453,6 +484,9 @@ class ManagedAnon(AnonClient):
         logger.info("anon stopped")
 
     async def _supervise(self) -> None:
+        """Restart anon whenever it dies, for as long as we run: a failed restart, of
+        whatever kind (a full disk, a control connection that hangs up mid-greeting),
+        is retried with a growing delay, never the end of supervision."""
         delay = RESTART_BACKOFF[0]
         while not self._stopping:
             proc = self._proc
@@ -462,18 +496,44 @@ class ManagedAnon(AnonClient):
                     return
                 logger.warning("anon exited (code %s); restarting in %.1f s", code, delay)
             self._ready.clear()
-            await self._terminate()
-            await asyncio.sleep(delay)
             try:
-                await self._launch()
-            except errors.AnonError as exc:
-                logger.warning("anon restart failed: %s", exc)
                 await self._terminate()
+                await asyncio.sleep(delay)
+                await self._launch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # No traceback at the default verbosity: a restart that fails is news, a
+                # stack is not; -vv shows it.
+                reason = str(exc) if isinstance(exc, errors.AnonError) else (
+                    f"{type(exc).__name__}: {exc}")
+                logger.warning("anon restart failed: %s; retrying in %.1f s", reason,
+                               min(delay * 2, RESTART_BACKOFF[1]))
+                logger.debug("anon restart failure", exc_info=True)
+                with contextlib.suppress(Exception):
+                    await self._terminate()
                 delay = min(delay * 2, RESTART_BACKOFF[1])
                 continue
             self.restarts += 1
             delay = RESTART_BACKOFF[0]
             logger.info("anon is back after a restart")
+
+
+def _unix_port(path: Path) -> str:
+    """An anonrc port value for a Unix socket, or a plain refusal of a path anon (or the
+    kernel) cannot take."""
+    text = str(path)
+    if len(text.encode()) > MAX_SOCKET_PATH:
+        raise errors.AnonStartError(
+            f"anon's state directory {path.parent} is too deep for its sockets "
+            f"(at most {MAX_SOCKET_PATH} bytes per socket path): choose a shorter data_dir"
+        )
+    if any(c in text for c in '"\\\n'):
+        raise errors.AnonStartError(
+            f"anon's state directory {path.parent} has a quote, backslash or line break "
+            "in its name: choose another data_dir"
+        )
+    return f'unix:"{text}"'
 
 
 def state_dir(settings: config.Settings) -> Path:

@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from comfyveil import __version__
+from comfyveil import __version__, redaction
 from comfyveil.errors import ComfyveilError, ConfigError, UsageError
 
 EXIT_OK = 0
@@ -70,6 +70,7 @@ def _subcommand(argv: Sequence[str]) -> str:
 def _configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    redaction.install()  # secrets registered later (the bot token) never reach a line
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,14 @@ _UNREACHABLE = (aiohttp.ClientError, *proxy_mod.ERRORS, TimeoutError, OSError)
 CONNECTIONS = 100  # per backend: a pool runs a handful of jobs on each, plus uploads
 
 
+def unreachable(backend: str, exc: BaseException) -> errors.BackendUnreachable:
+    """The error for a failed connection; when anon said why a hidden backend refused
+    us, its words: "backend cloud needs a client key (auth_key_file)"."""
+    why = proxy_mod.refusal(exc)
+    return errors.BackendUnreachable(f"backend {backend} {why}" if why else None,
+                                     backend=backend)
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A whole answer: status and body, read before the connection went back to the pool."""
@@ -77,7 +85,7 @@ class Http:
             ) as response:
                 yield response
         except _UNREACHABLE as exc:
-            raise errors.BackendUnreachable(backend=self.backend) from exc
+            raise unreachable(self.backend, exc) from exc
 
     async def request(
         self, method: str, url: str, *, params: Mapping[str, str] | None = None,

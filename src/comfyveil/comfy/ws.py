@@ -10,12 +10,14 @@ import re
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
-from comfyveil.comfy import errors, events
+from comfyveil import proxy as proxy_mod
+from comfyveil.comfy import errors, events, transport
 
 # The name it logged under before the client was split, so log lines read as before.
 log = logging.getLogger("comfyveil.comfy.client")
@@ -92,27 +94,33 @@ class Socket:
             await self.reader
 
 
+def _host_port(ws_url: str) -> tuple[str, int]:
+    parts = urlsplit(ws_url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "wss" else 80)
+
+
 async def connect(base_url: str, *, proxy: str | None, timeout: float, backend: str) -> Socket:
     """Open a WebSocket with a fresh client_id; BackendUnreachable if it cannot be opened."""
     client_id = uuid.uuid4().hex
     url = re.sub(r"^http", "ws", base_url) + f"/ws?clientId={client_id}"
     try:
+        # Through a proxy, python-socks opens the tunnel (also over anon's Unix socket,
+        # which websockets cannot dial) and websockets gets the connected socket.
+        sock = await proxy_mod.tunnel(proxy, *_host_port(url), timeout=timeout) if (
+            proxy) else None
         conn = await ws_connect(
             url,
             origin=None,
-            proxy=proxy,  # None: never the environment's proxy
+            proxy=None,  # never the environment's proxy
+            sock=sock,
             open_timeout=timeout,
             close_timeout=min(timeout, 5.0),
             max_size=None,
             compression=None,
             user_agent_header=None,
         )
-    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
-        raise errors.BackendUnreachable(backend=backend) from exc
-    except Exception as exc:  # python-socks errors are not OSErrors
-        if type(exc).__module__.startswith("python_socks"):
-            raise errors.BackendUnreachable(backend=backend) from exc
-        raise
+    except (OSError, TimeoutError, websockets.InvalidHandshake, *proxy_mod.ERRORS) as exc:
+        raise transport.unreachable(backend, exc) from exc
     try:
         await conn.send('{"type":"feature_flags","data":{"supports_preview_metadata":true}}')
     except websockets.ConnectionClosed as exc:

@@ -28,18 +28,21 @@ import logging
 from typing import Any
 
 from telegram import Update
+from telegram.error import InvalidToken, TelegramError
 from telegram.ext import (
     AIORateLimiter,
     Application,
     BaseRateLimiter,
     CallbackQueryHandler,
     ContextTypes,
+    ExtBot,
     MessageHandler,
     filters,
 )
 
-from comfyveil import config
+from comfyveil import config, redaction
 from comfyveil.comfy import pool as pool_mod
+from comfyveil.errors import ComfyveilError
 from comfyveil.store import database
 from comfyveil.telegram import (
     access,
@@ -64,6 +67,43 @@ NO_TOKEN = (
 )
 
 
+class BotApiUnreachable(ComfyveilError):
+    """The Telegram Bot API could not be reached, or refused the bot, at start."""
+
+
+class QuietBot(ExtBot[Any]):
+    """PTB's bot, whose repr (and the Application's, which quotes it) names the bot, not
+    its token as PTB's does."""
+
+    def __repr__(self) -> str:
+        user = self._bot_user
+        return f"QuietBot[username={user.username if user else None}]"
+
+    async def close_requests(self) -> None:
+        """Close the HTTP sessions of a bot whose initialize() failed (shutdown() then
+        does nothing)."""
+        for request in set(self._request):
+            with contextlib.suppress(Exception):
+                await request.shutdown()
+
+
+async def _connect(app: Application[Any, Any, Any, Any, Any, Any]) -> None:
+    """initialize() (getMe), with a plain sentence instead of a traceback on failure."""
+    try:
+        await app.initialize()
+    except InvalidToken:
+        failure: ComfyveilError = config.ConfigError(
+            "the Telegram Bot API refused the bot token: check COMFYVEIL_TELEGRAM_TOKEN "
+            "or [telegram] token_file")
+    except TelegramError as exc:
+        failure = BotApiUnreachable(f"the Telegram Bot API cannot be reached ({exc})")
+    else:
+        return
+    if isinstance(app.bot, QuietBot):
+        await app.bot.close_requests()
+    raise failure
+
+
 def build_application(
     settings: config.Settings,
     *,
@@ -78,20 +118,28 @@ def build_application(
     tg = settings.telegram
     if not tg.token:
         raise config.ConfigError(NO_TOKEN)
-    builder = (
-        Application.builder()
-        .token(tg.token)
-        .context_types(ContextTypes(context=BotContext))
-        .rate_limiter(rate_limiter or AIORateLimiter(max_retries=RATE_LIMIT_RETRIES))
-        .concurrent_updates(CONCURRENT_UPDATES)
-        .request(AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
-                                media_write_timeout=60.0, proxy=proxy))
-        .get_updates_request(AiohttpRequest(connection_pool_size=1, proxy=proxy))
-    )
+    # Before PTB sees the token: it logs the API URL, which holds it, at debug level.
+    redaction.register(tg.token)
+    redaction.install()
+    urls = {}
     if tg.api_url:
         base = tg.api_url.rstrip("/")
-        builder = builder.base_url(f"{base}/bot").base_file_url(f"{base}/file/bot")
-    application = builder.build()
+        urls = {"base_url": f"{base}/bot", "base_file_url": f"{base}/file/bot"}
+    bot = QuietBot(
+        tg.token,
+        request=AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
+                               media_write_timeout=60.0, proxy=proxy),
+        get_updates_request=AiohttpRequest(connection_pool_size=1, proxy=proxy),
+        rate_limiter=rate_limiter or AIORateLimiter(max_retries=RATE_LIMIT_RETRIES),
+        **urls,
+    )
+    application = (
+        Application.builder()
+        .bot(bot)
+        .context_types(ContextTypes(context=BotContext))
+        .concurrent_updates(CONCURRENT_UPDATES)
+        .build()
+    )
     messages = filters.UpdateType.MESSAGE & (
         filters.TEXT | filters.CAPTION | filters.PHOTO | filters.Document.ALL
     )
@@ -147,7 +195,7 @@ class TelegramBot:
     async def start(self) -> None:
         """Connect (getMe), publish the command menu, start status updates and polling."""
         app = self.application
-        await app.initialize()
+        await _connect(app)
         try:
             self.services.bot_username = app.bot.username or ""
             await self.services.commands.refresh()

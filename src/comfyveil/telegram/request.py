@@ -19,13 +19,15 @@ import aiohttp
 import certifi
 from telegram._utils.defaultvalue import DefaultValue
 from telegram._utils.types import ODVInput
-from telegram.error import NetworkError, TimedOut
+from telegram.error import NetworkError, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
-from comfyveil import proxy
+from comfyveil import proxy, redaction
 
 _TIMED_OUT = (TimeoutError, *proxy.TIMED_OUT)
-_FAILED = (aiohttp.ClientError, *proxy.ERRORS, OSError)
+# Anything else aiohttp raises (a ValueError for a bad header) would reach PTB, which
+# quotes its repr in "Unknown error in HTTP implementation: ...".
+_FAILED = (aiohttp.ClientError, *proxy.ERRORS, OSError, ValueError, RuntimeError)
 
 
 @functools.cache
@@ -119,14 +121,28 @@ class AiohttpRequest(BaseRequest):
             body = form
         timeout = self._timeout(read_timeout, write_timeout, connect_timeout, pool_timeout,
                                 upload=bool(files))
+        failure: TelegramError
         try:
             async with self._session.request(
                 method, url, data=body, timeout=timeout,
                 headers={"User-Agent": self.USER_AGENT}, allow_redirects=False,
             ) as response:
                 return response.status, await response.read()
-        except _TIMED_OUT as exc:
-            raise TimedOut from exc
+        except _TIMED_OUT:
+            failure = TimedOut()
         except _FAILED as exc:
-            # the class name only: some aiohttp messages quote the URL, and it holds the token
-            raise NetworkError(f"aiohttp.{type(exc).__name__}") from exc
+            failure = NetworkError(_describe(exc))
+        # Raised here, outside the handler, so the error has no cause and no context:
+        # aiohttp's errors quote the URL, which holds the bot token, and a traceback
+        # prints every exception of the chain.
+        raise failure
+
+
+def _describe(exc: BaseException) -> str:
+    """What failed, without the URL: the class name, and for an answer that was not
+    HTTP, aiohttp's status and message (they never hold the URL)."""
+    name = f"aiohttp.{type(exc).__name__}"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        first_line = str(exc.message).splitlines()[0] if exc.message else ""
+        return redaction.redact(f"{name}: {exc.status} {first_line}".rstrip())
+    return name
