@@ -20,7 +20,7 @@ import socket
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import aiohttp
 import aiohttp_socks
@@ -39,6 +39,7 @@ ERRORS: tuple[type[Exception], ...] = (
     python_socks.ProxyConnectionError,
     *TIMED_OUT,
 )
+_INVALID_REPLY = re.compile(r"[Ii]nvalid reply code: 0[Xx]([0-9A-Fa-f]{2})\b")
 UNIX_HOST = "localhost"  # the host of a Unix-socket proxy URL (curl's convention)
 
 # Tor's (and anon's) SOCKS5 replies for hidden services with the ExtendedErrors flag:
@@ -97,8 +98,6 @@ class Socks:
 
 def unix_url(path: str, username: str, password: str) -> str:
     """The socks5h:// URL of a proxy listening on the Unix socket `path` (absolute)."""
-    from urllib.parse import quote
-
     return (f"socks5h://{quote(username, safe='')}:{quote(password, safe='')}"
             f"@{UNIX_HOST}{quote(path)}")
 
@@ -190,7 +189,12 @@ def refusal(exc: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         code = getattr(current, "error_code", None)
-        if isinstance(code, int) and code in HIDDEN_SERVICE_REPLIES:
+        if not isinstance(code, int):
+            # python-socks 3.2 knows only RFC 1928's codes and raises "Invalid reply
+            # code: 0XF4" for anon's, without an error_code.
+            match = _INVALID_REPLY.search(str(current))
+            code = int(match.group(1), 16) if match else None
+        if code in HIDDEN_SERVICE_REPLIES:
             return HIDDEN_SERVICE_REPLIES[code]
         current = current.__cause__ or current.__context__
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import shutil
 import stat
@@ -267,11 +268,15 @@ def test_telegram_proxy() -> None:
 
 
 class _RecordingSocks:
-    """A SOCKS5 server on 127.0.0.1 that records each CONNECT request and refuses it."""
+    """A SOCKS5 server on 127.0.0.1 (or on a Unix socket) that records each CONNECT
+    request and refuses it with `reply` (4: host unreachable; 0xF0-0xF7: anon's
+    ExtendedErrors codes for hidden services)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply: int = 4, unix_path: Path | None = None) -> None:
         self.requests: list[tuple[str, str, int, str]] = []  # (atyp, host, port, user)
         self.server: asyncio.Server | None = None
+        self.reply = reply
+        self.unix_path = unix_path
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -297,7 +302,7 @@ class _RecordingSocks:
                 host, kind = (await reader.readexactly(16)).hex(), "ipv6"
             (port,) = struct.unpack("!H", await reader.readexactly(2))
             self.requests.append((kind, host, port, user))
-            writer.write(b"\x05\x04\x00\x01" + bytes(6))  # host unreachable
+            writer.write(bytes([5, self.reply, 0, 1]) + bytes(6))
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -305,6 +310,9 @@ class _RecordingSocks:
             writer.close()
 
     async def start(self) -> int:
+        if self.unix_path is not None:
+            self.server = await asyncio.start_unix_server(self._handle, str(self.unix_path))
+            return 0
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -342,3 +350,115 @@ async def test_socks_request_carries_the_hostname_not_an_address() -> None:
     assert [r[3] for r in socks.requests] == [
         "comfyveil-backend-gpu0", "comfyveil-backend-gpu0", "comfyveil-telegram"]
 
+
+
+async def test_every_consumer_dials_a_socks_proxy_on_a_unix_socket(tmp_path: Path) -> None:
+    """Our anon's SOCKS port is a Unix socket: the ComfyClient's HTTP and WebSocket and
+    the Bot API requests all reach it there, still handing over the host name."""
+    socks = _RecordingSocks(unix_path=tmp_path / "socks.sock")
+    await socks.start()
+    anon = _Attached(0)
+    anon.socks_path = tmp_path / "socks.sock"
+    host = f"{SERVICE_ID}.anon"
+    backend = config.BackendConfig("gpu0", f"http://{host}")
+    proxy = routing.proxy_url_for(backend, anon)
+    assert proxy is not None and proxy.startswith("socks5h://comfyveil-backend-gpu0:")
+    assert proxy.endswith(f"@localhost{tmp_path}/socks.sock")
+    try:
+        async with comfy_client.ComfyClient(backend.url, name="gpu0", proxy=proxy) as client:
+            with pytest.raises(comfy_errors.BackendUnreachable):
+                await client.system_stats()
+            with pytest.raises(comfy_errors.BackendUnreachable):
+                await client.run({})  # opens the WebSocket first
+        bot = telegram.Bot("1:test", base_url=f"http://api.{host}/bot",
+                           request=AiohttpRequest(proxy=anon.socks_url("telegram")))
+        with pytest.raises(telegram.error.NetworkError):
+            async with bot:  # getMe
+                pass
+    finally:
+        await socks.stop()
+    assert socks.requests == [
+        ("domain", host, 80, "comfyveil-backend-gpu0"),
+        ("domain", host, 80, "comfyveil-backend-gpu0"),
+        ("domain", f"api.{host}", 80, "comfyveil-telegram"),
+    ]
+
+
+async def test_a_missing_unix_socket_is_an_unreachable_backend(tmp_path: Path) -> None:
+    anon = _Attached(0)
+    anon.socks_path = tmp_path / "gone.sock"
+    backend = config.BackendConfig("gpu0", f"http://{SERVICE_ID}.anon")
+    proxy = routing.proxy_url_for(backend, anon)
+    async with comfy_client.ComfyClient(backend.url, name="gpu0", proxy=proxy) as client:
+        with pytest.raises(comfy_errors.BackendUnreachable, match="gpu0 cannot be reached"):
+            await client.system_stats()
+        with pytest.raises(comfy_errors.BackendUnreachable, match="gpu0 cannot be reached"):
+            await client.run({})
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    (0xF0, "gpu0 is not published: its hidden-service descriptor was not found"),
+    (0xF4, "gpu0 needs a client key (auth_key_file)"),
+    (0xF5, "gpu0 refused our client key (auth_key_file): it is wrong or was revoked"),
+    (0xF6, "gpu0 has an invalid hidden-service address"),
+    (0xF7, "gpu0 did not answer: the introduction to its hidden service timed out"),
+])
+async def test_a_refusing_hidden_backend_says_why(tmp_path: Path, code: int, words: str) -> None:
+    """anon's ExtendedErrors reply codes become the backend's error, over HTTP and the
+    WebSocket alike."""
+    socks = _RecordingSocks(reply=code, unix_path=tmp_path / "socks.sock")
+    await socks.start()
+    anon = _Attached(0)
+    anon.socks_path = tmp_path / "socks.sock"
+    backend = config.BackendConfig("gpu0", f"http://{SERVICE_ID}.anon")
+    try:
+        async with comfy_client.ComfyClient(
+            backend.url, name="gpu0", proxy=routing.proxy_url_for(backend, anon)
+        ) as client:
+            with pytest.raises(comfy_errors.BackendUnreachable) as http:
+                await client.system_stats()
+            with pytest.raises(comfy_errors.BackendUnreachable) as ws:
+                await client.run({})
+    finally:
+        await socks.stop()
+    assert str(http.value) == str(ws.value)
+    assert str(http.value).startswith(f"backend {words}")
+
+
+async def test_supervisor_keeps_restarting_after_any_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A restart that fails with something other than an AnonError (a full disk, a
+    control connection that hangs up) is retried, not the end of supervision."""
+    monkeypatch.setattr(process, "RESTART_BACKOFF", (0.01, 0.05))
+    anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                               binary=_fake_anon(tmp_path), data_dir=tmp_path / "state")
+    failures = [OSError(28, "No space left on device"), ConnectionResetError("hung up"),
+                KeyError("version")]
+    launches = 0
+
+    async def launch() -> None:  # stands in for starting anon and waiting for bootstrap
+        nonlocal launches
+        launches += 1
+        if launches > 1 and failures:
+            raise failures.pop(0)
+        anon._proc = await asyncio.create_subprocess_exec("sleep", "60")
+        anon._ready.set()
+
+    monkeypatch.setattr(anon, "_launch", launch)
+    await anon.start()
+    try:
+        first = anon.pid
+        assert first is not None
+        os.kill(first, 9)
+        async with asyncio.timeout(10):
+            while anon.restarts < 1:
+                await asyncio.sleep(0.02)
+        assert launches == 5 and not failures
+        assert anon.pid not in (None, first)
+        assert anon._supervisor is not None and not anon._supervisor.done()
+    finally:
+        await anon.stop()
+    warnings = [r.getMessage() for r in caplog.records if "restart failed" in r.getMessage()]
+    assert len(warnings) == 3 and "OSError: [Errno 28] No space left on device" in warnings[0]
+    assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.WARNING)
