@@ -214,7 +214,6 @@ def test_routing_rules() -> None:
     onion = config.BackendConfig("gpu0", f"http://{SERVICE_ID}.anon")
     local = config.BackendConfig("local", "http://127.0.0.1:8188")
     forced = config.BackendConfig("cloud", "http://127.0.0.1:8188", via="anyone")
-    direct = config.BackendConfig("lan", f"http://{SERVICE_ID}.anon", via="direct")
     direct_ip = config.BackendConfig("lan", "http://10.0.0.5:8188", via="direct")
     url = routing.proxy_url_for(onion, anon)
     assert url is not None and url.startswith("socks5h://comfyveil-backend-gpu0:")
@@ -255,7 +254,7 @@ def test_no_hidden_name_ever_goes_to_the_system_resolver() -> None:
     assert routing.proxy_url_for(onion, older) is not None
     for backend in (anyone, anon, onion):
         direct = config.BackendConfig(backend.name, backend.url, via="direct")
-        with pytest.raises(config.ConfigError, match='hidden service.*remove via = "direct"'):
+        with pytest.raises(config.ConfigError, match=r'hidden service.*remove via = "direct"'):
             routing.proxy_url_for(direct, older)
 
 

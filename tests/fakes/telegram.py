@@ -358,7 +358,8 @@ class FakeTelegram:
         self._retry_after = retry_after
 
     def fail_next(self, method: str | None, code: int, description: str) -> None:
-        """Answer the next call of ``method`` (any method if None) with this error."""
+        """Answer the next call of ``method`` (any method but getUpdates if None) with
+        this error; a getUpdates failure must name getUpdates."""
         self._failures.append((method, ApiError(code, description)))
 
     def messages(self, chat_id: int) -> list[dict[str, Any]]:
@@ -555,6 +556,12 @@ class FakeTelegram:
         params, files = await _read_params(request)
         if name.lower() == "getupdates":
             try:
+                # Only failures scripted for getUpdates by name: a long poll is not a
+                # call the bot makes, and "any method" failures are meant for those.
+                for i, (wanted, error) in enumerate(self._failures):
+                    if wanted is not None and wanted.lower() == "getupdates":
+                        del self._failures[i]
+                        raise error
                 return _ok(await self._api_getupdates(params, files))
             except ApiError as exc:
                 return _error(exc)
