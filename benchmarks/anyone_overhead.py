@@ -155,7 +155,7 @@ async def main(runs: int, requests: int) -> dict[str, Any]:
                     hidden_run = await measure(client, wf, runs, requests, router.anon)
         finally:
             if gpu_host is not None:
-                await gpu_host.stop()
+                await gpu_host.close()
             await fake.stop()
             await net.stop()
     d, h = summary(direct), summary(hidden_run)

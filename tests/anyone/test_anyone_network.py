@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import errno
+import hashlib
 import os
+import pwd
 import signal
+import socket
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from comfyveil import config
 from comfyveil.anyone import hidden, routing
 from comfyveil.cli import anon as anon_cli
+from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import errors as comfy_errors
 from tests.anyone import helpers
 from tests.fixtures.anyone import AnonPair, HiddenBackend, PrivateAnyoneNetwork
 
@@ -48,8 +59,8 @@ async def test_client_authorization(anon_pair: AnonPair, tmp_path: Path) -> None
     url = f"http://{address}/hello"
     proxy = _proxy(anon_pair, "private", address)
 
-    # Without the key the service cannot even be found.
-    assert await helpers.unreachable(proxy, url), "reachable without the client key"
+    # Without the key the service cannot even be found, and anon says why.
+    await helpers.unreachable(proxy, url, because=0xF4)
 
     # The bot host's configuration: the key file `expose` writes, nothing else.
     key_file = tmp_path / "bot.auth_private"
@@ -66,7 +77,7 @@ async def test_client_authorization(anon_pair: AnonPair, tmp_path: Path) -> None
     assert host.address_of(anon_pair.private_service) == address
     await host.wait_published(service_id, after=uploads)
     await client.new_identity()  # forget the cached descriptor and circuits
-    assert await helpers.unreachable(proxy, url), "a revoked client still reaches the service"
+    await helpers.unreachable(proxy, url, because=0xF5)  # our key no longer opens it
 
 
 async def test_address_persists_across_restart(
@@ -100,7 +111,7 @@ async def test_killed_anon_is_restarted(anon_pair: AnonPair) -> None:
         await asyncio.sleep(0.2)
     await client.wait_ready(60)
     assert client.pid not in (None, old_pid)
-    # The same proxy URL keeps working: the restarted anon reuses its ports.
+    # The same proxy URL keeps working: the restarted anon listens on the same socket.
     assert _proxy(anon_pair, "open", address) == proxy
     reply = await helpers.get_json(proxy, f"http://{address}/hello", anon=client)
     assert reply["backend"] == "gpu-open"
@@ -132,7 +143,7 @@ async def test_expose_command_publishes_with_client_authorization(
         assert (key_file.stat().st_mode & 0o777) == 0o600
         assert f'url = "http://{address}"' in out
         proxy = _proxy(anon_pair, "exposed", address)
-        assert await helpers.unreachable(proxy, f"http://{address}/hello", attempts=1)
+        await helpers.unreachable(proxy, f"http://{address}/hello", because=0xF4, attempts=1)
         await anon_pair.client.add_client_key(key_file)
         reply = await helpers.get_json(proxy, f"http://{address}/hello", anon=anon_pair.client)
         assert reply["backend"] == "gpu-open"
@@ -140,3 +151,157 @@ async def test_expose_command_publishes_with_client_authorization(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+# -- the managed anon's ports: Unix sockets only this user can open ----------------------
+
+
+def _listening_tcp_inodes() -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "0A":  # LISTEN
+                    inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = str(fd.readlink())
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _connect_as_nobody(path: Path) -> int:
+    """The errno of connect() to the Unix socket `path` by user nobody (0: connected).
+
+    A forked child switches user and only makes system calls before it exits."""
+    nobody = pwd.getpwnam("nobody")
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(path))
+        except OSError as exc:
+            code = exc.errno or 255
+        except BaseException:
+            code = 254
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@contextlib.contextmanager
+def _traversable_up_to(folder: Path) -> Iterator[None]:
+    """Let other users pass through folder's ancestors (pytest makes its base 0700), so
+    that only the state directory's own mode stands between them and anon's sockets."""
+    changed = []
+    for parent in reversed(folder.parents):
+        mode = stat.S_IMODE(parent.stat().st_mode)
+        if not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH)
+            changed.append((parent, mode))
+    try:
+        yield
+    finally:
+        for parent, mode in reversed(changed):
+            parent.chmod(mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+async def test_managed_anon_listens_only_on_private_unix_sockets(
+    anon_pair: AnonPair, tmp_path: Path,
+) -> None:
+    client = anon_pair.client
+    assert client.pid is not None and client.socks_path is not None
+    state = client.data_dir
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for path in (client.socks_path, client.control_path):
+        assert path.parent == state and stat.S_ISSOCK(path.stat().st_mode), path
+    # No TCP port at all: nothing another user could connect to, or take first while
+    # anon restarts.
+    assert not _socket_inodes(client.pid) & _listening_tcp_inodes()
+
+    # Traffic flows through the Unix socket: the proxy URL names it, and it works.
+    address = anon_pair.gpu_host.address_of(anon_pair.open_service)
+    proxy = _proxy(anon_pair, "open", address)
+    assert proxy.endswith(f"@localhost{client.socks_path}")
+    reply = await helpers.get_json(proxy, f"http://{address}/hello", anon=client)
+    assert reply["backend"] == "gpu-open"
+
+    # Another user cannot open either socket; the same user can, and so can nobody
+    # open a socket in a directory that is not private (the test's own control).
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    control_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control_socket.bind(str(open_dir / "s.sock"))
+    (open_dir / "s.sock").chmod(0o777)
+    control_socket.listen()
+    try:
+        with _traversable_up_to(state), _traversable_up_to(open_dir):
+            assert _connect_as_nobody(open_dir / "s.sock") == 0
+            assert _connect_as_nobody(client.socks_path) == errno.EACCES
+            assert _connect_as_nobody(client.control_path) == errno.EACCES
+    finally:
+        control_socket.close()
+
+
+def _checksum(suffix: str, key: bytes, version: bytes) -> bytes:
+    # Tor's rend-spec-v3 checksum, with anon's suffix where Tor has ".onion".
+    return hashlib.sha3_256(f"{suffix} checksum".encode() + key + version).digest()[:2]
+
+
+def _unpublished_service_id(suffix: str) -> str:
+    """A well-formed address that nobody publishes."""
+    key = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b32encode(key + _checksum(suffix, key, b"\x03") + b"\x03").decode().lower()
+
+
+async def test_the_address_encoding_is_anons(anon_pair: AnonPair) -> None:
+    service_id, suffix = hidden.split_address(
+        anon_pair.gpu_host.address_of(anon_pair.open_service))
+    raw = base64.b32decode(service_id.upper())
+    key, checksum, version = raw[:32], raw[32:34], raw[34:]
+    assert _checksum(suffix, key, version) == checksum
+
+
+async def test_refusals_of_hidden_backends_say_why(
+    anon_pair: AnonPair, hidden_backend: HiddenBackend,
+) -> None:
+    """anon's extended SOCKS errors reach the user as the backend's error."""
+    client = anon_pair.client
+    # A service with client authorization for a key this client was never given.
+    _, public = hidden.generate_keypair()
+    private = await anon_pair.gpu_host.add_ephemeral(
+        hidden_backend.target, client_auth_v3=[hidden.public_key_b32(public)])
+    service_id, suffix = hidden.split_address(private)
+    unpublished = _unpublished_service_id(suffix) + suffix
+    broken = ("b" if service_id[0] != "b" else "c") + service_id[1:] + suffix  # bad checksum
+    cases = {
+        "cloud": (private, "backend cloud needs a client key (auth_key_file)"),
+        "gone": (unpublished, "backend gone is not published"),
+        "typo": (broken, "backend typo has an invalid hidden-service address"),
+    }
+    try:
+        for name, (address, words) in cases.items():
+            backend = config.BackendConfig(name, f"http://{address}")
+            async with comfy_client.ComfyClient(
+                backend.url, name=name, proxy=routing.proxy_url_for(backend, client),
+                timeout=60,
+            ) as comfy:
+                with pytest.raises(comfy_errors.BackendUnreachable) as http:
+                    await comfy.system_stats()
+            assert str(http.value).startswith(words), (name, str(http.value))
+    finally:
+        await anon_pair.gpu_host.remove_ephemeral(private)

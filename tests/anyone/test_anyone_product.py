@@ -168,14 +168,15 @@ async def test_generate_reaches_a_hidden_comfyui_with_its_client_key(
 
 @dataclass
 class RecordingRelay:
-    """Relays SOCKS5 to an upstream SOCKS port and records each CONNECT request."""
+    """Relays SOCKS5 on 127.0.0.1 to anon's SOCKS socket and records each CONNECT
+    request (the operator's daemon, configured with a TCP SOCKS port)."""
 
-    upstream: tuple[str, int]
+    upstream: Path  # the anon's SOCKS socket
     requests: list[tuple[str, str, int, str]] = field(default_factory=list)  # atyp, host...
     server: asyncio.Server | None = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        up_reader, up_writer = await asyncio.open_unix_connection(str(self.upstream))
         try:
             head = await reader.readexactly(2)
             methods = await reader.readexactly(head[1])
@@ -244,8 +245,8 @@ async def test_generate_sends_the_hidden_name_to_socks_never_resolving_it(
     """[anyone] socks: the operator's daemon (the session client behind a recording relay)."""
     client = anon_pair.client
     await client.add_client_key(hidden_comfy.key_file)  # the operator configured the key
-    assert client.socks_port is not None
-    relay = RecordingRelay((client.socks_host, client.socks_port))
+    assert client.socks_path is not None
+    relay = RecordingRelay(client.socks_path)
     relay_port = await relay.start()
     cfg = tmp_path / "comfyveil.toml"
     cfg.write_text(

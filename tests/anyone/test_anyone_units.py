@@ -92,6 +92,25 @@ def test_written_anonrc_is_private(tmp_path: Path) -> None:
         network_mod.check_anonrc("AgreeToTerms 1\nSocksPort 9050\n")
 
 
+async def test_a_deep_state_directory_gets_private_sockets_elsewhere(tmp_path: Path) -> None:
+    """A socket path holds about 100 bytes: a deeper state directory gets its sockets in
+    a private folder of the temporary directory, removed when anon is closed."""
+    deep = tmp_path / ("d" * 60) / "state"
+    anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                               binary=_fake_anon(tmp_path), data_dir=deep)
+    assert anon.socks_path is None
+    anon._prepare()
+    assert anon.socks_path is not None and anon.control_path is not None
+    folder = anon.socks_path.parent
+    assert folder == anon.control_path.parent and not folder.is_relative_to(tmp_path)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert f'SocksPort unix:"{anon.socks_path}" ExtendedErrors' in (deep / "anonrc").read_text()
+    anon._prepare()  # a restart keeps the same sockets
+    assert anon.socks_path.parent == folder
+    await anon.close()
+    assert not folder.exists() and anon.socks_path is None
+
+
 def test_network_file_round_trip(tmp_path: Path) -> None:
     net = network_mod.PrivateNetwork(AUTH, extra=("TestingV3AuthInitialVotingInterval 10",))
     path = tmp_path / "net"

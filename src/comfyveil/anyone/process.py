@@ -16,7 +16,9 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote
@@ -166,8 +168,13 @@ class ManagedAnon(AnonClient):
         self.data_dir = data_dir.expanduser().resolve()
         # Unix sockets inside the 0700 state directory: no other local user can reach
         # anon's circuits (with the client keys loaded) or take its port during a restart.
-        self.socks_path = self.data_dir / SOCKS_SOCKET
-        self.control_path = self.data_dir / CONTROL_SOCKET
+        # A state directory too deep for a socket path gets a private (0700) directory
+        # with an unguessable name in the temporary folder instead, made at start.
+        self.control_path: Path | None = None
+        self._temp_socket_dir: Path | None = None
+        if _fits(self.data_dir):
+            self.socks_path = self.data_dir / SOCKS_SOCKET
+            self.control_path = self.data_dir / CONTROL_SOCKET
         self.hidden_services = tuple(hidden_services)
         self.client_keys = tuple(client_keys)
         self.bootstrap_timeout = bootstrap_timeout
@@ -216,8 +223,16 @@ class ManagedAnon(AnonClient):
             self._supervisor = None
         await self._terminate()
 
+    async def close(self) -> None:
+        """Stop anon for good: also remove a temporary socket directory."""
+        await self.stop()
+        folder, self._temp_socket_dir = self._temp_socket_dir, None
+        if folder is not None:
+            self.socks_path = self.control_path = None
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+
     async def restart(self) -> None:
-        """Stop anon and start it again on the same ports and state."""
+        """Stop anon and start it again on the same sockets and state."""
         await self.stop()
         await self.start()
 
@@ -226,7 +241,7 @@ class ManagedAnon(AnonClient):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await self.close()
 
     async def wait_ready(self, within: float | None = None) -> None:
         """Wait until anon runs and is bootstrapped (again, after a restart)."""
@@ -354,9 +369,14 @@ class ManagedAnon(AnonClient):
         for spec in self.hidden_services:
             hidden.prepare_dir(spec.directory)
         self._install_client_keys()
-        for stale in ("control-port", SOCKS_SOCKET, CONTROL_SOCKET):
+        if self.socks_path is None:
+            self._temp_socket_dir = Path(tempfile.mkdtemp(prefix="comfyveil-anon-"))
+            self.socks_path = self._temp_socket_dir / SOCKS_SOCKET
+            self.control_path = self._temp_socket_dir / CONTROL_SOCKET
+        assert self.control_path is not None
+        for stale in (self.data_dir / "control-port", self.socks_path, self.control_path):
             with contextlib.suppress(FileNotFoundError):
-                (self.data_dir / stale).unlink()
+                stale.unlink()
         text = self._anonrc()
         network_mod.check_anonrc(text, self._environ)
         path = self.data_dir / "anonrc"
@@ -519,19 +539,25 @@ class ManagedAnon(AnonClient):
             logger.info("anon is back after a restart")
 
 
-def _unix_port(path: Path) -> str:
+def _fits(folder: Path) -> bool:
+    """Whether sockets in `folder` have paths the kernel (and anon) accept."""
+    return len(str(folder / CONTROL_SOCKET).encode()) <= MAX_SOCKET_PATH
+
+
+def _unix_port(path: Path | None) -> str:
     """An anonrc port value for a Unix socket, or a plain refusal of a path anon (or the
     kernel) cannot take."""
+    assert path is not None
     text = str(path)
     if len(text.encode()) > MAX_SOCKET_PATH:
         raise errors.AnonStartError(
-            f"anon's state directory {path.parent} is too deep for its sockets "
-            f"(at most {MAX_SOCKET_PATH} bytes per socket path): choose a shorter data_dir"
+            f"the folder {path.parent} is too deep for anon's sockets (at most "
+            f"{MAX_SOCKET_PATH} bytes per socket path): set TMPDIR to a shorter folder"
         )
     if any(c in text for c in '"\\\n'):
         raise errors.AnonStartError(
-            f"anon's state directory {path.parent} has a quote, backslash or line break "
-            "in its name: choose another data_dir"
+            f"the folder {path.parent} for anon's sockets has a quote, backslash or line "
+            "break in its name: choose another data_dir"
         )
     return f'unix:"{text}"'
 
