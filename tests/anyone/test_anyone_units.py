@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import telegram
 
-from comfyveil import config
-from comfyveil.anyone import errors, hidden, install, process, routing
+from comfyveil import config, redaction
+from comfyveil.anyone import control, errors, hidden, install, process, routing
 from comfyveil.anyone import network as network_mod
 from comfyveil.cli import anon as anon_cli
 from comfyveil.comfy import client as comfy_client
@@ -480,3 +480,27 @@ async def test_supervisor_keeps_restarting_after_any_error(
     warnings = [r.getMessage() for r in caplog.records if "restart failed" in r.getMessage()]
     assert len(warnings) == 3 and "OSError: [Errno 28] No space left on device" in warnings[0]
     assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_an_operators_daemon_on_a_unix_socket(tmp_path: Path) -> None:
+    attached = process.AttachedAnon(socks=f"unix:{tmp_path}/socks.sock")
+    url = attached.socks_url("backend-gpu0")
+    assert url.startswith("socks5h://comfyveil-backend-gpu0:")
+    assert url.endswith(f"@localhost{tmp_path}/socks.sock")
+    with pytest.raises(errors.AnonError, match=r"127\.0\.0\.1:PORT or unix:/path"):
+        process.AttachedAnon(socks="9050")
+
+
+def test_client_keys_never_reach_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    private, _ = hidden.generate_keypair()
+    key_file = tmp_path / "bot.auth_private"
+    hidden.write_client_key_file(key_file, SERVICE_ID, private)
+    hidden.read_client_key_file(key_file)
+    redaction.install()
+    text = key_file.read_text().strip()
+    logging.getLogger("comfyveil.test").warning("loaded %s", text)
+    assert text.split(":")[3] not in caplog.text and "[redacted]" in caplog.text
+    onion = control.OnionService(SERVICE_ID, "ED25519-V3:secretsecret")
+    assert "secretsecret" not in repr(onion)

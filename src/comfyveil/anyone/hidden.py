@@ -133,6 +133,7 @@ def write_client_key_file(path: Path, service_id: str, private_key: bytes) -> No
     """Write the bot host's key file, readable by its owner only."""
     if not SERVICE_ID.match(service_id):
         raise errors.HiddenServiceError("not a hidden-service id")
+    redaction.register(_b32(private_key))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
