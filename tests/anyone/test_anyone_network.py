@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import pwd
+import re
 import signal
 import socket
 import stat
@@ -16,15 +17,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import telegram
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from comfyveil import config
-from comfyveil.anyone import hidden, routing
+from comfyveil.anyone import errors, hidden, routing, runtime
 from comfyveil.cli import anon as anon_cli
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
+from comfyveil.comfy import pool
+from comfyveil.telegram.request import AiohttpRequest
 from tests.anyone import helpers
+from tests.fakes.telegram import FakeTelegram
 from tests.fixtures.anyone import AnonPair, HiddenBackend, PrivateAnyoneNetwork
 
 pytestmark = [pytest.mark.anyone, pytest.mark.slow]
@@ -305,3 +310,55 @@ async def test_refusals_of_hidden_backends_say_why(
             assert str(http.value).startswith(words), (name, str(http.value))
     finally:
         await anon_pair.gpu_host.remove_ephemeral(private)
+
+
+async def test_a_suffix_anon_does_not_serve_is_refused_never_resolved(
+    anon_pair: AnonPair, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """anon 0.4.9 serves .anon: a .anyone backend (or the other way round with 0.4.10) is
+    refused in words when the pool starts, and its name is never looked up."""
+    client = anon_pair.client
+    assert client.suffix in (".anon", ".anyone")
+    other = ".anyone" if client.suffix == ".anon" else ".anon"
+    service_id, _ = hidden.split_address(anon_pair.gpu_host.address_of(anon_pair.open_service))
+    lookups: list[object] = []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def recording_getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        lookups.append(host)
+        return real_getaddrinfo(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", recording_getaddrinfo)
+    backend = config.BackendConfig("cloud", f"http://{service_id}{other}")
+    router = runtime.Router(client, config.from_mapping({}, environ={}))
+    with pytest.raises(errors.AnonError, match=(
+            rf"backend cloud has a \{other} address, but the running anon "
+            rf"{re.escape(client.version or '')} serves \{client.suffix} addresses only")):
+        async with pool.Pool([backend], proxy_for=router.proxy_for, probe_interval=60):
+            pass
+    assert not [h for h in lookups if str(h).endswith(other)]
+
+
+async def test_bot_api_requests_go_through_anons_unix_socket(
+    anon_pair: AnonPair, fake_telegram: FakeTelegram,
+) -> None:
+    """[anyone] telegram: PTB's requests reach the Bot API through anon (an exit that may
+    connect to 127.0.0.1), dialled over the Unix socket."""
+    settings = config.from_mapping({"anyone": {"telegram": True}}, environ={})
+    proxy = routing.telegram_proxy_url(settings, anon_pair.client)
+    assert proxy is not None and proxy.endswith(f"@localhost{anon_pair.client.socks_path}")
+    deadline = asyncio.get_running_loop().time() + 90
+    while True:
+        bot = telegram.Bot(fake_telegram.token, base_url=fake_telegram.base_url,
+                           request=AiohttpRequest(proxy=proxy, read_timeout=30,
+                                                  connect_timeout=30))
+        try:
+            async with bot:  # getMe
+                me = await bot.get_me()
+            break
+        except telegram.error.NetworkError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await anon_pair.client.new_identity()
+            await asyncio.sleep(1)
+    assert me.username == fake_telegram.bot_user["username"]
