@@ -30,8 +30,10 @@ from python_socks.async_.asyncio import Proxy as SocketProxy
 
 # What a proxy that is too slow, refuses, hangs up or answers nonsense raises (besides
 # aiohttp's own errors).
-TIMED_OUT: tuple[type[Exception], ...] = (aiohttp_socks.ProxyTimeoutError,
-                                          python_socks.ProxyTimeoutError)
+TIMED_OUT: tuple[type[Exception], ...] = (
+    aiohttp_socks.ProxyTimeoutError,
+    python_socks.ProxyTimeoutError,
+)
 ERRORS: tuple[type[Exception], ...] = (
     aiohttp_socks.ProxyError,
     aiohttp_socks.ProxyConnectionError,
@@ -46,7 +48,7 @@ UNIX_HOST = "localhost"  # the host of a Unix-socket proxy URL (curl's conventio
 # why a hidden backend refused us, in words a user can act on.
 HIDDEN_SERVICE_REPLIES = {
     0xF0: "is not published: its hidden-service descriptor was not found "
-          "(is anon running on the GPU host?)",
+    "(is anon running on the GPU host?)",
     0xF1: "published an invalid hidden-service descriptor",
     0xF2: "could not be reached: the introduction to its hidden service failed",
     0xF3: "could not be reached: the rendezvous with its hidden service failed",
@@ -87,8 +89,11 @@ class Socks:
 
     @property
     def proxy_type(self) -> python_socks.ProxyType:
-        return python_socks.ProxyType.SOCKS5 if self.scheme.startswith("socks5") else (
-            python_socks.ProxyType.SOCKS4)
+        return (
+            python_socks.ProxyType.SOCKS5
+            if self.scheme.startswith("socks5")
+            else (python_socks.ProxyType.SOCKS4)
+        )
 
     @property
     def rdns(self) -> bool:
@@ -98,8 +103,9 @@ class Socks:
 
 def unix_url(path: str, username: str, password: str) -> str:
     """The socks5h:// URL of a proxy listening on the Unix socket `path` (absolute)."""
-    return (f"socks5h://{quote(username, safe='')}:{quote(password, safe='')}"
-            f"@{UNIX_HOST}{quote(path)}")
+    return (
+        f"socks5h://{quote(username, safe='')}:{quote(password, safe='')}@{UNIX_HOST}{quote(path)}"
+    )
 
 
 class _UnixForward:
@@ -108,8 +114,9 @@ class _UnixForward:
     def __init__(self, path: str) -> None:
         self._path = path
 
-    async def connect(self, dest_host: str, dest_port: int, timeout: float | None = None,
-                      **_: Any) -> socket.socket:
+    async def connect(
+        self, dest_host: str, dest_port: int, timeout: float | None = None, **_: Any
+    ) -> socket.socket:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -128,9 +135,15 @@ class _UnixForward:
 
 def _socket_proxy(parsed: Socks) -> SocketProxy:
     forward = _UnixForward(parsed.unix_path) if parsed.unix_path else None
-    return SocketProxy(parsed.proxy_type, parsed.host or UNIX_HOST, parsed.port,
-                       parsed.username, parsed.password, parsed.rdns,
-                       forward=forward)  # type: ignore[arg-type]
+    return SocketProxy(
+        parsed.proxy_type,
+        parsed.host or UNIX_HOST,
+        parsed.port,
+        parsed.username,
+        parsed.password,
+        parsed.rdns,
+        forward=forward,
+    )  # type: ignore[arg-type]
 
 
 async def tunnel(proxy: str, host: str, port: int, *, timeout: float) -> socket.socket:
@@ -145,19 +158,30 @@ class UnixProxyConnector(aiohttp_socks.ProxyConnector):
     """aiohttp_socks' connector, with the proxy on a Unix socket."""
 
     def __init__(self, parsed: Socks, **kwargs: Any) -> None:
-        super().__init__(host=parsed.host, port=parsed.port, proxy_type=parsed.proxy_type,
-                         username=parsed.username, password=parsed.password,
-                         rdns=parsed.rdns, **kwargs)
+        super().__init__(
+            host=parsed.host,
+            port=parsed.port,
+            proxy_type=parsed.proxy_type,
+            username=parsed.username,
+            password=parsed.password,
+            rdns=parsed.rdns,
+            **kwargs,
+        )
         self._parsed = parsed
 
     async def _connect_via_proxy(
-        self, host: str, port: int, ssl: ssl.SSLContext | None = None,
+        self,
+        host: str,
+        port: int,
+        ssl: ssl.SSLContext | None = None,
         timeout: float | None = None,
     ) -> tuple[asyncio.Transport, ResponseHandler]:
         sock = await _socket_proxy(self._parsed).connect(host, port, timeout=timeout)
         try:
             transport, protocol = await self._loop.create_connection(
-                lambda: ResponseHandler(self._loop), sock=sock, ssl=ssl,
+                lambda: ResponseHandler(self._loop),
+                sock=sock,
+                ssl=ssl,
                 server_hostname=host if ssl else None,
             )
         except BaseException:

@@ -18,15 +18,20 @@ FAILURES = (aiohttp.ClientError, *proxy_mod.ERRORS, OSError, TimeoutError)
 
 
 async def _get(proxy: str, url: str, timeout: float) -> tuple[int, bytes]:
-    async with aiohttp.ClientSession(
-        connector=proxy_mod.connector(proxy, limit=1), trust_env=False,
-        timeout=aiohttp.ClientTimeout(total=timeout),
-    ) as session, session.get(url) as response:
+    async with (
+        aiohttp.ClientSession(
+            connector=proxy_mod.connector(proxy, limit=1),
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as session,
+        session.get(url) as response,
+    ):
         return response.status, await response.read()
 
 
-async def get_json(proxy: str, url: str, *, within: float = 90.0,
-                   anon: process.ManagedAnon | None = None) -> dict[str, object]:
+async def get_json(
+    proxy: str, url: str, *, within: float = 90.0, anon: process.ManagedAnon | None = None
+) -> dict[str, object]:
     """GET url through proxy, retrying (with NEWNYM) until it answers or time runs out."""
     deadline = time.monotonic() + within
     last: BaseException | None = None
@@ -62,8 +67,9 @@ async def unreachable(proxy: str, url: str, *, because: int, attempts: int = 2) 
     expected = proxy_mod.HIDDEN_SERVICE_REPLIES[because]
     for attempt in range(attempts):
         why = await refusal(proxy, url)
-        assert why == expected, f"attempt {attempt + 1}: refused because {why!r}, " \
-            f"expected {expected!r}"
+        assert why == expected, (
+            f"attempt {attempt + 1}: refused because {why!r}, expected {expected!r}"
+        )
 
 
 async def ws_echo(proxy: str, url: str, text: str) -> str:

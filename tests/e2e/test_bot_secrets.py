@@ -34,8 +34,7 @@ TOKEN = "4242:never-in-any-log-line"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  raw: bytes) -> None:
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> None:
     with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
         await reader.readuntil(b"\r\n\r\n")
         writer.write(raw)
@@ -52,13 +51,17 @@ async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 
 async def _bad_json(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _answer(reader, writer, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 9\r\n\r\n{not json")
+    await _answer(
+        reader,
+        writer,
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{not json",
+    )
 
 
 async def _bad_gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _answer(reader, writer, b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\n"
-                  b"<html></ht")
+    await _answer(
+        reader, writer, b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\n<html></ht"
+    )
 
 
 async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -86,12 +89,15 @@ async def _server(handler: Handler | None) -> AsyncIterator[str]:
 
 
 def _settings(api_url: str) -> config.Settings:
-    return config.from_mapping({"telegram": {"api_url": api_url, "poll_timeout": 1}},
-                               environ={"COMFYVEIL_TELEGRAM_TOKEN": TOKEN})
+    return config.from_mapping(
+        {"telegram": {"api_url": api_url, "poll_timeout": 1}},
+        environ={"COMFYVEIL_TELEGRAM_TOKEN": TOKEN},
+    )
 
 
-def _everything(caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
-                *extra: str) -> str:
+def _everything(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str], *extra: str
+) -> str:
     captured = capsys.readouterr()
     return "\n".join((caplog.text, captured.out, captured.err, *extra))
 
@@ -101,10 +107,14 @@ async def _log_like_the_bot(error: BaseException) -> None:
     await handlers.on_error(None, SimpleNamespace(error=error))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("handler", [None, _not_http, _hang_up, _bad_json, _bad_gateway,
-                                     _silent], ids=lambda h: getattr(h, "__name__", "closed"))
+@pytest.mark.parametrize(
+    "handler",
+    [None, _not_http, _hang_up, _bad_json, _bad_gateway, _silent],
+    ids=lambda h: getattr(h, "__name__", "closed"),
+)
 async def test_a_failing_bot_api_never_shows_the_token(
-    handler: Handler | None, caplog: pytest.LogCaptureFixture,
+    handler: Handler | None,
+    caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     caplog.set_level(logging.DEBUG)
@@ -125,7 +135,11 @@ async def test_a_failing_bot_api_never_shows_the_token(
         assert "not initialized" not in str(failure)  # each one went to the server
     failures = (raised.value, raised_again.value)
     seen = _everything(
-        caplog, capsys, repr(application), repr(bot), repr(bot.request),
+        caplog,
+        capsys,
+        repr(application),
+        repr(bot),
+        repr(bot.request),
         *("".join(traceback.format_exception(e)) for e in failures),
         *(repr(e) for e in failures),
     )
@@ -134,7 +148,8 @@ async def test_a_failing_bot_api_never_shows_the_token(
 
 
 async def test_error_codes_and_failed_long_polls_never_show_the_token(
-    fake_telegram: FakeTelegram, caplog: pytest.LogCaptureFixture,
+    fake_telegram: FakeTelegram,
+    caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     caplog.set_level(logging.DEBUG)
@@ -142,9 +157,12 @@ async def test_error_codes_and_failed_long_polls_never_show_the_token(
     application = app.build_application(_settings(fake_telegram.url))
     errors: list[BaseException] = []
     await application.initialize()
-    for code, description in ((401, "Unauthorized"), (404, "Not Found"),
-                              (500, "Internal Server Error"),
-                              (400, "Bad Request: chat not found")):
+    for code, description in (
+        (401, "Unauthorized"),
+        (404, "Not Found"),
+        (500, "Internal Server Error"),
+        (400, "Bad Request: chat not found"),
+    ):
         fake_telegram.fail_next("getMe", code, description)
         with pytest.raises(TelegramError) as raised:
             await application.bot.get_me()
@@ -159,22 +177,32 @@ async def test_error_codes_and_failed_long_polls_never_show_the_token(
         polled.set()
 
     fake_telegram.fail_next("getUpdates", 502, "Bad Gateway")
-    await application.updater.start_polling(poll_interval=0.0, timeout=1,
-                                            error_callback=error_callback)
+    await application.updater.start_polling(
+        poll_interval=0.0, timeout=1, error_callback=error_callback
+    )
     try:
         await asyncio.wait_for(polled.wait(), 30)
-        fake_telegram.fail_next("getUpdates", 409, "Conflict: terminated by other "
-                                "getUpdates request; make sure that only one bot instance "
-                                "is running")
+        fake_telegram.fail_next(
+            "getUpdates",
+            409,
+            "Conflict: terminated by other "
+            "getUpdates request; make sure that only one bot instance "
+            "is running",
+        )
         polled.clear()
         await asyncio.wait_for(polled.wait(), 30)
     finally:
         await application.updater.stop()
         await application.stop()
         await application.shutdown()
-    seen = _everything(caplog, capsys, repr(application), repr(application.bot),
-                       *("".join(traceback.format_exception(e)) for e in errors),
-                       *(repr(e) for e in errors))
+    seen = _everything(
+        caplog,
+        capsys,
+        repr(application),
+        repr(application.bot),
+        *("".join(traceback.format_exception(e)) for e in errors),
+        *(repr(e) for e in errors),
+    )
     assert "Bad Gateway" in seen and "Conflict" in seen and "Unauthorized" in seen
     assert "Calling Bot API endpoint" in seen  # PTB's debug lines were captured
     assert TOKEN not in seen
@@ -205,7 +233,9 @@ async def test_redaction_covers_tracebacks_and_arguments(
 
 @pytest.mark.timeout(120)
 async def test_run_at_debug_verbosity_never_prints_the_token(
-    fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path,
+    fake_comfy: FakeComfyUI,
+    database_url: str,
+    tmp_path: Path,
 ) -> None:
     """`comfyveil -vv run` (debug logs and tracebacks) against a Bot API that answers
     something that is not HTTP: a plain sentence, and no token anywhere on stderr."""
@@ -221,8 +251,16 @@ async def test_run_at_debug_verbosity_never_prints_the_token(
         env.pop("DATABASE_URL", None)
         env["COMFYVEIL_TELEGRAM_TOKEN"] = TOKEN
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "comfyveil", "-vv", "run", "--config", str(conf), env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "comfyveil",
+            "-vv",
+            "run",
+            "--config",
+            str(conf),
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 90)
     text = out.decode() + err.decode()
