@@ -268,14 +268,16 @@ WITH queued AS (
       AND (-q.priority, q.round, q.turn, q.created_at, q.id)
           < (-me.priority, me.round, me.turn, me.created_at, me.id)
     GROUP BY q.command
-), recent AS (
-    SELECT command, extract(epoch FROM finished_at - started_at) AS seconds,
-           row_number() OVER (PARTITION BY command ORDER BY finished_at DESC) AS n
-    FROM jobs
-    WHERE status = 'succeeded' AND started_at IS NOT NULL
-      AND command IN (SELECT command FROM ahead UNION SELECT command FROM me)
 ), means AS (
-    SELECT command, avg(seconds)::float8 AS seconds FROM recent WHERE n <= 20 GROUP BY command
+    -- the last 20 runs of each command, read newest first from jobs_recent_runs_idx
+    SELECT c.command,
+           (SELECT avg(extract(epoch FROM r.finished_at - r.started_at))::float8
+            FROM (SELECT finished_at, started_at FROM jobs
+                  WHERE status = 'succeeded' AND started_at IS NOT NULL
+                    AND command = c.command
+                  ORDER BY finished_at DESC
+                  LIMIT 20) r) AS seconds
+    FROM (SELECT command FROM ahead UNION SELECT command FROM me) c
 ), own AS (
     SELECT m.seconds FROM means m, me WHERE m.command = me.command
 )
@@ -293,17 +295,27 @@ WHERE j.id = %(job_id)s;
 
 -- command_durations --
 -- Mean run time in seconds of the last 20 successful runs per command (on one backend or any)
-SELECT command, avg(seconds)::float8 AS seconds, count(*) AS samples
-FROM (
-    SELECT command, extract(epoch FROM finished_at - started_at) AS seconds,
-           row_number() OVER (PARTITION BY command ORDER BY finished_at DESC) AS n
-    FROM jobs
-    WHERE status = 'succeeded' AND started_at IS NOT NULL
-      AND command = ANY(%(commands)s::text[])
-      AND (%(backend)s::text IS NULL OR backend = %(backend)s::text)
-) recent
-WHERE n <= 20
-GROUP BY command;
+SELECT c.command, r.seconds, r.samples
+FROM (SELECT DISTINCT unnest(%(commands)s::text[]) AS command) c
+CROSS JOIN LATERAL (
+    SELECT avg(extract(epoch FROM finished_at - started_at))::float8 AS seconds,
+           count(*) AS samples
+    FROM (
+        -- each branch reads the newest 20 from its index; one of them is switched off
+        (SELECT finished_at, started_at FROM jobs
+         WHERE status = 'succeeded' AND started_at IS NOT NULL AND command = c.command
+           AND %(backend)s::text IS NULL
+         ORDER BY finished_at DESC
+         LIMIT 20)
+        UNION ALL
+        (SELECT finished_at, started_at FROM jobs
+         WHERE status = 'succeeded' AND started_at IS NOT NULL AND command = c.command
+           AND backend = %(backend)s::text
+         ORDER BY finished_at DESC
+         LIMIT 20)
+    ) recent
+) r
+WHERE r.samples > 0;
 
 -- job_inputs --
 -- A job's input images, in order
@@ -326,10 +338,28 @@ RETURNING job_id;
 
 -- undelivered_jobs --
 -- Finished jobs whose result has not reached a sink yet, oldest first
-SELECT j.* FROM jobs j
-WHERE j.status IN ('succeeded', 'failed', 'cancelled')
-  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.sink = %(sink)s)
-ORDER BY j.finished_at, j.id
+-- Finished jobs are grouped by the sorted array of sinks they reached (delivered_to, kept
+-- by a trigger, migration 0009): the few arrays in use are found by a loose scan of
+-- jobs_delivery_idx, and only the groups that lack this sink are read, oldest first.
+WITH RECURSIVE reached AS (
+    SELECT (SELECT min(delivered_to) FROM jobs
+            WHERE status IN ('succeeded', 'failed', 'cancelled')) AS sinks
+    UNION ALL
+    SELECT (SELECT min(j.delivered_to) FROM jobs j
+            WHERE j.status IN ('succeeded', 'failed', 'cancelled')
+              AND j.delivered_to > g.sinks)
+    FROM reached g
+    WHERE g.sinks IS NOT NULL
+)
+SELECT w.* FROM reached g
+CROSS JOIN LATERAL (
+    SELECT j.* FROM jobs j
+    WHERE j.status IN ('succeeded', 'failed', 'cancelled') AND j.delivered_to = g.sinks
+    ORDER BY j.finished_at, j.id
+    LIMIT %(limit)s
+) w
+WHERE g.sinks IS NOT NULL AND NOT (%(sink)s::text = ANY (g.sinks))
+ORDER BY w.finished_at, w.id
 LIMIT %(limit)s;
 
 -- claim_delivery --
