@@ -84,8 +84,13 @@ async def _fill(db: database.Database, history: int) -> list[jobs.Job]:
     queued = []
     for n in range(QUEUED_PER_USER):
         for user in range(1, USERS + 1):
-            new = jobs.NewJob(user_id=user, chat_id=user, command=COMMANDS[(user + n) % 5],
-                              workflow_hash="h", params={"prompt": "a fox"})
+            new = jobs.NewJob(
+                user_id=user,
+                chat_id=user,
+                command=COMMANDS[(user + n) % 5],
+                workflow_hash="h",
+                params={"prompt": "a fox"},
+            )
             queued.append(await db.jobs.enqueue(new))
     async with db.pool.connection() as conn:
         await conn.execute("VACUUM ANALYZE jobs")
@@ -102,8 +107,11 @@ async def _plan(url: str, name: str, params: dict[str, Any]) -> str:
 
 
 def _seq_scans(plan: str) -> list[str]:
-    return [line.strip() for line in plan.splitlines()
-            if "Seq Scan on jobs" in line or "Seq Scan on deliveries" in line]
+    return [
+        line.strip()
+        for line in plan.splitlines()
+        if "Seq Scan on jobs" in line or "Seq Scan on deliveries" in line
+    ]
 
 
 async def main(history: int, runs: int) -> dict[str, Any]:
@@ -122,22 +130,24 @@ async def main(history: int, runs: int) -> dict[str, Any]:
         dbs = {name: await database.Database.open(url=url) for name, url in urls.items()}
         try:
             started = time.perf_counter()
-            targets = {"empty": (await _fill(dbs["empty"], 0))[-1],
-                       "full": (await _fill(dbs["full"], history))[-1]}
+            targets = {
+                "empty": (await _fill(dbs["empty"], 0))[-1],
+                "full": (await _fill(dbs["full"], history))[-1],
+            }
             fill_s = time.perf_counter() - started
             calls: dict[str, Callable[[str], Awaitable[Any]]] = {
-                "position_and_eta":
-                    lambda s: dbs[s].jobs.position_and_eta(targets[s].id, parallel=4),
+                "position_and_eta": lambda s: dbs[s].jobs.position_and_eta(
+                    targets[s].id, parallel=4
+                ),
                 "command_durations": lambda s: dbs[s].jobs.durations(COMMANDS),
                 "undelivered_jobs": lambda s: dbs[s].jobs.undelivered("telegram"),
             }
             # The same answers on both (the ETA inputs aside): the full table is not broken.
             assert (await calls["position_and_eta"]("full"))[0] == (
-                await calls["position_and_eta"]("empty"))[0]
+                await calls["position_and_eta"]("empty")
+            )[0]
             assert await calls["undelivered_jobs"]("full") == []
-            times: dict[str, dict[str, list[float]]] = {
-                q: {"empty": [], "full": []} for q in calls
-            }
+            times: dict[str, dict[str, list[float]]] = {q: {"empty": [], "full": []} for q in calls}
             for n in range(runs + WARM_UP):
                 for query, call in calls.items():
                     for scenario in ("empty", "full"):
@@ -161,33 +171,50 @@ async def main(history: int, runs: int) -> dict[str, Any]:
     for query, by in times.items():
         empty_ms = statistics.median(by["empty"]) * 1000
         full_ms = statistics.median(by["full"]) * 1000
-        queries[query] = {"empty_ms": round(empty_ms, 3), "full_ms": round(full_ms, 3),
-                          "ratio": round(full_ms / empty_ms, 2), "seq_scans": plans[query]}
+        queries[query] = {
+            "empty_ms": round(empty_ms, 3),
+            "full_ms": round(full_ms, 3),
+            "ratio": round(full_ms / empty_ms, 2),
+            "seq_scans": plans[query],
+        }
     return {
-        "benchmark": "queries_at_scale", "history_jobs": history, "runs": runs,
-        "fill_seconds": round(fill_s, 1), "queries": queries,
+        "benchmark": "queries_at_scale",
+        "history_jobs": history,
+        "runs": runs,
+        "fill_seconds": round(fill_s, 1),
+        "queries": queries,
         "target_ratio": TARGET_RATIO,
         "met": all(q["ratio"] < TARGET_RATIO and not q["seq_scans"] for q in queries.values()),
     }
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{result['history_jobs']} finished jobs (inserted in {result['fill_seconds']} s), "
-          f"medians of {result['runs']} runs each")
+    print(
+        f"{result['history_jobs']} finished jobs (inserted in {result['fill_seconds']} s), "
+        f"medians of {result['runs']} runs each"
+    )
     print(f"{'query':<20} {'empty':>10} {'full':>10} {'ratio':>7}  plan on full")
     print("-" * 72)
     for name, q in result["queries"].items():
         plan = "seq scan: " + "; ".join(q["seq_scans"]) if q["seq_scans"] else "indexes only"
-        print(f"{name:<20} {q['empty_ms']:>7.3f} ms {q['full_ms']:>7.3f} ms "
-              f"{q['ratio']:>6.2f}x  {plan}")
-    print(f"target: every ratio under {result['target_ratio']:.0f}x, no sequential scan: "
-          f"{'met' if result['met'] else 'NOT met'}")
+        print(
+            f"{name:<20} {q['empty_ms']:>7.3f} ms {q['full_ms']:>7.3f} ms "
+            f"{q['ratio']:>6.2f}x  {plan}"
+        )
+    print(
+        f"target: every ratio under {result['target_ratio']:.0f}x, no sequential scan: "
+        f"{'met' if result['met'] else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--history", type=int, default=200_000,
-                        help="finished (and delivered) jobs in the full database")
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=200_000,
+        help="finished (and delivered) jobs in the full database",
+    )
     parser.add_argument("--runs", type=int, default=300, help="timed runs per query and table")
     args = parser.parse_args()
     warnings.simplefilter("ignore", ResourceWarning)

@@ -222,6 +222,7 @@ class FakeTelegram:
         self._next_message_id: dict[int, int] = {}
         self._files: dict[str, StoredFile] = {}
         self._files_by_path: dict[str, StoredFile] = {}
+        self.file_downloads: list[str] = []  # paths fetched from /file/bot<token>/, in order
         self._pending_queries: set[str] = set()
         self._ids = itertools.count(1)
         self._update_ids = itertools.count(1)
@@ -544,6 +545,7 @@ class FakeTelegram:
             return web.json_response(
                 {"ok": False, "error_code": 404, "description": "Not Found"}, status=404
             )
+        self.file_downloads.append(request.match_info["path"])
         return web.Response(body=stored.data, content_type="application/octet-stream")
 
     async def _handle_method(self, request: web.Request) -> web.Response:

@@ -34,9 +34,7 @@ FROM generate_series(1, %(count)s) AS g
 async def _history(db: Database) -> None:
     async with db.pool.connection() as conn:
         await conn.execute(FILL, {"count": HISTORY})
-        await conn.execute(
-            "INSERT INTO deliveries (job_id, sink) SELECT id, 'telegram' FROM jobs"
-        )
+        await conn.execute("INSERT INTO deliveries (job_id, sink) SELECT id, 'telegram' FROM jobs")
         await conn.execute("ANALYZE jobs")
         await conn.execute("ANALYZE deliveries")
 
@@ -61,8 +59,9 @@ async def test_hot_queries_read_no_table_whole(
     db: Database, name: str, params: dict[str, Any] | None
 ) -> None:
     await _history(db)
-    queued = await db.jobs.enqueue(jobs.NewJob(user_id=1, chat_id=1, command="f",
-                                               workflow_hash="h"))
+    queued = await db.jobs.enqueue(
+        jobs.NewJob(user_id=1, chat_id=1, command="f", workflow_hash="h")
+    )
     plan = await _plan(db, name, params if params is not None else {"job_id": queued.id})
     assert "Seq Scan on jobs" not in plan, plan
     assert "Seq Scan on deliveries" not in plan, plan
@@ -100,8 +99,9 @@ async def test_durations_are_the_newest_twenty_runs_per_command_and_backend(
 async def test_undelivered_follows_each_sink_through_the_delivery_trigger(db: Database) -> None:
     ids = []
     for n in range(4):
-        job = await db.jobs.enqueue(jobs.NewJob(user_id=n, chat_id=n, command="f",
-                                                workflow_hash="h"))
+        job = await db.jobs.enqueue(
+            jobs.NewJob(user_id=n, chat_id=n, command="f", workflow_hash="h")
+        )
         claimed = await db.jobs.claim("w", lease_seconds=30)
         assert claimed is not None and claimed.id == job.id
         await db.jobs.complete(claimed)

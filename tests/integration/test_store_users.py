@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
 from comfyveil.comfy import workflow
 from comfyveil.errors import UsageError
-from comfyveil.store import commands, database, jobs, sessions
+from comfyveil.store import commands, database, errors, jobs, sessions
 
 Database = database.Database
 
@@ -70,7 +72,8 @@ async def test_forget_user_removes_everything_about_them(db: Database) -> None:
                   "queue_turns", "job_inputs"):
         assert await _count(db.url, table, 1) == 0, table
     assert await db.users.get(1) is None
-    assert await db.users.quota_used_today(1) == 0
+    # what the limits count stays, with no content: forgetting is no way round a quota
+    assert await db.users.quota_used_today(1) == 3
     # the other user's result in the shared chat stays
     session = await db.sessions.last_outputs(-500)
     assert session is not None and session.job_id == kept.id
@@ -119,3 +122,82 @@ async def test_operator_command_wins_over_a_shipped_one(db: Database) -> None:
     assert (await db.commands.get(wf.command)).source == "operator"  # type: ignore[union-attr]
     with pytest.raises(commands.CommandNotFound):
         await db.commands.set_enabled("nope", True)
+
+
+async def test_forget_keeps_the_limits_and_an_admins_decisions(db: Database) -> None:
+    """"Queue three, /forget, repeat" used to reset every limit of a user."""
+    for _ in range(3):
+        await db.jobs.enqueue(jobs.NewJob(user_id=7, chat_id=7, command="f", workflow_hash="h"),
+                              max_active=3, daily_quota=3)
+    with pytest.raises(errors.QueueLimitReached):
+        await db.jobs.enqueue(jobs.NewJob(user_id=7, chat_id=7, command="f",
+                                          workflow_hash="h"), max_active=3, daily_quota=3)
+    assert await db.users.forget(7) == 3
+    assert await _count(db.url, "jobs", 7) == 0
+    with pytest.raises(errors.DailyQuotaReached):
+        await db.jobs.enqueue(jobs.NewJob(user_id=7, chat_id=7, command="f",
+                                          workflow_hash="h"), max_active=3, daily_quota=3)
+    await db.jobs.enqueue(jobs.NewJob(user_id=8, chat_id=8, command="f", workflow_hash="h"),
+                          cooldown=60)
+    await db.users.forget(8)
+    with pytest.raises(errors.CoolingDown):
+        await db.jobs.enqueue(jobs.NewJob(user_id=8, chat_id=8, command="f",
+                                          workflow_hash="h"), cooldown=60)
+
+    await db.users.update_settings(9, {"steps": 8, "allowed": True})
+    await db.users.set_daily_quota(9, 2)
+    await db.users.set_role(10, "banned")
+    await db.users.update_settings(10, {"ar": "16:9"})
+    await db.users.update_settings(11, {"ar": "16:9"})
+    for user in (9, 10, 11):
+        await db.users.forget(user)
+    kept = await db.users.get(9)
+    assert kept is not None and kept.daily_quota == 2 and kept.settings == {"allowed": True}
+    banned = await db.users.get(10)
+    assert banned is not None and banned.role == "banned" and banned.settings == {}
+    assert await db.users.get(11) is None  # nothing an admin decided: no row at all
+    async with await psycopg.AsyncConnection.connect(db.url) as conn:
+        cursor = await conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'user_usage' ORDER BY ordinal_position"
+        )
+        assert [r[0] for r in await cursor.fetchall()] == [
+            "user_id", "day", "jobs_today", "last_job_at"]
+
+
+async def test_forget_stops_a_running_job_and_strips_it(db: Database) -> None:
+    job = await db.jobs.enqueue(jobs.NewJob(
+        user_id=12, chat_id=12, command="f", workflow_hash="h",
+        params={"prompt": "a secret"}, idempotency_key="tg:12:1",
+        inputs=[jobs.InputImage("in.png", "image/png", b"in")]))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None and claimed.id == job.id
+    assert await db.users.forget(12) == 1
+    stopping = await db.jobs.get(job.id)
+    assert stopping is not None
+    assert stopping.status is jobs.Status.RUNNING and stopping.cancel_requested
+    assert stopping.params == {} and stopping.idempotency_key is None
+    assert await db.jobs.inputs(job.id) == []
+    assert [e.kind for e in await db.jobs.events(job.id)] == ["cancel_requested"]
+    cancelled = await db.jobs.mark_cancelled(claimed)
+    assert cancelled.status is jobs.Status.CANCELLED
+
+
+async def test_concurrent_enqueues_within_the_cooldown_admit_exactly_one(db: Database) -> None:
+    async def one(n: int) -> jobs.Job | None:
+        try:
+            return await db.jobs.enqueue(
+                jobs.NewJob(user_id=13, chat_id=13, command="f", workflow_hash="h",
+                            idempotency_key=f"tg:13:{n}"),
+                max_active=10, daily_quota=100, cooldown=30)
+        except errors.CoolingDown as exc:
+            assert 1 <= exc.seconds <= 30
+            return None
+
+    results = await asyncio.gather(*(one(n) for n in range(8)))
+    assert sum(r is not None for r in results) == 1
+    assert await _count(db.url, "jobs", 13) == 1
+    with pytest.raises(errors.CoolingDown):
+        await db.jobs.check_limits(13, cooldown=30)
+    await db.jobs.check_limits(13, cooldown=None)  # no cooldown: nothing to refuse
+    await db.jobs.check_limits(14, cooldown=30)  # another user

@@ -7,7 +7,8 @@
      ├── JobNotFound              no job with that id
      ├── LeaseLost                the worker no longer holds the job's lease
      ├── QueueLimitReached        (also a UsageError) too many jobs waiting for one user
-     └── DailyQuotaReached        (also a UsageError) the user's jobs for today are used up
+     ├── DailyQuotaReached        (also a UsageError) the user's jobs for today are used up
+     └── CoolingDown              (also a UsageError) the user's last job was too recent
 
 psycopg and psycopg_pool errors are translated once, in `wrap_exceptions`; nothing
 else in comfyveil needs to know about psycopg's exception classes.
@@ -70,6 +71,17 @@ class DailyQuotaReached(StoreError, UsageError):
         self.quota = quota
         super().__init__(
             message or f"you have used all {quota} jobs of your daily quota; try again tomorrow"
+        )
+
+
+class CoolingDown(StoreError, UsageError):
+    """Wait a moment before your next job."""
+
+    def __init__(self, seconds: int, message: str | None = None) -> None:
+        self.seconds = seconds
+        super().__init__(
+            message
+            or f"wait {seconds} second{'s' if seconds != 1 else ''} before your next job"
         )
 
 

@@ -181,13 +181,16 @@ def _seconds(value: dt.timedelta | float) -> float:
 
 
 def _queued(row: Row | None) -> Row:
-    """The row `enqueue_job` returned, or the refusal it carries as an exception."""
+    """The row `enqueue_job` (or `user_refusal`) returned, or the refusal it carries as an
+    exception."""
     if row is None or row["refusal"] == "retry":
         raise errors.StoreError("the job could not be queued; try again")
     if row["refusal"] == "queue_limit":
         raise errors.QueueLimitReached(row["refusal_limit"])
     if row["refusal"] == "daily_quota":
         raise errors.DailyQuotaReached(row["refusal_limit"])
+    if row["refusal"] == "cooldown":
+        raise errors.CoolingDown(row["refusal_limit"])
     return row
 
 
@@ -211,18 +214,24 @@ class JobStore:
     # -- creating ----------------------------------------------------------------------
 
     async def enqueue(
-        self, new: NewJob, *, max_active: int | None = None, daily_quota: int | None = None
+        self, new: NewJob, *, max_active: int | None = None, daily_quota: int | None = None,
+        cooldown: float | None = None,
     ) -> Job:
         """Queue a job; with an idempotency key already used, the existing job.
+
+        The limits are checked and the job recorded in one statement, under a lock per
+        user, so concurrent requests of one user cannot slip past them.
 
         Args:
             new: the job to create.
             max_active: refuse when the user already has this many jobs queued or running.
-            daily_quota: refuse when the user created this many jobs today (UTC); a per-user
-                override in `users.daily_quota` wins.
+            daily_quota: refuse when the user queued this many jobs today (UTC), forgotten
+                ones included; a per-user override in `users.daily_quota` wins.
+            cooldown: refuse when the user's last job was queued less than this many
+                seconds ago.
 
         Raises:
-            QueueLimitReached, DailyQuotaReached: the user must wait.
+            QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
         """
         params = {
             "id": new.id, "idempotency_key": new.idempotency_key, "user_id": new.user_id,
@@ -231,7 +240,7 @@ class JobStore:
             "backends": list(new.backends) if new.backends is not None else None,
             "max_attempts": new.max_attempts, "priority": new.priority,
             "status_message_id": new.status_message_id, "max_active": max_active,
-            "daily_quota": daily_quota,
+            "daily_quota": daily_quota, "cooldown": cooldown,
         }
         if not new.inputs:  # one statement: no transaction to open and commit around it
             row = _queued(await self.db.one("enqueue_job", **params))
@@ -248,6 +257,21 @@ class JobStore:
             return Job.from_row(row)  # its idempotency key was used before
         logger.info("job queued", extra={"action": "job_queued", "job_id": str(new.id)})
         return Job.from_row(row)
+
+    async def check_limits(
+        self, user_id: int, *, max_active: int | None = None, daily_quota: int | None = None,
+        cooldown: float | None = None,
+    ) -> None:
+        """Refuse now what `enqueue` would refuse, without queueing anything: the front
+        end asks before it downloads and decodes a user's image.
+
+        Raises:
+            QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
+        """
+        _queued(await self.db.one(
+            "user_refusal", user_id=user_id, max_active=max_active, daily_quota=daily_quota,
+            cooldown=cooldown,
+        ))
 
     # -- the worker's side -------------------------------------------------------------
 

@@ -9,15 +9,24 @@
 -- nothing lost). Queueing a job, its result and its delivery always wait for the disk.
 
 -- enqueue_job --
--- Queue a job unless the user's limits refuse it; with an idempotency key already used, that
--- job. Columns: refusal, refusal_limit, created, then the job's (all NULL when refused)
+-- Queue a job unless the user's limits refuse it (checked and recorded in this one
+-- statement, under the user's lock: migration 0008); with an idempotency key already used,
+-- that job. Columns: refusal, refusal_limit, created, then the job's (all NULL when refused)
 SELECT e.refusal, e.refusal_limit, e.created, (e.job_row).*
 FROM comfyveil_enqueue_job(
     %(id)s::uuid, %(idempotency_key)s::text, %(user_id)s::bigint, %(chat_id)s::bigint,
     %(command)s::text, %(workflow_hash)s::text, %(params)s::jsonb, %(backends)s::text[],
     %(max_attempts)s::int, %(priority)s::int, %(status_message_id)s::bigint,
-    %(max_active)s::int, %(daily_quota)s::int
+    %(max_active)s::int, %(daily_quota)s::int, %(cooldown)s::float8
 ) e;
+
+-- user_refusal --
+-- Whether the user's limits would refuse a job now, without queueing one (before the bot
+-- downloads an image); enqueue_job asks the same again under the user's lock
+SELECT r.refusal, r.refusal_limit
+FROM comfyveil_user_refusal(
+    %(user_id)s::bigint, %(max_active)s::int, %(daily_quota)s::int, %(cooldown)s::float8
+) r;
 
 -- insert_job_input --
 -- Keep one input image of a job until the job ends
@@ -393,8 +402,8 @@ WITH known AS (
 )
 SELECT l.id, coalesce(u.role, 'user') AS role, u.daily_quota,
        coalesce((u.settings->>'allowed')::boolean, false) AS granted,
-       (SELECT count(*) FROM jobs j WHERE j.user_id = l.id
-          AND j.created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'))
+       coalesce((SELECT g.jobs_today FROM user_usage g
+                 WHERE g.user_id = l.id AND g.day = (now() AT TIME ZONE 'UTC')::date), 0)
        AS today
 FROM latest l LEFT JOIN users u ON u.id = l.id
 ORDER BY l.seen DESC NULLS LAST, l.id
@@ -411,6 +420,10 @@ SELECT * FROM inserted
 UNION ALL
 SELECT * FROM users WHERE id = %(user_id)s
 LIMIT 1;
+
+-- list_admin_ids --
+-- Users given the admin role
+SELECT id FROM users WHERE role = 'admin' ORDER BY id;
 
 -- get_user --
 -- One user by Telegram id
@@ -436,24 +449,58 @@ SET settings = (users.settings || %(changes)s::jsonb) - %(remove)s::text[], upda
 RETURNING *;
 
 -- quota_used_today --
--- How many jobs a user created today (UTC)
-SELECT count(*) AS used FROM jobs
-WHERE user_id = %(user_id)s
-  AND created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC');
+-- How many jobs a user queued today (UTC), forgotten ones included
+SELECT coalesce(max(jobs_today), 0) AS used FROM user_usage
+WHERE user_id = %(user_id)s AND day = (now() AT TIME ZONE 'UTC')::date;
 
 -- forget_user_jobs --
--- Delete all of a user's jobs (inputs, outputs, events, deliveries go with them)
-WITH deleted AS (DELETE FROM jobs WHERE user_id = %(user_id)s RETURNING id)
-SELECT count(*) AS deleted FROM deleted;
+-- Delete a user's jobs (inputs, outputs, events, deliveries go with them), except those
+-- running now: those lose their content and are asked to stop (the event's NOTIFY tells
+-- their worker, which interrupts the prompt on its backend and ends them cancelled).
+-- Rows are locked first, so a job claimed meanwhile is seen as running, not deleted.
+WITH mine AS (
+    SELECT id, status FROM jobs WHERE user_id = %(user_id)s FOR UPDATE
+), stopped AS (
+    UPDATE jobs j
+    SET params = '{}'::jsonb, progress = '{}'::jsonb, error = NULL, idempotency_key = NULL,
+        cancel_requested = true, updated_at = now()
+    FROM mine m
+    WHERE j.id = m.id AND m.status = 'running'
+    RETURNING j.id, j.status
+), stop_event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'cancel_requested', status, jsonb_build_object('forgotten', true) FROM stopped
+), old_events AS (
+    DELETE FROM job_events WHERE job_id IN (SELECT id FROM stopped)
+), old_inputs AS (
+    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM stopped)
+), deleted AS (
+    DELETE FROM jobs j USING mine m
+    WHERE j.id = m.id AND m.status <> 'running'
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM stopped) AS deleted,
+       (SELECT count(*) FROM stopped) AS stopping;
 
 -- forget_user_rest --
--- Delete a user's chat sessions, queue turn and user row
+-- Delete a user's chat sessions, queue turn, settings and user row; an admin's decisions
+-- about the user (role, own quota, an /allow) stay, with no settings beside them, and so
+-- do the usage counters (user_usage) the limits read
 WITH sessions AS (
     DELETE FROM chat_sessions WHERE user_id = %(user_id)s OR chat_id = %(user_id)s
 ), turns AS (
     DELETE FROM queue_turns WHERE user_id = %(user_id)s
+), kept AS (
+    UPDATE users
+    SET settings = CASE WHEN settings ? 'allowed'
+                        THEN jsonb_build_object('allowed', settings -> 'allowed')
+                        ELSE '{}'::jsonb END,
+        updated_at = now()
+    WHERE id = %(user_id)s
+      AND (role <> 'user' OR daily_quota IS NOT NULL OR settings ? 'allowed')
+    RETURNING id
 )
-DELETE FROM users WHERE id = %(user_id)s;
+DELETE FROM users WHERE id = %(user_id)s AND NOT EXISTS (SELECT 1 FROM kept);
 
 -- set_chat_outputs --
 -- Remember the last result in a chat, for chaining

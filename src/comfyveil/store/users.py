@@ -87,6 +87,10 @@ class UserStore:
         assert row is not None
         return dict(row["settings"])
 
+    async def admin_ids(self) -> list[int]:
+        """Users given the admin role (those named in the configuration aside)."""
+        return [int(row["id"]) for row in await self.db.all("list_admin_ids")]
+
     async def overview(self, *, limit: int = 40) -> list[dict[str, Any]]:
         """The most recently active users: id, role, daily_quota, granted, today."""
         return [dict(row) for row in await self.db.all("list_users", limit=limit)]
@@ -100,8 +104,11 @@ class UserStore:
         """Delete everything stored about a user; the number of jobs deleted.
 
         Jobs go with their input images, outputs, events and delivery records; then the
-        user's chat sessions, queue turn, settings and role. A job running on a GPU right
-        now finishes there, but its worker can no longer store anything for it.
+        user's chat sessions, queue turn and settings. A job running on a GPU right now
+        keeps only its id, command and owner until its worker, told by the cancel request,
+        interrupts it there and ends it cancelled. What limits the user stays: the usage
+        counters (jobs today, the last job's time, no content) and an admin's role, quota
+        or /allow for them, so forgetting never resets a quota, a cooldown or a ban.
         """
         async with self.db.session(transaction=True) as s:
             row = await s.one("forget_user_jobs", user_id=user_id)

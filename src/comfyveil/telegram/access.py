@@ -7,14 +7,15 @@
 - Limits per user (admins are exempt): jobs waiting or running at once
   (``[limits] max_queued``), jobs per UTC day (``[limits] daily_quota``, or the user's own
   quota set with ``/quota``), and a cooldown between two jobs (``[limits] cooldown``).
-  The first two are enforced by the store inside the enqueue transaction; the cooldown
-  is kept here, in memory, per bot process.
+  All three are checked and recorded by the store in the enqueue statement, under a lock
+  per user, and counted in a row that /forget keeps; the bot asks the same question
+  before it downloads a user's image (`Limits.check`).
+- Workflow commands may be for admins only (``comfyveil workflows add --admins-only``):
+  `role_of` is the role a command's ``allowed_roles`` is matched against.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,6 @@ ALLOWED_KEY = "allowed"  # users.settings flag written by /allow
 
 class NotAllowed(errors.UsageError):
     """You are not allowed to use this bot."""
-
-
-class CoolingDown(errors.UsageError):
-    """Wait a moment before your next job."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +43,12 @@ class Who:
     user: users.User | None = field(default=None, compare=False, repr=False)
 
     @property
+    def command_role(self) -> str:
+        """The role a command's allowed_roles is matched against (admins named in the
+        configuration are admins whatever their row says)."""
+        return "admin" if self.is_admin else "user"
+
+    @property
     def settings(self) -> dict[str, Any]:
         """The user's own settings as read for this update ({} without a row)."""
         return dict(self.user.settings) if self.user is not None else {}
@@ -57,7 +60,6 @@ class Access:
     def __init__(self, settings: config.Settings, user_store: users.UserStore) -> None:
         self.settings = settings
         self.users = user_store
-        self._last_job: dict[int, float] = {}  # user id -> monotonic time of their last job
 
     async def identify(self, user_id: int, chat_id: int) -> Who:
         """Who is writing, with their role and whether they may use the bot."""
@@ -93,33 +95,14 @@ class Access:
         if not who.is_admin:
             raise NotAllowed("Only the bot's admins can do that.")
 
-    def limits(self, who: Who) -> tuple[int | None, int | None]:
-        """(max jobs waiting or running, daily quota) for this user; None: no limit."""
+    def limits(self, who: Who) -> dict[str, Any]:
+        """The enqueue limits of this user as keywords of `JobStore.enqueue` and
+        `JobStore.check_limits` (None: no limit; admins have none)."""
         if who.is_admin:
-            return None, None
+            return {"max_active": None, "daily_quota": None, "cooldown": None}
         lim = self.settings.limits
-        return lim.max_queued, lim.daily_quota
-
-    def check_cooldown(self, who: Who) -> None:
-        """Raises CoolingDown when the user's last job was too recent."""
-        cooldown = self.settings.limits.cooldown
-        if who.is_admin or cooldown <= 0:
-            return
-        last = self._last_job.get(who.user_id)
-        if last is None:
-            return
-        left = cooldown - (time.monotonic() - last)
-        if left > 0:
-            seconds = math.ceil(left)
-            raise CoolingDown(
-                f"Wait {seconds} second{'s' if seconds != 1 else ''} before your next job."
-            )
-
-    def note_job(self, user_id: int) -> None:
-        self._last_job[user_id] = time.monotonic()
-        if len(self._last_job) > 10_000:  # forget the oldest half rather than grow forever
-            for uid, _ in sorted(self._last_job.items(), key=lambda i: i[1])[:5_000]:
-                self._last_job.pop(uid, None)
+        return {"max_active": lim.max_queued, "daily_quota": lim.daily_quota,
+                "cooldown": lim.cooldown or None}
 
     async def allow(self, user_id: int) -> None:
         """An admin's /allow: lift a ban and grant use of a closed bot."""

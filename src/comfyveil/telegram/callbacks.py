@@ -68,11 +68,9 @@ async def _dispatch(
         if press.value != "yes":
             await query.edit_message_text("Nothing was deleted.")
             return None, False
-        granted = bool(who.settings.get(access.ALLOWED_KEY))
         services.forget_deliveries_of(who.user_id)
+        # an admin's grant, ban or quota is not the user's data: the store keeps those
         deleted = await services.db.users.forget(who.user_id)
-        if granted:  # an admin's grant is not the user's data: keep it
-            await services.access.allow(who.user_id)
         await query.edit_message_text(
             f"Done: {deleted} job{'s' if deleted != 1 else ''}, their images and your "
             "settings were deleted."
@@ -97,7 +95,7 @@ async def _dispatch(
     if output is None:
         return "That result is no longer stored.", True
     if press.action == "edit":
-        entries = [e for e in await services.commands.all() if e.takes_image]
+        entries = [e for e in await services.commands.for_user(who) if e.takes_image]
         if not entries:
             return "No edit command is enabled on this bot.", True
         await services.db.sessions.set_last_outputs(

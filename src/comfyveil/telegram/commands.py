@@ -8,16 +8,26 @@ comfyveil's errors (one plain sentence each) and the router's ``plain_errors`` a
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
+from telegram import (
+    BotCommand,
+    BotCommandScopeChat,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Update,
+)
+from telegram.error import BadRequest
 
 from comfyveil import errors
 from comfyveil.store import jobs
 from comfyveil.telegram import access, callbacks_data, parse, registry, render, replies, submit
 from comfyveil.telegram.context import BotContext, Services
+
+logger = logging.getLogger(__name__)
 
 Handler = Callable[[Update, BotContext, access.Who, str], Awaitable[None]]
 
@@ -42,11 +52,28 @@ def _in_group(update: Update) -> bool:
 
 
 async def publish_menu(services: Services, bot: Any) -> None:
-    """Register the enabled commands and the built-in ones with Telegram's command menu."""
+    """Register the enabled commands and the built-in ones with Telegram's command menu.
+
+    Everyone's menu (the default scope) lists the commands users may run; each admin's
+    private chat gets its own scope with the admins-only commands too, so a command an
+    operator kept for admins is never offered to the others.
+    """
     entries = await services.commands.all()
-    menu = [BotCommand(e.name, (e.command.title or e.name)[:256]) for e in entries]
-    menu += [BotCommand(name, text) for name, text in BUILTIN_MENU]
-    await bot.set_my_commands(menu[:100])
+
+    def menu(admin: bool) -> list[BotCommand]:
+        shown = [e for e in entries if admin or not e.admins_only]
+        listed = [BotCommand(e.name, (e.command.title or e.name)[:256]) for e in shown]
+        listed += [BotCommand(name, text) for name, text in BUILTIN_MENU]
+        return listed[:100]
+
+    await bot.set_my_commands(menu(admin=False))
+    admins = {*services.settings.telegram.admins, *await services.db.users.admin_ids()}
+    for admin_id in sorted(admins):
+        try:
+            await bot.set_my_commands(menu(admin=True), scope=BotCommandScopeChat(admin_id))
+        except BadRequest as exc:  # an admin who never opened a chat with the bot
+            logger.info("no admin menu for one admin: %s", exc.message,
+                        extra={"action": "admin_menu_skipped"})
 
 
 # --- basics -----------------------------------------------------------------------------
@@ -54,7 +81,7 @@ async def publish_menu(services: Services, bot: Any) -> None:
 
 async def start(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Greet and point at /help."""
-    entries = await context.services.commands.all()
+    entries = await context.services.commands.for_user(who)
     example = next((e.name for e in entries if not e.takes_image), entries[0].name
                    if entries else "help")
     await replies.reply(
@@ -66,8 +93,8 @@ async def start(update: Update, context: BotContext, who: access.Who, text: str)
 
 
 async def help_(update: Update, context: BotContext, who: access.Who, text: str) -> None:
-    """The enabled commands with their options."""
-    entries = await context.services.commands.all()
+    """The enabled commands this user may run, with their options."""
+    entries = await context.services.commands.for_user(who)
     await replies.reply(update, render.help_text([e.help() for e in entries]))
 
 
@@ -91,7 +118,7 @@ async def run_workflow(
     )
     if parsed is None:
         return
-    services.access.check_cooldown(who)
+    await submit.check_allowed(services, who, entry)
     prefs = who.settings
     values, as_file = submit.build_values(entry, parsed, prefs)
     validated = wf.validate(values)
@@ -276,8 +303,8 @@ async def forget(update: Update, context: BotContext, who: access.Who, text: str
     await replies.reply(
         update,
         "This deletes all your jobs, results, input images, settings and your place in "
-        "the queue (a job running now finishes on its GPU, but nothing of it is kept). "
-        "Are you sure?",
+        "the queue, and stops a job running now on its GPU. What the limits count (jobs "
+        "today, the time of the last) stays, with no prompt or image. Are you sure?",
         reply_markup=keyboard,
     )
 

@@ -12,10 +12,14 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from comfyveil.comfy import workflow
 from comfyveil.store import commands as commands_store
 from comfyveil.telegram import render
+
+if TYPE_CHECKING:
+    from comfyveil.telegram.access import Who
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,14 @@ class Entry:
     @property
     def takes_image(self) -> bool:
         return bool(self.workflow.image_params)
+
+    @property
+    def admins_only(self) -> bool:
+        return "user" not in self.command.allowed_roles
+
+    def allows(self, who: Who) -> bool:
+        """Whether this user may run the command (`workflows add --admins-only`)."""
+        return who.command_role in self.command.allowed_roles
 
     def help(self) -> render.CommandHelp:
         wf = self.workflow
@@ -133,3 +145,7 @@ class CommandRegistry:
     async def all(self) -> list[Entry]:
         await self._fresh()
         return [self._entries[name] for name in sorted(self._entries)]
+
+    async def for_user(self, who: Who) -> list[Entry]:
+        """The enabled commands this user may run, by name."""
+        return [entry for entry in await self.all() if entry.allows(who)]

@@ -184,6 +184,19 @@ async def find_image(
 # --- queueing ---------------------------------------------------------------------------
 
 
+async def check_allowed(services: Services, who: access.Who, entry: registry.Entry) -> None:
+    """Refuse, before anything is downloaded or decoded, a job this user may not have now:
+    a command for admins only, or one over their limits (asked again when it is queued).
+
+    Raises:
+        NotAllowed: the command is not for this user's role.
+        QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
+    """
+    if not entry.allows(who):
+        raise access.NotAllowed(f"Only the bot's admins can use /{entry.name}.")
+    await services.db.jobs.check_limits(who.user_id, **services.access.limits(who))
+
+
 async def submit(
     services: Services,
     bot: Bot,
@@ -200,20 +213,18 @@ async def submit(
     """Queue the job and post its status message; the job (an existing one for a retry).
 
     Raises:
-        QueueLimitReached, DailyQuotaReached: the user must wait.
+        QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
     """
-    max_active, quota = services.access.limits(who)
     new = jobs.NewJob(
         user_id=who.user_id, chat_id=who.chat_id, command=entry.name,
         workflow_hash=entry.workflow.hash, params=dict(values), inputs=tuple(inputs),
         idempotency_key=key, max_attempts=services.settings.worker.max_attempts,
     )
-    job = await services.db.jobs.enqueue(new, max_active=max_active, daily_quota=quota)
+    job = await services.db.jobs.enqueue(new, **services.access.limits(who))
     if job.id != new.id:
         logger.info("update seen before; job already queued",
                     extra={"action": "duplicate_update", "job_id": str(job.id)})
         return job
-    services.access.note_job(who.user_id)
     if as_file:
         services.file_jobs.add(job.id)
     setting = bool(who.settings.get(SEND_AS_FILE_SETTING))
@@ -245,6 +256,7 @@ async def rerun(
     entry = await services.commands.get(job.command)
     if entry is None:
         raise errors.UsageError(f"The command /{job.command} is not available now.")
+    await check_allowed(services, who, entry)
     inputs: list[jobs.InputImage] = []
     if entry.takes_image:
         inputs = await services.db.jobs.inputs(job.id)
@@ -255,7 +267,6 @@ async def rerun(
             )
     values = {k: v for k, v in job.params.items() if k != "seed"}
     validated = entry.workflow.validate(values)
-    services.access.check_cooldown(who)
     return await submit(
         services, bot, who=who, in_group=in_group, entry=entry, values=validated,
         inputs=inputs, key=key, reply_to=reply_to,
