@@ -8,7 +8,11 @@ the environment or from a file whose permissions allow nobody else to read it.
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import math
 import os
+import re
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -173,16 +177,182 @@ def _path(value: Any, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def _seconds(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"{key} must be a number of seconds, 0 or more")
-    return float(value)
+# --- checking each value ------------------------------------------------------------------
+# Every key has a rule: its type and, for numbers, its range. A value outside it stops
+# the start with a sentence naming the key ("[worker] job_timeout must be a number > 0,
+# got 0"), where a silent zero would fail every job later. A key added to a section
+# without a rule here is checked against its default's type.
 
 
-def _ids(value: Any, key: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-        raise ConfigError(f"{key} must be a list of numeric Telegram ids")
-    return tuple(value)
+def _shown(value: Any) -> str:
+    """A value as the TOML file spells it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value) if not isinstance(value, list | dict) else json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key accepts. kind: int, number, bool, text, ids (a list of Telegram ids),
+    texts (a list of text), endpoint (HOST:PORT); low/high bound numbers, `above` makes
+    the low bound exclusive; secret: never echo the value."""
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    above: bool = False
+    choices: tuple[str, ...] = ()
+    secret: bool = False
+
+    def describe(self) -> str:
+        if self.kind in ("int", "number"):
+            what = "a whole number" if self.kind == "int" else "a number"
+            if self.low is not None and self.high is not None:
+                return f"{what} from {_num(self.low)} to {_num(self.high)}"
+            if self.low is not None:
+                return f"{what} {'>' if self.above else '>='} {_num(self.low)}"
+            return what
+        return {
+            "bool": "true or false",
+            "text": "a text in quotes" if not self.choices else
+                    "one of " + ", ".join(self.choices),
+            "ids": "a list of numeric Telegram ids",
+            "texts": "a list of texts in quotes",
+            "endpoint": "HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:9050) "
+                        "or unix:/PATH",
+        }[self.kind]
+
+    def check(self, label: str, value: Any) -> Any:
+        """`value` as the settings hold it; ConfigError naming `label` when it does not fit."""
+        ok = True
+        if self.kind in ("int", "number"):
+            allowed = int if self.kind == "int" else int | float
+            ok = isinstance(value, allowed) and not isinstance(value, bool)
+            if ok and self.low is not None:
+                ok = value > self.low if self.above else value >= self.low
+            if ok and self.high is not None:
+                ok = value <= self.high
+            if ok and self.kind == "number":
+                ok = math.isfinite(value)
+                value = float(value)
+        elif self.kind == "bool":
+            ok = isinstance(value, bool)
+        elif self.kind == "text":
+            ok = isinstance(value, str) and (not self.choices or value in self.choices)
+        elif self.kind == "ids":
+            ok = isinstance(value, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value)
+            value = tuple(value) if ok else value
+        elif self.kind == "texts":
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            value = tuple(value) if ok else value
+        elif self.kind == "endpoint":
+            ok = isinstance(value, str) and endpoint_problem(value, unix_ok=True) is None
+        if not ok:
+            got = "" if self.secret else f", got {_shown(value)}"
+            raise ConfigError(f"{label} must be {self.describe()}{got}")
+        return value
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def endpoint_problem(value: str, *, unix_ok: bool = False) -> str | None:
+    """Why `value` is not a usable HOST:PORT (None: it is); with `unix_ok`, a
+    `unix:/absolute/path` socket is fine too. Also for `anon expose --target`."""
+    if unix_ok and value.startswith("unix:"):
+        return None if value[5:].startswith("/") else "its unix: path is not absolute"
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        return "it has no HOST:PORT form"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return "its port is not a number from 1 to 65535"
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "its host is not an IPv6 address"
+        return None
+    try:
+        ipaddress.IPv4Address(host)
+        return None
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return "its host is not an IP address or a host name"
+    if all(label.isdigit() for label in labels):
+        return "its host is not an IP address or a host name"
+    return None
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+_TEXT = Rule("text")
+_BOOL = Rule("bool")
+_SECONDS = Rule("number", low=0)  # 0: none
+_POSITIVE_SECONDS = Rule("number", low=0, above=True)
+
+RULES: dict[str, dict[str, Rule]] = {
+    "top level": {"data_dir": _TEXT},
+    "database": {"url": Rule("text", secret=True), "data_dir": _TEXT},
+    "telegram": {
+        "token_file": _TEXT, "api_url": _TEXT, "admins": Rule("ids"), "allow": Rule("ids"),
+        "open": _BOOL, "poll_timeout": _SECONDS, "status_delay": _SECONDS,
+    },
+    "backends": {
+        "name": _TEXT, "url": _TEXT, "via": Rule("text", choices=("auto", "direct", "anyone")),
+        "auth_key_file": _TEXT, "tags": Rule("texts"),
+        "max_waiting": Rule("int", low=0, high=1000),
+    },
+    "limits": {
+        "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
+        "cooldown": _SECONDS, "max_prompt_length": Rule("int", low=1),
+        "max_image_bytes": Rule("int", low=1), "max_image_pixels": Rule("int", low=1),
+    },
+    "worker": {
+        "lease_seconds": _POSITIVE_SECONDS, "max_attempts": Rule("int", low=1),
+        "job_timeout": _POSITIVE_SECONDS, "poll_interval": _POSITIVE_SECONDS,
+    },
+    "anyone": {
+        "enabled": _BOOL, "binary": _TEXT, "socks": Rule("endpoint"),
+        "control": Rule("endpoint"), "cookie_file": _TEXT, "telegram": _BOOL,
+        "private_network": _TEXT,
+    },
+    "privacy": {"job_retention_days": _POSITIVE_SECONDS},
+    "workflows": {"dirs": Rule("texts")},
+}
+
+
+def _rule_for_default(default: Any) -> Rule:
+    if isinstance(default, bool):
+        return _BOOL
+    if isinstance(default, int):
+        return Rule("int")
+    if isinstance(default, float):
+        return Rule("number")
+    return _TEXT
+
+
+def _checked(
+    section: str, table: dict[str, Any], *, label: str | None = None,
+    defaults: type | None = None,
+) -> dict[str, Any]:
+    """`table` with each value checked against its rule (see RULES)."""
+    rules = RULES.get(section, {})
+    prefix = label or ("" if section == "top level" else f"[{section}] ")
+    fields = getattr(defaults, "__dataclass_fields__", {})
+    checked = {}
+    for key, value in table.items():
+        rule = rules.get(key)
+        if rule is None and key in fields:
+            rule = _rule_for_default(fields[key].default)
+        checked[key] = rule.check(f"{prefix}{key}", value) if rule is not None else value
+    return checked
 
 
 def from_mapping(
@@ -197,32 +367,34 @@ def from_mapping(
         {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
          "workflows"},
     )
+    for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows"):
+        if not isinstance(top.get(name, {}), dict):
+            raise ConfigError(f"{name} must be a table: [{name}]")
+    top.update(_checked("top level", {k: v for k, v in top.items() if k == "data_dir"}))
     data_dir = _path(top["data_dir"], base) if "data_dir" in top else default_data_dir(env)
 
-    db = _take(top.get("database", {}), "database", {"url", "data_dir"})
+    db = _checked("database", _take(top.get("database", {}), "database", {"url", "data_dir"}))
     database = DatabaseConfig(
         url=env.get("DATABASE_URL") or db.get("url"),
         data_dir=_path(db["data_dir"], base) if "data_dir" in db else None,
     )
 
-    tg = _take(
+    tg = _checked("telegram", _take(
         top.get("telegram", {}),
         "telegram",
         {"token_file", "api_url", "admins", "allow", "open", "poll_timeout", "status_delay"},
-    )
+    ))
     token = env.get("COMFYVEIL_TELEGRAM_TOKEN")
     if not token and "token_file" in tg:
         token = read_secret_file(_path(tg["token_file"], base), "telegram token")
     telegram = TelegramConfig(
         token=token or None,
         api_url=tg.get("api_url"),
-        admins=_ids(tg.get("admins", []), "telegram.admins"),
-        allow=_ids(tg.get("allow", []), "telegram.allow"),
-        open=bool(tg.get("open", False)),
-        poll_timeout=float(tg.get("poll_timeout", 30.0)),
-        status_delay=_seconds(
-            tg.get("status_delay", DEFAULT_STATUS_DELAY), "telegram.status_delay"
-        ),
+        admins=tg.get("admins", ()),
+        allow=tg.get("allow", ()),
+        open=tg.get("open", False),
+        poll_timeout=tg.get("poll_timeout", 30.0),
+        status_delay=tg.get("status_delay", DEFAULT_STATUS_DELAY),
     )
 
     backends = []
@@ -230,10 +402,12 @@ def from_mapping(
     if not isinstance(raw_backends, list):
         raise ConfigError("backends must be an array of tables: [[backends]]")
     for index, item in enumerate(raw_backends):
-        b = _take(
+        if not isinstance(item, dict):
+            raise ConfigError("backends must be an array of tables: [[backends]]")
+        b = _checked("backends", _take(
             item, f"backends #{index + 1}",
             {"name", "url", "via", "auth_key_file", "tags", "max_waiting"},
-        )
+        ), label=f"[[backends]] #{index + 1} ")
         if "url" not in b:
             raise ConfigError(f"backend #{index + 1} has no url")
         backends.append(
@@ -242,24 +416,26 @@ def from_mapping(
                 url=str(b["url"]).rstrip("/"),
                 via=str(b.get("via", "auto")),
                 auth_key_file=_path(b["auth_key_file"], base) if "auth_key_file" in b else None,
-                tags=tuple(b.get("tags", ())),
-                max_waiting=int(b.get("max_waiting", 1)),
+                tags=b.get("tags", ()),
+                max_waiting=b.get("max_waiting", 1),
             )
         )
     names = [b.name for b in backends]
     if len(set(names)) != len(names):
         raise ConfigError("two backends have the same name; give each [[backends]] its own name")
 
-    limits = LimitsConfig(
-        **_take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__))
-    )
-    worker = WorkerConfig(
-        **_take(top.get("worker", {}), "worker", set(WorkerConfig.__annotations__))
-    )
-    an = _take(
+    limits = LimitsConfig(**_checked(
+        "limits", _take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__)),
+        defaults=LimitsConfig,
+    ))
+    worker = WorkerConfig(**_checked(
+        "worker", _take(top.get("worker", {}), "worker", set(WorkerConfig.__annotations__)),
+        defaults=WorkerConfig,
+    ))
+    an = _checked("anyone", _take(
         top.get("anyone", {}), "anyone",
         {"enabled", "binary", "socks", "control", "cookie_file", "telegram", "private_network"},
-    )
+    ), defaults=AnyoneConfig)
     anyone = AnyoneConfig(
         enabled=bool(an.get("enabled", True)),
         binary=_path(an["binary"], base) if "binary" in an else (
@@ -280,10 +456,11 @@ def from_mapping(
             "anyone.private_network and anyone.socks cannot both be set: the network is "
             "chosen by the daemon you run"
         )
-    privacy = PrivacyConfig(
-        **_take(top.get("privacy", {}), "privacy", set(PrivacyConfig.__annotations__))
-    )
-    wf = _take(top.get("workflows", {}), "workflows", {"dirs"})
+    privacy = PrivacyConfig(**_checked(
+        "privacy", _take(top.get("privacy", {}), "privacy", set(PrivacyConfig.__annotations__)),
+        defaults=PrivacyConfig,
+    ))
+    wf = _checked("workflows", _take(top.get("workflows", {}), "workflows", {"dirs"}))
     workflow_dirs = tuple(_path(d, base) for d in wf.get("dirs", []))
     return Settings(
         data_dir=data_dir,

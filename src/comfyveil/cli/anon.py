@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import sys
 from pathlib import Path
 
@@ -61,9 +62,28 @@ async def _install(args: argparse.Namespace) -> int:
 
 
 def _target(value: str) -> str:
+    """The ComfyUI address a hidden service forwards to: an IP address and a port (anon
+    resolves no names there); `localhost` means 127.0.0.1. A target off this machine's
+    loopback is allowed (ComfyUI on another host of a private LAN) with a warning: that
+    last hop leaves the machine unencrypted.
+
+    Raises:
+        UsageError: not IP:PORT with a port from 1 to 65535.
+    """
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise UsageError(f"--target must look like 127.0.0.1:8188, not {value!r}")
+    if host.lower() == "localhost":
+        host, value = "127.0.0.1", f"127.0.0.1:{port}"
+    problem = config.endpoint_problem(value)
+    try:
+        address = ipaddress.ip_address(host.strip("[]")) if sep else None
+    except ValueError:
+        address = None
+        problem = problem or "its host is not an IP address (anon resolves no names there)"
+    if problem:
+        raise UsageError(f"--target must look like 127.0.0.1:8188: {problem} ({value!r})")
+    if address is not None and not address.is_loopback:
+        print(f"warning: --target {value} is not on this machine's loopback; the hop from "
+              "anon to ComfyUI leaves the machine unencrypted", file=sys.stderr)
     return value
 
 
