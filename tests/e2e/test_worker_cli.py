@@ -6,7 +6,9 @@ import asyncio
 import os
 import signal
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +175,75 @@ async def test_jobs_list_all_shows_chat_users_jobs_too(
     code, everyone, _ = await run_cli("jobs", "list", "--all", "--config", str(cfg),
                                       cwd=tmp_path)
     assert code == 0 and str(chat_job.id) in everyone and "queued" in everyone
+
+
+def _own_workflow(folder: Path, name: str, command: str, prefix: str) -> Path:
+    """A copy of the shipped Flux Schnell workflow as the submitter's own NAME.toml, with
+    its own command and its own SaveImage prefix (so the graph that ran can be told)."""
+    from comfyveil.comfy import workflow
+
+    shipped = workflow.find("f")
+    assert shipped.source is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    toml_text = shipped.source.read_text().replace('command = "f"', f'command = "{command}"')
+    assert f'command = "{command}"' in toml_text
+    graph = shipped.source.with_suffix(".json").read_text()
+    assert '"comfyveil/f"' in graph
+    (folder / f"{name}.toml").write_text(toml_text)
+    (folder / f"{name}.json").write_text(graph.replace('"comfyveil/f"', f'"{prefix}"'))
+    return folder / f"{name}.toml"
+
+
+def _prefixes(fake: Any, prompt_id: str) -> set[str]:
+    graph = next(p["prompt"] for p in fake.prompts if p["prompt_id"] == prompt_id)
+    return {str(node["inputs"]["filename_prefix"]) for node in graph.values()
+            if "filename_prefix" in node.get("inputs", {})}
+
+
+async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory()
+    submitter, worker_host = tmp_path / "submitter", tmp_path / "worker"
+    worker_host.mkdir()
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    # a variant of /f (same command, another graph) and a command no one registered
+    variant = _own_workflow(submitter / "flows", "variant", "f", "variant/f")
+    _own_workflow(submitter / "flows", "mine", "mine", "mine/m")  # run as flows/mine.toml
+    size = ["--set", "steps=2", "--set", "width=256", "--set", "height=256"]
+    code, stdout, stderr = await run_cli(
+        "submit", str(variant), "a", "lighthouse", *size, "--config", str(cfg), cwd=submitter)
+    assert code == 0, stderr
+    variant_id = stdout.strip()
+    code, stdout, stderr = await run_cli(
+        "submit", "flows/mine.toml", "a", "fox", *size, "--config", str(cfg), cwd=submitter)
+    assert code == 0, stderr
+    mine_id = stdout.strip()
+    for path in (submitter / "flows").iterdir():
+        path.unlink()  # the worker never sees the submitter's files
+
+    proc = await cli("worker", "--config", str(cfg), "--id", "elsewhere", cwd=worker_host)
+    try:
+        for job_id in (variant_id, mine_id):
+            done = await wait_status(db, uuid.UUID(job_id), jobs.Status.SUCCEEDED, timeout=60)
+            assert done.error is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+    assert _prefixes(fake, variant_id) == {"variant/f"}
+    assert _prefixes(fake, mine_id) == {"mine/m"}
+    assert (await db.jobs.get(uuid.UUID(mine_id))).command == "mine"  # type: ignore[union-attr]
+
+
+async def test_submit_a_path_that_is_not_a_workflow_is_refused(
+    db: database.Database, database_url: str, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
+    (tmp_path / "broken.toml").write_text('command = "broken"\n')  # no broken.json beside it
+    for path, message in (("missing.toml", "cannot read workflow file missing.toml"),
+                          ("broken.toml", "cannot read")):
+        code, stdout, stderr = await run_cli("submit", path, "a cat", "--config", str(cfg),
+                                             cwd=tmp_path)
+        assert code == 2, stderr
+        assert message in stderr and "Traceback" not in stderr and stdout == ""
+    assert await db.jobs.list_for_user(0) == []

@@ -2,6 +2,7 @@
 
     comfyveil submit f an astronaut riding a horse --set steps=4
     comfyveil submit qwen "make it night" --image photo.png --wait --out out/
+    comfyveil submit flows/my_flow.toml "a lighthouse" --set steps=8
 
 Prints the job id. With --wait, the id and progress go to stderr and the saved output
 paths to stdout, one per line, like `comfyveil generate`. Everything is checked before the job is
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -34,8 +36,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "submit",
         help=cli.SUBCOMMANDS["submit"],
-        description="Queue WORKFLOW (a command such as f, or a workflow name) with PROMPT "
-        "and print the job id; with --wait, follow it and save its outputs into DIR.",
+        description="Queue WORKFLOW (a command such as f, a workflow name, or a path to "
+        "your own NAME.toml) with PROMPT and print the job id; with --wait, follow it and "
+        "save its outputs into DIR.",
     )
     _run_args.add_workflow_run(parser)
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
@@ -51,8 +54,38 @@ def check_image(path: Path, settings: config.Settings) -> jobs.InputImage:
     return jobs.InputImage(filename=path.name, mime=checked.mime, data=checked.data)
 
 
+def _is_path(name: str) -> bool:
+    """Whether WORKFLOW names a file (NAME.toml, or anything with a folder in it)."""
+    return name.endswith(".toml") or os.sep in name or (os.altsep or os.sep) in name
+
+
+async def load_path(db: database.Database, name: str) -> workflow.Workflow:
+    """The workflow of the submitter's own NAME.toml (and NAME.json beside it), kept in
+    the database under its content hash so a worker on any host runs exactly this graph
+    and these bindings, whatever a command of the same name holds.
+
+    Raises:
+        UsageError: the files are missing or not a valid workflow.
+    """
+    path = Path(name)
+    try:
+        wf = await asyncio.to_thread(workflow.load, path)
+        toml_text = await asyncio.to_thread(path.read_text, encoding="utf-8")
+        graph_text = await asyncio.to_thread(path.with_suffix(".json").read_text,
+                                             encoding="utf-8")
+    except workflow.WorkflowError as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read workflow file {path}: {exc.strerror}") from exc
+    await db.commands.save_version(wf, toml_text, graph_text)
+    return wf
+
+
 async def find_command(db: database.Database, name: str) -> workflow.Workflow:
-    """The workflow of a command (``f``, ``/f``) or of a workflow name, as stored."""
+    """The workflow of a command (``f``, ``/f``) or of a workflow name, as stored, or of
+    a path to NAME.toml."""
+    if _is_path(name):
+        return await load_path(db, name)
     await db.commands.seed()
     command = await db.commands.get(name.removeprefix("/"))
     if command is None:

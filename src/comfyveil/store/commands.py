@@ -130,6 +130,31 @@ class CommandStore:
         assert row is not None
         return Command.from_row(row)
 
+    async def save_version(self, wf: workflow.Workflow, toml_text: str, graph_text: str) -> None:
+        """Keep the texts of a workflow that a job names by its hash but no command holds
+        (`comfyveil submit path/NAME.toml`), so any worker can run that exact graph."""
+        await self.db.run("save_workflow_version", hash=wf.hash, workflow=wf.name,
+                          toml=toml_text, graph=graph_text)
+
+    async def version(self, workflow_hash: str) -> workflow.Workflow | None:
+        """The workflow kept under `workflow_hash` by `save_version`, or None.
+
+        Raises:
+            WorkflowError: the stored texts no longer load or hash the same (a newer
+                comfyveil reads bindings differently): better refused than run changed.
+        """
+        from comfyveil.comfy import workflow
+
+        row = await self.db.one("get_workflow_version", hash=workflow_hash)
+        if row is None:
+            return None
+        wf = workflow.loads(row["workflow"], row["toml"], row["graph"])
+        if wf.hash != workflow_hash:
+            raise workflow.WorkflowError(
+                f"the stored workflow {row['workflow']} no longer reads as it was queued"
+            )
+        return wf
+
     async def set_enabled(self, command: str, enabled: bool) -> Command:
         row = await self.db.one(
             "set_command_enabled", command=command.removeprefix("/"), enabled=enabled

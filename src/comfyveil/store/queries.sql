@@ -560,6 +560,16 @@ SELECT * FROM commands
 WHERE (NOT %(enabled_only)s OR enabled)
 ORDER BY command;
 
+-- save_workflow_version --
+-- Keep the exact texts of a workflow a job names by hash (once per hash)
+INSERT INTO workflow_versions (hash, workflow, toml, graph)
+VALUES (%(hash)s, %(workflow)s, %(toml)s, %(graph)s)
+ON CONFLICT (hash) DO NOTHING;
+
+-- get_workflow_version --
+-- The texts of a workflow by its content hash
+SELECT * FROM workflow_versions WHERE hash = %(hash)s;
+
 -- delete_command --
 -- Remove a command
 DELETE FROM commands WHERE command = %(command)s RETURNING command;

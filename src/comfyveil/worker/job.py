@@ -122,9 +122,18 @@ class JobRunner:
             await asyncio.shield(self._deliver(done, outputs, claimed=True))
 
     async def _workflow(self, job: jobs.Job) -> workflow.Workflow:
+        """The job's workflow: the exact one it was queued with when the database keeps
+        it (`comfyveil submit path/NAME.toml`), else its command as it stands now."""
         cached = self._workflows.get(job.workflow_hash)
         if cached is not None:
             return cached
+        try:
+            kept = await self.db.commands.version(job.workflow_hash)
+        except workflow.WorkflowError as exc:
+            raise UsageError(str(exc)) from exc
+        if kept is not None:
+            self._workflows[kept.hash] = kept
+            return kept
         command = await self.db.commands.get(job.command)
         if command is None:
             raise UsageError(f"the command /{job.command} no longer exists")

@@ -117,3 +117,15 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+
+-- The exact workflow of a job that no command holds: `comfyveil submit path/NAME.toml`
+-- queues a graph and bindings of the submitter's own, and a worker on another host must
+-- run that graph, not whatever a command of the same name holds. Keyed by the workflow's
+-- content hash, which every job carries (jobs.workflow_hash).
+CREATE TABLE workflow_versions (
+    hash       text PRIMARY KEY,
+    workflow   text NOT NULL,                           -- NAME of NAME.toml
+    toml       text NOT NULL,                           -- bindings, as written
+    graph      text NOT NULL,                           -- API-format graph JSON, as written
+    created_at timestamptz NOT NULL DEFAULT now()
+);
