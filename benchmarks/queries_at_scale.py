@@ -39,10 +39,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
-from psycopg.rows import dict_row
+from tests.fixtures import plans
 from tests.fixtures.database import open_for_the_database_user
 
-from comfyveil.store import database, embedded, jobs, sql
+from comfyveil.store import database, embedded, jobs
 
 USERS = 10
 QUEUED_PER_USER = 3
@@ -99,11 +99,8 @@ async def _fill(db: database.Database, history: int) -> list[jobs.Job]:
 
 
 async def _plan(url: str, name: str, params: dict[str, Any]) -> str:
-    async with await psycopg.AsyncConnection.connect(
-        url, autocommit=True, row_factory=dict_row
-    ) as conn:
-        cursor = await conn.execute("EXPLAIN " + sql.queries[name], params)  # type: ignore[operator]
-        return "\n".join(str(next(iter(row.values()))) for row in await cursor.fetchall())
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await plans.plan(conn, name, params)
 
 
 def _seq_scans(plan: str) -> list[str]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 
-from comfyveil.store import jobs, sql
+from comfyveil.store import jobs
 from comfyveil.store.database import Database
+from tests.fixtures import plans
 
 HISTORY = 20_000
 
@@ -40,9 +42,8 @@ async def _history(db: Database) -> None:
 
 
 async def _plan(db: Database, name: str, params: dict[str, Any]) -> str:
-    async with db.pool.connection() as conn:
-        cursor = await conn.execute("EXPLAIN " + sql.queries[name], params)  # type: ignore[operator]
-        return "\n".join(str(next(iter(row.values()))) for row in await cursor.fetchall())
+    async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+        return await plans.plan(conn, name, params)
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,7 @@ async def test_hot_queries_read_no_table_whole(
         jobs.NewJob(user_id=1, chat_id=1, command="f", workflow_hash="h")
     )
     plan = await _plan(db, name, params if params is not None else {"job_id": queued.id})
+    assert "Index" in plan and "Function Scan" not in plan, plan
     assert "Seq Scan on jobs" not in plan, plan
     assert "Seq Scan on deliveries" not in plan, plan
 

@@ -359,7 +359,7 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
         "id": uuid.uuid4(), "idempotency_key": None, "user_id": 3, "chat_id": 3,
         "command": "f", "workflow_hash": "h" * 64, "params": Jsonb({}), "backends": None,
         "max_attempts": 3, "priority": 0, "status_message_id": None, "max_active": None,
-        "daily_quota": None,
+        "daily_quota": None, "cooldown": None,
     }
 
     async def commit_waits(query: str, values: dict[str, object]) -> bool:

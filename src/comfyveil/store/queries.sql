@@ -346,30 +346,10 @@ ON CONFLICT (job_id, sink) DO NOTHING
 RETURNING job_id;
 
 -- undelivered_jobs --
--- Finished jobs whose result has not reached a sink yet, oldest first
--- Finished jobs are grouped by the sorted array of sinks they reached (delivered_to, kept
--- by a trigger, migration 0009): the few arrays in use are found by a loose scan of
--- jobs_delivery_idx, and only the groups that lack this sink are read, oldest first.
-WITH RECURSIVE reached AS (
-    SELECT (SELECT min(delivered_to) FROM jobs
-            WHERE status IN ('succeeded', 'failed', 'cancelled')) AS sinks
-    UNION ALL
-    SELECT (SELECT min(j.delivered_to) FROM jobs j
-            WHERE j.status IN ('succeeded', 'failed', 'cancelled')
-              AND j.delivered_to > g.sinks)
-    FROM reached g
-    WHERE g.sinks IS NOT NULL
-)
-SELECT w.* FROM reached g
-CROSS JOIN LATERAL (
-    SELECT j.* FROM jobs j
-    WHERE j.status IN ('succeeded', 'failed', 'cancelled') AND j.delivered_to = g.sinks
-    ORDER BY j.finished_at, j.id
-    LIMIT %(limit)s
-) w
-WHERE g.sinks IS NOT NULL AND NOT (%(sink)s::text = ANY (g.sinks))
-ORDER BY w.finished_at, w.id
-LIMIT %(limit)s;
+-- Finished jobs whose result has not reached a sink yet, oldest first (the statement is in
+-- migration 0009: finished jobs grouped by the sinks that have them, read only in the
+-- groups that lack this one)
+SELECT * FROM comfyveil_undelivered_jobs(%(sink)s::text, %(limit)s::int);
 
 -- claim_delivery --
 -- Take the right to deliver a finished job to a sink for a while; no row: someone has it
