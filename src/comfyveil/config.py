@@ -264,7 +264,7 @@ def endpoint_problem(value: str, *, unix_ok: bool = False) -> str | None:
     """Why `value` is not a usable HOST:PORT (None: it is); with `unix_ok`, a
     `unix:/absolute/path` socket is fine too. Also for `anon expose --target`."""
     if unix_ok and value.startswith("unix:"):
-        return None if value[5:].startswith("/") else "its unix: path is not absolute"
+        return None if value[5:].startswith(("/", "~")) else "its unix: path is not absolute"
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         return "it has no HOST:PORT form"

@@ -162,6 +162,7 @@ ENDPOINTS = [
     ("bad host:9050", False),
     ("999.1.1.1:9050", False),
     ("unix:/run/anon/socks", True),
+    ("unix:~/anon/socks", True),
     ("unix:relative", False),
 ]
 
