@@ -201,3 +201,18 @@ async def test_concurrent_enqueues_within_the_cooldown_admit_exactly_one(db: Dat
         await db.jobs.check_limits(13, cooldown=30)
     await db.jobs.check_limits(13, cooldown=None)  # no cooldown: nothing to refuse
     await db.jobs.check_limits(14, cooldown=30)  # another user
+
+
+async def test_the_daily_count_starts_again_on_a_new_utc_day(db: Database) -> None:
+    for _ in range(2):
+        await db.jobs.enqueue(jobs.NewJob(user_id=15, chat_id=15, command="f",
+                                          workflow_hash="h"), daily_quota=2)
+    with pytest.raises(errors.DailyQuotaReached):
+        await db.jobs.check_limits(15, daily_quota=2)
+    async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+        await conn.execute("UPDATE user_usage SET day = day - 1 WHERE user_id = 15")
+    assert await db.users.quota_used_today(15) == 0
+    await db.jobs.check_limits(15, daily_quota=2)
+    await db.jobs.enqueue(jobs.NewJob(user_id=15, chat_id=15, command="f", workflow_hash="h"),
+                          daily_quota=2)
+    assert await db.users.quota_used_today(15) == 1
