@@ -230,6 +230,7 @@ class FakeComfyUI:
         self.requests: list[RecordedRequest] = []
         self.interrupts: list[dict[str, Any]] = []
         self._failures: list[_Failure] = []
+        self._troubled: list[str] = []  # routes whose next request answers 500 (see fail_requests)
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._reset_memory()
@@ -329,6 +330,12 @@ class FakeComfyUI:
         """The next execution of `node_type` (any node if None) raises."""
         self._failures.append(_Failure(node_type, message, exception_type))
 
+    def fail_requests(self, path: str, times: int = 1) -> None:
+        """Answer the next `times` requests to `path` (and paths below it, with or without
+        the /api prefix) the way the real server answers an exception in a handler: 500,
+        text/plain, "Server got itself in trouble". The server itself keeps running."""
+        self._troubled.extend([path.rstrip("/")] * times)
+
     def set_delay(self, class_type: str, seconds: float) -> None:
         self.delays[class_type] = seconds
 
@@ -366,6 +373,11 @@ class FakeComfyUI:
             return web.Response(status=200)
         if _origin_mismatch(request):
             return web.Response(status=403)
+        route = request.path.removeprefix("/api")
+        for index, troubled in enumerate(self._troubled):
+            if route == troubled or route.startswith(troubled + "/"):
+                del self._troubled[index]
+                return _server_error()
         if request.method == "POST" and (request.content_length or 0) > self.max_upload_size:
             await request.read()  # drain, so the client reads our answer
             return web.Response(

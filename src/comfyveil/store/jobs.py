@@ -370,7 +370,9 @@ class JobStore:
         """End an attempt with an error.
 
         A transient error with attempts left puts the job back in the queue, claimable
-        after `backoff` (and to be submitted afresh); anything else marks it failed.
+        after `backoff`, with `submitted` and `backend` kept: the prompt may still run on
+        that backend, and the next attempt re-attaches to it (or withdraws it there before
+        running it elsewhere). Anything else marks it failed.
         `error` is shown to the user: one plain sentence, no prompt text.
         """
         result = await self._held(

@@ -102,6 +102,8 @@ SELECT * FROM comfyveil_complete_job(
 
 -- fail_job --
 -- Requeue a job after a transient error while attempts remain, else mark it failed
+-- A requeued job keeps submitted and backend: its prompt may still run there, and the next
+-- attempt re-attaches to it (or takes it back out) instead of paying for it twice.
 WITH target AS (
     SELECT id, (%(transient)s AND attempts < max_attempts AND NOT cancel_requested) AS retry
     FROM jobs
@@ -113,8 +115,6 @@ WITH target AS (
         not_before = CASE WHEN t.retry THEN now() + make_interval(secs => %(backoff)s)
                           ELSE j.not_before END,
         finished_at = CASE WHEN t.retry THEN NULL ELSE now() END,
-        submitted = CASE WHEN t.retry THEN false ELSE j.submitted END,
-        backend = CASE WHEN t.retry THEN NULL ELSE j.backend END,
         error = %(error)s,
         lease_owner = NULL,
         lease_expires_at = NULL,

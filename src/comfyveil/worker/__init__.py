@@ -9,8 +9,10 @@ The loop, in the manner of procrastinate's worker:
   this process, holds the waiting work), each job runs as a named task, then it waits for
   the first of: a NOTIFY, a freed slot, the poll interval, a stop request.
 - the job id is ComfyUI's prompt_id. A job whose prompt a backend already accepted (a
-  worker died after submitting it) is re-attached with `client.follow` instead of being
-  submitted again, so the GPU work is never paid twice.
+  worker died after submitting it, or an attempt ended in a transient error after it)
+  is re-attached with `client.follow` instead of being submitted again, so the GPU work
+  is never paid twice; when that backend is down, the prompt is withdrawn there (if it
+  answers) before the job runs elsewhere, and a cancelled retry has its prompt stopped.
 - transient failures (backend unreachable or restarted) go back to the queue with backoff
   and run on another backend; permanent ones (bad parameters, a missing model, an
   execution error) fail at once with the plain message.

@@ -10,6 +10,7 @@ import logging
 import math
 import mimetypes
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from comfyveil.comfy import events, execute, pool, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
-from comfyveil.worker.options import PROGRESS_INTERVAL, PROGRESS_SETTLE
+from comfyveil.worker.options import PROGRESS_INTERVAL, PROGRESS_SETTLE, WITHDRAW_TIMEOUT
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
 
@@ -147,29 +148,28 @@ class JobRunner:
         # A command changed since the job was queued: check the values again.
         values = wf.validate(job.params) if wf.hash != job.workflow_hash else dict(job.params)
         prompt_id = str(job.id)
-
-        if job.submitted and job.backend and self.pool.get(job.backend) is not None:
-            running.slot = self.pool.take(job.backend, prompt_id)
+        # An earlier attempt (a worker that died, or a transient error after the backend
+        # accepted the prompt) may have left the prompt running there: never pay twice.
+        earlier = job.backend if job.submitted else None
+        there = self.pool.get(earlier) if earlier is not None else None
+        if there is not None and there.healthy:
+            running.slot = self.pool.take(there.name, prompt_id)
             running.placed.set()
             assert running.slot is not None
-            backend = running.slot.backend
-            logger.info(
-                "re-attaching to a job on backend %s",
-                backend.name,
-                extra={"action": "job_reattach", "job_id": prompt_id},
-            )
-            try:
-                outcome = await self._run_on(running, wf, values, backend, attach=True)
-            except comfy_errors.JobLost:
-                # It never reached the GPU, or the backend restarted and forgot it: run it
-                # afresh on the same backend, within the same attempt.
-                logger.info(
-                    "backend %s no longer knows the job; submitting it again",
-                    backend.name,
-                    extra={"action": "job_resubmit", "job_id": prompt_id},
-                )
-                outcome = await self._run_on(running, wf, values, backend, attach=False)
+            outcome = await self._reattach(running, wf, values, there)
         else:
+            withdrawn = False
+            if there is not None:
+                # Its backend is down: take the prompt back out there, if it can be
+                # reached, before it runs elsewhere.
+                withdrawn = await self._withdraw(there, prompt_id)
+            elif earlier is not None:
+                logger.info(
+                    "the job was sent to backend %s, which this worker does not know; "
+                    "running it here",
+                    earlier,
+                    extra={"action": "job_rerun", "job_id": prompt_id},
+                )
 
             async def waiting(text: str) -> None:
                 running.waiting = True
@@ -178,7 +178,7 @@ class JobRunner:
 
             try:
                 running.slot = await self.pool.acquire(
-                    wf, prompt_id, on_wait=waiting, avoid=self._avoid.get(job.id)
+                    wf, prompt_id, on_wait=waiting, avoid=earlier or self._avoid.get(job.id)
                 )
             finally:
                 if running.waiting:
@@ -186,10 +186,14 @@ class JobRunner:
                     self._wake.set()  # the queue may hold work for more free slots now
             running.placed.set()
             backend = running.slot.backend
-            # Recorded before the prompt is posted: a successor then looks for it there
-            # first, and submits it again only if that backend never got it (JobLost).
-            running.job = await self.store.mark_submitted(job, backend.name)
-            outcome = await self._run_on(running, wf, values, backend, attach=False)
+            if backend is there and not withdrawn:
+                # Back up again, and the only one that can take it: the prompt may be there.
+                outcome = await self._reattach(running, wf, values, backend)
+            else:
+                # Recorded before the prompt is posted: a successor then looks for it there
+                # first, and submits it again only if that backend never got it (JobLost).
+                running.job = await self.store.mark_submitted(running.job, backend.name)
+                outcome = await self._run_on(running, wf, values, backend, attach=False)
         return [
             jobs.Output(
                 filename=item.file.filename,
@@ -200,6 +204,74 @@ class JobRunner:
             )
             for index, item in enumerate(outcome.files)
         ]
+
+    async def _reattach(
+        self,
+        running: Running,
+        wf: workflow.Workflow,
+        values: Mapping[str, object],
+        backend: pool.Backend,
+    ) -> execute.Outcome:
+        """Follow the job's prompt on `backend`, where an earlier attempt sent it."""
+        prompt_id = str(running.job.id)
+        logger.info(
+            "re-attaching to a job on backend %s",
+            backend.name,
+            extra={"action": "job_reattach", "job_id": prompt_id},
+        )
+        try:
+            return await self._run_on(running, wf, values, backend, attach=True)
+        except comfy_errors.JobLost:
+            # It never reached the GPU, or the backend restarted and forgot it: run it
+            # afresh on the same backend, within the same attempt.
+            logger.info(
+                "backend %s no longer knows the job; submitting it again",
+                backend.name,
+                extra={"action": "job_resubmit", "job_id": prompt_id},
+            )
+            return await self._run_on(running, wf, values, backend, attach=False)
+
+    async def _withdraw(self, backend: pool.Backend, prompt_id: str) -> bool:
+        """Interrupt or drop a prompt an earlier attempt left on `backend`; False when the
+        backend could not be asked (it may still hold the prompt)."""
+        try:
+            async with asyncio.timeout(WITHDRAW_TIMEOUT):
+                outcome = await backend.client.cancel(prompt_id)
+        except (comfy_errors.ComfyError, TimeoutError) as exc:
+            logger.info(
+                "could not take the job's earlier prompt back from backend %s: %s",
+                backend.name,
+                str(exc) or type(exc).__name__,
+                extra={"action": "job_withdraw_failed", "job_id": prompt_id},
+            )
+            return False
+        logger.info(
+            "took the job's earlier prompt back from backend %s: %s",
+            backend.name,
+            outcome,
+            extra={"action": "job_withdrawn", "job_id": prompt_id},
+        )
+        return True
+
+    async def _withdraw_cancelled(self, job_id: uuid.UUID) -> None:
+        """A job no worker runs was cancelled (it was queued for a retry): stop the prompt
+        an earlier attempt left on its backend, if that backend is one of ours."""
+        try:
+            job = await self.store.get(job_id)
+        except store_errors.StoreError:
+            return
+        if job is None or job.status is not jobs.Status.CANCELLED or not job.submitted:
+            return
+        backend = self.pool.get(job.backend) if job.backend else None
+        if backend is not None and job_id not in self._running:
+            await self._withdraw(backend, str(job_id))
+
+    def _cancelled_elsewhere(self, job_id: uuid.UUID) -> None:
+        if job_id in self._running:
+            return  # its own task stops it
+        task = asyncio.create_task(self._withdraw_cancelled(job_id), name=f"withdraw-{job_id}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     async def _run_on(
         self,

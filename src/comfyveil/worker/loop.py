@@ -290,6 +290,9 @@ class Worker(JobRunner, Settling):
                         elif event in FINAL_EVENTS:
                             with contextlib.suppress(ValueError, TypeError):
                                 self._finished_elsewhere(uuid.UUID(note.payload["job_id"]))
+                        if note.payload.get("status") == "cancelled":
+                            with contextlib.suppress(ValueError, TypeError):
+                                self._cancelled_elsewhere(uuid.UUID(note.payload["job_id"]))
             except store_errors.StoreError as exc:
                 logger.warning(
                     "LISTEN unavailable (%s); polling", exc, extra={"action": "listen_failed"}

@@ -18,6 +18,7 @@ DELIVERY_GRACE = 30.0  # seconds after a job ended before another worker re-deli
 DB_RETRY_DELAY = 0.5  # seconds between tries of a write while the database is unreachable
 PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
 PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
+WITHDRAW_TIMEOUT = 10.0  # seconds to take an earlier attempt's prompt back from a backend
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,107 @@
+"""Paying once when the network hiccups: a job re-queued after its prompt was accepted
+must not be submitted a second time while the first prompt still runs on the GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+
+from comfyveil.store import database, jobs
+from tests.fakes.comfyui import FakeComfyUI
+from tests.integration.worker_support import FAST, enqueue, running_worker, wait_for, wait_status
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Recorder:
+    """A delivery sink that remembers every job it was given."""
+
+    name = "chat"
+
+    def __init__(self) -> None:
+        self.delivered: list[uuid.UUID] = []
+
+    async def deliver(self, job: jobs.Job, outputs: object) -> None:
+        self.delivered.append(job.id)
+
+
+async def _hiccup_while_running(fake: FakeComfyUI, job: jobs.Job) -> None:
+    """Once the job's prompt runs on the fake: drop the WebSocket and make the next
+    /history fail, so the worker's look at the prompt ends in a transient error."""
+    await wait_for(
+        lambda: _now(fake.running is not None and fake.running.prompt_id == str(job.id)),
+        timeout=10, interval=0.02,
+    )
+    fake.fail_requests("/history")
+    await fake.drop_sockets()
+
+
+def _posted(fake: FakeComfyUI, job: jobs.Job) -> int:
+    return sum(1 for p in fake.prompts if p["prompt_id"] == str(job.id))
+
+
+async def test_a_transient_error_after_acceptance_reattaches_and_pays_once(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.2)
+    sink = _Recorder()
+    job = await enqueue(db, steps=8)
+    async with running_worker(db, [fake.url], delivery=[sink]):
+        await _hiccup_while_running(fake, job)
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+        await wait_for(lambda: _now(sink.delivered == [job.id]), timeout=5)
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert "retry_scheduled" in kinds and done.attempts == 2  # the hiccup did happen
+    assert fake.executions[str(job.id)] == 1 and _posted(fake, job) == 1
+    assert done.backend == "gpu0" and len(await db.jobs.outputs(job.id)) == 1
+    assert sink.delivered == [job.id] and await db.jobs.undelivered("chat") == []
+
+
+async def test_cancel_of_a_job_requeued_after_it_was_sent_interrupts_its_prompt(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.6)
+    job = await enqueue(db, steps=8)
+    patient = dataclasses.replace(FAST, retry_backoff=30.0)  # it stays queued meanwhile
+    async with running_worker(db, [fake.url], options=patient):
+        await _hiccup_while_running(fake, job)
+        requeued = await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
+        assert requeued.attempts == 1
+        assert fake.running is not None and fake.running.prompt_id == str(job.id)
+        cancelled = await db.jobs.cancel(job.id)
+        assert cancelled is not None and cancelled.status is jobs.Status.CANCELLED
+        await wait_for(lambda: _now({"prompt_id": str(job.id)} in fake.interrupts), timeout=10)
+        await wait_for(lambda: _now(str(job.id) in fake.history_entries), timeout=10)
+    history = fake.history_entries[str(job.id)]
+    assert history["status"]["messages"][-1][0] == "execution_interrupted"
+    assert fake.executions[str(job.id)] == 1 and _posted(fake, job) == 1
+
+
+async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_elsewhere(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    first = await fake_comfy_factory(step_delay=0.6)
+    second = await fake_comfy_factory(step_delay=0.01)
+    job = await enqueue(db, steps=8)
+    slower = dataclasses.replace(FAST, retry_backoff=1.0)
+    async with running_worker(db, [first.url, second.url], options=slower) as worker:
+        await _hiccup_while_running(first, job)  # it starts on gpu0, the first idle one
+        await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
+        # The pool now holds gpu0 for down (say its probes time out), though it still
+        # answers: the retry must stop the prompt there, then run the job on gpu1.
+        gpu0 = worker.pool.get("gpu0")
+        gpu0.failures = 6
+        await worker.pool.mark_down(gpu0, "probe timed out")
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+        await wait_for(lambda: _now(str(job.id) in first.history_entries), timeout=10)
+    assert done.backend == "gpu1" and done.attempts == 2
+    assert {"prompt_id": str(job.id)} in first.interrupts
+    history = first.history_entries[str(job.id)]
+    assert history["status"]["messages"][-1][0] == "execution_interrupted"
+    assert first.executions[str(job.id)] == 1 and second.executions[str(job.id)] == 1
+
+
+async def _now(value: bool) -> bool:
+    return value
