@@ -6,6 +6,11 @@ once even when a worker dies between "done" and "delivered": the next worker fin
 job undelivered and hands it over again. A sink should therefore tolerate seeing a job a
 second time after a crash (FileSink simply writes the same files again).
 
+A delivery that fails is tried again later, a bounded number of times (fewer when the
+sink raises `Undeliverable`: the destination said no), then recorded as failed; it never
+holds up the delivery of other jobs. A sink may also decline a job outright (an optional
+`accepts(job)` method): the Telegram sink takes no job queued without a chat.
+
 The Telegram front end adds its own sink (send the photo, edit the status message);
 `FileSink` writes outputs into a folder, like `comfyveil generate --out`.
 """
@@ -18,9 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
 
+from comfyveil.errors import ComfyveilError
 from comfyveil.store import jobs
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
+
+
+class Undeliverable(ComfyveilError):
+    """The destination refused the result (the chat is gone, the bot was blocked or
+    removed): tried again a few times in case it changes, then given up."""
 
 
 @runtime_checkable
@@ -35,7 +46,8 @@ class DeliverySink(Protocol):
     async def deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
         """Deliver a finished job. `outputs` is empty unless the job succeeded.
 
-        Raise to have the delivery tried again later (it is then not recorded).
+        Raise to have the delivery tried again later (a bounded number of times; raise
+        `Undeliverable` when the destination refused it).
         """
         ...
 

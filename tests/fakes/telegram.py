@@ -12,7 +12,11 @@ after N"). Point PTB at it with::
 
 Tests drive it as users would: ``user_sends`` and ``user_presses`` queue updates that
 ``getUpdates`` long polling delivers; ``sent``, ``messages(chat_id)`` and ``wait_for``
-show what the bot did; ``rate_limit_next`` and ``fail_next`` script failures.
+show what the bot did; ``rate_limit_next`` and ``fail_next`` script failures;
+``open_chat``, ``block_bot``, ``kick_bot`` and ``migrate_group`` change which chats the bot
+can reach, answering as the real API does ("Forbidden: bot was blocked by the user",
+"Forbidden: bot was kicked from the group chat", 400 "Bad Request: group chat was upgraded
+to a supergroup chat" with ``parameters.migrate_to_chat_id``).
 
 Deliberate simplifications: one bot per server; HTML parse mode is parsed into text and
 entities like the real server (MarkdownV2 text is kept as sent); inline messages,
@@ -233,6 +237,9 @@ class FakeTelegram:
         self._rate_limited = 0
         self._retry_after: float = 1
         self._failures: list[tuple[str | None, ApiError]] = []
+        self._blocked_by: set[int] = set()  # users (private chats) that blocked the bot
+        self._kicked_from: set[int] = set()  # groups that removed the bot
+        self._migrated: dict[int, int] = {}  # group id -> the supergroup it became
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=60 * 1024 * 1024)
         self.app.router.add_route("*", "/bot{token}/{method}", self._handle_method)
@@ -349,6 +356,42 @@ class FakeTelegram:
             }
         )
         return query_id
+
+    def open_chat(
+        self, chat_id: int, chat_type: str = "private", *, user_id: int | None = None
+    ) -> dict[str, Any]:
+        """A chat the bot may write to, as if its user (``user_id``, for a private chat
+        the chat id) had talked to the bot before; no update is queued."""
+        user = self._user(user_id if user_id is not None else abs(chat_id), None, None)
+        return self._chat(chat_id, chat_type, user)
+
+    def block_bot(self, user_id: int) -> None:
+        """The user blocks the bot: sends to their private chat answer 403."""
+        self._blocked_by.add(user_id)
+
+    def kick_bot(self, chat_id: int) -> None:
+        """The bot is removed from a group: sends there answer 403."""
+        self._kicked_from.add(chat_id)
+
+    def migrate_group(self, chat_id: int, new_chat_id: int, *, by_user: int = 1) -> None:
+        """Upgrade a group to a supergroup with a new id, as Telegram does: the bot gets
+        the two service messages, and any call to the old id answers 400 with
+        ``parameters.migrate_to_chat_id``."""
+        old = self._chats.get(chat_id)
+        if old is None or old["type"] != "group":
+            raise ValueError(f"chat {chat_id} is not a group")
+        user = self._user(by_user, None, None)
+        new = self._chat(new_chat_id, "supergroup", user)
+        new["title"] = old["title"]
+        self._migrated[chat_id] = new_chat_id
+        to = self._new_message(old, user)
+        to["migrate_to_chat_id"] = new_chat_id
+        self._store_message(to)
+        self._push_update({"message": to})
+        from_ = self._new_message(new, user)
+        from_.update(sender_chat=old, migrate_from_chat_id=chat_id)
+        self._store_message(from_)
+        self._push_update({"message": from_})
 
     def rate_limit_next(self, n: int, retry_after: float = 1) -> None:
         """Answer the next ``n`` bot calls (not getUpdates) with 429 and ``retry_after``.
@@ -699,6 +742,16 @@ class FakeTelegram:
         chat = self._chats.get(chat_id)
         if chat is None:
             raise bad_request("chat not found")
+        if chat_id in self._migrated:
+            raise ApiError(
+                400,
+                "Bad Request: group chat was upgraded to a supergroup chat",
+                {"migrate_to_chat_id": self._migrated[chat_id]},
+            )
+        if chat_id in self._kicked_from:
+            raise ApiError(403, f"Forbidden: bot was kicked from the {chat['type']} chat")
+        if chat["type"] == "private" and chat_id in self._blocked_by:
+            raise ApiError(403, "Forbidden: bot was blocked by the user")
         return chat
 
     def _outgoing(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -203,6 +203,23 @@ async def test_errors_reach_ptb_as_its_exception_types(
     fake_telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
     with pytest.raises(error.Forbidden):
         await bot.send_message(USER, "blocked")
+    fake_telegram.block_bot(USER)
+    with pytest.raises(error.Forbidden, match=r"^Forbidden: bot was blocked by the user$"):
+        await bot.send_message(USER, "blocked for good")
+    fake_telegram.open_chat(-77, "group", user_id=USER)
+    await bot.send_message(-77, "hello group")
+    fake_telegram.migrate_group(-77, -1_001_000_000_077, by_user=USER)
+    with pytest.raises(error.ChatMigrated) as migrated:
+        await bot.send_message(-77, "hello again")
+    assert migrated.value.new_chat_id == -1_001_000_000_077
+    moved = await bot.send_message(migrated.value.new_chat_id, "hello supergroup")
+    assert moved.chat.type == "supergroup" and moved.chat.title == "Chat -77"
+    # The service messages Telegram shows (and sends the bot) in both chats.
+    assert fake_telegram.messages(-77)[-1]["migrate_to_chat_id"] == -1_001_000_000_077
+    assert fake_telegram.messages(-1_001_000_000_077)[0]["migrate_from_chat_id"] == -77
+    fake_telegram.kick_bot(-1_001_000_000_077)
+    with pytest.raises(error.Forbidden, match="kicked from the supergroup chat"):
+        await bot.send_message(-1_001_000_000_077, "still here?")
 
 
 async def test_rate_limit_without_retries_raises_retry_after(

@@ -227,6 +227,39 @@ async def test_delivery_is_recorded_once_and_undelivered_lists_the_rest(db: Data
     assert [j.id for j in await db.jobs.undelivered("telegram")] == [second.id]
 
 
+async def test_a_failed_delivery_waits_out_its_delay_and_is_given_up_at_the_bound(
+    db: Database,
+) -> None:
+    stuck = await db.jobs.enqueue(new_job(1))
+    other = await db.jobs.enqueue(new_job(2))
+    for _ in range(2):
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None
+        await db.jobs.complete(claimed)
+    assert await db.jobs.claim_delivery(stuck.id, "telegram", "w", seconds=60)
+    # Claimed: being delivered right now, so the catch-up does not list it.
+    assert [j.id for j in await db.jobs.undelivered("telegram")] == [other.id]
+    tries = {"max_failures": 3, "backoff": 0.2, "backoff_max": 10.0}
+    assert await db.jobs.delivery_failed(stuck.id, "telegram", "chat not found", **tries) == (
+        1, False)
+    assert [j.id for j in await db.jobs.undelivered("telegram")] == [other.id]  # held back
+    await asyncio.sleep(0.25)
+    assert stuck.id in {j.id for j in await db.jobs.undelivered("telegram")}
+    assert await db.jobs.claim_delivery(stuck.id, "telegram", "w2", seconds=60)
+    assert await db.jobs.delivery_failed(stuck.id, "telegram", "chat not found", **tries) == (
+        2, False)
+    await asyncio.sleep(0.25)
+    assert stuck.id not in {j.id for j in await db.jobs.undelivered("telegram")}  # doubled
+    await asyncio.sleep(0.2)
+    assert await db.jobs.claim_delivery(stuck.id, "telegram", "w", seconds=60)
+    assert await db.jobs.delivery_failed(stuck.id, "telegram", "chat not found", **tries) == (
+        3, True)
+    assert await db.jobs.delivery_outcome(stuck.id, "telegram") == jobs.FAILED
+    assert [j.id for j in await db.jobs.undelivered("telegram")] == [other.id]
+    assert not await db.jobs.claim_delivery(stuck.id, "telegram", "w", seconds=60)
+    assert await db.jobs.delivery_outcome(other.id, "telegram") is None
+
+
 async def test_eta_from_measured_durations(db: Database) -> None:
     earlier = await db.jobs.enqueue(new_job(1))
     assert await db.jobs.eta(earlier.id) is None  # nothing measured yet
@@ -355,6 +388,7 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
         "job_id": job.id, "backend": "gpu0", "progress": Jsonb({"percent": 50}),
         "filenames": [], "kinds": [], "mimes": [], "datas": [], "refs": Jsonb([]),
         "sinks": [], "claim_seconds": 1.0, "sink": "files", "detail": Jsonb({}),
+        "outcome": "delivered",
     }
     enqueue_params = {
         "id": uuid.uuid4(), "idempotency_key": None, "user_id": 3, "chat_id": 3,

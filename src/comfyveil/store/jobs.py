@@ -32,6 +32,9 @@ DEFAULT_MAX_ATTEMPTS = 3
 # for one user's jobs at once with a handful of workers (an exhaustive pass covers the rest).
 CLAIM_CANDIDATES_PER_USER = 4
 DURATION_SAMPLES = 20  # recent successful runs averaged for an ETA (see command_durations)
+NO_CHAT = 0  # the chat_id of jobs queued without a chat (`comfyveil submit`)
+# How a job's delivery to a sink ended (deliveries.outcome).
+DELIVERED, FAILED, SKIPPED = "delivered", "failed", "skipped"
 
 
 class Status(enum.StrEnum):
@@ -542,20 +545,50 @@ class JobStore:
         return row is not None
 
     async def record_delivery(
-        self, job_id: uuid.UUID, sink: str, detail: Mapping[str, Any] | None = None
+        self, job_id: uuid.UUID, sink: str, detail: Mapping[str, Any] | None = None,
+        *, outcome: str = DELIVERED,
     ) -> bool:
-        """Note that the job's result reached `sink`; True the first time only.
+        """Note that the job's result reached `sink` (or, with `outcome` SKIPPED, that the
+        sink does not take it); True the first time only.
 
         Call it before sending when "at most once" matters more than "at least once",
         after sending otherwise (a crash in between then re-sends once).
         """
         row = await self.db.one(
-            "record_delivery", job_id=job_id, sink=sink, detail=Jsonb(dict(detail or {}))
+            "record_delivery", job_id=job_id, sink=sink, detail=Jsonb(dict(detail or {})),
+            outcome=outcome,
         )
         return row is not None
 
+    async def delivery_failed(
+        self, job_id: uuid.UUID, sink: str, error: str, *, max_failures: int,
+        backoff: float, backoff_max: float,
+    ) -> tuple[int, bool]:
+        """Count a failed try to deliver to `sink` (the caller holds its claim).
+
+        The next try waits `backoff` seconds, doubled for each earlier failure (at most
+        `backoff_max`); the catch-up skips the job meanwhile. At `max_failures` failures
+        the delivery is recorded as FAILED and never tried again.
+
+        Returns:
+            (failures so far, whether it was given up now); (0, False) without a claim.
+        """
+        row = await self.db.one(
+            "delivery_failed", job_id=job_id, sink=sink, error=error,
+            max_failures=max_failures, backoff=backoff, backoff_max=backoff_max,
+        )
+        if row is None:
+            return 0, False
+        return int(row["failures"]), bool(row["given_up"])
+
+    async def delivery_outcome(self, job_id: uuid.UUID, sink: str) -> str | None:
+        """DELIVERED, FAILED or SKIPPED once the delivery to `sink` ended; None before."""
+        row = await self.db.one("delivery_outcome", job_id=job_id, sink=sink)
+        return str(row["outcome"]) if row is not None else None
+
     async def undelivered(self, sink: str, *, limit: int = 100) -> list[Job]:
-        """Finished jobs with no delivery recorded for `sink`, oldest first."""
+        """Finished jobs with no delivery recorded for `sink`, oldest first; a job being
+        delivered now, or waiting to be tried again after a failure, is left out."""
         rows = await self.db.all("undelivered_jobs", sink=sink, limit=limit)
         return [Job.from_row(row) for row in rows]
 

@@ -339,16 +339,47 @@ SELECT * FROM job_outputs WHERE job_id = %(job_id)s ORDER BY index;
 SELECT * FROM job_events WHERE job_id = %(job_id)s ORDER BY id;
 
 -- record_delivery --
--- Note that a job's result went to a sink; nothing when it already had
-INSERT INTO deliveries (job_id, sink, detail)
-VALUES (%(job_id)s, %(sink)s, %(detail)s)
+-- Note that a job's result went to a sink (or was skipped, or given up); nothing when it
+-- already had
+INSERT INTO deliveries (job_id, sink, detail, outcome)
+VALUES (%(job_id)s, %(sink)s, %(detail)s, %(outcome)s)
 ON CONFLICT (job_id, sink) DO NOTHING
 RETURNING job_id;
+
+-- delivery_failed --
+-- A try to deliver failed: count it and hold the next try back (the claim's expiry) for
+-- a delay that doubles with each failure; at %(max_failures)s failures record the delivery
+-- as failed. No row: the claim is gone (the job was forgotten)
+WITH claim AS (
+    UPDATE delivery_claims
+    SET failures = failures + 1,
+        last_error = %(error)s,
+        claimed_until = now() + make_interval(
+            secs => least(%(backoff_max)s, %(backoff)s * power(2, failures)))
+    WHERE job_id = %(job_id)s AND sink = %(sink)s
+    RETURNING job_id, sink, failures
+), given_up AS (
+    INSERT INTO deliveries (job_id, sink, outcome, detail)
+    SELECT job_id, sink, 'failed',
+           jsonb_build_object('error', %(error)s::text, 'failures', failures)
+    FROM claim
+    WHERE failures >= %(max_failures)s
+    ON CONFLICT (job_id, sink) DO NOTHING
+    RETURNING job_id
+)
+SELECT c.failures, EXISTS (SELECT 1 FROM given_up) AS given_up FROM claim c;
+
+-- delivery_outcome --
+-- How a job's delivery to a sink ended (no row: not yet)
+SELECT outcome, detail, delivered_at FROM deliveries
+WHERE job_id = %(job_id)s AND sink = %(sink)s;
 
 -- undelivered_jobs --
 -- Finished jobs whose result has not reached a sink yet, oldest first (the statement is in
 -- migration 0009: finished jobs grouped by the sinks that have them, read only in the
--- groups that lack this one)
+-- groups that lack this one); since migration 0012 those someone is delivering now, or
+-- whose last try failed a moment ago, wait (their claim is live), so results that cannot
+-- be delivered never hide the ones behind them
 SELECT * FROM comfyveil_undelivered_jobs(%(sink)s::text, %(limit)s::int);
 
 -- claim_delivery --

@@ -15,13 +15,14 @@ import asyncio
 import collections
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, InputFile, Message
 from telegram.constants import ParseMode
-from telegram.error import BadRequest, Forbidden
+from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
+from comfyveil import sinks
 from comfyveil.store import jobs
 from comfyveil.telegram import callbacks_data, render, replies
 from comfyveil.telegram.context import Services
@@ -34,6 +35,15 @@ MAX_UPLOAD_BYTES = 50 * 1024 * 1024  # Telegram's limit for bots' uploads (cloud
 PHOTO_MIMES = ("image/png", "image/jpeg", "image/webp")
 SEND_AS_FILE_SETTING = "as_file"
 DONE_MEMORY = 4096  # delivered jobs remembered, so a second delivery does nothing
+# Bad Request descriptions that mean the chat cannot get the result (it is gone, or the bot
+# may not write there); a Forbidden (blocked, kicked, deleted group) always means that.
+CHAT_GONE = ("chat not found", "peer_id_invalid", "user not found", "chat_write_forbidden",
+             "not enough rights", "have no rights", "group chat was deactivated")
+
+
+def chat_gone(exc: BadRequest) -> bool:
+    """Whether Telegram's Bad Request says the chat cannot get messages from the bot."""
+    return any(gone in exc.message.lower() for gone in CHAT_GONE)
 
 
 def result_buttons(job_id: str, index: int) -> InlineKeyboardMarkup:
@@ -95,6 +105,8 @@ async def send_output(
         try:
             return await bot.send_photo(chat_id, InputFile(output.data, filename=name), **common)
         except BadRequest as exc:
+            if chat_gone(exc):
+                raise
             logger.info("photo refused (%s); sending it as a file", exc.message)
     if kind == "video":
         return await bot.send_video(
@@ -118,10 +130,15 @@ class TelegramSink:
         self._inflight: dict[uuid.UUID, asyncio.Future[None]] = {}
         self._done: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
         self._details: dict[uuid.UUID, dict[str, Any]] = {}
+        self.migrated: dict[int, int] = {}  # a group's old chat id -> its supergroup's
 
     @property
     def name(self) -> str:
         return SINK_NAME
+
+    def accepts(self, job: jobs.Job) -> bool:
+        """Jobs queued without a chat (`comfyveil submit`) are not Telegram's to deliver."""
+        return job.chat_id != jobs.NO_CHAT
 
     def delivery_detail(self, job_id: uuid.UUID) -> dict[str, Any] | None:
         """What the worker records with the delivery of `job_id` (the sent message ids),
@@ -169,33 +186,70 @@ class TelegramSink:
         else:
             as_file = mode[1]
         sent: list[int] = []
+        chat = _Chat(self, job)
         try:
             if job.status is jobs.Status.SUCCEEDED:
                 if not outputs:
-                    await self.bot.send_message(
-                        job.chat_id, "The job finished but produced no image.",
-                    )
+                    await chat.send(lambda to: self.bot.send_message(
+                        to, "The job finished but produced no image.",
+                    ))
                 else:
                     caption = caption_for(job)
                     for output in outputs:
-                        message = await send_output(
-                            self.bot, job.chat_id, job, output, as_file=as_file, caption=caption,
-                        )
+                        message = await chat.send(lambda to, output=output: send_output(
+                            self.bot, to, job, output, as_file=as_file, caption=caption,
+                        ))
                         sent.append(message.message_id)
             elif job.status_message_id is None:
                 # No status message to turn into the ending: say it in a message.
-                message = await self.bot.send_message(
-                    job.chat_id, replies.esc(replies.sentence(
+                message = await chat.send(lambda to: self.bot.send_message(
+                    to, replies.esc(replies.sentence(
                         job.error if job.status is jobs.Status.FAILED else "Cancelled."
                     )), parse_mode=ParseMode.HTML,
-                )
+                ))
                 sent.append(message.message_id)
-        except Forbidden:
-            logger.info("the user blocked the bot; result not sent",
-                        extra={"action": "delivery_blocked", "job_id": str(job.id)})
+        except Forbidden as exc:
+            raise sinks.Undeliverable(f"Telegram refused the result ({exc.message})") from None
+        except BadRequest as exc:
+            if chat_gone(exc):
+                raise sinks.Undeliverable(
+                    f"Telegram refused the result ({exc.message})"
+                ) from None
+            raise
         self.services.file_jobs.discard(job.id)
-        await tracker.finish(job)
+        try:
+            await tracker.finish(job)
+        except TelegramError as exc:  # the status message is a courtesy; the result is sent
+            logger.info("status message not finished: %s", type(exc).__name__,
+                        extra={"action": "status_unfinished", "job_id": str(job.id)})
         self._details[job.id] = {"message_ids": sent}
         while len(self._details) > DONE_MEMORY:  # a caller that never asks for them
             self._details.pop(next(iter(self._details)))
         self.delivered += 1
+
+
+class _Chat:
+    """Where a job's result goes: its chat, or the supergroup that chat became.
+
+    A group upgraded to a supergroup gets a new id; Telegram answers a send to the old id
+    with `migrate_to_chat_id` (PTB's ChatMigrated). The send is made again there, and the
+    sink remembers the move so the job's further outputs, and later jobs from that group,
+    go straight to the new chat.
+    """
+
+    def __init__(self, sink: TelegramSink, job: jobs.Job) -> None:
+        self._sink = sink
+        self._job = job
+        self.chat_id = sink.migrated.get(job.chat_id, job.chat_id)
+
+    async def send(self, send: Callable[[int], Awaitable[Message]]) -> Message:
+        try:
+            return await send(self.chat_id)
+        except ChatMigrated as exc:
+            new_id = int(exc.new_chat_id)
+            logger.info("the group became a supergroup; sending the result there",
+                        extra={"action": "chat_migrated", "job_id": str(self._job.id)})
+            self._sink.migrated[self._job.chat_id] = self.chat_id = new_id
+            while len(self._sink.migrated) > DONE_MEMORY:
+                self._sink.migrated.pop(next(iter(self._sink.migrated)))
+            return await send(new_id)

@@ -19,6 +19,15 @@ DB_RETRY_DELAY = 0.5  # seconds between tries of a write while the database is u
 PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
 PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
 WITHDRAW_TIMEOUT = 10.0  # seconds to take an earlier attempt's prompt back from a backend
+DELIVERY_BACKOFF = 30.0  # seconds before a failed delivery is tried again, then doubled
+DELIVERY_BACKOFF_MAX = 1800.0  # seconds, the longest wait between two tries of a delivery
+# Tries of a delivery the destination refused (chat gone, bot blocked or removed): a few, in
+# case the user unblocks the bot soon; about 7.5 minutes with the default backoff.
+DELIVERY_REFUSED_TRIES = 5
+# Tries of a delivery that failed otherwise (Telegram unreachable, an internal error): enough
+# to ride out an outage of about a day with the default backoff.
+DELIVERY_TRIES = 55
+CATCH_UP_PAGE = 100  # undelivered jobs read at a time by the catch-up
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,9 @@ class WorkerOptions:
     recover_interval: float | None = None  # default: half the lease
     delivery_grace: float = DELIVERY_GRACE
     listen: bool = True  # LISTEN for NOTIFY; False: polling only
+    delivery_backoff: float = DELIVERY_BACKOFF
+    delivery_refused_tries: int = DELIVERY_REFUSED_TRIES
+    delivery_tries: int = DELIVERY_TRIES
 
 
 def default_worker_id() -> str:

@@ -16,7 +16,13 @@ from comfyveil import sinks as sinks_mod
 from comfyveil.errors import ComfyveilError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
-from comfyveil.worker.options import DB_RETRY_DELAY, DELIVERY_CLAIM_SECONDS, RETRY_BACKOFF_MAX
+from comfyveil.worker.options import (
+    CATCH_UP_PAGE,
+    DB_RETRY_DELAY,
+    DELIVERY_BACKOFF_MAX,
+    DELIVERY_CLAIM_SECONDS,
+    RETRY_BACKOFF_MAX,
+)
 
 if TYPE_CHECKING:
     from comfyveil.worker.job import Running
@@ -126,6 +132,13 @@ class Settling:
         self._delivering.add(job.id)
         try:
             for sink in targets:
+                if not _accepts(sink, job):
+                    # Recorded, so no catch-up ever looks at it again.
+                    with contextlib.suppress(store_errors.StoreError):
+                        await self.store.record_delivery(
+                            job.id, sink.name, outcome=jobs.SKIPPED
+                        )
+                    continue
                 try:
                     # Whoever claims delivers: this worker, the one catching up on a crashed
                     # worker's results, or the bot's process for a remote worker's job.
@@ -140,41 +153,81 @@ class Settling:
                     await asyncio.shield(
                         self.store.record_delivery(job.id, sink.name, _detail(sink, job.id))
                     )
-                except ComfyveilError as exc:
+                except store_errors.StoreError as exc:
                     logger.warning(
-                        "delivery to %s failed: %s",
+                        "delivery to %s not recorded: %s",
                         sink.name,
                         exc,
                         extra={"action": "delivery_failed", "job_id": str(job.id)},
                     )
-                except Exception:
-                    logger.exception(
-                        "delivery to %s failed",
-                        sink.name,
-                        extra={"action": "delivery_failed", "job_id": str(job.id)},
-                    )
+                except Exception as exc:
+                    await asyncio.shield(self._delivery_failed(job, sink, exc))
         finally:
             self._delivering.discard(job.id)
 
+    async def _delivery_failed(
+        self, job: jobs.Job, sink: sinks_mod.DeliverySink, exc: Exception
+    ) -> None:
+        """Count a failed delivery; the catch-up tries again after a growing delay, up to
+        a bound (lower when the destination refused it), then it is recorded as failed."""
+        refused = isinstance(exc, sinks_mod.Undeliverable)
+        if isinstance(exc, ComfyveilError):
+            reason = str(exc)
+            logger.warning(
+                "delivery to %s failed: %s",
+                sink.name,
+                reason,
+                extra={"action": "delivery_failed", "job_id": str(job.id)},
+            )
+        else:
+            reason = f"internal error ({type(exc).__name__})"
+            logger.error(
+                "delivery to %s failed",
+                sink.name,
+                exc_info=exc,
+                extra={"action": "delivery_failed", "job_id": str(job.id)},
+            )
+        opts = self.options
+        try:
+            failures, given_up = await self.store.delivery_failed(
+                job.id, sink.name, reason[:300],
+                max_failures=opts.delivery_refused_tries if refused else opts.delivery_tries,
+                backoff=opts.delivery_backoff, backoff_max=DELIVERY_BACKOFF_MAX,
+            )
+        except store_errors.StoreError:
+            return  # the claim lapses and the catch-up tries again
+        if given_up:
+            logger.warning(
+                "gave up delivering to %s after %d tries: %s",
+                sink.name,
+                failures,
+                reason,
+                extra={"action": "delivery_given_up", "job_id": str(job.id)},
+            )
+
     async def _deliver_loop(self) -> None:
-        """Deliver what a crashed worker finished but never delivered."""
+        """Deliver what a crashed or remote worker finished but never delivered."""
         if not self.sinks:
             return
         interval = max(self.options.poll_interval, 1.0)
         while True:
+            tried = full = False
             for sink in self.sinks:
                 try:
-                    waiting = await self.store.undelivered(sink.name)
+                    waiting = await self.store.undelivered(sink.name, limit=CATCH_UP_PAGE)
                 except store_errors.StoreError:
                     break
+                full = full or len(waiting) >= CATCH_UP_PAGE
                 for job in waiting:
                     if job.finished_at is None or job.id in self._delivering:
                         continue
                     age = time.time() - job.finished_at.timestamp()
                     if age < self.options.delivery_grace:
                         continue
+                    tried = True
                     await self._deliver(job, None, only=[sink])
-            await asyncio.sleep(interval)
+            if not (tried and full):  # a full page done: the next one may wait behind it
+                await asyncio.sleep(interval)
 
     def _finished_elsewhere(self, job_id: uuid.UUID) -> None:
         """A job this worker is not running has ended (another worker, maybe on another
@@ -192,6 +245,12 @@ class Settling:
             return  # the catch-up loop will find it
         if job is not None and job.status.finished:
             await self._deliver(job, None)
+
+
+def _accepts(sink: sinks_mod.DeliverySink, job: jobs.Job) -> bool:
+    """Whether `sink` takes `job` at all (an optional `accepts(job)` method says)."""
+    accepts = getattr(sink, "accepts", None)
+    return True if accepts is None else bool(accepts(job))
 
 
 def _detail(sink: sinks_mod.DeliverySink, job_id: uuid.UUID) -> Mapping[str, Any] | None:
