@@ -287,6 +287,21 @@ class FakeComfyUI:
         self._reset_memory()
         return await self.start()
 
+    async def partition(self) -> None:
+        """Become unreachable while the GPU keeps working (a network partition, a broken
+        circuit): connections reset, the port refuses, the queue runs on. `heal` ends it."""
+        assert self._runner is not None
+        for site in list(self._runner.sites):
+            await site.stop()
+        for transport in list(self._transports):
+            transport.abort()  # type: ignore[attr-defined]
+
+    async def heal(self) -> None:
+        """Answer again on the same port, with everything that ran meanwhile."""
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+
     async def _halt(self, *, abort: bool) -> None:
         if self._executor is not None:
             self._executor.cancel()

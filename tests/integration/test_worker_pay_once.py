@@ -103,5 +103,29 @@ async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_
     assert first.executions[str(job.id)] == 1 and second.executions[str(job.id)] == 1
 
 
+async def test_a_prompt_left_on_an_unreachable_backend_is_taken_back_when_it_answers(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    cut_off = await fake_comfy_factory(step_delay=1.0)
+    second = await fake_comfy_factory(step_delay=0.01)
+    job = await enqueue(db, steps=8)
+    async with running_worker(db, [cut_off.url, second.url]):
+        await wait_for(
+            lambda: _now(cut_off.running is not None
+                         and cut_off.running.prompt_id == str(job.id)),
+            timeout=10, interval=0.02,
+        )
+        # A partition: gpu0 cannot be reached (nor asked to stop) but its GPU works on.
+        await cut_off.partition()
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+        assert done.backend == "gpu1" and second.executions[str(job.id)] == 1
+        assert cut_off.running is not None and cut_off.running.prompt_id == str(job.id)
+        await cut_off.heal()
+        await wait_for(lambda: _now(str(job.id) in cut_off.history_entries), timeout=15)
+    assert {"prompt_id": str(job.id)} in cut_off.interrupts
+    history = cut_off.history_entries[str(job.id)]
+    assert history["status"]["messages"][-1][0] == "execution_interrupted"
+
+
 async def _now(value: bool) -> bool:
     return value

@@ -20,7 +20,12 @@ from comfyveil.comfy import events, execute, pool, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
-from comfyveil.worker.options import PROGRESS_INTERVAL, PROGRESS_SETTLE, WITHDRAW_TIMEOUT
+from comfyveil.worker.options import (
+    MAX_ORPHANS,
+    PROGRESS_INTERVAL,
+    PROGRESS_SETTLE,
+    WITHDRAW_TIMEOUT,
+)
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
 
@@ -161,8 +166,10 @@ class JobRunner:
             withdrawn = False
             if there is not None:
                 # Its backend is down: take the prompt back out there, if it can be
-                # reached, before it runs elsewhere.
+                # reached, before it runs elsewhere; if not, once it answers again.
                 withdrawn = await self._withdraw(there, prompt_id)
+                if not withdrawn:
+                    self._orphaned(there.name, prompt_id)
             elif earlier is not None:
                 logger.info(
                     "the job was sent to backend %s, which this worker does not know; "
@@ -263,8 +270,36 @@ class JobRunner:
         if job is None or job.status is not jobs.Status.CANCELLED or not job.submitted:
             return
         backend = self.pool.get(job.backend) if job.backend else None
-        if backend is not None and job_id not in self._running:
-            await self._withdraw(backend, str(job_id))
+        if (
+            backend is not None
+            and job_id not in self._running
+            and not await self._withdraw(backend, str(job_id))
+        ):
+            self._orphaned(backend.name, str(job_id))
+
+    def _orphaned(self, backend: str, prompt_id: str) -> None:
+        """Remember a prompt left on a backend that could not be asked to drop it."""
+        left = self._orphans.setdefault(backend, set())
+        if len(left) < MAX_ORPHANS:
+            left.add(prompt_id)
+
+    async def _withdraw_orphans(self) -> None:
+        """Take back the prompts left on backends that answer again, unless the job has
+        gone back to that backend since (then the prompt there is its live one)."""
+        for name, left in list(self._orphans.items()):
+            backend = self.pool.get(name)
+            if backend is None or not backend.healthy:
+                continue
+            for prompt_id in list(left):
+                try:
+                    job = await self.store.get(uuid.UUID(prompt_id))
+                except store_errors.StoreError:
+                    return
+                live = job is not None and not job.status.finished and job.backend == name
+                if live or await self._withdraw(backend, prompt_id):
+                    left.discard(prompt_id)
+            if not left:
+                self._orphans.pop(name, None)
 
     def _cancelled_elsewhere(self, job_id: uuid.UUID) -> None:
         if job_id in self._running:

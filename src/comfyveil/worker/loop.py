@@ -49,6 +49,9 @@ class Worker(JobRunner, Settling):
         self._stop = asyncio.Event()
         self._workflows: dict[str, workflow.Workflow] = {}
         self._avoid: dict[uuid.UUID, str] = {}  # the backend a job last failed on
+        # Prompts an earlier attempt left on a backend that could not be reached to take
+        # them back (backend name -> prompt ids); taken back once it answers again.
+        self._orphans: dict[str, set[str]] = {}
         # Claims that found nothing are not repeated each time a slot frees up, only after
         # news of the queue. A NOTIFY of a queued job is news of one job (_job_news counts
         # them); a LISTEN reconnect, recovered leases or the poll interval are news of an
@@ -312,4 +315,6 @@ class Worker(JobRunner, Settling):
                 for job in recovered:
                     if job.status.finished:
                         await self._deliver(job, [])
+            if self._orphans:
+                await self._withdraw_orphans()
             await asyncio.sleep(interval)

@@ -19,6 +19,7 @@ DB_RETRY_DELAY = 0.5  # seconds between tries of a write while the database is u
 PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
 PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
 WITHDRAW_TIMEOUT = 10.0  # seconds to take an earlier attempt's prompt back from a backend
+MAX_ORPHANS = 1000  # prompts remembered per backend, to take back once it answers again
 DELIVERY_BACKOFF = 30.0  # seconds before a failed delivery is tried again, then doubled
 DELIVERY_BACKOFF_MAX = 1800.0  # seconds, the longest wait between two tries of a delivery
 # Tries of a delivery the destination refused (chat gone, bot blocked or removed): a few, in
