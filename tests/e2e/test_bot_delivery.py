@@ -35,8 +35,9 @@ async def finished_elsewhere(
     if new is None:
         wf = workflow.find("f")
         values = wf.validate({"prompt": "a fox", "steps": 2, "width": 256, "height": 256})
-        new = jobs.NewJob(user_id=abs(chat_id), chat_id=chat_id, command="f",
-                          workflow_hash=wf.hash, params=values)
+        new = jobs.NewJob(
+            user_id=abs(chat_id), chat_id=chat_id, command="f", workflow_hash=wf.hash, params=values
+        )
     queued = await db.jobs.enqueue(new)
     claimed = await db.jobs.claim("gpu-host-worker")
     assert claimed is not None and claimed.id == queued.id
@@ -65,8 +66,14 @@ async def bot_catching_up(
 
 def _to(chat_id: int, ok: bool | None = True):
     def found(calls) -> list:
-        return [c for c in calls if str(c.params.get("chat_id")) == str(chat_id)
-                and (ok is None or c.ok == ok) and c.method != "getUpdates"]
+        return [
+            c
+            for c in calls
+            if str(c.params.get("chat_id")) == str(chat_id)
+            and (ok is None or c.ok == ok)
+            and c.method != "getUpdates"
+        ]
+
     return found
 
 
@@ -87,9 +94,9 @@ async def test_a_hundred_undeliverable_results_do_not_hold_up_the_next_one(
     async with bot_catching_up(fake_telegram, db, fake_comfy, parked):
         sent = await fake_telegram.wait_for_call("sendDocument", chat_id=555, timeout=30)
         assert sent.files["document"][1] == PNG
-        await wait_for(lambda: _is(db.jobs.delivery_outcome(wanted.id, "telegram"),
-                                   jobs.DELIVERED), timeout=10)
-    # Every undeliverable one was tried, and none is up for a try again before its delay.
+        await wait_for(
+            lambda: _is(db.jobs.delivery_outcome(wanted.id, "telegram"), jobs.DELIVERED), timeout=10
+        )
     for job in gone:  # each was tried, and is not up for another try before its delay
         assert _to(job.chat_id, ok=False)(fake_telegram.sent), job.chat_id
     assert await db.jobs.undelivered("telegram") == []
@@ -105,16 +112,20 @@ async def test_an_undeliverable_result_is_tried_a_few_times_then_given_up(
     quick = dataclasses.replace(CATCH_UP, delivery_backoff=0.05, delivery_refused_tries=3)
     async with bot_catching_up(fake_telegram, db, fake_comfy, quick):
         for job in (blocked, missing):
-            await wait_for(lambda job=job: _is(db.jobs.delivery_outcome(job.id, "telegram"),
-                                               jobs.FAILED), timeout=20)
+            await wait_for(
+                lambda job=job: _is(db.jobs.delivery_outcome(job.id, "telegram"), jobs.FAILED),
+                timeout=20,
+            )
     for chat in (42, 43):
         refused = _to(chat, ok=False)(fake_telegram.sent)
         assert len(refused) == 3, [c.error for c in refused]
         assert not _to(chat)(fake_telegram.sent)
     assert {c.error for c in _to(42, ok=False)(fake_telegram.sent)} == {
-        "Forbidden: bot was blocked by the user"}
+        "Forbidden: bot was blocked by the user"
+    }
     assert {c.error for c in _to(43, ok=False)(fake_telegram.sent)} == {
-        "Bad Request: chat not found"}
+        "Bad Request: chat not found"
+    }
     assert await db.jobs.undelivered("telegram") == []
 
 
@@ -123,8 +134,9 @@ async def test_a_group_upgraded_to_a_supergroup_gets_its_result_there(
 ) -> None:
     fake = await fake_comfy_factory(step_delay=0.3)
     async with running_bot(fake_telegram, db, [fake]) as stack:
-        stack.send(13, f"/f@ComfyveilTestBot a fox --steps 6 {SMALL}", chat_id=-500,
-                   chat_type="group")
+        stack.send(
+            13, f"/f@ComfyveilTestBot a fox --steps 6 {SMALL}", chat_id=-500, chat_type="group"
+        )
         await wait_for(lambda: _now(fake.running is not None), timeout=15, interval=0.02)
         fake_telegram.migrate_group(-500, -1_001_000_000_500, by_user=13)
         photo = await stack.result(-1_001_000_000_500, timeout=20)
@@ -141,8 +153,9 @@ async def test_a_job_queued_from_the_command_line_never_goes_to_telegram(
     new = await submit.build_job(db, settings, "f", ["a", "fox"], ["steps=2"], [])
     job = await finished_elsewhere(db, new.chat_id, new)
     async with bot_catching_up(fake_telegram, db, fake_comfy):
-        await wait_for(lambda: _is(db.jobs.delivery_outcome(job.id, "telegram"),
-                                   jobs.SKIPPED), timeout=10)
+        await wait_for(
+            lambda: _is(db.jobs.delivery_outcome(job.id, "telegram"), jobs.SKIPPED), timeout=10
+        )
     assert not _to(jobs.NO_CHAT, ok=None)(fake_telegram.sent)
 
 
@@ -152,4 +165,3 @@ async def _is(pending, wanted: str) -> bool:
 
 async def _now(value: bool) -> bool:
     return value
-

@@ -32,7 +32,8 @@ async def _hiccup_while_running(fake: FakeComfyUI, job: jobs.Job) -> None:
     /history fail, so the worker's look at the prompt ends in a transient error."""
     await wait_for(
         lambda: _now(fake.running is not None and fake.running.prompt_id == str(job.id)),
-        timeout=10, interval=0.02,
+        timeout=10,
+        interval=0.02,
     )
     fake.fail_requests("/history")
     await fake.drop_sockets()
@@ -82,7 +83,7 @@ async def test_cancel_of_a_job_requeued_after_it_was_sent_interrupts_its_prompt(
 async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_elsewhere(
     db: database.Database, fake_comfy_factory
 ) -> None:
-    first = await fake_comfy_factory(step_delay=0.6)
+    first = await fake_comfy_factory(step_delay=1.0)
     second = await fake_comfy_factory(step_delay=0.01)
     job = await enqueue(db, steps=8)
     slower = dataclasses.replace(FAST, retry_backoff=1.0)
@@ -106,14 +107,14 @@ async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_
 async def test_a_prompt_left_on_an_unreachable_backend_is_taken_back_when_it_answers(
     db: database.Database, fake_comfy_factory
 ) -> None:
-    cut_off = await fake_comfy_factory(step_delay=1.0)
+    cut_off = await fake_comfy_factory(step_delay=1.5)
     second = await fake_comfy_factory(step_delay=0.01)
     job = await enqueue(db, steps=8)
     async with running_worker(db, [cut_off.url, second.url]):
         await wait_for(
-            lambda: _now(cut_off.running is not None
-                         and cut_off.running.prompt_id == str(job.id)),
-            timeout=10, interval=0.02,
+            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
+            timeout=10,
+            interval=0.02,
         )
         # A partition: gpu0 cannot be reached (nor asked to stop) but its GPU works on.
         await cut_off.partition()
