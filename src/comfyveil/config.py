@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from comfyveil.comfy import limits as comfy_limits
 from comfyveil.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("comfyveil.toml")
@@ -30,6 +31,9 @@ DEFAULT_COOLDOWN = 0.0  # seconds between two jobs of one user
 DEFAULT_MAX_PROMPT_LENGTH = 2000  # characters
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+DEFAULT_MAX_OUTPUT_BYTES = comfy_limits.DEFAULT_MAX_OUTPUT_BYTES  # from a backend, per job
+DEFAULT_MAX_OUTPUTS = comfy_limits.DEFAULT_MAX_OUTPUTS  # files one job may bring back
+MAX_OUTPUT_BYTES_CEILING = 1 << 30  # PostgreSQL stores an output in one bytea: 1 GiB at most
 DEFAULT_JOB_RETENTION_DAYS = 7.0  # prompts, images and job rows are deleted after this
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
@@ -105,6 +109,15 @@ class LimitsConfig:
     max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    # What a backend may send back for one job: each file and all together, in bytes,
+    # and how many files. A compromised GPU host can cost the bot this much, no more.
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    max_outputs: int = DEFAULT_MAX_OUTPUTS
+
+    @property
+    def outputs(self) -> comfy_limits.Limits:
+        """The caps a ComfyUI client applies to one job's outputs."""
+        return comfy_limits.Limits(self.max_output_bytes, self.max_outputs)
 
 
 @dataclass(frozen=True)
@@ -313,6 +326,8 @@ RULES: dict[str, dict[str, Rule]] = {
         "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
         "cooldown": _SECONDS, "max_prompt_length": Rule("int", low=1),
         "max_image_bytes": Rule("int", low=1), "max_image_pixels": Rule("int", low=1),
+        "max_output_bytes": Rule("int", low=1, high=MAX_OUTPUT_BYTES_CEILING),
+        "max_outputs": Rule("int", low=1, high=10_000),
     },
     "worker": {
         "lease_seconds": _POSITIVE_SECONDS, "max_attempts": Rule("int", low=1),

@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.add_argument(
         "--timeout", type=float, default=config.DEFAULT_JOB_TIMEOUT, metavar="SECONDS",
-        help="give up when the job has not finished after this long",
+        help="give up when the job (upload, run and download) has not finished after this long",
     )
     parser.set_defaults(handler=run)
 
@@ -97,11 +97,16 @@ async def run(args: argparse.Namespace) -> int:
         async with (
             runtime.anon_for(settings, [backend], on_progress=_anon_progress) as router,
             comfy_client.ComfyClient(
-                backend.url, name=backend.name, proxy=router.proxy_for(backend)
+                backend.url,
+                name=backend.name,
+                proxy=router.proxy_for(backend),
+                limits=settings.limits.outputs,
             ) as client,
         ):
+            # Streamed into --out as they arrive: a huge output never sits in memory.
             outcome = await execute.execute(
-                client, wf, validated, inputs, on_event=progress.on_event, timeout=args.timeout
+                client, wf, validated, inputs, on_event=progress.on_event,
+                timeout=args.timeout, out_dir=args.out,
             )
     finally:
         progress.close()

@@ -19,14 +19,14 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, Literal
 
 import aiohttp
 
-from comfyveil.comfy import errors, transport, ws
+from comfyveil.comfy import errors, limits, transport, ws
 from comfyveil.comfy.follow import EventCallback, Following
 from comfyveil.comfy.results import (
     OutputFile,
@@ -41,7 +41,7 @@ __all__ = ["ComfyClient"]
 
 POLL_INTERVAL = 1.0  # seconds between /queue + /history checks when no events can come
 CHECK_INTERVAL = 15.0  # seconds of socket silence before checking the job still exists
-STREAM_CHUNK = 1 << 20  # bytes handed on at a time from a downloading output
+STREAM_CHUNK = limits.STREAM_CHUNK  # bytes handed on at a time from a downloading output
 
 
 # --- the client -----------------------------------------------------------------------
@@ -59,6 +59,7 @@ def _socks_h(proxy: str | None) -> str | None:
 
 
 _LIMIT = re.compile(r"(\d+(?:\.\d+)?)")
+_DEFAULT_LIMITS = limits.Limits()
 
 
 class ComfyClient(Following):
@@ -73,6 +74,8 @@ class ComfyClient(Following):
             without events (re-attach, lost socket).
         check_interval: seconds of silence on the socket after which the client checks
             that the job still exists (a cleared job gets no event at all).
+        limits: how much one job may bring back (`[limits] max_output_bytes` and
+            `max_outputs`); every other answer has a fixed cap (`comfy.limits`).
     """
 
     def __init__(
@@ -84,12 +87,14 @@ class ComfyClient(Following):
         proxy: str | None = None,
         poll_interval: float = POLL_INTERVAL,
         check_interval: float = CHECK_INTERVAL,
+        limits: limits.Limits | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name
         self.timeout = timeout
         self.poll_interval = poll_interval
         self.check_interval = check_interval
+        self.limits = limits or _DEFAULT_LIMITS
         self._proxy = _socks_h(proxy)
         self._http = transport.Http(backend=name, timeout=timeout, proxy=self._proxy)
         self._socket: ws.Socket | None = None
@@ -136,7 +141,9 @@ class ComfyClient(Following):
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> transport.Reply:
         self._check_open()
-        return await self._http.request(method, self._url(path), **kwargs)
+        what = f"{method} /{path.split('/')[1]}"  # no prompt ids or file names in messages
+        kwargs.setdefault("during", f"during {what}")
+        return await self._http.request(method, self._url(path), what=what, **kwargs)
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send a request; return the decoded JSON, or None for an empty 200."""
@@ -239,7 +246,11 @@ class ComfyClient(Following):
                 await self._socket.close()
                 self._socket = None
             self._socket = await ws.connect(
-                self.base_url, proxy=self._proxy, timeout=self.timeout, backend=self.name
+                self.base_url,
+                proxy=self._proxy,
+                timeout=self.timeout,
+                backend=self.name,
+                limit=self.limits,
             )
             return self._socket
 
@@ -366,7 +377,7 @@ class ComfyClient(Following):
     async def object_info(self, *, refresh: bool = False) -> dict[str, Any]:
         """Every node definition (about 500 KB); cached until refresh=True."""
         if self._object_info is None or refresh:
-            data = await self._call("GET", "/object_info")
+            data = await self._call("GET", "/object_info", limit=limits.OBJECT_INFO_BYTES)
             if not isinstance(data, Mapping):
                 raise errors.BackendProtocolError(
                     f"backend {self.name} sent unreadable node definitions", backend=self.name
@@ -416,14 +427,21 @@ class ComfyClient(Following):
         subfolder: str = "",
         type: str = "input",
         overwrite: bool = False,
+        on_sent: Callable[[int], None] | None = None,
     ) -> UploadedFile:
+        """POST /upload/image. A backend that stops reading the file for `timeout`
+        seconds fails it (BackendStopped); `on_sent` hears of each piece that left."""
         form = {"overwrite": "true" if overwrite else "false", "type": type}
         if subfolder:
             form["subfolder"] = subfolder
+        payload = transport.PacedUpload(data, idle=self.timeout, on_sent=on_sent)
         response = await self._send(
             "POST",
             "/upload/image",
-            data=_upload_form(form, data, filename),
+            data=_upload_form(form, payload, filename),
+            upload=payload,
+            during="during the upload",
+            deadline=False,  # as long as it moves: the job's deadline bounds it
         )
         if response.status == 413:
             raise errors.UploadTooLarge(self._limit(response), backend=self.name)
@@ -454,29 +472,50 @@ class ComfyClient(Following):
         name = file.filename if isinstance(file, OutputFile) else file.name
         return {"filename": name, "subfolder": file.subfolder, "type": file.type}
 
-    async def download(self, file: OutputFile | UploadedFile) -> bytes:
-        """GET /view: the whole file."""
-        chunks = [chunk async for chunk in self.stream(file)]
+    async def download(self, file: OutputFile | UploadedFile, *, limit: int | None = None) -> bytes:
+        """GET /view: the whole file, at most `limit` bytes (default max_output_bytes)."""
+        chunks = [chunk async for chunk in self.stream(file, limit=limit)]
         return b"".join(chunks)
 
-    async def stream(self, file: OutputFile | UploadedFile) -> AsyncIterator[bytes]:
-        """GET /view: the file in chunks, for big videos."""
+    async def stream(
+        self, file: OutputFile | UploadedFile, *, limit: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """GET /view: the file in chunks, for big videos.
+
+        Raises OutputTooLarge as soon as it passes `limit` bytes (default: the client's
+        max_output_bytes), before reading any of it when the server says its length.
+        A read that waits `timeout` seconds fails (BackendStopped); the caller bounds the
+        whole download (a backend may trickle a byte at a time).
+        """
         self._check_open()
+        limit = self.limits.max_output_bytes if limit is None else limit
         url, params = self._url("/view"), self._view_params(file)
-        async with self._http.open("GET", url, params=params) as response:
+        async with self._http.open(
+            "GET", url, params=params, during="while sending a file"
+        ) as response:
             if response.status == 404:
                 name = PurePosixPath(params["filename"]).name
                 raise errors.FileNotFound(
                     f"backend {self.name} has no file {name}", backend=self.name
                 )
             if response.status != 200:
-                body = transport.Reply(response.status, await response.read())
-                raise self._status_error("GET", "/view", body)
+                body = await transport.read_capped(
+                    response, limits.JSON_ANSWER_BYTES, what="GET /view", backend=self.name
+                )
+                raise self._status_error("GET", "/view", transport.Reply(response.status, body))
+            if response.content_length is not None and response.content_length > limit:
+                raise errors.OutputTooLarge(limit, backend=self.name)
+            received = 0
             async for chunk in response.content.iter_chunked(STREAM_CHUNK):
+                received += len(chunk)
+                if received > limit:
+                    raise errors.OutputTooLarge(limit, backend=self.name)
                 yield chunk
 
 
-def _upload_form(fields: Mapping[str, str], data: bytes, filename: str) -> aiohttp.FormData:
+def _upload_form(
+    fields: Mapping[str, str], data: transport.PacedUpload, filename: str
+) -> aiohttp.FormData:
     form = aiohttp.FormData(fields)
     form.add_field("image", data, filename=filename, content_type="application/octet-stream")
     return form

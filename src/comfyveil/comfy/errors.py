@@ -2,7 +2,11 @@
 
     ComfyError                    carries `backend` (its name) and `transient`
      ├── BackendUnreachable       refused, reset, DNS, proxy or timeout      (transient)
+     │    └── BackendStopped      reached, then it went silent or hung up    (transient)
      ├── BackendProtocolError     an answer we cannot understand             (transient)
+     │    └── AnswerTooLarge      an answer over its size cap                (transient)
+     ├── OutputTooLarge           a file (or a job's files) over max_output_bytes
+     ├── TooManyOutputs           a job lists more than max_outputs files
      ├── JobLost                  the backend no longer knows the prompt     (transient)
      ├── WorkflowRejected         400 from POST /prompt: validation failed   (permanent)
      ├── ExecutionFailed          an execution_error while running           (permanent)
@@ -22,16 +26,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from comfyveil.comfy.limits import size_text
 from comfyveil.errors import ComfyveilError
 
 __all__ = [
+    "AnswerTooLarge",
     "BackendProtocolError",
+    "BackendStopped",
     "BackendUnreachable",
     "ComfyError",
     "ExecutionFailed",
     "FileNotFound",
     "Interrupted",
     "JobLost",
+    "OutputTooLarge",
+    "TooManyOutputs",
     "UploadRejected",
     "UploadTooLarge",
     "WorkflowRejected",
@@ -65,10 +74,64 @@ class BackendUnreachable(ComfyError):
         super().__init__(message or f"backend {backend} cannot be reached", backend=backend)
 
 
+class BackendStopped(BackendUnreachable):
+    """The backend was reached, then stopped answering or hung up part way.
+
+    The message says during what ("during the upload"), never "cannot be reached".
+    """
+
+    def __init__(
+        self,
+        during: str,
+        *,
+        backend: str = "comfyui",
+        broke: bool = False,
+        message: str | None = None,
+    ) -> None:
+        self.during = during
+        what = "broke off the connection" if broke else "stopped answering"
+        super().__init__(message or f"backend {backend} {what} {during}", backend=backend)
+
+
 class BackendProtocolError(ComfyError):
     """The ComfyUI backend sent an answer comfyveil does not understand."""
 
     transient = True
+
+
+class AnswerTooLarge(BackendProtocolError):
+    """An answer (JSON, an error page) was larger than anything a real backend sends."""
+
+    def __init__(self, what: str, limit: int, *, backend: str = "comfyui") -> None:
+        self.limit = limit
+        super().__init__(
+            f"backend {backend} sent an answer to {what} larger than {size_text(limit)}",
+            backend=backend,
+        )
+
+
+class OutputTooLarge(ComfyError):
+    """A backend sent more bytes of output than `[limits] max_output_bytes`."""
+
+    def __init__(self, limit: int, *, backend: str = "comfyui", together: bool = False) -> None:
+        self.limit = limit
+        if together:
+            text = f"backend {backend} sent more than {size_text(limit)} of files for one job"
+        else:
+            text = f"backend {backend} sent a file larger than {size_text(limit)}"
+        super().__init__(text, backend=backend)
+
+
+class TooManyOutputs(ComfyError):
+    """A job lists more files than `[limits] max_outputs`."""
+
+    def __init__(self, count: int, limit: int, *, backend: str = "comfyui") -> None:
+        self.count = count
+        self.limit = limit
+        super().__init__(
+            f"backend {backend} listed {count} files for one job, more than the {limit} allowed",
+            backend=backend,
+        )
 
 
 class JobLost(ComfyError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 
 from comfyveil import config
 from comfyveil.comfy import errors, workflow
+from comfyveil.comfy import limits as comfy_limits
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +71,12 @@ def direct(backend: config.BackendConfig) -> str | None:
     return None
 
 
-def _default_client(backend: config.BackendConfig, proxy: str | None) -> BackendClient:
+def _default_client(
+    backend: config.BackendConfig, proxy: str | None, limits: comfy_limits.Limits | None = None
+) -> BackendClient:
     from comfyveil.comfy import client as comfy_client
 
-    return comfy_client.ComfyClient(backend.url, name=backend.name, proxy=proxy)
+    return comfy_client.ComfyClient(backend.url, name=backend.name, proxy=proxy, limits=limits)
 
 
 def queue_length(answer: Any) -> int:
@@ -195,16 +199,20 @@ class Pool:
         backends: Sequence[config.BackendConfig],
         *,
         proxy_for: ProxyFor = direct,
-        client_factory: ClientFactory = _default_client,
+        client_factory: ClientFactory | None = None,
         probe_interval: float = PROBE_INTERVAL,
         on_down: OnDown | None = None,
+        limits: comfy_limits.Limits | None = None,
     ) -> None:
         if not backends:
             raise config.ConfigError("no backends configured")
         self._configs = tuple(backends)
         self._proxy_for = proxy_for
         self._on_down = on_down
-        self._client_factory = client_factory
+        # `limits`: what one job may bring back from a backend ([limits] in the config).
+        self._client_factory = client_factory or functools.partial(
+            _default_client, limits=limits
+        )
         self.probe_interval = probe_interval
         self.backends: dict[str, Backend] = {}
         self._stack = contextlib.AsyncExitStack()

@@ -15,14 +15,61 @@ from urllib.parse import urlsplit
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
+from websockets.client import ClientProtocol
+from websockets.frames import CloseCode, Opcode
 
 from comfyveil import proxy as proxy_mod
-from comfyveil.comfy import errors, events, transport
+from comfyveil.comfy import errors, events, limits, transport
 
 # The name it logged under before the client was split, so log lines read as before.
 log = logging.getLogger("comfyveil.comfy.client")
 
 LOST = object()  # queued to listeners when the socket dies
+
+
+class _TypedLimits(ClientProtocol):
+    """websockets' protocol with one size cap for text messages and another for binary.
+
+    websockets has one `max_size` for both, read before each frame's header is parsed;
+    at that point the frame's first byte (FIN and opcode) is already buffered, because
+    the parser waits for data before it asks for the cap. So the cap is chosen by that
+    byte: a text event is a few KB, while a binary frame may carry a full image. A
+    frame over its cap is refused from its header, before its payload is read.
+    """
+
+    text_limit: int = limits.WS_TEXT_BYTES
+    binary_limit: int = limits.Limits().ws_binary_bytes
+    _message_opcode: Opcode = Opcode.TEXT
+
+    @property  # type: ignore[override]
+    def max_message_size(self) -> int:
+        buffer = self.reader.buffer
+        opcode = buffer[0] & 0x0F if buffer else Opcode.TEXT
+        if opcode in (Opcode.TEXT, Opcode.BINARY):
+            self._message_opcode = Opcode(opcode)
+        elif opcode != Opcode.CONT:
+            return self.text_limit  # control frames: 125 bytes at most anyway
+        return self.binary_limit if self._message_opcode is Opcode.BINARY else self.text_limit
+
+    @max_message_size.setter
+    def max_message_size(self, value: int | None) -> None:
+        pass  # set by the base class from `max_size`; the limits above rule instead
+
+
+class _CappedConnection(ClientConnection):
+    """A connection whose protocol refuses oversized messages by type (`_TypedLimits`)."""
+
+    binary_limit = limits.Limits().ws_binary_bytes
+
+    def __init__(self, protocol: ClientProtocol, *args: Any, **kwargs: Any) -> None:
+        protocol.__class__ = _TypedLimits
+        assert isinstance(protocol, _TypedLimits)
+        protocol.binary_limit = self.binary_limit
+        super().__init__(protocol, *args, **kwargs)
+
+
+def _connection_class(limit: limits.Limits) -> type[_CappedConnection]:
+    return type("CappedConnection", (_CappedConnection,), {"binary_limit": limit.ws_binary_bytes})
 
 
 class Socket:
@@ -60,8 +107,13 @@ class Socket:
                     log.warning("backend %s sent an unreadable message", self.backend)
                     continue
                 self._route(event)
-        except websockets.ConnectionClosed:
-            pass
+        except websockets.ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                log.warning(
+                    "backend %s sent a WebSocket message over the size limit; "
+                    "following its jobs without events",
+                    self.backend,
+                )
         except Exception:  # the reader must never die silently
             log.exception("WebSocket reader for backend %s failed", self.backend)
         finally:
@@ -99,8 +151,19 @@ def _host_port(ws_url: str) -> tuple[str, int]:
     return parts.hostname or "", parts.port or (443 if parts.scheme == "wss" else 80)
 
 
-async def connect(base_url: str, *, proxy: str | None, timeout: float, backend: str) -> Socket:
-    """Open a WebSocket with a fresh client_id; BackendUnreachable if it cannot be opened."""
+async def connect(
+    base_url: str,
+    *,
+    proxy: str | None,
+    timeout: float,
+    backend: str,
+    limit: limits.Limits | None = None,
+) -> Socket:
+    """Open a WebSocket with a fresh client_id; BackendUnreachable if it cannot be opened.
+
+    Text messages over `limits.WS_TEXT_BYTES` and binary ones over what `limit` allows
+    close the socket (the jobs on it go on by polling) instead of filling memory.
+    """
     client_id = uuid.uuid4().hex
     url = re.sub(r"^http", "ws", base_url) + f"/ws?clientId={client_id}"
     try:
@@ -115,7 +178,8 @@ async def connect(base_url: str, *, proxy: str | None, timeout: float, backend: 
             sock=sock,
             open_timeout=timeout,
             close_timeout=min(timeout, 5.0),
-            max_size=None,
+            max_size=limits.WS_TEXT_BYTES,  # the per-type caps of _TypedLimits rule
+            create_connection=_connection_class(limit or limits.Limits()),
             compression=None,
             user_agent_header=None,
         )

@@ -1,0 +1,48 @@
+"""How much a backend may make us read: every answer, message and output has a cap.
+
+A GPU host can be compromised, or sit behind a tampering proxy. Whatever it sends is
+read up to a limit and then refused, so it can cost a bounded amount of memory and
+time, never the bot's whole process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+DEFAULT_MAX_OUTPUT_BYTES = 512 * MIB  # one job's files from a backend, each and together
+DEFAULT_MAX_OUTPUTS = 64  # files one job may list
+# A JSON answer (history, queue, prompt, upload): a history entry holds the whole graph
+# and, for a failed node, the repr of its inputs; 16 MiB is thousands of times that.
+JSON_ANSWER_BYTES = 16 * MIB
+# /object_info: 0.5 MB on a plain ComfyUI, several MB with many custom node packs.
+OBJECT_INFO_BYTES = 64 * MIB
+# A WebSocket text message is an event (a few KB; an execution error with its inputs'
+# repr a few hundred KB). Binary frames carry previews and SaveImageWebsocket images,
+# so theirs follows max_output_bytes, plus room for the frame's header and metadata.
+WS_TEXT_BYTES = 4 * MIB
+WS_BINARY_MARGIN = 4 * MIB
+STREAM_CHUNK = 1 << 20  # bytes handed on at a time from a downloading output
+UPLOAD_CHUNK = 1 << 16  # bytes written at a time, each within the inactivity timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one job may bring back from a backend."""
+
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    max_outputs: int = DEFAULT_MAX_OUTPUTS
+
+    @property
+    def ws_binary_bytes(self) -> int:
+        return self.max_output_bytes + WS_BINARY_MARGIN
+
+
+def size_text(size: int) -> str:
+    """A byte count for a sentence: 512 MiB, 1.5 GiB, 300 KiB, 12 bytes."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size} bytes"
