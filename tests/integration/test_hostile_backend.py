@@ -110,7 +110,8 @@ async def test_files_of_one_job_together_stay_within_max_output_bytes(tamper: Ta
             run = await capped.follow(done.result.prompt_id)
             with pytest.raises(errors.OutputTooLarge) as info:
                 await execute.download_outputs(capped, run)
-    assert str(info.value) == f"backend gpu0 sent more than {limits.size_text(3 * size)} of files for one job"
+    cap = limits.size_text(3 * size)
+    assert str(info.value) == f"backend gpu0 sent more than {cap} of files for one job"
 
 
 async def test_a_trickling_file_ends_with_the_jobs_deadline(tamper: Tamper) -> None:
