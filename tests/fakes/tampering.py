@@ -188,6 +188,8 @@ class TamperingComfyUI(FakeComfyUI):
 
     async def _node_SaveImage(self, i: dict[str, Any], ctx: _NodeContext) -> Any:
         outs, ui = await super()._node_SaveImage(i, ctx)
+        if self.output_names or self.listed_outputs:
+            self.misbehaving.set()
         if self.output_names:
             image = ui["images"][0]
             ui = {"images": [
