@@ -280,8 +280,14 @@ def test_save_outputs_never_follows_a_planted_link(tmp_path: Path) -> None:
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
+    elsewhere = tmp_path / "elsewhere.png"  # a dangling link: "exists" says no
     (out / "image.png").symlink_to(victim)
-    file = results.OutputFile("9", "image.png", "", "output", "image")
-    (saved,) = execute.save_outputs((execute.OutputData(file, b"png"),), out)
-    assert victim.read_text() == "keep me"
-    assert saved.name == "image-1.png" and saved.read_bytes() == b"png"
+    (out / "other.png").symlink_to(elsewhere)
+    files = (
+        execute.OutputData(results.OutputFile("9", "image.png", "", "output", "image"), b"a"),
+        execute.OutputData(results.OutputFile("9", "other.png", "", "output", "image"), b"b"),
+    )
+    saved = execute.save_outputs(files, out)
+    assert victim.read_text() == "keep me" and not elsewhere.exists()
+    assert [p.name for p in saved] == ["image-1.png", "other-1.png"]
+    assert [p.read_bytes() for p in saved] == [b"a", b"b"]

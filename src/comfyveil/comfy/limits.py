@@ -17,7 +17,8 @@ DEFAULT_MAX_OUTPUTS = 64  # files one job may list
 # and, for a failed node, the repr of its inputs; 16 MiB is thousands of times that.
 JSON_ANSWER_BYTES = 16 * MIB
 # /object_info: 0.5 MB on a plain ComfyUI, several MB with many custom node packs.
-OBJECT_INFO_BYTES = 64 * MIB
+# (Parsed JSON costs 6 to 20 times its size in memory: these caps bound that too.)
+OBJECT_INFO_BYTES = 32 * MIB
 # A WebSocket text message is an event (a few KB; an execution error with its inputs'
 # repr a few hundred KB). Binary frames carry previews and SaveImageWebsocket images,
 # so theirs follows max_output_bytes, plus room for the frame's header and metadata.

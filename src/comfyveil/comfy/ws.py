@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -35,6 +36,9 @@ class _TypedLimits(ClientProtocol):
     the parser waits for data before it asks for the cap. So the cap is chosen by that
     byte: a text event is a few KB, while a binary frame may carry a full image. A
     frame over its cap is refused from its header, before its payload is read.
+
+    This leans on how websockets 17's `Protocol.parse` orders its reads;
+    tests/integration/test_hostile_backend.py fails if a new version changes that.
     """
 
     text_limit: int = limits.WS_TEXT_BYTES
@@ -44,7 +48,7 @@ class _TypedLimits(ClientProtocol):
     @property  # type: ignore[override]
     def max_message_size(self) -> int:
         buffer = self.reader.buffer
-        opcode = buffer[0] & 0x0F if buffer else Opcode.TEXT
+        opcode = buffer[0] & 0x0F if buffer else Opcode.CONT  # (never empty, see above)
         if opcode in (Opcode.TEXT, Opcode.BINARY):
             self._message_opcode = Opcode(opcode)
         elif opcode != Opcode.CONT:
@@ -62,12 +66,15 @@ class _CappedConnection(ClientConnection):
     binary_limit = limits.Limits().ws_binary_bytes
 
     def __init__(self, protocol: ClientProtocol, *args: Any, **kwargs: Any) -> None:
+        # websockets builds the protocol itself and hands it here, the one hook it has:
+        # its class becomes the subclass (same layout, one property more).
         protocol.__class__ = _TypedLimits
         assert isinstance(protocol, _TypedLimits)
         protocol.binary_limit = self.binary_limit
         super().__init__(protocol, *args, **kwargs)
 
 
+@functools.cache  # one class per distinct limit, not one per connection
 def _connection_class(limit: limits.Limits) -> type[_CappedConnection]:
     return type("CappedConnection", (_CappedConnection,), {"binary_limit": limit.ws_binary_bytes})
 
@@ -180,6 +187,8 @@ async def connect(
             close_timeout=min(timeout, 5.0),
             max_size=limits.WS_TEXT_BYTES,  # the per-type caps of _TypedLimits rule
             create_connection=_connection_class(limit or limits.Limits()),
+            # Frames waiting for our reader: each may be as large as an output.
+            max_queue=4,
             compression=None,
             user_agent_header=None,
         )
