@@ -41,7 +41,7 @@ def test_values_from_the_file_reach_the_clients_limits(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_value_is_refused_at_start_naming_the_key(key: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=rf"^limits\.{key} must be a whole number from 1 to "):
+    with pytest.raises(ConfigError, match=rf"^\[limits\] {key} must be a whole number from 1 to "):
         config.from_mapping({"limits": {key: value}}, environ={})
 
 
