@@ -74,6 +74,7 @@ class BackendConfig:
     auth_key_file: Path | None = None  # client-authorization key of a hidden service
     tags: tuple[str, ...] = ()
     max_waiting: int = 1  # jobs queued on the backend beside the running one
+    bench: Path | None = None  # a `comfyveil bench` results.json: seeds the run-time estimates
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -126,6 +127,13 @@ class WorkerConfig:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     job_timeout: float = DEFAULT_JOB_TIMEOUT
     poll_interval: float = 5.0
+    # "finish": each job goes where it is expected to finish first (measured speed, warm
+    # models); "idle": an idle backend first, whichever it is.
+    routing: str = "finish"
+
+    def __post_init__(self) -> None:
+        if self.routing not in {"finish", "idle"}:
+            raise ConfigError(f'worker.routing must be "finish" or "idle", not {self.routing!r}')
 
 
 @dataclass(frozen=True)
@@ -320,7 +328,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "backends": {
         "name": _TEXT, "url": _TEXT, "via": Rule("text", choices=("auto", "direct", "anyone")),
         "auth_key_file": _TEXT, "tags": Rule("texts"),
-        "max_waiting": Rule("int", low=0, high=1000),
+        "max_waiting": Rule("int", low=0, high=1000), "bench": _TEXT,
     },
     "limits": {
         "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
@@ -332,6 +340,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "worker": {
         "lease_seconds": _POSITIVE_SECONDS, "max_attempts": Rule("int", low=1),
         "job_timeout": _POSITIVE_SECONDS, "poll_interval": _POSITIVE_SECONDS,
+        "routing": Rule("text", choices=("finish", "idle")),
     },
     "anyone": {
         "enabled": _BOOL, "binary": _TEXT, "socks": Rule("endpoint"),
@@ -421,7 +430,7 @@ def from_mapping(
             raise ConfigError("backends must be an array of tables: [[backends]]")
         b = _checked("backends", _take(
             item, f"backends #{index + 1}",
-            {"name", "url", "via", "auth_key_file", "tags", "max_waiting"},
+            {"name", "url", "via", "auth_key_file", "tags", "max_waiting", "bench"},
         ), label=f"[[backends]] #{index + 1} ")
         if "url" not in b:
             raise ConfigError(f"backend #{index + 1} has no url")
@@ -433,6 +442,7 @@ def from_mapping(
                 auth_key_file=_path(b["auth_key_file"], base) if "auth_key_file" in b else None,
                 tags=b.get("tags", ()),
                 max_waiting=b.get("max_waiting", 1),
+                bench=_path(b["bench"], base) if "bench" in b else None,
             )
         )
     names = [b.name for b in backends]

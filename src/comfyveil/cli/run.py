@@ -64,7 +64,8 @@ async def run(args: argparse.Namespace) -> int:
             await db.commands.seed()
             backends = await stack.enter_async_context(
                 pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
-                          on_down=router.backend_down, limits=settings.limits.outputs)
+                          on_down=router.backend_down, limits=settings.limits.outputs,
+                          routing=settings.worker.routing)
             )
             bot = app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
             worker = Worker(db, backends, sinks=[bot.sink], options=WorkerOptions(

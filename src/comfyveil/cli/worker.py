@@ -65,7 +65,8 @@ async def run(args: argparse.Namespace) -> int:
         async with (
             runtime.anon_for(settings, settings.backend_list()) as router,
             pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
-                      on_down=router.backend_down, limits=settings.limits.outputs) as backends,
+                      on_down=router.backend_down, limits=settings.limits.outputs,
+                      routing=settings.worker.routing) as backends,
         ):
             worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))
             loop = asyncio.get_running_loop()

@@ -6,11 +6,18 @@ it comes up and then now and then. A backend that fails a probe or a job is mark
 and probed again with exponential backoff.
 
 A backend holds at most one running job plus ``max_waiting`` queued ones (default 1), so
-its GPU starts the next job the moment one ends and no job waits behind a slow GPU while
-another idles. `acquire` waits for such a slot on a backend that can run the workflow,
-preferring idle backends; when every backend is down it waits (the caller tells the user
-"waiting for a GPU"); when the backends that are up all lack something the workflow needs
-it fails at once with `NoBackendCanRun` ("no GPU has the model file flux1-dev.safetensors").
+its GPU starts the next job the moment one ends. `acquire` waits for such a slot on a
+backend that can run the workflow; when every backend is down it waits (the caller tells
+the user "waiting for a GPU"); when the backends that are up all lack something the
+workflow needs it fails at once with `NoBackendCanRun` ("no GPU has the model file
+flux1-dev.safetensors").
+
+Which backend: with ``routing="finish"`` (the default) the one where the job is expected
+to finish first: the work queued there ahead of it, plus a cold start when that GPU last
+ran other models, plus its run time there (see `routing`). Waiting for a fast, warm GPU
+can beat starting at once on a slow or cold one; a job never waits longer than starting on
+the best free backend would have taken to finish, so none waits for ever. ``routing="idle"``
+is the older rule (an idle backend first, whichever it is), kept as the benchmark baseline.
 
 Slots are counted per pool (one per worker process); jobs other pools put on a backend
 show up in its probed queue length, so several workers share backends without piling
@@ -27,11 +34,13 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from comfyveil import config
 from comfyveil.comfy import errors, workflow
 from comfyveil.comfy import limits as comfy_limits
+from comfyveil.comfy import routing as routing_mod
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +49,7 @@ CAPABILITY_REFRESH = 300.0  # seconds between two reads of /object_info of a bac
 BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went down
 BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
 PROBE_TIMEOUT = 10.0  # seconds one probe may take
+ROUTINGS = ("finish", "idle")
 
 _MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
 
@@ -131,6 +141,9 @@ class Backend:
     jobs: set[str] = field(default_factory=set)  # job ids this pool put there
     released: set[str] = field(default_factory=set)  # ours that left since the last probe
     last_error: str | None = None
+    placed: dict[str, Placed] = field(default_factory=dict)  # ours, with what we expect
+    # The model files loaded once the work we placed there has run (None: not known).
+    models_after: frozenset[tuple[str, str]] | None = None
     # workflow hash -> (the object_info it was checked against, its problems there)
     _checked: dict[str, tuple[Mapping[str, Any], list[str]]] = field(
         default_factory=dict, repr=False, compare=False
@@ -180,11 +193,23 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Placed:
+    """A job of ours on a backend: which workflow, its expected run, when it was placed."""
+
+    workflow: str
+    seconds: float
+    at: float  # monotonic
+
+
+@dataclass(frozen=True)
 class Slot:
     """A place for one job on one backend; give it back with `Pool.release`."""
 
     backend: Backend
     job_id: str
+    workflow: workflow.Workflow | None = None
+    cold: bool = False  # expected to load models first
+    expected: float | None = None  # seconds from placing to the end of its run
 
 
 class Pool:
@@ -203,9 +228,15 @@ class Pool:
         probe_interval: float = PROBE_INTERVAL,
         on_down: OnDown | None = None,
         limits: comfy_limits.Limits | None = None,
+        routing: str = "finish",
+        estimator: routing_mod.Estimator | None = None,
     ) -> None:
         if not backends:
             raise config.ConfigError("no backends configured")
+        if routing not in ROUTINGS:
+            raise config.ConfigError(f"routing must be one of {', '.join(ROUTINGS)}")
+        self.routing = routing
+        self.estimator = estimator or routing_mod.Estimator()
         self._configs = tuple(backends)
         self._proxy_for = proxy_for
         self._on_down = on_down
@@ -227,6 +258,7 @@ class Pool:
         await self.close()
 
     async def start(self) -> None:
+        self.seed_estimates()
         for cfg in self._configs:
             client = self._client_factory(cfg, self._proxy_for(cfg))
             opened = await self._stack.enter_async_context(client)  # type: ignore[arg-type]
@@ -304,6 +336,7 @@ class Pool:
             NoBackendCanRun: backends are up but none has what `wf` needs.
         """
         told = False
+        since = time.monotonic()
         async with self._changed:
             while True:
                 reason = self.why_not(wf)
@@ -313,15 +346,113 @@ class Pool:
                 free = [b for b in able if b.free]
                 if avoid is not None and len(free) > 1:
                     free = [b for b in free if b.name != avoid] or free
-                if free:
-                    backend = free[0]
-                    backend.jobs.add(job_id)
-                    return Slot(backend, job_id)
+                backend = self._choose(wf, able, free, waited=time.monotonic() - since)
+                if backend is not None:
+                    return self._place(backend, wf, job_id)
                 if on_wait is not None and not told:
                     told = True
                     await on_wait("waiting for a GPU" if not able else "waiting for a free GPU")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), self.probe_interval)
+
+    def _choose(
+        self,
+        wf: workflow.Workflow,
+        able: list[Backend],
+        free: list[Backend],
+        *,
+        waited: float,
+    ) -> Backend | None:
+        """The free backend to take now, or None to wait for a busy one (or any)."""
+        if not free:
+            return None
+        if self.routing == "idle":
+            return free[0]
+        now = time.monotonic()
+        finish = {b.name: self.expected_finish(b, wf, now) for b in able}
+
+        def order(b: Backend) -> tuple[float, int, int, str]:
+            return (finish[b.name], b.load, b.failures, b.name)
+
+        best_free = min(free, key=order)
+        best = min(able, key=order)
+        if best is best_free or finish[best_free.name] <= finish[best.name]:
+            return best_free
+        # Waiting pays only while it is shorter than a run on the free GPU would take:
+        # past that the job starts where it can (the aging bound).
+        if waited >= finish[best_free.name]:
+            return best_free
+        return None
+
+    def expected_finish(self, backend: Backend, wf: workflow.Workflow, now: float) -> float:
+        """Seconds until a job of `wf` placed on `backend` now would be done."""
+        return (
+            self.backlog(backend, now)
+            + self.cold_cost(backend, wf)
+            + (self.estimator.run_seconds(backend.name, wf.name) or 0.0)
+        )
+
+    def backlog(self, backend: Backend, now: float) -> float:
+        """Seconds of work on `backend` ahead of a job placed now."""
+        ours = sorted(backend.placed.values(), key=lambda p: p.at)
+        total = 0.0
+        for index, placed in enumerate(ours):
+            # The oldest is running (or about to): only the rest of it is ahead.
+            total += max(0.0, placed.seconds - (now - placed.at)) if index == 0 else placed.seconds
+        unknown = backend.load - len(ours)  # other pools' jobs, and ones we re-attached to
+        if unknown > 0:
+            total += unknown * (self.estimator.typical(backend.name) or 0.0)
+        return total
+
+    def cold_cost(self, backend: Backend, wf: workflow.Workflow) -> float:
+        """What loading `wf`'s models costs on `backend` before its run, given the work
+        already placed there (0 when they will be loaded, or nothing was measured)."""
+        needed = routing_mod.models(wf)
+        if not needed or (backend.models_after is not None and needed <= backend.models_after):
+            return 0.0
+        return self.estimator.cold_seconds(backend.name, wf.name)
+
+    def _place(self, backend: Backend, wf: workflow.Workflow, job_id: str) -> Slot:
+        now = time.monotonic()
+        needed = routing_mod.models(wf)
+        cold = bool(needed) and not (
+            backend.models_after is not None and needed <= backend.models_after
+        )
+        run = self.estimator.run_seconds(backend.name, wf.name) or 0.0
+        seconds = run + self.cold_cost(backend, wf)
+        expected = self.backlog(backend, now) + seconds
+        backend.jobs.add(job_id)
+        backend.placed[job_id] = Placed(wf.name, seconds, now)
+        if needed:
+            backend.models_after = needed
+        return Slot(backend, job_id, wf, cold, expected)
+
+    def learn(self, slot: Slot, seconds: float | None, cached_nodes: Sequence[str] | None) -> None:
+        """A job ran on `slot`'s backend for `seconds` (ComfyUI's own timing): learn from it.
+
+        `cached_nodes` (the run's `execution_cached` list) tells whether its models were
+        loaded already; None falls back to what was expected when it was placed.
+        """
+        if slot.workflow is None or seconds is None:
+            return
+        wf = slot.workflow
+        cold = slot.cold if cached_nodes is None else routing_mod.ran_cold(wf, cached_nodes)
+        self.estimator.learn(slot.backend.name, wf.name, seconds, cold=cold)
+
+    def seed_estimates(self) -> None:
+        """Read each backend's `bench` results.json, where configured."""
+        for cfg in self._configs:
+            path = getattr(cfg, "bench", None)
+            if path is None:
+                continue
+            try:
+                taken = self.estimator.seed_from_bench(Path(path), backend=cfg.name)
+            except ValueError as exc:
+                raise config.ConfigError(f"backend {cfg.name}: bench: {exc}") from None
+            logger.info(
+                "backend %s: %d benchmark runs seed its run-time estimates", cfg.name, taken,
+                extra={"action": "estimates_seeded", "backend": cfg.name},
+            )
 
     def take(self, name: str, job_id: str) -> Slot | None:
         """Hold a slot on backend `name` for a job already there (re-attaching after a
@@ -334,6 +465,7 @@ class Pool:
 
     async def release(self, slot: Slot) -> None:
         """Give the slot back and wake every waiter at once (no probe needed)."""
+        slot.backend.placed.pop(slot.job_id, None)
         if slot.job_id in slot.backend.jobs:
             slot.backend.jobs.discard(slot.job_id)
             slot.backend.released.add(slot.job_id)

@@ -150,6 +150,10 @@ class Workflow:
             seen.setdefault((folder, filename))
         return list(seen)
 
+    def loader_nodes(self) -> frozenset[str]:
+        """Ids of the nodes that load a model file (their cached output is the model)."""
+        return frozenset(node_id for node_id, _input, _folder, _file in self._model_refs())
+
     def check(
         self, object_info: Mapping[str, Any], models: Mapping[str, Sequence[str]] | None = None
     ) -> list[str]:

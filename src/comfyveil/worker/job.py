@@ -326,7 +326,8 @@ class JobRunner:
             self._record_progress(
                 running, {"state": "submitted", "backend": backend.name}, force=True
             )
-        return await execute.execute(
+        slot = running.slot
+        outcome = await execute.execute(
             backend.client,
             wf,
             values,
@@ -337,6 +338,11 @@ class JobRunner:
             attach=attach,
             on_ran=lambda: self._release_slot(running),
         )
+        if slot is not None and not attach:  # a re-attached run's start is not ours to time
+            timings = outcome.result.timings
+            seconds = timings.duration_ms / 1000 if timings.duration_ms is not None else None
+            self.pool.learn(slot, seconds, timings.cached_nodes)
+        return outcome
 
     async def _release_slot(self, running: Running) -> None:
         slot, running.slot = running.slot, None

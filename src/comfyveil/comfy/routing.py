@@ -1,0 +1,157 @@
+"""How long a workflow takes on each backend, and what a model switch costs there.
+
+The pool sends a job where it is expected to *finish* first: the work already queued on
+a backend, plus a cold start when that GPU has other models loaded, plus the run itself.
+This module keeps the numbers behind that guess:
+
+- run times per (backend, workflow), from ComfyUI's own execution timestamps (the
+  `execution_start` and `execution_success` messages, as `comfyveil bench` reads them),
+  a median of the recent runs so one stalled or lucky run does not move it much;
+- the extra a cold start costs there, learned from runs whose model loaders ComfyUI did
+  not take from its cache (`execution_cached`), i.e. the first run after a switch;
+- optionally seeded from a `comfyveil bench` results.json, so a new pool routes well from
+  its first job.
+
+A backend with no estimate yet for a workflow counts as instant, so it is tried once and
+measured instead of being avoided for ever.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from comfyveil.comfy import template
+
+WINDOW = 15  # runs kept per (backend, workflow) and kind: recent enough to follow a change
+_MAX_SEED_FILE = 64 * 1024 * 1024  # a results.json of thousands of runs is a few MB
+
+
+@dataclass
+class RunTimes:
+    """Recent run times of one workflow on one backend, in seconds."""
+
+    warm: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    cold: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    @property
+    def run(self) -> float | None:
+        """Seconds of a run with the models loaded (a cold run when no warm one is known)."""
+        if self.warm:
+            return statistics.median(self.warm)
+        if self.cold:
+            return statistics.median(self.cold)
+        return None
+
+    @property
+    def cold_extra(self) -> float | None:
+        """Seconds a cold start adds to a run, when both kinds were seen."""
+        if not self.warm or not self.cold:
+            return None
+        return max(0.0, statistics.median(self.cold) - statistics.median(self.warm))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the pool expects of one workflow on one backend (for /backends, jobs show)."""
+
+    backend: str
+    workflow: str
+    run: float | None
+    cold_extra: float | None
+    samples: int
+
+
+class Estimator:
+    """Run-time estimates per backend and workflow (keyed by the workflow's name)."""
+
+    def __init__(self) -> None:
+        self._times: dict[tuple[str, str], RunTimes] = {}
+
+    def learn(self, backend: str, workflow: str, seconds: float, *, cold: bool) -> None:
+        if not seconds >= 0:  # NaN and negatives from a confused clock
+            return
+        times = self._times.setdefault((backend, workflow), RunTimes())
+        (times.cold if cold else times.warm).append(float(seconds))
+
+    def run_seconds(self, backend: str, workflow: str) -> float | None:
+        times = self._times.get((backend, workflow))
+        return times.run if times is not None else None
+
+    def cold_seconds(self, backend: str, workflow: str) -> float:
+        """The learned extra of a cold start; 0 until one was measured."""
+        times = self._times.get((backend, workflow))
+        extra = times.cold_extra if times is not None else None
+        return extra or 0.0
+
+    def typical(self, backend: str) -> float | None:
+        """A run of whatever workflow on `backend`: for jobs there we know nothing of."""
+        runs = [t.run for (b, _), t in self._times.items() if b == backend and t.run is not None]
+        return statistics.median(runs) if runs else None
+
+    def estimates(self, backend: str | None = None) -> list[Estimate]:
+        return [
+            Estimate(b, w, t.run, t.cold_extra, len(t.warm) + len(t.cold))
+            for (b, w), t in sorted(self._times.items())
+            if backend is None or b == backend
+        ]
+
+    def seed_from_bench(self, path: Path, *, backend: str | None = None) -> int:
+        """Take the successful runs of a `comfyveil bench` results.json as warm runs.
+
+        `backend` names the pool's backend the file measured; None keeps the file's
+        names. Returns how many runs were taken.
+
+        Raises:
+            ValueError: the file is not a results.json this version understands.
+        """
+        try:
+            with path.open("rb") as handle:
+                raw = handle.read(_MAX_SEED_FILE + 1)
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if len(raw) > _MAX_SEED_FILE:
+            raise ValueError(f"{path} is larger than {_MAX_SEED_FILE // (1024 * 1024)} MiB")
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise ValueError(f"{path} is not JSON") from None
+        if not isinstance(doc, Mapping) or doc.get("schema_version") != 1:
+            raise ValueError(f"{path} is not a comfyveil bench results.json (schema 1)")
+        taken = 0
+        for record in _records(doc.get("records")):
+            seconds = record.get("execution_s")
+            name, workflow = record.get("backend"), record.get("workflow")
+            if not (record.get("ok") is True and isinstance(seconds, int | float)):
+                continue
+            if not isinstance(name, str) or not isinstance(workflow, str):
+                continue
+            self.learn(backend or name, workflow, float(seconds), cold=False)
+            taken += 1
+        return taken
+
+
+def _records(value: Any) -> Iterable[Mapping[str, Any]]:
+    if not isinstance(value, list):
+        return ()
+    return (r for r in value if isinstance(r, Mapping))
+
+
+def loader_nodes(wf: template.Workflow) -> frozenset[str]:
+    """Node ids of `wf` that load a model file."""
+    return wf.loader_nodes()
+
+
+def models(wf: template.Workflow) -> frozenset[tuple[str, str]]:
+    """The model files `wf` keeps in memory while it runs."""
+    return frozenset(wf.required_models())
+
+
+def ran_cold(wf: template.Workflow, cached_nodes: Iterable[str]) -> bool:
+    """Whether a run had to load models: a loader of `wf` did not come from the cache."""
+    return bool(loader_nodes(wf) - set(cached_nodes))

@@ -1,0 +1,209 @@
+"""Routing by expected finish time: measured GPU speed, warm models, an aging bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from comfyveil import config
+from comfyveil.comfy import pool, routing, workflow
+from comfyveil.store import jobs
+from tests.integration.worker_support import (
+    backend_configs,
+    enqueue,
+    running_worker,
+    wait_for,
+    wait_status,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def flux() -> workflow.Workflow:
+    return workflow.find("f")
+
+
+def sd3() -> workflow.Workflow:
+    return workflow.find("sd3")
+
+
+def bench_results(path: Path, backend: str, wf: workflow.Workflow, seconds: list[float]) -> Path:
+    """A `comfyveil bench` results.json with successful runs of `wf` on `backend`."""
+    record = {
+        "workflow": wf.name,
+        "backend": backend,
+        "seed": 1,
+        "ok": True,
+        "error": None,
+        "wall_s": 0.0,
+        "upload_s": 0.0,
+        "download_s": 0.0,
+        "nodes": [],
+        "sampler_its": None,
+        "outputs": 1,
+        "output_bytes": 1,
+        "cached_nodes": 0,
+        "prompt_id": None,
+        "started_at": 0,
+    }
+    doc = {
+        "schema_version": 1,
+        "records": [{**record, "run": i, "execution_s": s} for i, s in enumerate(seconds)],
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def seeded(
+    tmp_path: Path, urls: list[str], seconds: dict[str, float]
+) -> list[config.BackendConfig]:
+    """Backend configs whose `bench` files say how long Flux Schnell takes on each."""
+    configs = []
+    for cfg in backend_configs(urls):
+        file = bench_results(tmp_path / f"{cfg.name}.json", "measured", flux(), [seconds[cfg.name]])
+        configs.append(
+            config.BackendConfig(
+                name=cfg.name,
+                url=cfg.url,
+                via="direct",
+                max_waiting=cfg.max_waiting,
+                bench=file,
+            )
+        )
+    return configs
+
+
+async def test_a_job_waits_for_the_fast_gpu_when_it_finishes_there_first(
+    fake_comfy_factory, tmp_path: Path
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    # The seed's Flux Schnell figures: 4.92 s on the 4090, 1.80 s on the 5090.
+    configs = seeded(tmp_path, [f.url for f in fakes], {"gpu0": 4.92, "gpu1": 1.80})
+    async with pool.Pool(configs, probe_interval=0.2) as p:
+        # 1.8 s, then 1.8 + 1.8 = 3.6 s on gpu1 both beat 4.92 s on gpu0.
+        first = await p.acquire(flux(), "a")
+        second = await p.acquire(flux(), "b")
+        assert (first.backend.name, second.backend.name) == ("gpu1", "gpu1")
+        # gpu1 is full: a third job would be done there after 5.4 s, on gpu0 after 4.92 s.
+        third = await asyncio.wait_for(p.acquire(flux(), "c"), 2)
+        assert third.backend.name == "gpu0"
+
+
+async def test_idle_routing_takes_any_idle_gpu_whatever_its_speed(
+    fake_comfy_factory, tmp_path: Path
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    configs = seeded(tmp_path, [f.url for f in fakes], {"gpu0": 4.92, "gpu1": 1.80})
+    async with pool.Pool(configs, probe_interval=0.2, routing="idle") as p:
+        first = await p.acquire(flux(), "a")
+        second = await p.acquire(flux(), "b")
+        assert {first.backend.name, second.backend.name} == {"gpu0", "gpu1"}
+    async with pool.Pool(configs, probe_interval=0.2) as p:
+        first = await p.acquire(flux(), "a")
+        second = await p.acquire(flux(), "b")
+        assert (first.backend.name, second.backend.name) == ("gpu1", "gpu1")
+
+
+async def test_a_job_waits_for_a_busy_fast_gpu_and_runs_there_when_it_frees(
+    fake_comfy_factory, tmp_path: Path
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    configs = seeded(tmp_path, [f.url for f in fakes], {"gpu0": 30.0, "gpu1": 1.0})
+    async with pool.Pool(configs, probe_interval=0.2) as p:
+        held = [await p.acquire(flux(), "a"), await p.acquire(flux(), "b")]
+        assert [s.backend.name for s in held] == ["gpu1", "gpu1"]
+        told: list[str] = []
+
+        async def on_wait(text: str) -> None:
+            told.append(text)
+
+        third = asyncio.create_task(p.acquire(flux(), "c", on_wait=on_wait))
+        await wait_for(lambda: _true(bool(told)), timeout=5)
+        assert not third.done()  # 3 s on gpu1 beats 30 s on the idle gpu0
+        await p.release(held[0])
+        slot = await asyncio.wait_for(third, 2)
+        assert slot.backend.name == "gpu1"
+
+
+async def test_no_job_waits_longer_than_a_run_on_the_free_gpu(
+    fake_comfy_factory, tmp_path: Path
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    configs = seeded(tmp_path, [f.url for f in fakes], {"gpu0": 1.0, "gpu1": 0.3})
+    async with pool.Pool(configs, probe_interval=0.1) as p:
+        held = [await p.acquire(flux(), "a"), await p.acquire(flux(), "b")]
+        assert [s.backend.name for s in held] == ["gpu1", "gpu1"]
+        # gpu1 never frees: its jobs overrun their estimate. The third job first waits
+        # (0.3 + 0.3 + 0.3 < 1.0), then takes gpu0 once waiting has cost a gpu0 run.
+        started = time.monotonic()
+        slot = await asyncio.wait_for(p.acquire(flux(), "c"), 10)
+        waited = time.monotonic() - started
+        assert slot.backend.name == "gpu0"
+        assert 0.5 <= waited < 5.0
+
+
+async def test_a_job_goes_to_the_gpu_that_has_its_models_loaded(fake_comfy_factory) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    async with pool.Pool(backend_configs([f.url for f in fakes]), probe_interval=0.2) as p:
+        for name in ("gpu0", "gpu1"):
+            for wf in (flux(), sd3()):
+                p.estimator.learn(name, wf.name, 1.0, cold=False)
+                p.estimator.learn(name, wf.name, 4.0, cold=True)  # loading costs 3 s
+        # gpu0 last ran Flux, gpu1 SD 3.5.
+        on_gpu0 = await p.acquire(flux(), "a")
+        on_gpu1 = await p.acquire(sd3(), "b")
+        assert (on_gpu0.backend.name, on_gpu1.backend.name) == ("gpu0", "gpu1")
+        await p.release(on_gpu0)
+        await p.release(on_gpu1)
+        assert p.get("gpu0").models_after == routing.models(flux())
+        assert p.get("gpu1").models_after == routing.models(sd3())
+        for _ in range(3):
+            on_sd3 = await p.acquire(sd3(), "c")
+            assert on_sd3.backend.name == "gpu1" and not on_sd3.cold
+            await p.release(on_sd3)
+            on_flux = await p.acquire(flux(), "d")
+            assert on_flux.backend.name == "gpu0" and not on_flux.cold
+            await p.release(on_flux)
+
+
+async def test_the_worker_learns_run_times_and_cold_starts_from_comfyui(
+    db, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory(delays={"UNETLoader": 0.3})
+    async with running_worker(db, [fake.url]) as w:
+        for prompt in ("a red fox", "a blue fox", "a green fox"):
+            job = await enqueue(db, prompt=prompt)
+            await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+        (estimate,) = w.pool.estimator.estimates("gpu0")
+    # The first run loaded the model (0.3 s); the next two found it in ComfyUI's cache.
+    assert estimate.samples == 3
+    assert estimate.run is not None and estimate.run < 0.3
+    assert estimate.cold_extra is not None and estimate.cold_extra >= 0.2
+
+
+def test_a_bench_file_that_is_not_results_json_is_refused_naming_the_backend(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "results.json"
+    bad.write_text('{"hello": 1}')
+    cfg = config.BackendConfig(name="gpu0", url="http://127.0.0.1:1", via="direct", bench=bad)
+    p = pool.Pool([cfg])
+    with pytest.raises(config.ConfigError, match=r"backend gpu0: bench: .*not a comfyveil bench"):
+        p.seed_estimates()
+
+
+def test_ran_cold_reads_the_loaders_from_the_cached_nodes() -> None:
+    wf = flux()
+    loaders = wf.loader_nodes()
+    assert loaders  # the Flux graph loads a UNet, text encoders and a VAE
+    assert routing.ran_cold(wf, [])
+    assert not routing.ran_cold(wf, sorted(loaders))
+    assert routing.ran_cold(wf, sorted(loaders)[1:])
+
+
+async def _true(value: bool) -> bool:
+    return value
