@@ -15,9 +15,11 @@ flux1-dev.safetensors").
 Which backend: with ``routing="finish"`` (the default) the one where the job is expected
 to finish first: the work queued there ahead of it, plus a cold start when that GPU last
 ran other models, plus its run time there (see `routing`). Waiting for a fast, warm GPU
-can beat starting at once on a slow or cold one; a job never waits longer than starting on
-the best free backend would have taken to finish, so none waits for ever. ``routing="idle"``
-is the older rule (an idle backend first, whichever it is), kept as the benchmark baseline.
+can beat starting at once on a slow or cold one: such a job is queued on that GPU beyond
+its usual slots (up to `OVERFLOW` times them), so the jobs behind it are not held up; past
+that bound a job waits at most as long as a run on the best free backend would take.
+``routing="idle"`` is the older rule (an idle backend first, whichever it is), kept as the
+benchmark baseline.
 
 Slots are counted per pool (one per worker process); jobs other pools put on a backend
 show up in its probed queue length, so several workers share backends without piling
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from comfyveil import config
-from comfyveil.comfy import errors, workflow
+from comfyveil.comfy import errors, results, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import routing as routing_mod
 
@@ -50,6 +52,9 @@ BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went 
 BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
 PROBE_TIMEOUT = 10.0  # seconds one probe may take
 ROUTINGS = ("finish", "idle")
+# With routing "finish", a backend expected to finish a job first may hold this many times
+# its slots; the bound keeps a wrong estimate from piling work onto one GPU.
+OVERFLOW = 2
 
 _MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
 
@@ -378,8 +383,13 @@ class Pool:
         best = min(able, key=order)
         if best is best_free or finish[best_free.name] <= finish[best.name]:
             return best_free
-        # Waiting pays only while it is shorter than a run on the free GPU would take:
-        # past that the job starts where it can (the aging bound).
+        # A busy GPU where the job still finishes first takes it into its own queue, past
+        # its usual slots (up to OVERFLOW times them): the job waits there, not here, and
+        # the jobs behind it go on to the other GPUs instead of waiting behind it.
+        if best.load < OVERFLOW * best.capacity:
+            return best
+        # Waiting here pays only while it is shorter than a run on the free GPU would
+        # take: past that the job starts where it can (the aging bound).
         if waited >= finish[best_free.name]:
             return best_free
         return None
@@ -427,17 +437,15 @@ class Pool:
             backend.models_after = needed
         return Slot(backend, job_id, wf, cold, expected)
 
-    def learn(self, slot: Slot, seconds: float | None, cached_nodes: Sequence[str] | None) -> None:
-        """A job ran on `slot`'s backend for `seconds` (ComfyUI's own timing): learn from it.
-
-        `cached_nodes` (the run's `execution_cached` list) tells whether its models were
-        loaded already; None falls back to what was expected when it was placed.
-        """
-        if slot.workflow is None or seconds is None:
+    def learn(self, slot: Slot, timings: results.Timings) -> None:
+        """A job ran on `slot`'s backend: learn from ComfyUI's timings of it (its own
+        start and end stamps, the nodes it took from its cache, each node's time)."""
+        seconds_ms = timings.duration_ms
+        if slot.workflow is None or seconds_ms is None:
             return
         wf = slot.workflow
-        cold = slot.cold if cached_nodes is None else routing_mod.ran_cold(wf, cached_nodes)
-        self.estimator.learn(slot.backend.name, wf.name, seconds, cold=cold)
+        load = routing_mod.load_seconds(wf, timings.cached_nodes, timings.node_ms)
+        self.estimator.learn(slot.backend.name, wf.name, seconds_ms / 1000, load=load)
 
     def seed_estimates(self) -> None:
         """Read each backend's `bench` results.json, where configured."""

@@ -7,8 +7,9 @@ This module keeps the numbers behind that guess:
 - run times per (backend, workflow), from ComfyUI's own execution timestamps (the
   `execution_start` and `execution_success` messages, as `comfyveil bench` reads them),
   a median of the recent runs so one stalled or lucky run does not move it much;
-- the extra a cold start costs there, learned from runs whose model loaders ComfyUI did
-  not take from its cache (`execution_cached`), i.e. the first run after a switch;
+- the extra a cold start costs there: the time spent in the model loaders of runs whose
+  loaders ComfyUI did not take from its cache (`execution_cached`), i.e. the first run
+  after a switch; a backend that never had one borrows the other backends' figure;
 - optionally seeded from a `comfyveil bench` results.json, so a new pool routes well from
   its first job.
 
@@ -34,26 +35,20 @@ _MAX_SEED_FILE = 64 * 1024 * 1024  # a results.json of thousands of runs is a fe
 
 @dataclass
 class RunTimes:
-    """Recent run times of one workflow on one backend, in seconds."""
+    """Recent runs of one workflow on one backend, in seconds."""
 
-    warm: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    cold: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    warm: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # runs, loads left out
+    loads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # cold starts' loads
 
     @property
     def run(self) -> float | None:
-        """Seconds of a run with the models loaded (a cold run when no warm one is known)."""
-        if self.warm:
-            return statistics.median(self.warm)
-        if self.cold:
-            return statistics.median(self.cold)
-        return None
+        """Seconds of a run with the models loaded."""
+        return statistics.median(self.warm) if self.warm else None
 
     @property
     def cold_extra(self) -> float | None:
-        """Seconds a cold start adds to a run, when both kinds were seen."""
-        if not self.warm or not self.cold:
-            return None
-        return max(0.0, statistics.median(self.cold) - statistics.median(self.warm))
+        """Seconds loading the models adds to a run, once a cold start was seen."""
+        return statistics.median(self.loads) if self.loads else None
 
 
 @dataclass(frozen=True)
@@ -73,21 +68,41 @@ class Estimator:
     def __init__(self) -> None:
         self._times: dict[tuple[str, str], RunTimes] = {}
 
-    def learn(self, backend: str, workflow: str, seconds: float, *, cold: bool) -> None:
-        if not seconds >= 0:  # NaN and negatives from a confused clock
+    def learn(
+        self, backend: str, workflow: str, seconds: float, *, load: float | None = None
+    ) -> None:
+        """One run took `seconds`, of which `load` went to loading models (None: warm)."""
+        if not seconds >= 0 or (load is not None and not load >= 0):  # NaN, a confused clock
             return
         times = self._times.setdefault((backend, workflow), RunTimes())
-        (times.cold if cold else times.warm).append(float(seconds))
+        if load is None:
+            times.warm.append(float(seconds))
+            return
+        times.loads.append(float(load))
+        times.warm.append(max(0.0, float(seconds) - load))
 
     def run_seconds(self, backend: str, workflow: str) -> float | None:
+        """A warm run of `workflow` on `backend`: measured there, else the median of the
+        other backends' (a GPU that ran nothing yet has no estimate: it gets tried)."""
         times = self._times.get((backend, workflow))
-        return times.run if times is not None else None
+        if times is not None and times.run is not None:
+            return times.run
+        if not any(b == backend for b, _ in self._times):
+            return None
+        others = [t.run for (_, w), t in self._times.items() if w == workflow and t.run is not None]
+        return statistics.median(others) if others else None
 
     def cold_seconds(self, backend: str, workflow: str) -> float:
-        """The learned extra of a cold start; 0 until one was measured."""
+        """The extra of a cold start: measured there, else on the other backends, else 0."""
         times = self._times.get((backend, workflow))
-        extra = times.cold_extra if times is not None else None
-        return extra or 0.0
+        if times is not None and times.cold_extra is not None:
+            return times.cold_extra
+        others = [
+            t.cold_extra
+            for (_, w), t in self._times.items()
+            if w == workflow and t.cold_extra is not None
+        ]
+        return statistics.median(others) if others else 0.0
 
     def typical(self, backend: str) -> float | None:
         """A run of whatever workflow on `backend`: for jobs there we know nothing of."""
@@ -96,7 +111,7 @@ class Estimator:
 
     def estimates(self, backend: str | None = None) -> list[Estimate]:
         return [
-            Estimate(b, w, t.run, t.cold_extra, len(t.warm) + len(t.cold))
+            Estimate(b, w, t.run, t.cold_extra, len(t.warm))
             for (b, w), t in sorted(self._times.items())
             if backend is None or b == backend
         ]
@@ -131,7 +146,7 @@ class Estimator:
                 continue
             if not isinstance(name, str) or not isinstance(workflow, str):
                 continue
-            self.learn(backend or name, workflow, float(seconds), cold=False)
+            self.learn(backend or name, workflow, float(seconds))
             taken += 1
         return taken
 
@@ -155,3 +170,13 @@ def models(wf: template.Workflow) -> frozenset[tuple[str, str]]:
 def ran_cold(wf: template.Workflow, cached_nodes: Iterable[str]) -> bool:
     """Whether a run had to load models: a loader of `wf` did not come from the cache."""
     return bool(loader_nodes(wf) - set(cached_nodes))
+
+
+def load_seconds(
+    wf: template.Workflow, cached_nodes: Iterable[str], node_ms: Mapping[str, float]
+) -> float | None:
+    """Seconds a run spent in the loaders it had to execute; None when it loaded nothing."""
+    loaded = loader_nodes(wf) - set(cached_nodes)
+    if not loaded:
+        return None
+    return sum(node_ms.get(node, 0.0) for node in loaded) / 1000.0

@@ -339,9 +339,7 @@ class JobRunner:
             on_ran=lambda: self._release_slot(running),
         )
         if slot is not None and not attach:  # a re-attached run's start is not ours to time
-            timings = outcome.result.timings
-            seconds = timings.duration_ms / 1000 if timings.duration_ms is not None else None
-            self.pool.learn(slot, seconds, timings.cached_nodes)
+            self.pool.learn(slot, outcome.result.timings)
         return outcome
 
     async def _release_slot(self, running: Running) -> None:
