@@ -110,3 +110,19 @@ async def test_admin_overviews_of_users_and_backends(
         assert "gpu0: up" in backends
         stack.send(45, "/users")  # not an admin
         assert await stack.reply_text(45, count=2) == "Only the bot's admins can do that."
+
+
+async def test_backends_shows_each_gpus_measured_run_time(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,), open=True) as stack:
+        stack.send(1, "/backends")
+        before = await stack.reply_text(1)
+        assert "a run" not in before  # nothing measured yet
+        stack.send(1, f"/f a fox {SMALL}")
+        await fake_telegram.wait_for_call("sendPhoto", chat_id=1)
+        sent = len(fake_telegram.calls("sendMessage"))
+        stack.send(1, "/backends")
+        after = await stack.reply_text(1, count=sent + 1)
+        assert "flux_schnell_full_text_to_image: " in after
+        assert "s a run" in after and "(1 measured)" in after

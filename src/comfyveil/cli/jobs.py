@@ -100,6 +100,9 @@ async def show_job(args: argparse.Namespace) -> int:
     print(f"created  {_time(job.created_at)}   finished {_time(job.finished_at)}")
     if eta is not None:
         print(f"eta      about {eta:.0f} s")
+    expected = job.progress.get("expected_seconds") if job.progress else None
+    if isinstance(expected, int | float):
+        print(f"routed   expected done {expected:.1f} s after it was placed on {job.backend}")
     if job.error:
         print(f"error    {job.error}")
     for output in outputs:

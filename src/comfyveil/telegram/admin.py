@@ -98,6 +98,13 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
             if backend.last_error and not backend.healthy:
                 line += f" · {replies.esc(replies.sentence(backend.last_error))}"
             lines.append(line)
+            for estimate in pool.estimator.estimates(backend.name):
+                if estimate.run is None:
+                    continue
+                cold = (f", cold start +{estimate.cold_extra:.1f} s"
+                        if estimate.cold_extra else "")
+                lines.append(f"  {replies.esc(estimate.workflow)}: {estimate.run:.1f} s a run"
+                             f"{cold} ({estimate.samples} measured)")
     await replies.reply(update, "\n".join(lines))
 
 

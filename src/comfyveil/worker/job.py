@@ -323,9 +323,12 @@ class JobRunner:
             images = await self.store.inputs(job.id) if wf.image_params else []
             for name, image in zip(wf.image_params, images, strict=False):
                 inputs[name] = execute.InputImage(image.data, image.mime)
-            self._record_progress(
-                running, {"state": "submitted", "backend": backend.name}, force=True
-            )
+            submitted: dict[str, Any] = {"state": "submitted", "backend": backend.name}
+            slot = running.slot
+            if slot is not None and slot.expected is not None:
+                # What the pool expected when it chose this GPU: `jobs show` prints it.
+                submitted["expected_seconds"] = round(slot.expected, 1)
+            self._record_progress(running, submitted, force=True)
         slot = running.slot
         outcome = await execute.execute(
             backend.client,
