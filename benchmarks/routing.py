@@ -138,7 +138,9 @@ async def run_once(
             async def dispatch() -> None:
                 for _ in range(jobs):
                     index = await queue.get()
-                    slot = await p.acquire(flows[commands[index]], str(uuid.uuid4()))
+                    slot = await p.acquire(
+                        flows[commands[index]], str(uuid.uuid4()), behind=queue.qsize()
+                    )
                     placed[index] = slot.backend.name
                     task = asyncio.create_task(run_job(index, slot))
                     tasks.add(task)

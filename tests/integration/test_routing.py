@@ -131,6 +131,25 @@ async def test_a_busy_fast_gpu_queues_jobs_it_finishes_first_then_they_wait_for_
         assert slot.backend.name == "gpu1"
 
 
+async def test_with_jobs_waiting_behind_a_job_takes_the_free_gpu_at_once(
+    fake_comfy_factory, tmp_path: Path
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    configs = seeded(tmp_path, [f.url for f in fakes], {"gpu0": 3.0, "gpu1": 1.0})
+    async with pool.Pool(configs, probe_interval=0.2) as p:
+        held = [await p.acquire(flux(), str(i)) for i in range(2)]
+        assert [s.backend.name for s in held] == ["gpu1", "gpu1"]
+        # Alone, the third job would queue on gpu1 (3 s there, 3 s on gpu0: a tie goes to
+        # the free GPU) -- make it clearly better to wait, then put a job behind it.
+        p.estimator.learn("gpu0", flux().name, 5.0)
+        p.estimator.learn("gpu0", flux().name, 5.0)
+        alone = await asyncio.wait_for(p.acquire(flux(), "c"), 2)
+        assert alone.backend.name == "gpu1"  # queued on the fast GPU past its slots
+        await p.release(alone)
+        with_others = await asyncio.wait_for(p.acquire(flux(), "d", behind=3), 2)
+        assert with_others.backend.name == "gpu0"  # the idle GPU, so the queue moves
+
+
 async def test_no_job_waits_longer_than_a_run_on_the_free_gpu(
     fake_comfy_factory, tmp_path: Path
 ) -> None:

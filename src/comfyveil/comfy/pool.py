@@ -15,9 +15,11 @@ flux1-dev.safetensors").
 Which backend: with ``routing="finish"`` (the default) the one where the job is expected
 to finish first: the work queued there ahead of it, plus a cold start when that GPU last
 ran other models, plus its run time there (see `routing`). Waiting for a fast, warm GPU
-can beat starting at once on a slow or cold one: such a job is queued on that GPU beyond
-its usual slots (up to `OVERFLOW` times them), so the jobs behind it are not held up; past
-that bound a job waits at most as long as a run on the best free backend would take.
+can beat starting at once on a slow or cold one: when no other job waits behind it, such a
+job is queued on that GPU beyond its usual slots (up to `OVERFLOW` times them); past that
+bound it waits at most as long as a run on the best free backend would take. With jobs
+waiting behind it, it takes the free backend where it finishes first: a GPU left idle
+while work waits costs more than one job's choice gains (late binding, as under load).
 ``routing="idle"`` is the older rule (an idle backend first, whichever it is), kept as the
 benchmark baseline.
 
@@ -331,11 +333,15 @@ class Pool:
         *,
         on_wait: Callable[[str], Awaitable[None]] | None = None,
         avoid: str | None = None,
+        behind: int = 0,
     ) -> Slot:
         """Wait for a free slot on a backend that can run `wf` and take it.
 
         `on_wait` is called once with a plain sentence ("waiting for a GPU") when the job
         has to wait. `avoid` names a backend to use only when no other one can take it.
+        `behind` says how many jobs wait behind this one: then it takes the free backend
+        where it finishes first rather than wait for a busy one (that would hold them up,
+        and leave a GPU idle while work waits).
 
         Raises:
             NoBackendCanRun: backends are up but none has what `wf` needs.
@@ -351,7 +357,9 @@ class Pool:
                 free = [b for b in able if b.free]
                 if avoid is not None and len(free) > 1:
                     free = [b for b in free if b.name != avoid] or free
-                backend = self._choose(wf, able, free, waited=time.monotonic() - since)
+                backend = self._choose(
+                    wf, able, free, waited=time.monotonic() - since, behind=behind
+                )
                 if backend is not None:
                     return self._place(backend, wf, job_id)
                 if on_wait is not None and not told:
@@ -367,8 +375,9 @@ class Pool:
         free: list[Backend],
         *,
         waited: float,
+        behind: int = 0,
     ) -> Backend | None:
-        """The free backend to take now, or None to wait for a busy one (or any)."""
+        """The backend to take now, or None to wait for a busy one (or any)."""
         if not free:
             return None
         if self.routing == "idle":
@@ -381,7 +390,7 @@ class Pool:
 
         best_free = min(free, key=order)
         best = min(able, key=order)
-        if best is best_free or finish[best_free.name] <= finish[best.name]:
+        if best is best_free or finish[best_free.name] <= finish[best.name] or behind > 0:
             return best_free
         # A busy GPU where the job still finishes first takes it into its own queue, past
         # its usual slots (up to OVERFLOW times them): the job waits there, not here, and

@@ -184,8 +184,15 @@ class JobRunner:
                 self._record_progress(running, {"state": "waiting", "text": text}, force=True)
 
             try:
+                others = sum(
+                    1 for r in self._running.values() if r is not running and not r.placed.is_set()
+                )
                 running.slot = await self.pool.acquire(
-                    wf, prompt_id, on_wait=waiting, avoid=earlier or self._avoid.get(job.id)
+                    wf,
+                    prompt_id,
+                    on_wait=waiting,
+                    avoid=earlier or self._avoid.get(job.id),
+                    behind=others + (1 if self._more_queued else 0),
                 )
             finally:
                 if running.waiting:

@@ -62,6 +62,9 @@ class Worker(JobRunner, Settling):
         self._other_news = 0
         self._found_empty: tuple[int, int, frozenset[str] | None] | None = None
         self._delivering: set[uuid.UUID] = set()
+        # The last claim took all it asked for: more jobs may wait in the queue, so a job
+        # takes a free GPU rather than wait for a better busy one (pool.acquire's behind).
+        self._more_queued = False
         self._side: list[asyncio.Task[None]] = []
         self._cancels: set[asyncio.Task[None]] = set()
         self._side_tasks: set[asyncio.Task[None]] = set()  # progress writes in flight
@@ -200,6 +203,7 @@ class Worker(JobRunner, Settling):
                 logger.warning("cannot claim jobs: %s", failure, extra={"action": "claim_failed"})
                 await self._sleep(DB_RETRY_DELAY * 4)
                 return
+            self._more_queued = claimed >= want
             if claimed < want:
                 if self.options.listen:  # without LISTEN no news comes: keep asking
                     self._found_empty = (job_news, other_news, asked)
