@@ -131,10 +131,6 @@ class WorkerConfig:
     # models); "idle": an idle backend first, whichever it is.
     routing: str = "finish"
 
-    def __post_init__(self) -> None:
-        if self.routing not in {"finish", "idle"}:
-            raise ConfigError(f'worker.routing must be "finish" or "idle", not {self.routing!r}')
-
 
 @dataclass(frozen=True)
 class AnyoneConfig:

@@ -150,6 +150,22 @@ async def test_with_jobs_waiting_behind_a_job_takes_the_free_gpu_at_once(
         assert with_others.backend.name == "gpu0"  # the idle GPU, so the queue moves
 
 
+async def test_with_jobs_behind_a_job_still_avoids_a_model_switch(fake_comfy_factory) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    async with pool.Pool(backend_configs([f.url for f in fakes]), probe_interval=0.2) as p:
+        for name in ("gpu0", "gpu1"):
+            for wf in (flux(), sd3()):
+                p.estimator.learn(name, wf.name, 4.0, load=3.0)
+        on_gpu0 = [await p.acquire(flux(), "a"), await p.acquire(flux(), "b")]
+        on_gpu1 = await p.acquire(sd3(), "c")
+        assert [s.backend.name for s in on_gpu0] == ["gpu0", "gpu0"]
+        assert on_gpu1.backend.name == "gpu1"
+        await p.release(on_gpu1)  # gpu1 is free, with SD 3.5 loaded
+        # 1 + 1 + 1 s behind gpu0's two Flux jobs beats 3 + 1 s of loading Flux on gpu1.
+        slot = await asyncio.wait_for(p.acquire(flux(), "d", behind=5), 2)
+        assert slot.backend.name == "gpu0" and not slot.cold
+
+
 async def test_no_job_waits_longer_than_a_run_on_the_free_gpu(
     fake_comfy_factory, tmp_path: Path
 ) -> None:

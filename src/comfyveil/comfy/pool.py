@@ -206,6 +206,7 @@ class Placed:
     workflow: str
     seconds: float
     at: float  # monotonic
+    alone: bool  # nothing else was on the backend: from here to its release is its cost
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,7 @@ class Pool:
             raise config.ConfigError(f"routing must be one of {', '.join(ROUTINGS)}")
         self.routing = routing
         self.estimator = estimator or routing_mod.Estimator()
+        self._occupied: dict[str, float] = {}  # job id -> seconds it held a GPU alone
         self._configs = tuple(backends)
         self._proxy_for = proxy_for
         self._on_down = on_down
@@ -390,8 +392,23 @@ class Pool:
 
         best_free = min(free, key=order)
         best = min(able, key=order)
-        if best is best_free or finish[best_free.name] <= finish[best.name] or behind > 0:
+        if best is best_free or finish[best_free.name] <= finish[best.name]:
             return best_free
+        if behind > 0:
+            # Jobs wait behind this one: a GPU left idle while work waits costs more than
+            # this job gains by waiting, unless the free GPUs would all load other models
+            # first (a switch costs every job behind too): then a GPU that has this
+            # workflow's models loaded takes it into its queue.
+            if self.cold_cost(best_free, wf) <= 0:
+                return best_free
+            warm = [
+                b for b in able
+                if not b.free and b.load < OVERFLOW * b.capacity and self.cold_cost(b, wf) <= 0
+            ]
+            if not warm:
+                return best_free
+            nearest = min(warm, key=order)
+            return nearest if finish[nearest.name] < finish[best_free.name] else best_free
         # A busy GPU where the job still finishes first takes it into its own queue, past
         # its usual slots (up to OVERFLOW times them): the job waits there, not here, and
         # the jobs behind it go on to the other GPUs instead of waiting behind it.
@@ -440,8 +457,9 @@ class Pool:
         run = self.estimator.run_seconds(backend.name, wf.name) or 0.0
         seconds = run + self.cold_cost(backend, wf)
         expected = self.backlog(backend, now) + seconds
+        alone = backend.load == 0
         backend.jobs.add(job_id)
-        backend.placed[job_id] = Placed(wf.name, seconds, now)
+        backend.placed[job_id] = Placed(wf.name, seconds, now, alone)
         if needed:
             backend.models_after = needed
         return Slot(backend, job_id, wf, cold, expected)
@@ -449,12 +467,14 @@ class Pool:
     def learn(self, slot: Slot, timings: results.Timings) -> None:
         """A job ran on `slot`'s backend: learn from ComfyUI's timings of it (its own
         start and end stamps, the nodes it took from its cache, each node's time)."""
+        occupied = self._occupied.pop(slot.job_id, None)
         seconds_ms = timings.duration_ms
         if slot.workflow is None or seconds_ms is None:
             return
         wf = slot.workflow
+        seconds = max(seconds_ms / 1000, occupied or 0.0)
         load = routing_mod.load_seconds(wf, timings.cached_nodes, timings.node_ms)
-        self.estimator.learn(slot.backend.name, wf.name, seconds_ms / 1000, load=load)
+        self.estimator.learn(slot.backend.name, wf.name, seconds, load=load)
 
     def seed_estimates(self) -> None:
         """Read each backend's `bench` results.json, where configured."""
@@ -482,7 +502,13 @@ class Pool:
 
     async def release(self, slot: Slot) -> None:
         """Give the slot back and wake every waiter at once (no probe needed)."""
-        slot.backend.placed.pop(slot.job_id, None)
+        placed = slot.backend.placed.pop(slot.job_id, None)
+        if placed is not None and placed.alone and slot.workflow is not None:
+            # What the job cost its GPU end to end (upload, submit, run), not only the run
+            # ComfyUI timed: the estimate of the work ahead must include it.
+            self._occupied[slot.job_id] = time.monotonic() - placed.at
+            while len(self._occupied) > 1000:  # slots whose runs were never learned from
+                self._occupied.pop(next(iter(self._occupied)))
         if slot.job_id in slot.backend.jobs:
             slot.backend.jobs.discard(slot.job_id)
             slot.backend.released.add(slot.job_id)
