@@ -156,10 +156,12 @@ async def test_with_jobs_behind_a_job_still_avoids_a_model_switch(fake_comfy_fac
         for name in ("gpu0", "gpu1"):
             for wf in (flux(), sd3()):
                 p.estimator.learn(name, wf.name, 4.0, load=3.0)
-        on_gpu0 = [await p.acquire(flux(), "a"), await p.acquire(flux(), "b")]
+        first = await p.acquire(flux(), "a")
         on_gpu1 = await p.acquire(sd3(), "c")
+        assert (first.backend.name, on_gpu1.backend.name) == ("gpu0", "gpu1")
+        await p.release(first)  # gpu0 has Flux loaded now
+        on_gpu0 = [await p.acquire(flux(), "a2"), await p.acquire(flux(), "b")]
         assert [s.backend.name for s in on_gpu0] == ["gpu0", "gpu0"]
-        assert on_gpu1.backend.name == "gpu1"
         await p.release(on_gpu1)  # gpu1 is free, with SD 3.5 loaded
         # 1 + 1 + 1 s behind gpu0's two Flux jobs beats 3 + 1 s of loading Flux on gpu1.
         slot = await asyncio.wait_for(p.acquire(flux(), "d", behind=5), 2)
