@@ -150,6 +150,18 @@ class PrivacyConfig:
 
 
 @dataclass(frozen=True)
+class WebConfig:
+    enabled: bool = True  # `comfyveil run` serves the web front end too
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_url: str | None = None  # how users reach it (links printed at start); else http://host:port
+    session_hours: float = 7 * 24.0
+    invite_hours: float = 72.0
+    hidden_service: bool = False  # the managed anon publishes the web port as a hidden service
+    client_auth: tuple[str, ...] = ()  # hidden-service clients (key files as `anon expose`)
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
@@ -160,6 +172,7 @@ class Settings:
     anyone: AnyoneConfig = field(default_factory=AnyoneConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     workflow_dirs: tuple[Path, ...] = ()
+    web: WebConfig = field(default_factory=WebConfig)
 
     @property
     def database_dir(self) -> Path:
@@ -385,7 +398,7 @@ def from_mapping(
         raw,
         "top level",
         {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
-         "workflows"},
+         "workflows", "web"},
     )
     for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows"):
         if not isinstance(top.get(name, {}), dict):
@@ -484,6 +497,7 @@ def from_mapping(
     wf = _checked("workflows", _take(top.get("workflows", {}), "workflows", {"dirs"}))
     workflow_dirs = tuple(_path(d, base) for d in wf.get("dirs", []))
     return Settings(
+        web=_web(top.get("web", {})),
         data_dir=data_dir,
         database=database,
         telegram=telegram,
@@ -493,6 +507,33 @@ def from_mapping(
         anyone=anyone,
         privacy=privacy,
         workflow_dirs=workflow_dirs,
+    )
+
+
+def _web(raw: Any) -> WebConfig:
+    w = _take(raw, "web", set(WebConfig.__annotations__))
+    port = w.get("port", 8080)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError("web.port must be a port number (1-65535; 0: any free port)")
+    clients = w.get("client_auth", [])
+    if not isinstance(clients, list) or not all(
+        isinstance(c, str) and c.isidentifier() for c in clients
+    ):
+        raise ConfigError("web.client_auth must be a list of client names (letters, digits, _)")
+    for key in ("session_hours", "invite_hours"):
+        value = w.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"web.{key} must be a number of hours above 0")
+    defaults = WebConfig()
+    return WebConfig(
+        enabled=bool(w.get("enabled", defaults.enabled)),
+        host=str(w.get("host", defaults.host)),
+        port=port,
+        public_url=str(w["public_url"]).rstrip("/") if w.get("public_url") else None,
+        session_hours=float(w.get("session_hours", defaults.session_hours)),
+        invite_hours=float(w.get("invite_hours", defaults.invite_hours)),
+        hidden_service=bool(w.get("hidden_service", defaults.hidden_service)),
+        client_auth=tuple(clients),
     )
 
 

@@ -101,6 +101,20 @@ def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
     assert settings.worker == defaults.worker
     assert settings.telegram == defaults.telegram
     assert settings.anyone == defaults.anyone
+    assert settings.web == defaults.web
+
+
+def test_web_section_is_read_and_checked() -> None:
+    settings = config.from_mapping(
+        {"web": {"port": 9000, "hidden_service": True, "client_auth": ["alice"]}}, environ={}
+    )
+    assert settings.web.port == 9000 and settings.web.hidden_service
+    assert settings.web.client_auth == ("alice",)
+    assert config.from_mapping({}, environ={}).web.enabled
+    with pytest.raises(config.ConfigError, match="web.port"):
+        config.from_mapping({"web": {"port": "x"}}, environ={})
+    with pytest.raises(config.ConfigError, match="unknown key"):
+        config.from_mapping({"web": {"colour": "red"}}, environ={})
 
 
 def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> None:

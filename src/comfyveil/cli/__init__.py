@@ -28,6 +28,7 @@ EXIT_USAGE = 2
 # Subcommand modules, in the order `comfyveil --help` lists them, with their help line.
 SUBCOMMANDS = {
     "run": "run the Telegram bot with its worker and database",
+    "web": "the web front end: serve it, or invite an account",
     "generate": "run a workflow once on a ComfyUI server and save its outputs",
     "submit": "queue a job for the workers (optionally wait and save its outputs)",
     "jobs": "list, show and cancel queued jobs",

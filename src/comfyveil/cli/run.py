@@ -1,4 +1,5 @@
-"""`comfyveil run`: the whole service in one process: database, worker and Telegram bot.
+"""`comfyveil run`: the whole service in one process: database, worker, Telegram bot and
+web front end (`[web] enabled`; alone when there is no Telegram token).
 
     COMFYVEIL_TELEGRAM_TOKEN=123:ABC comfyveil run --config comfyveil.toml
 
@@ -48,8 +49,18 @@ def register(subparsers: Any) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
-    if not settings.telegram.token:
+    telegram = bool(settings.telegram.token)
+    if not telegram and not settings.web.enabled:
         raise config.ConfigError(app.NO_TOKEN)
+    return await serve(settings, telegram=telegram, web=settings.web.enabled)
+
+
+async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
+    """The database, anon when needed, the pool, a worker, and the front ends asked for
+    (the Telegram bot, the web front end or both), until SIGTERM or Ctrl-C."""
+    from comfyveil.web import server as web_server
+    from comfyveil.web.sink import SkipWebJobs
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -57,7 +68,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             router = await stack.enter_async_context(
-                runtime.anon_for(settings, settings.backend_list(), telegram=True)
+                runtime.anon_for(settings, settings.backend_list(), telegram=telegram)
             )
             db = await database.Database.open(settings)
             stack.push_async_callback(db.close)
@@ -67,16 +78,35 @@ async def run(args: argparse.Namespace) -> int:
                           on_down=router.backend_down, limits=settings.limits.outputs,
                           routing=settings.worker.routing)
             )
-            bot = app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
-            worker = Worker(db, backends, sinks=[bot.sink], options=WorkerOptions(
-                lease_seconds=settings.worker.lease_seconds,
-                poll_interval=settings.worker.poll_interval,
-                job_timeout=settings.worker.job_timeout,
-            ))
-            await bot.start()
-            stack.push_async_callback(bot.close)
-            print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
-                  flush=True)
+            bot = (
+                app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
+                if telegram else None
+            )
+            worker = Worker(
+                db, backends, sinks=[SkipWebJobs(bot.sink)] if bot is not None else [],
+                options=WorkerOptions(
+                    lease_seconds=settings.worker.lease_seconds,
+                    poll_interval=settings.worker.poll_interval,
+                    job_timeout=settings.worker.job_timeout,
+                ),
+            )
+            if bot is not None:
+                await bot.start()
+                stack.push_async_callback(bot.close)
+                print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
+                      flush=True)
+            if web:
+                site = await web_server.start(settings, db, pool=backends)
+                stack.push_async_callback(site.close)
+                print(f"comfyveil: web front end at {site.url}", flush=True)
+                invite = await web_server.first_invite(settings, db, site.url)
+                if invite is not None:
+                    print(f"comfyveil: first admin invitation (works once): {invite}",
+                          flush=True)
+                if bot is None:
+                    print("comfyveil: no Telegram token, so the web front end runs alone; "
+                          "Ctrl-C stops it", flush=True)
+                await web_server.publish(settings, site, stack)
             purge = asyncio.create_task(
                 retention.purge_forever(db, settings.privacy), name="retention"
             )
@@ -85,7 +115,8 @@ async def run(args: argparse.Namespace) -> int:
             stopping = asyncio.create_task(stop.wait(), name="stop-signal")
             await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
-            await bot.stop_updates()
+            if bot is not None:
+                await bot.stop_updates()
             worker.stop()
             await worker_task  # running jobs finish (or are handed back); results still go out
     finally:

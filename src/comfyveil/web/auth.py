@@ -1,0 +1,158 @@
+"""Logging in: passphrases (argon2id), sessions, CSRF tokens and slowing down guessers.
+
+Behind a hidden service every request comes from 127.0.0.1, so there is no client address
+to limit by. Failed logins are slowed per account (the store locks an account for twice
+as long after each failure past the first few) and overall (a budget of failures per
+minute for the whole site; past it, every login waits until the minute has passed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from comfyveil.web import store as web_store
+
+SESSION_COOKIE = "comfyveil_session"
+ANON_COOKIE = "comfyveil_form"  # ties a logged-out form to the browser that fetched it
+FREE_FAILURES = 3  # failed logins per account before they start to lock it
+MAX_LOCK_SECONDS = 15 * 60
+SITE_FAILURES_PER_MINUTE = 30
+MIN_PASSPHRASE = 10
+MAX_PASSPHRASE = 1024
+MAX_NAME = 40
+
+# argon2id with the library's defaults (RFC 9106's second recommendation, 64 MiB).
+_hasher = PasswordHasher()
+# Verified when the name is unknown, so a wrong name costs as long as a wrong passphrase.
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+async def hash_passphrase(passphrase: str) -> str:
+    return await asyncio.to_thread(_hasher.hash, passphrase)
+
+
+async def verify_passphrase(stored: str | None, passphrase: str) -> bool:
+    def check() -> bool:
+        try:
+            return _hasher.verify(stored or _DUMMY_HASH, passphrase) and stored is not None
+        except (VerificationError, InvalidHashError):
+            return False
+
+    return await asyncio.to_thread(check)
+
+
+def check_name(name: str) -> str | None:
+    """Why a chosen account name is not acceptable, or None."""
+    if not name:
+        return "Choose a name."
+    if len(name) > MAX_NAME:
+        return f"A name has at most {MAX_NAME} characters."
+    if not all(c.isalnum() or c in "._-" for c in name):
+        return "A name may use letters, digits, dots, dashes and underscores."
+    return None
+
+
+def check_passphrase(passphrase: str, again: str) -> str | None:
+    if len(passphrase) < MIN_PASSPHRASE:
+        return f"A passphrase has at least {MIN_PASSPHRASE} characters."
+    if len(passphrase) > MAX_PASSPHRASE:
+        return f"A passphrase has at most {MAX_PASSPHRASE} characters."
+    if passphrase != again:
+        return "The two passphrases differ."
+    return None
+
+
+class FormTokens:
+    """CSRF tokens for forms shown before login (login, sign-up), bound to a cookie.
+
+    A logged-in session has its own token in the database; a logged-out visitor gets a
+    random cookie and forms carry an HMAC of it under this process's secret.
+    """
+
+    def __init__(self) -> None:
+        self._secret = secrets.token_bytes(32)
+
+    def token_for(self, cookie: str) -> str:
+        return hmac.new(self._secret, cookie.encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, cookie: str | None, token: str | None) -> bool:
+        if not cookie or not token:
+            return False
+        return hmac.compare_digest(self.token_for(cookie), token)
+
+
+@dataclass
+class SiteThrottle:
+    """Failed logins of the whole site in the last minute."""
+
+    per_minute: int = SITE_FAILURES_PER_MINUTE
+    window: float = 60.0
+
+    def __post_init__(self) -> None:
+        self._failures: deque[float] = deque()
+
+    def _trim(self, now: float) -> None:
+        while self._failures and now - self._failures[0] > self.window:
+            self._failures.popleft()
+
+    def wait_seconds(self) -> float:
+        """How long logins are refused now (0: not refused)."""
+        now = time.monotonic()
+        self._trim(now)
+        if len(self._failures) < self.per_minute:
+            return 0.0
+        return max(0.0, self.window - (now - self._failures[0]))
+
+    def failed(self) -> None:
+        now = time.monotonic()
+        self._trim(now)
+        self._failures.append(now)
+
+
+class LoginRefused(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+async def login(
+    web: web_store.WebStore, site: SiteThrottle, name: str, passphrase: str
+) -> web_store.Account:
+    """The account `name` if `passphrase` is its own and it may log in now.
+
+    Raises:
+        LoginRefused: with the sentence to show (the same for a wrong name and a wrong
+            passphrase, so names cannot be probed).
+    """
+    wait = site.wait_seconds()
+    if wait > 0:
+        raise LoginRefused(
+            f"Too many failed logins on this site; try again in {int(wait) + 1} seconds."
+        )
+    account = await web.account_by_name(name) if name else None
+    if account is not None and account.locked_until is not None:
+        left = (account.locked_until - dt.datetime.now(dt.UTC)).total_seconds()
+        if left > 0:
+            raise LoginRefused(
+                f"Too many failed logins for this account; try again in {int(left) + 1} seconds."
+            )
+    ok = await verify_passphrase(account.passphrase if account else None, passphrase)
+    if not ok or account is None:
+        site.failed()
+        if account is not None:
+            await web.failed_login(account.id, free=FREE_FAILURES, max_delay=MAX_LOCK_SECONDS)
+        raise LoginRefused("Wrong name or passphrase.")
+    if account.disabled:
+        raise LoginRefused("This account is banned.")
+    await web.logged_in(account.id)
+    return account

@@ -1,0 +1,310 @@
+"""A job's page and its results, history, gallery, settings and forgetting.
+
+Results and input images are served only to the account whose job made them; a job id
+is a random UUID and every request checks the owner, and anything else (another user's
+job, a mistyped id) gets the same "nothing here" page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import io
+import uuid
+
+from aiohttp import web
+from PIL import Image
+
+from comfyveil import errors, sinks
+from comfyveil.store import jobs
+from comfyveil.web import auth
+from comfyveil.web import store as web_store
+from comfyveil.web.app import WebServices, render, require_account, services
+from comfyveil.web.pages import MIMES, owned_output, queue, who_for
+
+REFRESH_SECONDS = 2
+PAGE_SIZE = 24
+THUMB_SIZE = 320
+THUMB_CACHE = 512  # thumbnails kept in memory (a few KB each)
+
+
+def _job_id(request: web.Request) -> uuid.UUID:
+    try:
+        return uuid.UUID(request.match_info["job"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+
+
+async def owned_job(request: web.Request) -> tuple[web_store.Account, jobs.Job]:
+    account = require_account(request)
+    job = await services(request).db.jobs.get(_job_id(request))
+    if job is None or job.user_id != account.user_id:
+        raise web.HTTPNotFound()
+    return account, job
+
+
+def _elapsed(job: jobs.Job) -> float | None:
+    if job.started_at is None:
+        return None
+    end = job.finished_at or dt.datetime.now(dt.UTC)
+    return max(0.0, (end - job.started_at).total_seconds())
+
+
+async def job_page(request: web.Request) -> web.Response:
+    _account, job = await owned_job(request)
+    svc = services(request)
+    position = eta = None
+    if job.status is jobs.Status.QUEUED:
+        ahead, eta = await svc.db.jobs.position_and_eta(job.id, parallel=svc.parallel())
+        position = None if ahead is None else ahead + 1
+    elif job.status is jobs.Status.RUNNING:
+        eta = await svc.db.jobs.eta(job.id, parallel=svc.parallel())
+    outputs = await svc.db.jobs.outputs(job.id) if job.status is jobs.Status.SUCCEEDED else []
+    edits = [e for e in await svc.registry.all() if e.takes_image]
+    progress = job.progress or {}
+    percent = progress.get("percent")
+    return render(
+        request,
+        "job.html",
+        job=job,
+        position=position,
+        eta=eta,
+        elapsed=_elapsed(job),
+        percent=percent if isinstance(percent, int | float) else None,
+        step=progress.get("value"),
+        steps=progress.get("max"),
+        waiting=progress.get("text") if progress.get("state") == "waiting" else None,
+        outputs=[o for o in outputs],
+        images=MIMES,
+        edits=edits,
+        refresh=None if job.status.finished else REFRESH_SECONDS,
+        prompt=job.params.get("prompt"),
+        seed=job.params.get("seed"),
+    )
+
+
+async def cancel(request: web.Request) -> web.Response:
+    account, job = await owned_job(request)
+    await services(request).db.jobs.cancel(job.id, by_user=account.user_id)
+    raise web.HTTPSeeOther(f"/jobs/{job.id}")
+
+
+async def again(request: web.Request) -> web.Response:
+    """Run the job again with a new seed (its inputs too, while they are kept)."""
+    account, job = await owned_job(request)
+    svc = services(request)
+    entry = await svc.registry.get(job.command)
+    if entry is None:
+        return render(
+            request,
+            "error.html",
+            status=404,
+            message=f"The command /{job.command} is not available now.",
+        )
+    inputs: list[jobs.InputImage] = []
+    if entry.takes_image:
+        inputs = await svc.db.jobs.inputs(job.id)
+        if len(inputs) < len(entry.workflow.image_params):
+            return render(
+                request,
+                "error.html",
+                status=400,
+                message=(
+                    "The input image of that job is no longer kept; use Edit this on a result, "
+                    "or upload the image again."
+                ),
+            )
+    values = {k: v for k, v in job.params.items() if k != "seed"}
+    form = await request.post()
+    nonce = form.get("nonce")
+    if not isinstance(nonce, str) or not nonce.isalnum() or len(nonce) > 80:
+        nonce = uuid.uuid4().hex
+    try:
+        new = await queue(
+            svc, await who_for(svc, account), entry, values, inputs, key=f"web:{account.id}:{nonce}"
+        )
+    except errors.UsageError as exc:
+        return render(request, "error.html", status=400, message=str(exc))
+    raise web.HTTPSeeOther(f"/jobs/{new.id}")
+
+
+async def output(request: web.Request) -> web.StreamResponse:
+    account = require_account(request)
+    svc = services(request)
+    try:
+        index = int(request.match_info["index"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+    found = await owned_output(svc, account, _job_id(request), index)
+    if found is None:
+        raise web.HTTPNotFound()
+    response = web.Response(body=found.data, content_type=found.mime)
+    name = sinks.safe_name(found.filename)
+    disposition = "attachment" if request.query.get("download") else "inline"
+    response.headers["Content-Disposition"] = f'{disposition}; filename="{name}"'
+    response.headers["Cache-Control"] = "private, max-age=3600"
+    return response
+
+
+def _thumbnail(data: bytes) -> bytes:
+    with Image.open(io.BytesIO(data)) as im:
+        im.thumbnail((THUMB_SIZE, THUMB_SIZE))
+        out = io.BytesIO()
+        im.convert("RGB").save(out, "WEBP", quality=70)
+        return out.getvalue()
+
+
+class Thumbnails:
+    def __init__(self) -> None:
+        self._cache: collections.OrderedDict[tuple[uuid.UUID, int], bytes] = (
+            collections.OrderedDict()
+        )
+
+    async def get(self, svc: WebServices, job_id: uuid.UUID, index: int) -> bytes | None:
+        key = (job_id, index)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
+        if found is None or found.mime not in MIMES:
+            return None
+        thumb = await asyncio.to_thread(_thumbnail, found.data)
+        self._cache[key] = thumb
+        while len(self._cache) > THUMB_CACHE:
+            self._cache.popitem(last=False)
+        return thumb
+
+
+THUMBS = web.AppKey("thumbnails", Thumbnails)
+
+
+async def thumbnail(request: web.Request) -> web.StreamResponse:
+    account = require_account(request)
+    svc = services(request)
+    job_id = _job_id(request)
+    try:
+        index = int(request.match_info["index"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+    if await svc.web.output_owner(job_id) != account.user_id:  # checked before the cache
+        raise web.HTTPNotFound()
+    thumb = await request.app[THUMBS].get(svc, job_id, index)
+    if thumb is None:
+        raise web.HTTPNotFound()
+    response = web.Response(body=thumb, content_type="image/webp")
+    response.headers["Cache-Control"] = "private, max-age=3600"
+    return response
+
+
+def _page(request: web.Request) -> int:
+    try:
+        return max(1, min(int(request.query.get("page", "1")), 10_000))
+    except ValueError:
+        return 1
+
+
+async def history(request: web.Request) -> web.Response:
+    account = require_account(request)
+    page = _page(request)
+    rows = await services(request).web.history(
+        account.user_id, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
+    )
+    return render(
+        request, "history.html", rows=rows[:PAGE_SIZE], page=page, more=len(rows) > PAGE_SIZE
+    )
+
+
+async def gallery(request: web.Request) -> web.Response:
+    account = require_account(request)
+    page = _page(request)
+    items = await services(request).web.gallery(
+        account.user_id, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
+    )
+    return render(
+        request,
+        "gallery.html",
+        items=items[:PAGE_SIZE],
+        page=page,
+        more=len(items) > PAGE_SIZE,
+        images=MIMES,
+    )
+
+
+async def settings_page(request: web.Request) -> web.Response:
+    account = require_account(request)
+    prefs = await services(request).db.users.settings(account.user_id)
+    return render(request, "settings.html", prefs=prefs, errors={}, saved=False)
+
+
+async def settings_save(request: web.Request) -> web.Response:
+    account = require_account(request)
+    svc = services(request)
+    form = await request.post()
+    errors_: dict[str, str] = {}
+    changes: dict[str, object] = {}
+    remove: list[str] = []
+    steps = str(form.get("steps") or "").strip()
+    if not steps:
+        remove.append("steps")
+    elif steps.isdigit() and 1 <= int(steps) <= 1000:
+        changes["steps"] = int(steps)
+    else:
+        errors_["steps"] = "Steps must be a whole number from 1 to 1000, or empty."
+    seed = str(form.get("seed") or "").strip()
+    if not seed:
+        changes["seed_mode"] = "random"
+        remove.append("seed")
+    elif seed.isdigit() and int(seed) < 2**53:
+        changes.update(seed_mode="fixed", seed=int(seed))
+    else:
+        errors_["seed"] = "The seed must be a whole number, 0 or more, or empty."
+    if errors_:
+        prefs = {"steps": steps, "seed": seed, "seed_mode": "fixed"}
+        return render(
+            request, "settings.html", status=400, prefs=prefs, errors=errors_, saved=False
+        )
+    prefs = await svc.db.users.update_settings(account.user_id, changes, remove)
+    return render(request, "settings.html", prefs=prefs, errors={}, saved=True)
+
+
+async def forget_page(request: web.Request) -> web.Response:
+    require_account(request)
+    return render(request, "forget.html")
+
+
+async def forget(request: web.Request) -> web.Response:
+    """Delete everything stored about the user: jobs, images, results, settings; the
+    account too when asked (which logs out)."""
+    account = require_account(request)
+    svc = services(request)
+    form = await request.post()
+    if form.get("confirm") != "yes":
+        return render(
+            request,
+            "forget.html",
+            status=400,
+            error="Tick the box to confirm; nothing was deleted.",
+        )
+    await svc.db.users.forget(account.user_id)
+    if form.get("account") == "yes":
+        await svc.web.delete_account(account.id)
+        response = web.HTTPSeeOther("/login")
+        response.del_cookie(auth.SESSION_COOKIE, path="/")
+        raise response
+    raise web.HTTPSeeOther("/?done=forgotten")
+
+
+def add_routes(app: web.Application) -> None:
+    app[THUMBS] = Thumbnails()
+    app.router.add_get("/jobs/{job}", job_page)
+    app.router.add_post("/jobs/{job}/cancel", cancel)
+    app.router.add_post("/jobs/{job}/again", again)
+    app.router.add_get("/jobs/{job}/out/{index}", output)
+    app.router.add_get("/jobs/{job}/thumb/{index}", thumbnail)
+    app.router.add_get("/history", history)
+    app.router.add_get("/gallery", gallery)
+    app.router.add_get("/settings", settings_page)
+    app.router.add_post("/settings", settings_save)
+    app.router.add_get("/forget", forget_page)
+    app.router.add_post("/forget", forget)

@@ -1,0 +1,237 @@
+"""The command pages: the list of commands, one form each, and queueing a job from it.
+
+Queueing goes through the store exactly as a chat command does (`JobStore.enqueue` with
+the user's queue limit and daily quota, the same cooldown of `telegram.access`), with a
+one-time key in the form as the idempotency key: sending a form twice (reload, back)
+never makes a second job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from comfyveil import errors, images
+from comfyveil.store import jobs
+from comfyveil.telegram import access as access_mod
+from comfyveil.telegram import registry as registry_mod
+from comfyveil.telegram.submit import IMAGE_PLACEHOLDER
+from comfyveil.web import forms
+from comfyveil.web import store as web_store
+from comfyveil.web.app import WebServices, error_page, render, require_account, services
+
+logger = logging.getLogger(__name__)
+
+RESULT_CHOICES = 30  # recent results offered as an edit's input
+MIMES = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "webp"}
+
+
+async def who_for(svc: WebServices, account: web_store.Account) -> access_mod.Who:
+    """The account as the shared access rules see it (role, ban, admin exemption)."""
+    user = await svc.db.users.get(account.user_id)
+    role = user.role if user is not None else "user"
+    is_admin = account.is_admin or role == "admin"
+    return access_mod.Who(
+        user_id=account.user_id,
+        chat_id=account.chat_id,
+        role=role,
+        is_admin=is_admin,
+        allowed=role != "banned" or is_admin,
+        user=user,
+    )
+
+
+async def home(request: web.Request) -> web.Response:
+    account = require_account(request)
+    svc = services(request)
+    who = await who_for(svc, account)
+    entries = [e for e in await svc.registry.all() if e.command.allows(who.role)]
+    return render(request, "home.html", entries=entries, done=request.query.get("done"))
+
+
+async def result_choices(svc: WebServices, account: web_store.Account) -> list[tuple[str, str]]:
+    items = await svc.web.gallery(account.user_id, limit=RESULT_CHOICES, offset=0)
+    return [
+        (f"{i.job_id}:{i.index}", f"/{i.command} of {i.created_at:%Y-%m-%d %H:%M} #{i.index + 1}")
+        for i in items
+        if i.mime in MIMES
+    ]
+
+
+async def _entry(request: web.Request) -> registry_mod.Entry:
+    svc = services(request)
+    entry = await svc.registry.get(request.match_info["command"])
+    if entry is None:
+        raise web.HTTPNotFound()
+    return entry
+
+
+async def form_page(request: web.Request) -> web.Response:
+    account = require_account(request)
+    svc = services(request)
+    entry = await _entry(request)
+    prefs = await svc.db.users.settings(account.user_id)
+    given: dict[str, str] = {}
+    chosen = request.query.get("from", "")
+    for name in entry.workflow.image_params:
+        given[name + forms.FROM_SUFFIX] = chosen
+    fields = forms.build_fields(
+        entry,
+        prefs,
+        given=given if chosen else None,
+        results=await result_choices(svc, account) if entry.takes_image else None,
+    )
+    return render(
+        request, "form.html", entry=entry, fields=fields, problem=None, nonce=uuid.uuid4().hex
+    )
+
+
+async def owned_output(
+    svc: WebServices, account: web_store.Account, job_id: uuid.UUID, index: int
+) -> jobs.Output | None:
+    """Output `index` of job `job_id` if the job is this account's; else None."""
+    if await svc.web.output_owner(job_id) != account.user_id:
+        return None
+    return next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
+
+
+def parse_ref(ref: str) -> tuple[uuid.UUID, int] | None:
+    """A "JOBID:INDEX" reference to a result, or None when malformed."""
+    job, _, index = ref.partition(":")
+    try:
+        return uuid.UUID(job), int(index)
+    except ValueError:
+        return None
+
+
+async def _input_image(
+    svc: WebServices, account: web_store.Account, name: str, form: Any
+) -> jobs.InputImage:
+    """The image for parameter `name`: the uploaded file, else the chosen result.
+
+    Raises:
+        ImageRejected, UsageError: a sentence for the field.
+    """
+    upload = form.get(name)
+    limits = svc.settings.limits
+    if upload is not None and not isinstance(upload, str) and upload.filename:
+        data = upload.file.read(limits.max_image_bytes + 1)
+        checked = await asyncio.to_thread(
+            images.check_image,
+            data,
+            max_bytes=limits.max_image_bytes,
+            max_pixels=limits.max_image_pixels,
+        )
+        return jobs.InputImage(
+            filename=f"web.{MIMES[checked.mime]}", mime=checked.mime, data=checked.data
+        )
+    ref = form.get(name + forms.FROM_SUFFIX)
+    if isinstance(ref, str) and ref:
+        parsed = parse_ref(ref)
+        output = await owned_output(svc, account, *parsed) if parsed else None
+        if output is None or output.mime not in MIMES:
+            raise errors.UsageError("That result is not available any more; choose another.")
+        return jobs.InputImage(
+            filename=f"result.{MIMES[output.mime]}", mime=output.mime, data=output.data
+        )
+    raise errors.UsageError("Upload an image or choose one of your results.")
+
+
+async def submit(request: web.Request) -> web.Response:
+    account = require_account(request)
+    svc = services(request)
+    entry = await _entry(request)
+    try:
+        form = await request.post()
+    except web.HTTPRequestEntityTooLarge:
+        return error_page(request, 413, "That upload is too large.")
+    values, field_errors = forms.read_values(entry, form)
+    inputs: list[jobs.InputImage] = []
+    for name in entry.workflow.image_params:
+        try:
+            inputs.append(await _input_image(svc, account, name, form))
+        except errors.UsageError as exc:
+            field_errors[name] = forms.sentence(str(exc))
+        values[name] = IMAGE_PLACEHOLDER
+    problem: str | None = None
+    job: jobs.Job | None = None
+    who = await who_for(svc, account)
+    if not field_errors:
+        try:
+            job = await queue(svc, who, entry, values, inputs, key=_key(account, form))
+        except errors.UsageError as exc:
+            problem = forms.sentence(str(exc))
+    if job is not None:
+        raise web.HTTPSeeOther(f"/jobs/{job.id}")
+    prefs = await svc.db.users.settings(account.user_id)
+    fields = forms.build_fields(
+        entry,
+        prefs,
+        given=forms.given_strings(form),
+        errors=field_errors,
+        results=await result_choices(svc, account) if entry.takes_image else None,
+    )
+    nonce = form.get("nonce")
+    return render(
+        request,
+        "form.html",
+        status=400,
+        entry=entry,
+        fields=fields,
+        problem=problem or "Nothing was queued: correct the fields marked below.",
+        nonce=nonce if isinstance(nonce, str) else uuid.uuid4().hex,
+    )
+
+
+def _key(account: web_store.Account, form: Any) -> str:
+    nonce = form.get("nonce")
+    if not isinstance(nonce, str) or not nonce.isalnum() or len(nonce) > 64:
+        nonce = uuid.uuid4().hex
+    return f"web:{account.id}:{nonce}"
+
+
+async def queue(
+    svc: WebServices,
+    who: access_mod.Who,
+    entry: registry_mod.Entry,
+    values: dict[str, object],
+    inputs: list[jobs.InputImage],
+    *,
+    key: str,
+) -> jobs.Job:
+    """Validate and queue a job for `who` (the chat's rules: ban, limits, cooldown).
+
+    Raises:
+        UsageError: banned, not allowed this command, a limit reached, a bad value.
+    """
+    if who.role == "banned" and not who.is_admin:
+        raise access_mod.NotAllowed("You are not allowed to use this service.")
+    if not entry.command.allows(who.role):
+        raise errors.UsageError(f"/{entry.name} is not available to you.")
+    validated = entry.workflow.validate(values)
+    svc.access.check_cooldown(who)
+    max_active, quota = svc.access.limits(who)
+    new = jobs.NewJob(
+        user_id=who.user_id,
+        chat_id=who.chat_id,
+        command=entry.name,
+        workflow_hash=entry.workflow.hash,
+        params=validated,
+        inputs=tuple(inputs),
+        idempotency_key=key,
+        max_attempts=svc.settings.worker.max_attempts,
+    )
+    job = await svc.db.jobs.enqueue(new, max_active=max_active, daily_quota=quota)
+    if job.id == new.id:
+        svc.access.note_job(who.user_id)
+    return job
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", home)
+    app.router.add_get("/c/{command}", form_page)
+    app.router.add_post("/c/{command}", submit)

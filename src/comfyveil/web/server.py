@@ -1,0 +1,97 @@
+"""Serving the web front end on its address, beside (or without) the Telegram bot."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from comfyveil import config
+from comfyveil.comfy import pool as pool_mod
+from comfyveil.store import database
+from comfyveil.store import errors as store_errors
+from comfyveil.web import app as web_app
+from comfyveil.web import store as web_store
+
+logger = logging.getLogger(__name__)
+
+PURGE_INTERVAL = 3600.0
+
+
+@dataclass
+class Running:
+    url: str  # where users open it
+    port: int  # the port it listens on (the configured one, or the one chosen for 0)
+    runner: web.AppRunner
+    purge: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.purge.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.purge
+        await self.runner.cleanup()
+
+
+async def _purge_forever(store: web_store.WebStore) -> None:
+    while True:
+        try:
+            await store.purge()
+        except store_errors.StoreError as exc:
+            logger.warning("could not purge old web sessions: %s", exc)
+        await asyncio.sleep(PURGE_INTERVAL)
+
+
+def public_url(settings: config.Settings, port: int) -> str:
+    w = settings.web
+    if w.public_url:
+        return w.public_url
+    host = f"[{w.host}]" if ":" in w.host else w.host
+    return f"http://{host}:{port}"
+
+
+async def start(
+    settings: config.Settings, db: database.Database, *, pool: pool_mod.Pool | None = None
+) -> Running:
+    """Listen on `[web] host` and `port`; stop it with `Running.close()`."""
+    application = web_app.build(settings, db, pool=pool)
+    runner = web.AppRunner(application, access_log=None)  # no request lines: they hold ids
+    await runner.setup()
+    site = web.TCPSite(runner, settings.web.host, settings.web.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise config.ConfigError(
+            f"the web front end cannot listen on {settings.web.host}:{settings.web.port}: "
+            f"{exc.strerror or exc}; set [web] port (or enabled = false)"
+        ) from exc
+    port = settings.web.port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        port = server.sockets[0].getsockname()[1]
+    purge = asyncio.create_task(_purge_forever(web_app.services_of(application).web))
+    return Running(url=public_url(settings, port), port=port, runner=runner, purge=purge)
+
+
+async def first_invite(settings: config.Settings, db: database.Database, url: str) -> str | None:
+    """An admin invitation link when no account exists yet (the operator's first)."""
+    store = web_store.WebStore(db.pool)
+    if await store.accounts(limit=1):
+        return None
+    token = await store.create_invite(is_admin=True, hours=settings.web.invite_hours)
+    return f"{url}/invite/{token}"
+
+
+async def publish(
+    settings: config.Settings, site: Running, stack: contextlib.AsyncExitStack
+) -> None:
+    """Publish the web port as a hidden service when `[web] hidden_service` is on."""
+    if not settings.web.hidden_service:
+        return
+    from comfyveil.web import hidden
+
+    address = await hidden.publish(settings, site.port, stack)
+    print(f"comfyveil: web front end as a hidden service: http://{address}", flush=True)

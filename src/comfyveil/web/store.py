@@ -1,0 +1,349 @@
+"""The web front end's own tables: accounts, invitations and sessions (migration 0015).
+
+Jobs, outputs, settings, quotas and forgetting are the shared store's (`store.jobs`,
+`store.users`); this module adds only what a browser needs to log in, plus read-only
+listings (history and gallery pages) that the bot has no use for.
+
+Tokens (invitations, sessions) are stored as sha256 digests only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from comfyveil.store import errors
+from comfyveil.web import identity
+
+Row = dict[str, Any]
+TOKEN_BYTES = 32
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class NameTaken(errors.StoreError):
+    """That name is taken; choose another."""
+
+
+class InviteInvalid(errors.StoreError):
+    """This invitation link is not valid (used, expired or mistyped)."""
+
+
+@dataclass(frozen=True)
+class Account:
+    id: int
+    name: str
+    user_id: int  # the store's user (a web id, or the Telegram user it was linked to)
+    chat_id: int  # the chat id its jobs carry (always a web id)
+    passphrase: str
+    is_admin: bool
+    disabled: bool
+    failed_logins: int
+    locked_until: dt.datetime | None
+    created_at: dt.datetime
+    last_login_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> Account:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            user_id=row["user_id"],
+            chat_id=row["chat_id"],
+            passphrase=row["passphrase"],
+            is_admin=row["is_admin"],
+            disabled=row["disabled"],
+            failed_logins=row["failed_logins"],
+            locked_until=row["locked_until"],
+            created_at=row["created_at"],
+            last_login_at=row["last_login_at"],
+        )
+
+    def __repr__(self) -> str:  # never the passphrase hash
+        return f"Account(id={self.id}, name={self.name!r}, admin={self.is_admin})"
+
+
+@dataclass(frozen=True)
+class Invite:
+    is_admin: bool
+    created_at: dt.datetime
+    expires_at: dt.datetime
+    used_at: dt.datetime | None
+    used_by_name: str | None
+    ref: str  # a short, non-secret label of the token (for the admin page)
+
+
+@dataclass(frozen=True)
+class GalleryItem:
+    job_id: uuid.UUID
+    index: int
+    command: str
+    kind: str
+    mime: str
+    created_at: dt.datetime
+
+
+_ACCOUNT_COLUMNS = (
+    "id, name, user_id, chat_id, passphrase, is_admin, disabled, failed_logins, "
+    "locked_until, created_at, last_login_at"
+)
+
+
+class WebStore:
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    async def _one(self, query: Any, params: dict[str, Any] | None = None) -> Row | None:
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchone() if cursor.description else None
+
+    async def _all(self, query: Any, params: dict[str, Any] | None = None) -> list[Row]:
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    # -- invitations -------------------------------------------------------------------
+
+    async def create_invite(
+        self, *, is_admin: bool, hours: float, created_by: int | None = None
+    ) -> str:
+        """A new one-time invitation; its token (shown once, stored only as a digest)."""
+        token = new_token()
+        await self._one(
+            "INSERT INTO web_invites (token_hash, is_admin, created_by, expires_at) "
+            "VALUES (%(h)s, %(admin)s, %(by)s, now() + make_interval(secs => %(secs)s))",
+            {"h": digest(token), "admin": is_admin, "by": created_by, "secs": hours * 3600},
+        )
+        return token
+
+    async def invite_open(self, token: str) -> bool:
+        row = await self._one(
+            "SELECT 1 AS ok FROM web_invites WHERE token_hash = %(h)s AND used_at IS NULL "
+            "AND expires_at > now()",
+            {"h": digest(token)},
+        )
+        return row is not None
+
+    async def invites(self, *, limit: int = 50) -> list[Invite]:
+        rows = await self._all(
+            "SELECT i.token_hash, i.is_admin, i.created_at, i.expires_at, i.used_at, "
+            "a.name AS used_by_name FROM web_invites i "
+            "LEFT JOIN web_accounts a ON a.id = i.used_by "
+            "ORDER BY i.created_at DESC LIMIT %(limit)s",
+            {"limit": limit},
+        )
+        return [
+            Invite(
+                is_admin=r["is_admin"],
+                created_at=r["created_at"],
+                expires_at=r["expires_at"],
+                used_at=r["used_at"],
+                used_by_name=r["used_by_name"],
+                ref=bytes(r["token_hash"]).hex()[:8],
+            )
+            for r in rows
+        ]
+
+    async def revoke_invite(self, ref: str) -> bool:
+        row = await self._one(
+            "DELETE FROM web_invites WHERE used_at IS NULL "
+            "AND left(encode(token_hash, 'hex'), 8) = %(ref)s RETURNING 1 AS ok",
+            {"ref": ref},
+        )
+        return row is not None
+
+    async def sign_up(self, token: str, name: str, passphrase_hash: str) -> Account:
+        """Use an invitation: create the account it allows, once.
+
+        Raises:
+            InviteInvalid: used, expired or unknown.
+            NameTaken: another account has this name (case-insensitively).
+        """
+        async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
+            cursor = await conn.execute(
+                "SELECT is_admin FROM web_invites WHERE token_hash = %(h)s "
+                "AND used_at IS NULL AND expires_at > now() FOR UPDATE",
+                {"h": digest(token)},
+            )
+            invite = await cursor.fetchone()
+            if invite is None:
+                raise InviteInvalid()
+            cursor = await conn.execute(
+                "SELECT 1 FROM web_accounts WHERE name_key = %(k)s", {"k": name.casefold()}
+            )
+            if await cursor.fetchone() is not None:
+                raise NameTaken()
+            cursor = await conn.execute("SELECT nextval('web_account_seq') AS id")
+            row = await cursor.fetchone()
+            assert row is not None
+            account_id = int(row["id"])
+            user_id = identity.web_user_id(account_id)
+            cursor = await conn.execute(
+                f"INSERT INTO web_accounts (id, name, name_key, passphrase, user_id, chat_id, "
+                f"is_admin) VALUES (%(id)s, %(name)s, %(key)s, %(pw)s, %(uid)s, %(uid)s, "
+                f"%(admin)s) RETURNING {_ACCOUNT_COLUMNS}",
+                {
+                    "id": account_id,
+                    "name": name,
+                    "key": name.casefold(),
+                    "pw": passphrase_hash,
+                    "uid": user_id,
+                    "admin": invite["is_admin"],
+                },
+            )
+            created = await cursor.fetchone()
+            await conn.execute(
+                "UPDATE web_invites SET used_at = now(), used_by = %(id)s WHERE token_hash = %(h)s",
+                {"id": account_id, "h": digest(token)},
+            )
+        assert created is not None
+        return Account.from_row(created)
+
+    # -- accounts ----------------------------------------------------------------------
+
+    async def account_by_name(self, name: str) -> Account | None:
+        row = await self._one(
+            f"SELECT {_ACCOUNT_COLUMNS} FROM web_accounts WHERE name_key = %(k)s",
+            {"k": name.casefold()},
+        )
+        return Account.from_row(row) if row else None
+
+    async def account(self, account_id: int) -> Account | None:
+        row = await self._one(
+            f"SELECT {_ACCOUNT_COLUMNS} FROM web_accounts WHERE id = %(id)s", {"id": account_id}
+        )
+        return Account.from_row(row) if row else None
+
+    async def accounts(self, *, limit: int = 200) -> list[Row]:
+        """Accounts for the admin page, with the store's role, quota and jobs today."""
+        return await self._all(
+            "SELECT a.id, a.name, a.user_id, a.is_admin, a.disabled, a.created_at, "
+            "a.last_login_at, coalesce(u.role, 'user') AS role, u.daily_quota, "
+            "(SELECT count(*) FROM jobs j WHERE j.user_id = a.user_id AND j.created_at >= "
+            " (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')) AS today "
+            "FROM web_accounts a LEFT JOIN users u ON u.id = a.user_id "
+            "ORDER BY a.created_at DESC LIMIT %(limit)s",
+            {"limit": limit},
+        )
+
+    async def failed_login(self, account_id: int, *, free: int, max_delay: float) -> None:
+        """Count a failed login; after `free` of them each one locks the account for
+        twice as long as the previous, up to `max_delay` seconds."""
+        await self._one(
+            "UPDATE web_accounts SET failed_logins = failed_logins + 1, "
+            "locked_until = CASE WHEN failed_logins + 1 > %(free)s THEN now() + make_interval("
+            " secs => least(%(max)s, power(2, failed_logins + 1 - %(free)s))) "
+            " ELSE locked_until END WHERE id = %(id)s",
+            {"id": account_id, "free": free, "max": max_delay},
+        )
+
+    async def logged_in(self, account_id: int) -> None:
+        await self._one(
+            "UPDATE web_accounts SET failed_logins = 0, locked_until = NULL, "
+            "last_login_at = now() WHERE id = %(id)s",
+            {"id": account_id},
+        )
+
+    async def set_passphrase(self, account_id: int, passphrase_hash: str) -> None:
+        await self._one(
+            "UPDATE web_accounts SET passphrase = %(pw)s WHERE id = %(id)s",
+            {"id": account_id, "pw": passphrase_hash},
+        )
+
+    async def set_admin(self, account_id: int, is_admin: bool) -> None:
+        await self._one(
+            "UPDATE web_accounts SET is_admin = %(a)s WHERE id = %(id)s",
+            {"id": account_id, "a": is_admin},
+        )
+
+    async def set_disabled(self, account_id: int, disabled: bool) -> None:
+        """Ban (or unban) an account: a banned one is logged out everywhere at once."""
+        async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE web_accounts SET disabled = %(d)s WHERE id = %(id)s",
+                {"id": account_id, "d": disabled},
+            )
+            if disabled:
+                await conn.execute(
+                    "DELETE FROM web_sessions WHERE account_id = %(id)s", {"id": account_id}
+                )
+
+    async def delete_account(self, account_id: int) -> None:
+        await self._one("DELETE FROM web_accounts WHERE id = %(id)s", {"id": account_id})
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def create_session(self, account_id: int, *, hours: float) -> tuple[str, str]:
+        """A new session; (cookie token, CSRF token)."""
+        token, csrf = new_token(), new_token()
+        await self._one(
+            "INSERT INTO web_sessions (token_hash, account_id, csrf, expires_at) "
+            "VALUES (%(h)s, %(id)s, %(csrf)s, now() + make_interval(secs => %(secs)s))",
+            {"h": digest(token), "id": account_id, "csrf": csrf, "secs": hours * 3600},
+        )
+        return token, csrf
+
+    async def session(self, token: str) -> tuple[Account, str] | None:
+        """The live session's account and CSRF token; None when expired, unknown or banned."""
+        row = await self._one(
+            f"SELECT s.csrf, {', '.join('a.' + c.strip() for c in _ACCOUNT_COLUMNS.split(','))} "
+            "FROM web_sessions s JOIN web_accounts a ON a.id = s.account_id "
+            "WHERE s.token_hash = %(h)s AND s.expires_at > now() AND NOT a.disabled",
+            {"h": digest(token)},
+        )
+        return (Account.from_row(row), row["csrf"]) if row else None
+
+    async def end_session(self, token: str) -> None:
+        await self._one("DELETE FROM web_sessions WHERE token_hash = %(h)s", {"h": digest(token)})
+
+    async def purge(self) -> None:
+        """Drop expired sessions and invitations (the live ones are checked on use)."""
+        await self._one("DELETE FROM web_sessions WHERE expires_at <= now()")
+        await self._one("DELETE FROM web_invites WHERE used_at IS NULL AND expires_at <= now()")
+
+    # -- read-only listings ------------------------------------------------------------
+
+    async def history(self, user_id: int, *, limit: int, offset: int) -> list[Row]:
+        return await self._all(
+            "SELECT id, command, status, params->>'prompt' AS prompt, created_at, "
+            "finished_at, error FROM jobs WHERE user_id = %(u)s "
+            "ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
+            {"u": user_id, "limit": limit, "offset": offset},
+        )
+
+    async def gallery(self, user_id: int, *, limit: int, offset: int) -> list[GalleryItem]:
+        rows = await self._all(
+            "SELECT o.job_id, o.index, j.command, o.kind, o.mime, j.created_at "
+            "FROM jobs j JOIN job_outputs o ON o.job_id = j.id "
+            "WHERE j.user_id = %(u)s AND j.status = 'succeeded' "
+            "ORDER BY j.created_at DESC, o.job_id, o.index LIMIT %(limit)s OFFSET %(offset)s",
+            {"u": user_id, "limit": limit, "offset": offset},
+        )
+        return [
+            GalleryItem(
+                job_id=r["job_id"],
+                index=r["index"],
+                command=r["command"],
+                kind=r["kind"],
+                mime=r["mime"],
+                created_at=r["created_at"],
+            )
+            for r in rows
+        ]
+
+    async def output_owner(self, job_id: uuid.UUID) -> int | None:
+        row = await self._one("SELECT user_id FROM jobs WHERE id = %(id)s", {"id": job_id})
+        return int(row["user_id"]) if row else None

@@ -1,0 +1,141 @@
+"""Accounts of the web front end: invitations, sign-up, login, sessions, CSRF, headers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from comfyveil.web import app as web_app
+from comfyveil.web import auth
+from tests.web.support import PASSPHRASE, client, csrf_of, get_text, sign_up, web_stack
+
+
+async def test_security_headers_on_every_response_and_no_server_header(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        for path in ("/login", "/static/style.css", "/no/such/page", "/"):
+            async with session.get(stack.url + path, allow_redirects=False) as response:
+                for name, value in web_app.HEADERS.items():
+                    assert response.headers.get(name) == value, (path, name)
+                assert "Server" not in response.headers, path
+        _, page = await get_text(session, stack.url + "/login")
+        assert "<script" not in page and "style=" not in page
+        assert '<meta name="viewport"' in page
+
+
+async def test_invitation_signs_up_once_and_logs_in(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack:
+        invite = await stack.invite()
+        async with client() as alice:
+            home = await sign_up(alice, invite, "alice")
+            assert "Log out (alice)" in home
+            cookie = next(c for c in alice.cookie_jar if c.key == auth.SESSION_COOKIE)
+            assert cookie["httponly"] and cookie["samesite"] == "Strict"
+        async with client() as mallory:
+            status, page = await get_text(mallory, invite)
+            assert status == 404 and "not valid" in page
+        account = await stack.store.account_by_name("ALICE")
+        assert account is not None and account.user_id < -(1 << 62)
+        assert account.passphrase.startswith("$argon2id$")
+
+
+async def test_signup_errors_are_beside_the_fields(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        invite = await stack.invite()
+        _, page = await get_text(session, invite)
+        async with session.post(
+            invite,
+            data={
+                "csrf": csrf_of(page),
+                "name": "bad name!",
+                "passphrase": "short",
+                "again": "x",
+            },
+        ) as response:
+            text = await response.text()
+        assert response.status == 400
+        assert 'id="e-name"' in text and 'id="e-passphrase"' in text
+        assert await stack.store.invite_open(invite.rsplit("/", 1)[1]), "invite still usable"
+
+
+async def _login(session, url: str, name: str, passphrase: str) -> tuple[int, str]:
+    _, page = await get_text(session, url + "/login")
+    async with session.post(
+        url + "/login",
+        data={
+            "csrf": csrf_of(page),
+            "name": name,
+            "passphrase": passphrase,
+        },
+    ) as response:
+        return response.status, await response.text()
+
+
+async def test_failed_logins_slow_down_the_account(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack:
+        async with client() as session:
+            await sign_up(session, await stack.invite(), "bob")
+        async with client() as guesser:
+            for _ in range(auth.FREE_FAILURES):
+                status, page = await _login(guesser, stack.url, "bob", "wrong guess 123")
+                assert status == 403 and "Wrong name or passphrase." in page
+            status, page = await _login(guesser, stack.url, "bob", "wrong guess 124")
+            assert status == 403
+            # Now even the right passphrase waits until the lock ends.
+            status, page = await _login(guesser, stack.url, "bob", PASSPHRASE)
+            assert status == 403
+            assert re.search(r"Too many failed logins for this account; try again in \d+", page)
+        async with client() as other:  # another account is not slowed by bob's guesser
+            await sign_up(other, await stack.invite(), "carol")
+            await other.post(
+                stack.url + "/logout",
+                data={"csrf": csrf_of((await get_text(other, stack.url + "/"))[1])},
+            )
+            status, page = await _login(other, stack.url, "carol", PASSPHRASE)
+            assert status == 200 and "Log out (carol)" in page
+
+
+async def test_site_wide_throttle_refuses_logins_after_many_failures(db) -> None:
+    site = auth.SiteThrottle(per_minute=3)
+    store = __import__("comfyveil.web.store", fromlist=["WebStore"]).WebStore(db.pool)
+    for _ in range(3):
+        with pytest.raises(auth.LoginRefused, match="Wrong name"):
+            await auth.login(store, site, f"nobody{_}", "whatever passphrase")
+    with pytest.raises(auth.LoginRefused, match="Too many failed logins on this site"):
+        await auth.login(store, site, "nobody", "whatever passphrase")
+
+
+async def test_post_without_csrf_token_is_refused(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await get_text(session, stack.url + "/login")  # has the form cookie, not the token
+        async with session.post(
+            stack.url + "/login", data={"name": "x", "passphrase": "y"}
+        ) as response:
+            assert response.status == 403
+            assert "did not come from this site" in await response.text()
+        await sign_up(session, await stack.invite(), "dave")
+        async with session.post(stack.url + "/c/f", data={"prompt": "a fox"}) as response:
+            assert response.status == 403
+        async with session.post(
+            stack.url + "/c/f", data={"prompt": "a fox", "csrf": "forged"}
+        ) as response:
+            assert response.status == 403
+        assert await stack.job_count() == 0
+
+
+async def test_logout_ends_the_session_and_expired_sessions_do_not_count(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "erin")
+        token = next(c.value for c in session.cookie_jar if c.key == auth.SESSION_COOKIE)
+        assert await stack.store.session(token) is not None
+        _, home = await get_text(session, stack.url + "/")
+        async with session.post(stack.url + "/logout", data={"csrf": csrf_of(home)}) as r:
+            assert r.url.path == "/login"
+        assert await stack.store.session(token) is None
+        account = await stack.store.account_by_name("erin")
+        assert account is not None
+        expired, _ = await stack.store.create_session(account.id, hours=-1)
+        async with client() as other:
+            other.cookie_jar.update_cookies({auth.SESSION_COOKIE: expired})
+            async with other.get(stack.url + "/", allow_redirects=False) as response:
+                assert response.status == 303 and response.headers["Location"] == "/login"

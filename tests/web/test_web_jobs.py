@@ -1,0 +1,230 @@
+"""Jobs from the web front end: forms, the job page, results only for their owner,
+cancel, run again, history, gallery, settings and forgetting."""
+
+from __future__ import annotations
+
+import io
+import re
+import uuid
+
+import aiohttp
+from PIL import Image
+
+from comfyveil.store import jobs
+from comfyveil.web import identity
+from comfyveil.web.sink import SkipWebJobs
+from tests.web.support import NONCE, client, csrf_of, get_text, sign_up, wait_for, web_stack
+
+JOB_URL = re.compile(r"/jobs/([0-9a-f-]{36})$")
+
+
+async def submit_form(
+    session: aiohttp.ClientSession,
+    url: str,
+    command: str,
+    fields: dict[str, str],
+    files: dict[str, bytes] | None = None,
+) -> aiohttp.ClientResponse:
+    _, page = await get_text(session, f"{url}/c/{command}")
+    form = aiohttp.FormData()
+    form.add_field("csrf", csrf_of(page))
+    nonce = NONCE.search(page)
+    assert nonce
+    form.add_field("nonce", nonce.group(1))
+    for key, value in fields.items():
+        form.add_field(key, value)
+    for key, data in (files or {}).items():
+        form.add_field(key, data, filename="in.png", content_type="image/png")
+    response = await session.post(f"{url}/c/{command}", data=form)
+    await response.read()
+    return response
+
+
+async def finished(stack, job_id: uuid.UUID) -> jobs.Job:
+    async def done() -> bool:
+        job = await stack.db.jobs.get(job_id)
+        return job is not None and job.status.finished
+
+    await wait_for(done, timeout=30)
+    job = await stack.db.jobs.get(job_id)
+    assert job is not None
+    return job
+
+
+async def test_form_is_generated_from_the_workflow_with_labels(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "fay")
+        _, page = await get_text(session, stack.url + "/c/f")
+        for name in ("prompt", "seed", "steps", "width", "height"):
+            assert f'<label for="f-{name}">' in page and f'id="f-{name}"' in page
+        assert 'type="number" id="f-steps" name="steps" value="4" min="1" max="8"' in page
+        _, qwen = await get_text(session, stack.url + "/c/qwen")
+        assert 'type="file" id="f-image"' in qwen and 'name="image__from"' in qwen
+
+
+async def test_bad_input_is_shown_beside_the_field_and_nothing_is_queued(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "gus")
+        response = await submit_form(
+            session, stack.url, "f", {"prompt": "a fox", "steps": "99", "width": "257"}
+        )
+        page = await response.text()
+        assert response.status == 400
+        assert re.search(r'id="e-steps">Steps must be between 1 and 8', page)
+        assert 'id="e-width">' in page
+        assert "Nothing was queued" in page
+        assert 'value="a fox"' not in page and ">a fox</textarea>" in page  # kept
+        response = await submit_form(session, stack.url, "qwen", {"prompt": "make it red"})
+        assert response.status == 400 and 'id="e-image">' in await response.text()
+        assert await stack.job_count() == 0
+
+
+async def test_generate_result_download_edit_and_owner_only(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy]) as stack, client() as owner, client() as other:
+        await sign_up(owner, await stack.invite(), "hana")
+        await sign_up(other, await stack.invite(), "ivan")
+        response = await submit_form(
+            owner,
+            stack.url,
+            "f",
+            {"prompt": "an astronaut", "steps": "2", "width": "256", "height": "256"},
+        )
+        assert response.status == 200
+        match = JOB_URL.search(str(response.url))
+        assert match, response.url
+        job = await finished(stack, uuid.UUID(match.group(1)))
+        assert job.status is jobs.Status.SUCCEEDED
+        assert identity.is_web_chat(job.chat_id) and job.user_id < 0
+        status, page = await get_text(owner, f"{stack.url}/jobs/{job.id}")
+        assert status == 200 and f'src="/jobs/{job.id}/out/0"' in page
+        assert "http-equiv" not in page  # finished: no more refreshing
+        async with owner.get(f"{stack.url}/jobs/{job.id}/out/0?download=1") as r:
+            original = await r.read()
+            assert r.status == 200 and r.headers["Content-Disposition"].startswith("attachment")
+        assert original == (await stack.db.jobs.outputs(job.id))[0].data
+        async with owner.get(f"{stack.url}/jobs/{job.id}/thumb/0") as r:
+            assert r.content_type == "image/webp"
+            assert Image.open(io.BytesIO(await r.read())).format == "WEBP"
+        for path in (f"/jobs/{job.id}", f"/jobs/{job.id}/out/0", f"/jobs/{job.id}/thumb/0"):
+            async with other.get(stack.url + path) as r:
+                assert r.status == 404, path
+        # Edit this: the edit form offers the result, chosen
+        status, edit = await get_text(owner, f"{stack.url}/c/qwen?from={job.id}:0")
+        assert f'<option value="{job.id}:0" selected>' in edit
+        response = await submit_form(
+            owner,
+            stack.url,
+            "qwen",
+            {
+                "prompt": "put a hat on him",
+                "image__from": f"{job.id}:0",
+                "steps": "1",
+                "megapixels": "0.25",
+            },
+        )
+        edit_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
+        edited = await finished(stack, edit_id)
+        assert edited.status is jobs.Status.SUCCEEDED
+        # ivan cannot use hana's result as his input either
+        response = await submit_form(
+            other, stack.url, "qwen", {"prompt": "steal", "image__from": f"{job.id}:0"}
+        )
+        assert response.status == 400 and "not available" in await response.text()
+        # history and gallery list hana's jobs only
+        _, history = await get_text(owner, stack.url + "/history")
+        assert str(job.id) in history and str(edit_id) in history
+        _, gallery = await get_text(other, stack.url + "/gallery")
+        assert str(job.id) not in gallery
+
+
+async def test_job_page_refreshes_and_cancel_stops_a_slow_job(db, fake_comfy_factory) -> None:
+    slow = await fake_comfy_factory(step_delay=0.5)
+    async with web_stack(db, [slow]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "jo")
+        response = await submit_form(
+            session,
+            stack.url,
+            "f",
+            {"prompt": "a slow fox", "steps": "8", "width": "256", "height": "256"},
+        )
+        job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
+
+        async def running() -> bool:
+            job = await stack.db.jobs.get(job_id)
+            return job is not None and job.status is jobs.Status.RUNNING
+
+        await wait_for(running)
+        _, page = await get_text(session, f"{stack.url}/jobs/{job_id}")
+        assert '<meta http-equiv="refresh" content="2">' in page
+        assert "Elapsed" in page
+        async with session.post(
+            f"{stack.url}/jobs/{job_id}/cancel", data={"csrf": csrf_of(page)}
+        ) as r:
+            assert r.status == 200
+        job = await finished(stack, job_id)
+        assert job.status is jobs.Status.CANCELLED
+        assert slow.interrupts
+
+
+async def test_run_again_settings_and_forget(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "kim")
+        _, page = await get_text(session, stack.url + "/settings")
+        async with session.post(
+            stack.url + "/settings", data={"csrf": csrf_of(page), "steps": "3", "seed": "42"}
+        ) as r:
+            assert "Saved." in await r.text()
+        _, form = await get_text(session, stack.url + "/c/f")
+        assert 'name="steps" value="3"' in form and 'name="seed" value="42"' in form
+        response = await submit_form(
+            session,
+            stack.url,
+            "f",
+            {  # as the browser sends it
+                "prompt": "a fox",
+                "width": "256",
+                "height": "256",
+                "steps": "3",
+                "seed": "42",
+            },
+        )
+        first = await finished(stack, uuid.UUID(JOB_URL.search(str(response.url)).group(1)))  # type: ignore[union-attr]
+        assert first.params["seed"] == 42 and first.params["steps"] == 3
+        _, page = await get_text(session, f"{stack.url}/jobs/{first.id}")
+        async with session.post(
+            f"{stack.url}/jobs/{first.id}/again", data={"csrf": csrf_of(page), "nonce": "again1"}
+        ) as r:
+            again_id = uuid.UUID(JOB_URL.search(str(r.url)).group(1))  # type: ignore[union-attr]
+        assert again_id != first.id
+        again = await finished(stack, again_id)
+        assert again.params["steps"] == 3 and again.params["prompt"] == "a fox"
+        _, page = await get_text(session, stack.url + "/forget")
+        async with session.post(stack.url + "/forget", data={"csrf": csrf_of(page)}) as r:
+            assert r.status == 400  # not confirmed: nothing deleted
+        assert await stack.job_count() == 2
+        async with session.post(
+            stack.url + "/forget", data={"csrf": csrf_of(page), "confirm": "yes"}
+        ) as r:
+            assert "Everything stored about you was deleted." in await r.text()
+        assert await stack.job_count() == 0
+        account = await stack.store.account_by_name("kim")
+        assert account is not None
+        assert await stack.db.users.get(account.user_id) is None  # settings gone too
+
+
+async def test_telegram_sink_is_not_given_web_jobs() -> None:
+    class Recorder:
+        name = "telegram"
+        seen: list[int] = []  # noqa: RUF012
+
+        async def deliver(self, job, outputs) -> None:
+            self.seen.append(job.chat_id)
+
+    class FakeJob:
+        def __init__(self, chat_id: int) -> None:
+            self.chat_id = chat_id
+
+    sink = SkipWebJobs(Recorder())  # type: ignore[arg-type]
+    await sink.deliver(FakeJob(identity.web_user_id(1)), [])  # type: ignore[arg-type]
+    await sink.deliver(FakeJob(-1001234567890), [])  # type: ignore[arg-type]  # a supergroup
+    assert Recorder.seen == [-1001234567890]
