@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon run test lint bench clean
+.PHONY: install anon chromium run test lint bench clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ anon: $(STAMP)
 $(VENV)/anon/anon: $(STAMP)
 	$(BIN)/comfyveil anon install --dir $(VENV)/anon
 
+# The browser tests drive Debian's chromium through Playwright (whose own browser download
+# is not used); installed only when missing, with sudo unless run as root.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
+	  else sudo apt-get update && sudo apt-get install -y chromium; fi; }
+
 run: install anon
 	$(BIN)/comfyveil run
 
@@ -30,7 +37,7 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-test: install $(VENV)/anon/anon
+test: install $(VENV)/anon/anon chromium
 	$(BIN)/ruff check src tests benchmarks
 	COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only $(BIN)/pytest -q -p no:cacheprovider
 

@@ -155,7 +155,9 @@ def write_config(path: Path, *, root: Path, telegram: FakeTelegram, comfy: FakeC
         "max_queued = 1000\n"
         "cooldown = 0.0\n\n"
         "[anyone]\n"
-        "enabled = false\n",
+        "enabled = false\n\n"
+        "[web]\n"
+        "enabled = false\n",  # the bot alone is measured
         encoding="utf-8",
     )
 

@@ -111,7 +111,7 @@ def test_web_section_is_read_and_checked() -> None:
     assert settings.web.port == 9000 and settings.web.hidden_service
     assert settings.web.client_auth == ("alice",)
     assert config.from_mapping({}, environ={}).web.enabled
-    with pytest.raises(config.ConfigError, match="web.port"):
+    with pytest.raises(config.ConfigError, match=r"web\.port"):
         config.from_mapping({"web": {"port": "x"}}, environ={})
     with pytest.raises(config.ConfigError, match="unknown key"):
         config.from_mapping({"web": {"colour": "red"}}, environ={})

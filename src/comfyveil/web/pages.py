@@ -118,7 +118,8 @@ async def _input_image(
     """
     upload = form.get(name)
     limits = svc.settings.limits
-    if upload is not None and not isinstance(upload, str) and upload.filename:
+    # An empty file input arrives as empty bytes without a name: no upload.
+    if isinstance(upload, web.FileField) and upload.filename:
         data = upload.file.read(limits.max_image_bytes + 1)
         checked = await asyncio.to_thread(
             images.check_image,
