@@ -1,0 +1,141 @@
+"""Admin pages: users (quotas, bans, admin rights), invitations, backends, workflows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from tests.web.support import client, csrf_of, get_text, sign_up, wait_for, web_stack
+from tests.web.test_web_jobs import submit_form
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+async def _admin_and_user(stack, admin: aiohttp.ClientSession, user: aiohttp.ClientSession):
+    await sign_up(admin, await stack.invite(admin=True), "boss")
+    await sign_up(user, await stack.invite(), "pat")
+    account = await stack.store.account_by_name("pat")
+    assert account is not None
+    return account
+
+
+async def test_admin_pages_are_only_for_admins(db, fake_comfy) -> None:
+    async with (
+        web_stack(db, [fake_comfy], worker=False) as stack,
+        client() as admin,
+        client() as user,
+    ):
+        await _admin_and_user(stack, admin, user)
+        for path in (
+            "/admin",
+            "/admin/users",
+            "/admin/invites",
+            "/admin/backends",
+            "/admin/workflows",
+        ):
+            status, _ = await get_text(admin, stack.url + path)
+            assert status == 200, path
+            status, _ = await get_text(user, stack.url + path)
+            assert status == 404, path
+        _, home = await get_text(user, stack.url + "/")
+        async with user.post(
+            stack.url + "/admin/users/quota",
+            data={"csrf": csrf_of(home), "account": "1", "quota": "0"},
+        ) as r:
+            assert r.status == 404
+
+
+async def test_quota_and_ban_from_the_users_page(db, fake_comfy) -> None:
+    async with (
+        web_stack(db, [fake_comfy], worker=False) as stack,
+        client() as admin,
+        client() as user,
+    ):
+        pat = await _admin_and_user(stack, admin, user)
+        _, page = await get_text(admin, stack.url + "/admin/users")
+        async with admin.post(
+            stack.url + "/admin/users/quota",
+            data={"csrf": csrf_of(page), "account": str(pat.id), "quota": "0"},
+        ) as r:
+            assert "Done: quota." in await r.text()
+        assert (await stack.db.users.get(pat.user_id)).daily_quota == 0  # type: ignore[union-attr]
+        response = await submit_form(
+            user, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        text = await response.text()
+        assert response.status == 400 and "daily" in text.lower()
+        assert await stack.job_count() == 0
+        async with admin.post(
+            stack.url + "/admin/users/ban", data={"csrf": csrf_of(page), "account": str(pat.id)}
+        ) as r:
+            assert r.status == 200
+        async with user.get(stack.url + "/", allow_redirects=False) as r:
+            assert r.status == 303, "the banned account's session ended"
+        assert (await stack.db.users.get(pat.user_id)).role == "banned"  # type: ignore[union-attr]
+        _, login = await get_text(user, stack.url + "/login")
+        async with user.post(
+            stack.url + "/login",
+            data={
+                "csrf": csrf_of(login),
+                "name": "pat",
+                "passphrase": "correct horse battery staple",
+            },
+        ) as r:
+            assert r.status == 403 and "banned" in await r.text()
+
+
+async def test_invitations_from_the_admin_page(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as admin:
+        await sign_up(admin, await stack.invite(admin=True), "boss")
+        _, page = await get_text(admin, stack.url + "/admin/invites")
+        async with admin.post(stack.url + "/admin/invites", data={"csrf": csrf_of(page)}) as r:
+            text = await r.text()
+        link = text.split('id="f-link" value="', 1)[1].split('"', 1)[0]
+        assert link.startswith(stack.url + "/invite/")
+        async with client() as newcomer:
+            home = await sign_up(newcomer, link, "newbie")
+            assert "Log out (newbie)" in home and 'href="/admin"' not in home
+
+
+async def test_backends_page_names_missing_models(db, fake_comfy_factory) -> None:
+    comfy = await fake_comfy_factory(models={"checkpoints": []})
+    async with web_stack(db, [comfy], worker=False) as stack, client() as admin:
+        await sign_up(admin, await stack.invite(admin=True), "boss")
+
+        async def probed() -> bool:
+            _, page = await get_text(admin, stack.url + "/admin/backends")
+            return "is not installed" in page
+
+        await wait_for(probed)
+        _, page = await get_text(admin, stack.url + "/admin/backends")
+        assert "gpu0" in page and "flux1-schnell.safetensors" in page
+
+
+async def test_workflows_enable_disable_and_add_from_uploads(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as admin:
+        await sign_up(admin, await stack.invite(admin=True), "boss")
+        _, page = await get_text(admin, stack.url + "/admin/workflows")
+        async with admin.post(
+            stack.url + "/admin/workflows/disable", data={"csrf": csrf_of(page), "command": "sd3"}
+        ) as r:
+            assert r.status == 200
+        status, _ = await get_text(admin, stack.url + "/c/sd3")
+        assert status == 404
+        _, home = await get_text(admin, stack.url + "/")
+        assert 'href="/c/sd3"' not in home
+        form = aiohttp.FormData()
+        form.add_field("csrf", csrf_of(page))
+        form.add_field("toml", (DATA / "noise_copy.toml").read_bytes(), filename="noise_copy.toml")
+        form.add_field("graph", (DATA / "noise_copy.json").read_bytes(), filename="noise_copy.json")
+        form.add_field("enable", "yes")
+        async with admin.post(stack.url + "/admin/workflows/add", data=form) as r:
+            assert "/copy was added." in await r.text()
+        status, page = await get_text(admin, stack.url + "/c/copy")
+        assert status == 200 and 'type="file" id="f-image"' in page
+        bad = aiohttp.FormData()
+        bad.add_field("csrf", csrf_of(page))
+        bad.add_field("toml", b'command = "x"\n', filename="x.toml")
+        bad.add_field("graph", b"{}", filename="x.json")
+        async with admin.post(stack.url + "/admin/workflows/add", data=bad) as r:
+            assert r.status == 400 and 'class="problem"' in await r.text()
