@@ -517,9 +517,10 @@ def _web(raw: Any) -> WebConfig:
         raise ConfigError("web.port must be a port number (1-65535; 0: any free port)")
     clients = w.get("client_auth", [])
     if not isinstance(clients, list) or not all(
-        isinstance(c, str) and c.isidentifier() for c in clients
+        isinstance(c, str) and c and len(c) <= 64 and c.replace("-", "").replace("_", "").isalnum()
+        and c.isascii() for c in clients
     ):
-        raise ConfigError("web.client_auth must be a list of client names (letters, digits, _)")
+        raise ConfigError("web.client_auth must be a list of client names (letters, digits, - _)")
     for key in ("session_hours", "invite_hours"):
         value = w.get(key, 1.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

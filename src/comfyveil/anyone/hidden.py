@@ -33,6 +33,7 @@ class HiddenServiceSpec:
     directory: Path
     target: str  # "127.0.0.1:8188"
     port: int = 80
+    pow_defense: bool = False  # HiddenServicePoWDefensesEnabled (only if anon has the module)
 
 
 @dataclass(frozen=True)

@@ -351,6 +351,8 @@ class ManagedAnon(AnonClient):
         for spec in self.hidden_services:
             lines.append(f"HiddenServiceDir {spec.directory.resolve()}")
             lines.append(f"HiddenServicePort {spec.port} {spec.target}")
+            if spec.pow_defense:
+                lines.append("HiddenServicePoWDefensesEnabled 1")
         lines += self.network.anonrc_lines()
         return "\n".join(lines) + "\n"
 

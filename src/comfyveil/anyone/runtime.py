@@ -145,6 +145,7 @@ async def anon_for(
     telegram: bool = False,
     on_progress: process.ProgressCallback | None = None,
     bootstrap_timeout: float = process.BOOTSTRAP_TIMEOUT,
+    hidden_services: Sequence[hidden.HiddenServiceSpec] = (),
 ) -> AsyncIterator[Router]:
     """Run anon for as long as the block runs, if `backends` (or Telegram) need it.
 
@@ -154,18 +155,25 @@ async def anon_for(
         network: the network our anon joins; tests always pass their PrivateNetwork.
         telegram: whether this command talks to the Bot API (then [anyone] telegram counts).
         on_progress: called with (percent, summary) while anon bootstraps.
+        hidden_services: persistent services our anon publishes (the web front end's).
 
     Raises:
         AnonError: a backend needs anon but [anyone] enabled is false, anon is not
             installed, a client key file is unusable, or anon did not start.
     """
     needs = needs_anon(settings, backends, telegram=telegram)
+    needs += [f"the hidden service in {spec.directory.name}" for spec in hidden_services]
     if not needs:
         yield Router(None, settings)
         return
     if not settings.anyone.enabled:
         raise errors.AnonError(
             f"{needs[0]} is reached through the Anyone network, but [anyone] enabled is false"
+        )
+    if settings.anyone.socks and hidden_services:
+        raise errors.AnonError(
+            "[anyone] socks names an anon comfyveil does not run, so it cannot publish "
+            f"{needs[-1]}; publish it with that daemon's own HiddenServiceDir instead"
         )
     if settings.anyone.socks:
         async with process.AttachedAnon(
@@ -183,6 +191,7 @@ async def anon_for(
         anon = process.ManagedAnon(
             network=chosen, binary=binary, data_dir=data_dir, client_keys=keys,
             on_progress=on_progress, bootstrap_timeout=bootstrap_timeout,
+            hidden_services=hidden_services,
         )
         logger.info("starting anon for %s", ", ".join(needs))
         async with anon:

@@ -58,8 +58,14 @@ async def run(args: argparse.Namespace) -> int:
 async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     """The database, anon when needed, the pool, a worker, and the front ends asked for
     (the Telegram bot, the web front end or both), until SIGTERM or Ctrl-C."""
+    from comfyveil.web import hidden as web_hidden
     from comfyveil.web import server as web_server
     from comfyveil.web.sink import SkipWebJobs
+
+    published = (
+        await asyncio.to_thread(web_hidden.prepare, settings)
+        if web and settings.web.hidden_service else None
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -68,7 +74,10 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             router = await stack.enter_async_context(
-                runtime.anon_for(settings, settings.backend_list(), telegram=telegram)
+                runtime.anon_for(
+                    settings, settings.backend_list(), telegram=telegram,
+                    hidden_services=[published.spec] if published else (),
+                )
             )
             db = await database.Database.open(settings)
             stack.push_async_callback(db.close)
@@ -99,14 +108,19 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 site = await web_server.start(settings, db, pool=backends)
                 stack.push_async_callback(site.close)
                 print(f"comfyveil: web front end at {site.url}", flush=True)
-                invite = await web_server.first_invite(settings, db, site.url)
+                links = site.url
+                if published is not None:
+                    address = await web_hidden.announce(published, router.anon, stack)
+                    print(f"comfyveil: web front end as a hidden service: http://{address}",
+                          flush=True)
+                    links = settings.web.public_url or f"http://{address}"
+                invite = await web_server.first_invite(settings, db, links)
                 if invite is not None:
                     print(f"comfyveil: first admin invitation (works once): {invite}",
                           flush=True)
                 if bot is None:
                     print("comfyveil: no Telegram token, so the web front end runs alone; "
                           "Ctrl-C stops it", flush=True)
-                await web_server.publish(settings, site, stack)
             purge = asyncio.create_task(
                 retention.purge_forever(db, settings.privacy), name="retention"
             )

@@ -83,15 +83,3 @@ async def first_invite(settings: config.Settings, db: database.Database, url: st
         return None
     token = await store.create_invite(is_admin=True, hours=settings.web.invite_hours)
     return f"{url}/invite/{token}"
-
-
-async def publish(
-    settings: config.Settings, site: Running, stack: contextlib.AsyncExitStack
-) -> None:
-    """Publish the web port as a hidden service when `[web] hidden_service` is on."""
-    if not settings.web.hidden_service:
-        return
-    from comfyveil.web import hidden
-
-    address = await hidden.publish(settings, site.port, stack)
-    print(f"comfyveil: web front end as a hidden service: http://{address}", flush=True)
