@@ -38,6 +38,7 @@ HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+STATIC_PREFIX = "/static/"
 FORM_SLACK = 1024 * 1024  # a form's other fields and multipart framing beside its image
 
 
@@ -60,6 +61,7 @@ class WebServices:
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("comfyveil.web", "templates"),
             autoescape=True,
+            auto_reload=False,  # templates ship with the package: no stat() per page
             trim_blocks=True,
             lstrip_blocks=True,
         )
@@ -174,6 +176,8 @@ async def _headers(request: web.Request, response: web.StreamResponse) -> None:
 async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
     svc = services(request)
     token = request.cookies.get(auth.SESSION_COOKIE)
+    if request.path.startswith(STATIC_PREFIX) and request.method == "GET":
+        return await handler(request)  # the same for everyone: no session to look up
     if token:
         found = await svc.web.session(token)
         if found is not None:

@@ -24,7 +24,8 @@ from comfyveil.web.app import WebServices, render, require_account, services
 from comfyveil.web.pages import MIMES, owned_output, queue, who_for
 
 REFRESH_SECONDS = 2
-PAGE_SIZE = 24
+PAGE_SIZE = 24  # history rows per page
+GALLERY_PAGE = 50  # thumbnails per gallery page (a few KB each)
 THUMB_SIZE = 320
 THUMB_CACHE = 512  # thumbnails kept in memory (a few KB each)
 
@@ -60,7 +61,7 @@ async def job_page(request: web.Request) -> web.Response:
         position = None if ahead is None else ahead + 1
     elif job.status is jobs.Status.RUNNING:
         eta = await svc.db.jobs.eta(job.id, parallel=svc.parallel())
-    outputs = await svc.db.jobs.outputs(job.id) if job.status is jobs.Status.SUCCEEDED else []
+    outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
     edits = [e for e in await svc.registry.all() if e.takes_image]
     progress = job.progress or {}
     percent = progress.get("percent")
@@ -219,14 +220,14 @@ async def gallery(request: web.Request) -> web.Response:
     account = require_account(request)
     page = _page(request)
     items = await services(request).web.gallery(
-        account.user_id, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
+        account.user_id, limit=GALLERY_PAGE + 1, offset=(page - 1) * GALLERY_PAGE
     )
     return render(
         request,
         "gallery.html",
-        items=items[:PAGE_SIZE],
+        items=items[:GALLERY_PAGE],
         page=page,
-        more=len(items) > PAGE_SIZE,
+        more=len(items) > GALLERY_PAGE,
         images=MIMES,
     )
 

@@ -95,6 +95,15 @@ class GalleryItem:
     created_at: dt.datetime
 
 
+@dataclass(frozen=True)
+class OutputInfo:
+    index: int
+    filename: str
+    kind: str
+    mime: str
+    size: int
+
+
 _ACCOUNT_COLUMNS = (
     "id, name, user_id, chat_id, passphrase, is_admin, disabled, failed_logins, "
     "locked_until, created_at, last_login_at"
@@ -343,6 +352,15 @@ class WebStore:
             )
             for r in rows
         ]
+
+    async def output_list(self, job_id: uuid.UUID) -> list[OutputInfo]:
+        """A job's outputs without their bytes (a page shows links, not data)."""
+        rows = await self._all(
+            "SELECT index, filename, kind, mime, size FROM job_outputs WHERE job_id = %(id)s "
+            "ORDER BY index",
+            {"id": job_id},
+        )
+        return [OutputInfo(**r) for r in rows]
 
     async def output_owner(self, job_id: uuid.UUID) -> int | None:
         row = await self._one("SELECT user_id FROM jobs WHERE id = %(id)s", {"id": job_id})
