@@ -12,7 +12,6 @@ from PIL import Image
 
 from comfyveil.store import jobs
 from comfyveil.web import identity
-from comfyveil.web.sink import SkipWebJobs
 from tests.web.support import NONCE, client, csrf_of, get_text, sign_up, wait_for, web_stack
 
 JOB_URL = re.compile(r"/jobs/([0-9a-f-]{36})$")
@@ -210,21 +209,3 @@ async def test_run_again_settings_and_forget(db, fake_comfy) -> None:
         account = await stack.store.account_by_name("kim")
         assert account is not None
         assert await stack.db.users.get(account.user_id) is None  # settings gone too
-
-
-async def test_telegram_sink_is_not_given_web_jobs() -> None:
-    class Recorder:
-        name = "telegram"
-        seen: list[int] = []  # noqa: RUF012
-
-        async def deliver(self, job, outputs) -> None:
-            self.seen.append(job.chat_id)
-
-    class FakeJob:
-        def __init__(self, chat_id: int) -> None:
-            self.chat_id = chat_id
-
-    sink = SkipWebJobs(Recorder())  # type: ignore[arg-type]
-    await sink.deliver(FakeJob(identity.web_user_id(1)), [])  # type: ignore[arg-type]
-    await sink.deliver(FakeJob(-1001234567890), [])  # type: ignore[arg-type]  # a supergroup
-    assert Recorder.seen == [-1001234567890]

@@ -60,7 +60,6 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     (the Telegram bot, the web front end or both), until SIGTERM or Ctrl-C."""
     from comfyveil.web import hidden as web_hidden
     from comfyveil.web import server as web_server
-    from comfyveil.web.sink import SkipWebJobs
 
     published = (
         await asyncio.to_thread(web_hidden.prepare, settings)
@@ -92,7 +91,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 if telegram else None
             )
             worker = Worker(
-                db, backends, sinks=[SkipWebJobs(bot.sink)] if bot is not None else [],
+                db, backends, sinks=[bot.sink] if bot is not None else [],
                 options=WorkerOptions(
                     lease_seconds=settings.worker.lease_seconds,
                     poll_interval=settings.worker.poll_interval,

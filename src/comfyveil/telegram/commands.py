@@ -26,6 +26,7 @@ from comfyveil import errors
 from comfyveil.store import jobs
 from comfyveil.telegram import access, callbacks_data, parse, registry, render, replies, submit
 from comfyveil.telegram.context import BotContext, Services
+from comfyveil.telegram.web_link import web as web_link
 
 logger = logging.getLogger(__name__)
 
@@ -318,4 +319,5 @@ COMMANDS: dict[str, Handler] = {
     "settings": settings,
     "history": history,
     "forget": forget,
+    "web": web_link,  # a one-time link to the web front end
 }

@@ -26,6 +26,7 @@ from comfyveil import sinks
 from comfyveil.store import jobs
 from comfyveil.telegram import callbacks_data, render, replies
 from comfyveil.telegram.context import Services
+from comfyveil.web import identity
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,8 @@ class TelegramSink:
         Shielded: a delivery that has begun runs to its end (sent, status message finished)
         even when the worker's job task is cancelled meanwhile, so it is never sent twice.
         """
+        if identity.is_web_chat(job.chat_id):
+            return  # queued on the web: its page shows the result; there is no chat
         if job.id in self._done:
             return  # this process already delivered it (a re-delivery after a hiccup)
         task = self._inflight.get(job.id)

@@ -115,3 +115,94 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/logout", logout)
     app.router.add_get("/invite/{token}", signup_page)
     app.router.add_post("/invite/{token}", signup)
+    add_link_routes(app)
+
+
+# -- a one-time link from the chat (`/web`) ----------------------------------------------
+
+
+async def link_page(request: web.Request) -> web.Response:
+    """What the link does, as a button: Telegram fetches links for previews, so opening
+    one must change nothing."""
+    svc = services(request)
+    token = request.match_info["token"]
+    telegram_user = await svc.web.link_user(token)
+    if telegram_user is None:
+        return render(
+            request,
+            "error.html",
+            status=404,
+            message="This link is not valid any more; send /web in the chat again.",
+        )
+    account = visit(request).account
+    linked = await svc.web.account_of_user(telegram_user)
+    if account is not None:
+        mode = "already" if account.user_id == telegram_user else "link"
+    else:
+        mode = "login" if linked is not None else "signup"
+    return render(
+        request,
+        "link.html",
+        form_csrf=anon_csrf(request),
+        token=token,
+        mode=mode,
+        linked=linked,
+        errors={},
+        name="",
+    )
+
+
+async def link(request: web.Request) -> web.Response:
+    svc = services(request)
+    token = request.match_info["token"]
+    form = await request.post()
+    action = _field(form, "action", 16)
+    account = visit(request).account
+    try:
+        if action == "link" and account is not None:
+            await svc.web.use_link(token, account.id)
+            raise web.HTTPSeeOther("/?done=linked")
+        if action == "login" and account is None:
+            telegram_user = await svc.web.link_user(token)
+            linked = await svc.web.account_of_user(telegram_user) if telegram_user else None
+            if linked is None or linked.disabled:
+                raise web_store.InviteInvalid("There is no usable account to log into.")
+            await svc.web.use_link(token, None)
+            await svc.web.logged_in(linked.id)
+            return await _start_session(request, linked)
+        if action == "signup" and account is None:
+            name = _field(form, "name", auth.MAX_NAME * 4).strip()
+            passphrase = _field(form, "passphrase", auth.MAX_PASSPHRASE * 4)
+            errors: dict[str, str] = {}
+            if problem := auth.check_name(name):
+                errors["name"] = problem
+            if problem := auth.check_passphrase(passphrase, _field(form, "again", 4096)):
+                errors["passphrase"] = problem
+            if not errors:
+                try:
+                    created = await svc.web.sign_up_linked(
+                        token, name, await auth.hash_passphrase(passphrase)
+                    )
+                except web_store.NameTaken:
+                    errors["name"] = str(web_store.NameTaken())
+                else:
+                    return await _start_session(request, created)
+            return render(
+                request,
+                "link.html",
+                status=400,
+                form_csrf=anon_csrf(request),
+                token=token,
+                mode="signup",
+                linked=None,
+                errors=errors,
+                name=name,
+            )
+    except (web_store.InviteInvalid, web_store.NameTaken) as exc:
+        return render(request, "error.html", status=400, message=str(exc))
+    raise web.HTTPSeeOther(f"/link/{token}")
+
+
+def add_link_routes(app: web.Application) -> None:
+    app.router.add_get("/link/{token}", link_page)
+    app.router.add_post("/link/{token}", link)

@@ -83,3 +83,17 @@ async def first_invite(settings: config.Settings, db: database.Database, url: st
         return None
     token = await store.create_invite(is_admin=True, hours=settings.web.invite_hours)
     return f"{url}/invite/{token}"
+
+
+def link_base(settings: config.Settings) -> str:
+    """The address to put in links sent elsewhere (the chat): `[web] public_url`, else
+    the hidden service's address when published, else host and port."""
+    if settings.web.public_url:
+        return settings.web.public_url
+    if settings.web.hidden_service:
+        from comfyveil.web import hidden
+
+        hostname = settings.data_dir / "anon" / "hs" / hidden.SERVICE_NAME / "hostname"
+        with contextlib.suppress(OSError):
+            return f"http://{hostname.read_text().strip()}"
+    return public_url(settings, settings.web.port)
