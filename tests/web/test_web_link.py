@@ -111,7 +111,7 @@ async def test_web_link_joins_an_existing_account_and_logs_in_later(
             early = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
             await finished(stack, early)
             token = await _web_link(bot)
-            status, page = await get_text(session, f"{stack.url}/link/{token}")
+            _, page = await get_text(session, f"{stack.url}/link/{token}")
             assert 'value="link"' in page
             async with session.post(
                 f"{stack.url}/link/{token}", data={"csrf": csrf_of(page), "action": "link"}
