@@ -1,8 +1,8 @@
 """The web front end as a hidden service on the session's private Anyone network:
 `comfyveil web` with `[web] hidden_service = true` and a client, opened in Chromium
-(JavaScript off) through the bot-side anon's SOCKS port. Chromium may not resolve any
-name itself (every name maps to "not found"), so the .anon name can only have reached
-the proxy."""
+(JavaScript off) through the bot-side anon's SOCKS socket. Chromium may not resolve any
+name itself (every name maps to "not found"), and a relay in front of the SOCKS socket
+records that every connection asked for the .anon name, as a name."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.anyone.test_anyone_product import RecordingRelay
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.anyone import AnonPair, PrivateAnyoneNetwork
 from tests.web.browser import launch, needs_chromium
@@ -87,9 +88,13 @@ async def test_the_web_front_end_opens_through_its_anon_address(
         assert oct(key_file.stat().st_mode & 0o777) == "0o600"
         await _line(proc, r"web hidden service is published", seen)
         await anon_pair.client.add_client_key(key_file)
-        assert anon_pair.client.socks_port is not None
+        # Chromium speaks SOCKS over TCP; our anon listens on a Unix socket. The relay
+        # between them records what each CONNECT asked for.
+        assert anon_pair.client.socks_path is not None
+        relay = RecordingRelay(anon_pair.client.socks_path)
+        relay_port = await relay.start()
         proxy = [
-            f"--proxy-server=socks5://127.0.0.1:{anon_pair.client.socks_port}",
+            f"--proxy-server=socks5://127.0.0.1:{relay_port}",
             # Chromium resolves no name itself (the proxy's own address is a literal).
             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
         ]
@@ -115,6 +120,13 @@ async def test_the_web_front_end_opens_through_its_anon_address(
             await page.get_by_role("button", name="Create account").click()
             await page.wait_for_selector("text=Log out (tester)")
             assert page.url.startswith(f"http://{address}/")
+        await relay.stop()
+        assert relay.requests, "Chromium went through the SOCKS proxy"
+        # Every connection named its host (none was resolved here); ours named the .anon
+        # one. (Chromium's own background requests, to Google hosts, also go to the proxy,
+        # by name, and fail there: the private network reaches nothing else.)
+        assert {kind for kind, _, _, _ in relay.requests} == {"domain"}
+        assert address in {host for _, host, _, _ in relay.requests}
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, err.decode()[-2000:]

@@ -22,6 +22,7 @@ ARGS = [
     "--disable-sync",
     "--no-first-run",
     "--disable-default-apps",
+    "--disable-features=AutofillServerCommunication,OptimizationHints,MediaRouter",
 ]
 
 try:
