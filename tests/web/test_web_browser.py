@@ -74,6 +74,9 @@ async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory) -> 
         await page.wait_for_selector("img[alt^='Result 1']", timeout=TIMEOUT_MS)
         assert await page.locator('meta[http-equiv="refresh"]').count() == 0
         await page.screenshot(path=str(DOCS / "web-result.png"), full_page=True)
+        await page.set_viewport_size({"width": 390, "height": 844})  # a phone
+        await page.screenshot(path=str(DOCS / "web-phone.png"))
+        await page.set_viewport_size({"width": 820, "height": 1000})
 
         # download the original: the bytes the GPU made
         async with page.expect_download() as info:
