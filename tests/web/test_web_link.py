@@ -119,6 +119,10 @@ async def test_web_link_joins_an_existing_account_and_logs_in_later(
                 assert "Your Telegram account is linked" in await r.text()
             moved = await stack.db.jobs.get(early)
             assert moved is not None and moved.user_id == TG_USER
+            async with stack.db.pool.connection() as conn:  # one quota for both now
+                cur = await conn.execute("SELECT user_id, jobs_today FROM user_usage")
+                usage = {row["user_id"]: row["jobs_today"] for row in await cur.fetchall()}
+            assert usage == {TG_USER: 1}
 
             # The bot heard the web job end and took it as delivered, sending nothing to a
             # chat that does not exist

@@ -138,8 +138,9 @@ class TelegramSink:
         return SINK_NAME
 
     def accepts(self, job: jobs.Job) -> bool:
-        """Jobs queued without a chat (`comfyveil submit`) are not Telegram's to deliver."""
-        return job.chat_id != jobs.NO_CHAT
+        """Jobs queued without a chat (`comfyveil submit`) are not Telegram's to deliver,
+        nor jobs queued on the web (their page shows the result)."""
+        return job.chat_id != jobs.NO_CHAT and not identity.is_web_chat(job.chat_id)
 
     def delivery_detail(self, job_id: uuid.UUID) -> dict[str, Any] | None:
         """What the worker records with the delivery of `job_id` (the sent message ids),
@@ -152,8 +153,6 @@ class TelegramSink:
         Shielded: a delivery that has begun runs to its end (sent, status message finished)
         even when the worker's job task is cancelled meanwhile, so it is never sent twice.
         """
-        if identity.is_web_chat(job.chat_id):
-            return  # queued on the web: its page shows the result; there is no chat
         if job.id in self._done:
             return  # this process already delivered it (a re-delivery after a hiccup)
         task = self._inflight.get(job.id)

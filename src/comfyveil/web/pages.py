@@ -49,7 +49,7 @@ async def home(request: web.Request) -> web.Response:
     account = require_account(request)
     svc = services(request)
     who = await who_for(svc, account)
-    entries = [e for e in await svc.registry.all() if e.command.allows(who.role)]
+    entries = [e for e in await svc.registry.all() if e.allows(who)]
     return render(request, "home.html", entries=entries, done=request.query.get("done"))
 
 
@@ -151,17 +151,22 @@ async def submit(request: web.Request) -> web.Response:
     except web.HTTPRequestEntityTooLarge:
         return error_page(request, 413, "That upload is too large.")
     values, field_errors = forms.read_values(entry, form)
-    inputs: list[jobs.InputImage] = []
-    for name in entry.workflow.image_params:
-        try:
-            inputs.append(await _input_image(svc, account, name, form))
-        except errors.UsageError as exc:
-            field_errors[name] = forms.sentence(str(exc))
-        values[name] = IMAGE_PLACEHOLDER
     problem: str | None = None
     job: jobs.Job | None = None
     who = await who_for(svc, account)
-    if not field_errors:
+    try:  # refused now, before an uploaded image is decoded (asked again when queued)
+        await svc.db.jobs.check_limits(who.user_id, **svc.access.limits(who))
+    except errors.UsageError as exc:
+        problem = forms.sentence(str(exc))
+    inputs: list[jobs.InputImage] = []
+    for name in entry.workflow.image_params:
+        if problem is None:
+            try:
+                inputs.append(await _input_image(svc, account, name, form))
+            except errors.UsageError as exc:
+                field_errors[name] = forms.sentence(str(exc))
+        values[name] = IMAGE_PLACEHOLDER
+    if not field_errors and problem is None:
         try:
             job = await queue(svc, who, entry, values, inputs, key=_key(account, form))
         except errors.UsageError as exc:
@@ -211,11 +216,9 @@ async def queue(
     """
     if who.role == "banned" and not who.is_admin:
         raise access_mod.NotAllowed("You are not allowed to use this service.")
-    if not entry.command.allows(who.role):
-        raise errors.UsageError(f"/{entry.name} is not available to you.")
+    if not entry.allows(who):
+        raise access_mod.NotAllowed(f"Only the admins can use /{entry.name}.")
     validated = entry.workflow.validate(values)
-    svc.access.check_cooldown(who)
-    max_active, quota = svc.access.limits(who)
     new = jobs.NewJob(
         user_id=who.user_id,
         chat_id=who.chat_id,
@@ -226,10 +229,8 @@ async def queue(
         idempotency_key=key,
         max_attempts=svc.settings.worker.max_attempts,
     )
-    job = await svc.db.jobs.enqueue(new, max_active=max_active, daily_quota=quota)
-    if job.id == new.id:
-        svc.access.note_job(who.user_id)
-    return job
+    # The limits, cooldown included, are checked and counted with the job in one statement.
+    return await svc.db.jobs.enqueue(new, **svc.access.limits(who))
 
 
 def add_routes(app: web.Application) -> None:

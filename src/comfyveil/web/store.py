@@ -393,6 +393,21 @@ class WebStore:
                 "UPDATE chat_sessions SET user_id = %(tg)s WHERE user_id = %(old)s", params
             )
             await conn.execute("DELETE FROM queue_turns WHERE user_id = %(old)s", params)
+            # One user now: today's jobs of both count against one quota.
+            await conn.execute(
+                "INSERT INTO user_usage (user_id, day, jobs_today, last_job_at) "
+                "SELECT %(tg)s, day, jobs_today, last_job_at FROM user_usage "
+                "WHERE user_id = %(old)s "
+                "ON CONFLICT (user_id) DO UPDATE SET "
+                "jobs_today = CASE WHEN user_usage.day = excluded.day "
+                "  THEN user_usage.jobs_today + excluded.jobs_today "
+                "  WHEN user_usage.day > excluded.day THEN user_usage.jobs_today "
+                "  ELSE excluded.jobs_today END, "
+                "day = greatest(user_usage.day, excluded.day), "
+                "last_job_at = greatest(user_usage.last_job_at, excluded.last_job_at)",
+                params,
+            )
+            await conn.execute("DELETE FROM user_usage WHERE user_id = %(old)s", params)
             # The chat's own settings win where both have one; a web quota is kept if
             # the chat user had none.
             await conn.execute(
