@@ -139,3 +139,20 @@ async def test_logout_ends_the_session_and_expired_sessions_do_not_count(db, fak
             other.cookie_jar.update_cookies({auth.SESSION_COOKIE: expired})
             async with other.get(stack.url + "/", allow_redirects=False) as response:
                 assert response.status == 303 and response.headers["Location"] == "/login"
+
+
+async def test_a_malformed_request_gets_the_headers_and_no_server_version(db, fake_comfy) -> None:
+    import asyncio
+    from urllib.parse import urlsplit
+
+    async with web_stack(db, [fake_comfy], worker=False) as stack:
+        parts = urlsplit(stack.url)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        writer.write(b"GARBAGE / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        head = (await asyncio.wait_for(reader.read(4096), 10)).decode("latin-1")
+        writer.close()
+        assert head.startswith("HTTP/1.") and " 400 " in head.splitlines()[0]
+        headers = head.split("\r\n\r\n", 1)[0].lower()
+        assert "\r\nserver:" not in headers and "aiohttp" not in headers
+        assert "content-security-policy: default-src 'none'" in headers

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from aiohttp import web
+from aiohttp import hdrs, web, web_protocol, web_server
 
 from comfyveil import config
 from comfyveil.comfy import pool as pool_mod
@@ -35,6 +35,35 @@ class Running:
         await self.runner.cleanup()
 
 
+class _ErrorResponse(web.Response):
+    """An answer to a request the parser rejected: the app (and its prepare hook) never
+    saw it, so the headers are set here, and aiohttp's Server header taken out."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self.headers.popall(hdrs.SERVER, None)
+
+
+class _Handler(web_protocol.RequestHandler):
+    def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[no-untyped-def]
+        plain = super().handle_error(request, status, exc, message)
+        response = _ErrorResponse(
+            status=plain.status,
+            body=plain.body,
+            headers=web_app.HEADERS,
+            content_type="text/plain",
+        )
+        response.force_close()
+        return response
+
+
+class _Server(web_server.Server):
+    __slots__ = ()
+
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)
+
+
 async def _purge_forever(store: web_store.WebStore) -> None:
     while True:
         try:
@@ -59,6 +88,8 @@ async def start(
     application = web_app.build(settings, db, pool=pool)
     runner = web.AppRunner(application, access_log=None)  # no request lines: they hold ids
     await runner.setup()
+    if runner.server is not None and type(runner.server) is web_server.Server:
+        runner.server.__class__ = _Server  # malformed requests get our headers too
     site = web.TCPSite(runner, settings.web.host, settings.web.port)
     try:
         await site.start()
