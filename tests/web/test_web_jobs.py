@@ -209,3 +209,28 @@ async def test_run_again_settings_and_forget(db, fake_comfy) -> None:
         account = await stack.store.account_by_name("kim")
         assert account is not None
         assert await stack.db.users.get(account.user_id) is None  # settings gone too
+
+
+async def test_an_uploaded_input_is_shown_to_its_owner_only(db, fake_comfy_factory) -> None:
+    slow = await fake_comfy_factory(step_delay=0.5)
+    upload = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(upload, "PNG")
+    async with web_stack(db, [slow]) as stack, client() as owner, client() as other:
+        await sign_up(owner, await stack.invite(), "lou")
+        await sign_up(other, await stack.invite(), "max")
+        response = await submit_form(
+            owner,
+            stack.url,
+            "qwen",
+            {"prompt": "make it blue", "steps": "8", "megapixels": "0.25"},
+            files={"image": upload.getvalue()},
+        )
+        assert response.status == 200, await response.text()
+        job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
+        _, page = await get_text(owner, f"{stack.url}/jobs/{job_id}")
+        assert f'src="/jobs/{job_id}/in/0"' in page
+        async with owner.get(f"{stack.url}/jobs/{job_id}/in/0") as r:
+            assert r.status == 200 and await r.read() == upload.getvalue()
+        async with other.get(f"{stack.url}/jobs/{job_id}/in/0") as r:
+            assert r.status == 404
+        await finished(stack, job_id)

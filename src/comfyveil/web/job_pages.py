@@ -63,6 +63,7 @@ async def job_page(request: web.Request) -> web.Response:
         eta = await svc.db.jobs.eta(job.id, parallel=svc.parallel())
     outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
     edits = [e for e in await svc.registry.all() if e.takes_image]
+    inputs = await svc.web.input_list(job.id)
     progress = job.progress or {}
     percent = progress.get("percent")
     return render(
@@ -77,6 +78,7 @@ async def job_page(request: web.Request) -> web.Response:
         steps=progress.get("max"),
         waiting=progress.get("text") if progress.get("state") == "waiting" else None,
         outputs=[o for o in outputs],
+        inputs=inputs,
         images=MIMES,
         edits=edits,
         refresh=None if job.status.finished else REFRESH_SECONDS,
@@ -144,6 +146,21 @@ async def output(request: web.Request) -> web.StreamResponse:
     name = sinks.safe_name(found.filename)
     disposition = "attachment" if request.query.get("download") else "inline"
     response.headers["Content-Disposition"] = f'{disposition}; filename="{name}"'
+    response.headers["Cache-Control"] = "private, max-age=3600"
+    return response
+
+
+async def input_image(request: web.Request) -> web.StreamResponse:
+    """An input image of the visitor's own job, while it is kept."""
+    _account, job = await owned_job(request)
+    try:
+        index = int(request.match_info["index"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+    kept = await services(request).db.jobs.inputs(job.id)
+    if not 0 <= index < len(kept) or kept[index].mime not in MIMES:
+        raise web.HTTPNotFound()
+    response = web.Response(body=kept[index].data, content_type=kept[index].mime)
     response.headers["Cache-Control"] = "private, max-age=3600"
     return response
 
@@ -303,6 +320,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/jobs/{job}/again", again)
     app.router.add_get("/jobs/{job}/out/{index}", output)
     app.router.add_get("/jobs/{job}/thumb/{index}", thumbnail)
+    app.router.add_get("/jobs/{job}/in/{index}", input_image)
     app.router.add_get("/history", history)
     app.router.add_get("/gallery", gallery)
     app.router.add_get("/settings", settings_page)

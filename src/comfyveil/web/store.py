@@ -507,6 +507,14 @@ class WebStore:
         )
         return [OutputInfo(**r) for r in rows]
 
+    async def input_list(self, job_id: uuid.UUID) -> list[tuple[int, str]]:
+        """(index, mime) of a job's input images while they are kept."""
+        rows = await self._all(
+            "SELECT index, mime FROM job_inputs WHERE job_id = %(id)s ORDER BY index",
+            {"id": job_id},
+        )
+        return [(r["index"], r["mime"]) for r in rows]
+
     async def output_owner(self, job_id: uuid.UUID) -> int | None:
         row = await self._one("SELECT user_id FROM jobs WHERE id = %(id)s", {"id": job_id})
         return int(row["user_id"]) if row else None
