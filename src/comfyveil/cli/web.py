@@ -60,7 +60,7 @@ async def invite(settings: config.Settings, *, admin: bool) -> int:
         token = await store.WebStore(db.pool).create_invite(
             is_admin=admin, hours=settings.web.invite_hours
         )
-    url = server.public_url(settings, settings.web.port)
+    url = server.link_base(settings)  # the .anon address once published
     hours = settings.web.invite_hours
     print(f"{url}/invite/{token}")
     print(f"(works once, for {hours:g} hours{'; an admin account' if admin else ''})")
