@@ -75,6 +75,9 @@ class BackendConfig:
     tags: tuple[str, ...] = ()
     max_waiting: int = 1  # jobs queued on the backend beside the running one
     bench: Path | None = None  # a `comfyveil bench` results.json: seeds the run-time estimates
+    # Leave nothing of a job on the GPU host: images over the WebSocket instead of files,
+    # inputs in its temp folder and overwritten, the history entry deleted.
+    no_trace: bool = True
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -338,6 +341,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "name": _TEXT, "url": _TEXT, "via": Rule("text", choices=("auto", "direct", "anyone")),
         "auth_key_file": _TEXT, "tags": Rule("texts"),
         "max_waiting": Rule("int", low=0, high=1000), "bench": _TEXT,
+        "no_trace": _BOOL,
     },
     "limits": {
         "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
@@ -439,7 +443,8 @@ def from_mapping(
             raise ConfigError("backends must be an array of tables: [[backends]]")
         b = _checked("backends", _take(
             item, f"backends #{index + 1}",
-            {"name", "url", "via", "auth_key_file", "tags", "max_waiting", "bench"},
+            {"name", "url", "via", "auth_key_file", "tags", "max_waiting", "bench",
+             "no_trace"},
         ), label=f"[[backends]] #{index + 1} ")
         if "url" not in b:
             raise ConfigError(f"backend #{index + 1} has no url")
@@ -452,6 +457,7 @@ def from_mapping(
                 tags=b.get("tags", ()),
                 max_waiting=b.get("max_waiting", 1),
                 bench=_path(b["bench"], base) if "bench" in b else None,
+                no_trace=b.get("no_trace", True),
             )
         )
     names = [b.name for b in backends]

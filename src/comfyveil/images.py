@@ -1,4 +1,5 @@
-"""Check that a file a user sent is a real, complete image within our limits (pure).
+"""Check that a file a user sent is a real, complete image within our limits, and take
+its hidden metadata off (pure).
 
 Pillow decodes in C and blocks: call :func:`check_image` with ``asyncio.to_thread``.
 """
@@ -10,12 +11,14 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
-from comfyveil import errors
+from comfyveil import errors, metadata
 
 ACCEPTED_FORMATS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
 ASK = "Send a JPEG, PNG or WebP photo."
+_ORIENTATION = 0x0112  # the EXIF tag a phone sets instead of rotating the pixels
+_JPEG_QUALITY = 95  # re-encoding a rotated JPEG: as close to the original as it gets
 
 # Signatures of files people send by mistake, so the answer can name what they sent.
 _SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
@@ -58,7 +61,11 @@ class CheckedImage:
 
 
 def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage:
-    """Decode ``data`` fully and check it against the limits.
+    """Decode ``data`` fully, check it against the limits and drop its metadata.
+
+    The returned bytes carry no EXIF (camera, time, GPS position), XMP or comments; the
+    colour profile stays. A photo an EXIF orientation turns is turned first (re-encoded),
+    the way ComfyUI's LoadImage would have shown it; any other is not re-encoded.
 
     Raises:
         ImageRejected: with a sentence for the user: not an image (naming what it looks
@@ -107,7 +114,26 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
                 f"That image is damaged or incomplete; send it again. {ASK}"
             ) from exc
         fmt = image.format
-    return CheckedImage(data, width, height, fmt, ACCEPTED_FORMATS[fmt])
+        cleaned, width, height = _without_metadata(image, data, fmt)
+    return CheckedImage(cleaned, width, height, fmt, ACCEPTED_FORMATS[fmt])
+
+
+def _without_metadata(image: Image.Image, data: bytes, fmt: str) -> tuple[bytes, int, int]:
+    """The image's bytes without metadata, its orientation applied; its new size."""
+    orientation = image.getexif().get(_ORIENTATION, 1)
+    if orientation in (None, 1) or not isinstance(orientation, int):
+        return metadata.strip(data), image.width, image.height
+    turned = ImageOps.exif_transpose(image)
+    options: dict[str, object] = {}
+    if image.info.get("icc_profile"):
+        options["icc_profile"] = image.info["icc_profile"]
+    if fmt == "JPEG":
+        options.update(quality=_JPEG_QUALITY)
+    elif fmt == "WEBP":
+        options.update(quality=_JPEG_QUALITY, lossless=bool(image.info.get("lossless")))
+    buffer = io.BytesIO()
+    turned.save(buffer, fmt, **options)  # Pillow writes no EXIF unless it is asked to
+    return metadata.strip(buffer.getvalue()), turned.width, turned.height
 
 
 def _looks_like(data: bytes) -> str:

@@ -41,6 +41,11 @@ def register(subparsers: Any) -> None:
         "--timeout", type=float, default=config.DEFAULT_JOB_TIMEOUT, metavar="SECONDS",
         help="give up when the job (upload, run and download) has not finished after this long",
     )
+    parser.add_argument(
+        "--keep-metadata", action="store_true",
+        help="keep ComfyUI's prompt and workflow inside the saved files (to drag them back "
+        "into ComfyUI); by default every output is saved without metadata",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -107,6 +112,7 @@ async def run(args: argparse.Namespace) -> int:
             outcome = await execute.execute(
                 client, wf, validated, inputs, on_event=progress.on_event,
                 timeout=args.timeout, out_dir=args.out,
+                no_trace=backend.no_trace, keep_metadata=args.keep_metadata,
             )
     finally:
         progress.close()

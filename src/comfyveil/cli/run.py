@@ -121,7 +121,8 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                     print("comfyveil: no Telegram token, so the web front end runs alone; "
                           "Ctrl-C stops it", flush=True)
             purge = asyncio.create_task(
-                retention.purge_forever(db, settings.privacy), name="retention"
+                retention.purge_forever(db, settings.privacy, backends=backends),
+                name="retention",
             )
             stack.callback(purge.cancel)
             worker_task = asyncio.create_task(worker.run(), name="worker")

@@ -73,7 +73,8 @@ async def run(args: argparse.Namespace) -> int:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.stop)
             purge = asyncio.create_task(
-                retention.purge_forever(db, settings.privacy), name="retention"
+                retention.purge_forever(db, settings.privacy, backends=backends),
+                name="retention",
             )
             try:
                 await worker.run()

@@ -100,6 +100,7 @@ class ComfyClient(Following):
         self._socket: ws.Socket | None = None
         self._socket_lock = asyncio.Lock()
         self._object_info: dict[str, Any] | None = None
+        self._node_known: dict[str, bool] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -290,6 +291,47 @@ class ComfyClient(Following):
             return done
         return await self._poll(prompt_id, on_event)
 
+    async def follow_live(
+        self, prompt_id: str, *, on_event: EventCallback | None = None
+    ) -> RunResult:
+        """Re-attach to a prompt and receive its own events, binary frames included.
+
+        A prompt's events go to the socket whose id it was posted with. When the process
+        that posted it is gone, so is that socket, and ComfyUI sends to whichever socket
+        takes the id next: this one, opened with the id the queue shows for the prompt.
+        (Were the old socket still open, the server would mute both when it closes; the
+        silence then ends in the usual check of the queue and history.)
+        """
+        done = await self._reconcile(prompt_id)
+        if done is not None:
+            return done
+        state = await self.queue()
+        item = next(
+            (i for i in (*state.running, *state.pending) if i.prompt_id == prompt_id), None
+        )
+        client_id = item.extra_data.get("client_id") if item is not None else None
+        if not isinstance(client_id, str) or not client_id:
+            return await self._poll(prompt_id, on_event)
+        socket = await ws.connect(
+            self.base_url,
+            proxy=self._proxy,
+            timeout=self.timeout,
+            backend=self.name,
+            limit=self.limits,
+            client_id=client_id,
+        )
+        try:
+            if state.running and state.running[0].prompt_id == prompt_id:
+                socket.current_prompt = prompt_id
+            queue = socket.listen(prompt_id)
+            # It may have ended between the look at the queue and the new socket.
+            done = await self._finished(prompt_id)
+            if done is not None:
+                return done
+            return await self._follow_socket(prompt_id, queue, on_event, time.monotonic())
+        finally:
+            await socket.close()
+
     # --- control ----------------------------------------------------------------------
 
     async def interrupt(self, prompt_id: str | None = None) -> bool:
@@ -363,6 +405,10 @@ class ComfyClient(Following):
     async def clear_queue(self) -> None:
         await self._call("POST", "/queue", json={"clear": True})
 
+    async def delete_history(self, prompt_ids: Sequence[str]) -> None:
+        """POST /history {"delete": [...]}; unknown ids are ignored by the server."""
+        await self._call("POST", "/history", json={"delete": list(prompt_ids)})
+
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
         """The history entry of a prompt, or None (unknown or not finished yet)."""
         data = await self._call("GET", f"/history/{prompt_id}")
@@ -384,6 +430,15 @@ class ComfyClient(Following):
                 )
             self._object_info = dict(data)
         return self._object_info
+
+    async def has_node(self, class_type: str) -> bool:
+        """Whether the backend has a node type (GET /object_info/{class}: 200 {} if not)."""
+        if self._object_info is not None:
+            return class_type in self._object_info
+        if class_type not in self._node_known:
+            data = await self._call("GET", f"/object_info/{class_type}")
+            self._node_known[class_type] = isinstance(data, Mapping) and class_type in data
+        return self._node_known[class_type]
 
     async def system_stats(self) -> dict[str, Any]:
         data = await self._call("GET", "/system_stats")

@@ -3,7 +3,10 @@
 Shared by `comfyveil generate`, the worker and the benchmark so the three follow the
 same path. Input images are uploaded under a name derived from their content, never
 the user's file name: the backend learns nothing from it, and the same image sent
-twice is stored once (ComfyUI deduplicates by name and hash).
+twice is stored once (ComfyUI deduplicates by name and hash). With `no_trace` they go
+to the backend's temp folder under a random name instead and are overwritten when the
+job ends, images come back over the WebSocket, and the history entry is deleted
+(`comfy.notrace`). Outputs lose their metadata (`comfyveil.metadata`) unless asked not to.
 
 One deadline covers the whole job, upload, run and download, so a backend that
 trickles its answer or stops reading ends the job in time; the outputs one job may
@@ -15,16 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
+import inspect
+import logging
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
+from comfyveil import metadata
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import errors, events, results, workflow
+from comfyveil.comfy import errors, events, notrace, results, workflow
+
+logger = logging.getLogger(__name__)
 
 EventCallback = Callable[[events.Event], Awaitable[None] | None]
 RanCallback = Callable[[], Awaitable[None]]
@@ -33,6 +43,7 @@ _MIME_EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "
 _UNSAFE = re.compile(r"[^\w.\- ]+")
 STALLED = 2.0  # seconds without a byte moving after which a phase counts as stalled
 Phase = Literal["upload", "run", "download"]
+_STRIP_IN_THREAD = 1 << 20  # bytes: a bigger output is stripped off the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +75,7 @@ class Outcome:
     upload_seconds: float
     run_seconds: float  # submit to done, as the caller saw it
     download_seconds: float
+    uploaded: Mapping[str, str] = field(default_factory=dict)  # param -> name in the graph
 
 
 class JobTimedOut(errors.ComfyError):
@@ -127,6 +139,23 @@ async def upload_inputs(
         uploaded = await client.upload_image(image.data, image.upload_name, on_sent=on_sent)
         names[param] = uploaded.reference
     return names
+
+
+async def upload_traceless(
+    client: comfy_client.ComfyClient,
+    inputs: Mapping[str, InputImage],
+    names: Mapping[str, notrace.Trace],
+    *,
+    on_sent: Callable[[int], None] | None = None,
+) -> dict[str, str]:
+    """Upload each input into the backend's temp folder under its trace's name."""
+    refs: dict[str, str] = {}
+    for param, image in inputs.items():
+        trace = names[param]
+        data = await _stripped(image.data)
+        await client.upload_image(data, trace.name, type=trace.folder, on_sent=on_sent)
+        refs[param] = trace.reference
+    return refs
 
 
 class _Budget:
@@ -197,6 +226,10 @@ async def execute(
     attach: bool = False,
     on_ran: RanCallback | None = None,
     out_dir: Path | None = None,
+    no_trace: bool = False,
+    keep_metadata: bool = False,
+    traces: notrace.TraceLog | None = None,
+    left: tuple[notrace.Trace, ...] = (),
 ) -> Outcome:
     """Run `wf` with validated `values` on `client`'s backend and download the outputs.
 
@@ -205,61 +238,201 @@ async def execute(
     `on_ran` is awaited once the backend is done with the prompt, before the outputs
     are downloaded: from then on its GPU can take the next job, however slow the link
     that carries the files back. `timeout` covers the upload, the run and the download
-    together. With `out_dir` the outputs are streamed into that folder, never held in
-    memory (`OutputData.path`).
+    together. With `out_dir` the downloaded outputs are streamed into that folder, never
+    held in memory (`OutputData.path`); images that came over the WebSocket stay in
+    memory (`save_outputs` writes them).
+
+    With `no_trace`, what the job leaves on the backend is written down in `traces`
+    before it is left there (`left`: what an earlier attempt left) and removed when the
+    job ends, however it ends, unless this task is cancelled or a transient error cut
+    it short: the prompt may still run there, for a successor or a retry to re-attach
+    to, so its traces stay written down.
 
     Raises:
         ComfyError: the backend refused, failed, was interrupted or took too long.
+        FramesLost: the images were sent to a socket that was gone.
     """
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     watch = _Watch()
     started = time.perf_counter()
     run_started = started
-    timer = asyncio.timeout_at(deadline)
+    pid = prompt_id or str(uuid.uuid4())
+    pending: list[notrace.Trace] = list(left)
+    savers: dict[str, str] = {}
+    collector: notrace.FrameCollector | None = None
+    finished = False
     try:
-        async with timer:
-            uploaded = (
-                {} if attach else await upload_inputs(client, inputs or {}, on_sent=watch.moved)
-            )
-            graph = wf.apply({**values, **uploaded})
-            run_started = time.perf_counter()
-            watch.enter("run")
-            if attach and prompt_id is not None:
-                result = await client.follow(prompt_id, on_event=on_event)
-            else:
-                result = await client.run(graph, prompt_id=prompt_id, on_event=on_event)
-    except TimeoutError as exc:
-        if not timer.expired():
-            raise
-        if watch.phase == "run" and prompt_id is not None:
-            await _stop_quietly(client, prompt_id)
-        raise watch.timed_out(client.name, timeout) from exc
-    upload_seconds = run_started - started
-    run_seconds = time.perf_counter() - run_started
-    if on_ran is not None:
-        await on_ran()
-    result.raise_for_status()
+        timer = asyncio.timeout_at(deadline)
+        try:
+            async with timer:
+                if no_trace:
+                    todo = {} if attach else dict(inputs or {})
+                    names = {p: notrace.upload_trace(image.mime) for p, image in todo.items()}
+                    fresh = [notrace.Trace("history", pid), *names.values()]
+                    if traces is not None and not attach:
+                        await traces.left(client.name, fresh)
+                    pending.extend(t for t in fresh if t not in pending)
+                    uploaded = await upload_traceless(client, todo, names, on_sent=watch.moved)
+                else:
+                    uploaded = (
+                        {}
+                        if attach
+                        else await upload_inputs(client, inputs or {}, on_sent=watch.moved)
+                    )
+                graph = wf.apply({**values, **uploaded})
+                if attach:
+                    # Posted earlier, maybe by a worker configured otherwise: its images may
+                    # come as frames or as files, whichever its savers were; both are taken.
+                    savers = notrace.to_websocket(graph)[1]
+                elif (
+                    no_trace
+                    and not keep_metadata
+                    and await client.has_node(notrace.WEBSOCKET_SAVER)
+                ):
+                    # Kept metadata lives only in the files SaveImage writes: those are then
+                    # written (and overwritten once downloaded).
+                    graph, savers = notrace.to_websocket(graph)
+                if savers:
+                    collector = notrace.FrameCollector(
+                        savers,
+                        max_frame_bytes=client.limits.max_output_bytes,
+                        max_files=client.limits.max_outputs,
+                    )
+                    on_event = _collecting(collector, client.name, on_event)
+                run_started = time.perf_counter()
+                watch.enter("run")
+                if attach and prompt_id is not None:
+                    follow = client.follow_live if no_trace and savers else client.follow
+                    result = await follow(prompt_id, on_event=on_event)
+                else:
+                    result = await client.run(graph, prompt_id=pid, on_event=on_event)
+        except TimeoutError as exc:
+            if not timer.expired():
+                raise
+            if watch.phase == "run":
+                await _stop_quietly(client, pid)
+            raise watch.timed_out(client.name, timeout) from exc
+        finished = True
+        upload_seconds = run_started - started
+        run_seconds = time.perf_counter() - run_started
+        on_disk = list(result.outputs)  # a SaveImageWebsocket writes no file, lists none
+        if no_trace:
+            pending.extend(notrace.output_traces(on_disk))
+        if on_ran is not None:
+            await on_ran()
+        result.raise_for_status()
 
-    download_started = time.perf_counter()
-    watch.enter("download")
-    timer = asyncio.timeout_at(deadline)
-    try:
-        async with timer:
-            files = await download_outputs(
-                client, result, out_dir=out_dir, on_received=watch.moved
+        download_started = time.perf_counter()
+        try:
+            from_frames = (
+                collector.outputs(pid, client.name, saved={f.node_id for f in on_disk})
+                if collector is not None
+                else []
             )
-    except TimeoutError as exc:
-        if not timer.expired():
+        except notrace.FramesLost:
+            if not attach:  # our own socket missed them: it may be deaf, take a new one
+                await client.drop_socket()
             raise
-        raise watch.timed_out(client.name, timeout) from exc
-    return Outcome(
-        result=result,
-        files=files,
-        upload_seconds=upload_seconds,
-        run_seconds=run_seconds,
-        download_seconds=time.perf_counter() - download_started,
-    )
+        watch.enter("download")
+        timer = asyncio.timeout_at(deadline)
+        try:
+            async with timer:
+                downloaded = (
+                    await download_outputs(
+                        client, _only(result, on_disk), out_dir=out_dir, on_received=watch.moved
+                    )
+                    if on_disk
+                    else ()
+                )
+        except TimeoutError as exc:
+            if not timer.expired():
+                raise
+            raise watch.timed_out(client.name, timeout) from exc
+        files = tuple(OutputData(f, d) for f, d in from_frames) + downloaded
+        if not keep_metadata:
+            files = tuple([await _without_metadata(f) for f in files])
+        return Outcome(
+            result=result,
+            files=files,
+            upload_seconds=upload_seconds,
+            run_seconds=run_seconds,
+            download_seconds=time.perf_counter() - download_started,
+            uploaded=uploaded,
+        )
+    except asyncio.CancelledError:
+        no_trace = False  # it may still run: its traces stay written down for a successor
+        raise
+    except errors.ComfyError as exc:
+        # After a transient error the prompt may still run there, and the retry re-attaches
+        # to it: its traces stay written down (the sweep removes them once the job ends).
+        # A permanent one (a refused workflow, a timeout) ends the job: clean up now.
+        if exc.transient and not finished:
+            no_trace = False
+        raise
+    finally:
+        if no_trace:
+            await _scrub(client, pid, pending, finished=finished, traces=traces)
+
+
+def _only(result: results.RunResult, files: list[results.OutputFile]) -> results.RunResult:
+    return dataclasses.replace(result, outputs=tuple(files))
+
+
+def _collecting(
+    collector: notrace.FrameCollector, backend: str, on_event: EventCallback | None
+) -> EventCallback:
+    async def collect(event: events.Event) -> None:
+        collector.feed(event, backend)
+        if on_event is not None:
+            outcome = on_event(event)
+            if inspect.isawaitable(outcome):
+                await outcome
+
+    return collect
+
+
+async def _stripped(data: bytes) -> bytes:
+    if len(data) > _STRIP_IN_THREAD:
+        return await asyncio.to_thread(metadata.strip, data)
+    return metadata.strip(data)
+
+
+async def _without_metadata(item: OutputData) -> OutputData:
+    if item.path is not None:  # streamed to disk: stripped there
+        await asyncio.to_thread(metadata.strip_path, item.path)
+        return item
+    return OutputData(item.file, await _stripped(item.data))
+
+
+async def _scrub(
+    client: comfy_client.ComfyClient,
+    prompt_id: str,
+    pending: list[notrace.Trace],
+    *,
+    finished: bool,
+    traces: notrace.TraceLog | None,
+) -> None:
+    """Remove what the job left on the backend; what cannot be removed now stays
+    written down (`traces`) for the next sweep."""
+    files = [t for t in pending if t.kind != "history"]
+    try:
+        gone = await notrace.scrub(client, prompt_id, files, finished=finished)
+    except errors.ComfyError as exc:
+        logger.info(
+            "could not clean up after a job on backend %s: %s",
+            client.name,
+            exc,
+            extra={"action": "scrub_failed"},
+        )
+        return
+    if traces is not None and gone:
+        try:
+            await traces.gone(client.name, gone)
+        except Exception as exc:  # the job's own outcome matters more; the sweep retries
+            logger.info(
+                "could not strike out a job's traces: %s", exc, extra={"action": "traces_unsaved"}
+            )
 
 
 async def _stop_quietly(client: comfy_client.ComfyClient, prompt_id: str) -> None:

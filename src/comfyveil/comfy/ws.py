@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -165,14 +165,16 @@ async def connect(
     timeout: float,
     backend: str,
     limit: limits.Limits | None = None,
+    client_id: str | None = None,
 ) -> Socket:
-    """Open a WebSocket with a fresh client_id; BackendUnreachable if it cannot be opened.
+    """Open a WebSocket with a fresh client_id (or a given one, to take over the events of
+    a prompt posted with it); BackendUnreachable if it cannot be opened.
 
     Text messages over `limits.WS_TEXT_BYTES` and binary ones over what `limit` allows
     close the socket (the jobs on it go on by polling) instead of filling memory.
     """
-    client_id = uuid.uuid4().hex
-    url = re.sub(r"^http", "ws", base_url) + f"/ws?clientId={client_id}"
+    client_id = client_id or uuid.uuid4().hex
+    url = re.sub(r"^http", "ws", base_url) + "/ws?" + urlencode({"clientId": client_id})
     try:
         # Through a proxy, python-socks opens the tunnel (also over anon's Unix socket,
         # which websockets cannot dial) and websockets gets the connected socket.

@@ -27,7 +27,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import config
-from comfyveil.store import commands, embedded, errors, jobs, sessions, sql, users
+from comfyveil.store import commands, embedded, errors, jobs, sessions, sql, traces, users
 from comfyveil.store.connector import Session
 
 logger = logging.getLogger(__name__)
@@ -236,6 +236,7 @@ class Database:
         self.users = users.UserStore(pool)
         self.sessions = sessions.SessionStore(pool)
         self.commands = commands.CommandStore(pool)
+        self.traces = traces.TraceStore(pool)
 
     @staticmethod
     async def resolve_url(

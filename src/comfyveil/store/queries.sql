@@ -608,3 +608,40 @@ SELECT version, name, applied_at FROM schema_migrations ORDER BY version;
 -- record_migration --
 -- Note that a migration was applied
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- record_traces --
+-- Write down what a job is about to leave on a backend (one row per trace)
+INSERT INTO backend_traces (job_id, user_id, backend, kind, name, folder, subfolder)
+SELECT %(job_id)s, j.user_id, %(backend)s, t.kind, t.name, t.folder, t.subfolder
+FROM unnest(%(kinds)s::text[], %(names)s::text[], %(folders)s::text[], %(subfolders)s::text[])
+     AS t (kind, name, folder, subfolder)
+LEFT JOIN jobs j ON j.id = %(job_id)s
+ON CONFLICT ON CONSTRAINT backend_traces_unique DO NOTHING;
+
+-- drop_traces --
+-- Strike out traces that are gone from their backend
+DELETE FROM backend_traces
+WHERE backend = %(backend)s
+  AND (kind, name, folder, subfolder) IN (
+      SELECT * FROM unnest(%(kinds)s::text[], %(names)s::text[], %(folders)s::text[],
+                           %(subfolders)s::text[])
+  );
+
+-- job_traces --
+-- What one job left on one backend
+SELECT * FROM backend_traces WHERE job_id = %(job_id)s AND backend = %(backend)s ORDER BY id;
+
+-- settled_traces --
+-- Traces of jobs that no longer run anywhere (ended, forgotten or purged), or all of one
+-- user's, oldest first
+SELECT t.* FROM backend_traces t
+LEFT JOIN jobs j ON j.id = t.job_id
+WHERE CASE WHEN %(user_id)s::bigint IS NULL
+           THEN j.id IS NULL OR j.status IN ('succeeded', 'failed', 'cancelled')
+           ELSE t.user_id = %(user_id)s END
+ORDER BY t.id
+LIMIT %(limit)s;
+
+-- disown_traces --
+-- A forgotten user's traces stay only as backend, prompt id and file name, for the sweep
+UPDATE backend_traces SET user_id = NULL WHERE user_id = %(user_id)s;

@@ -12,7 +12,7 @@ from telegram import InputFile, ReplyParameters, Update
 from telegram.constants import ParseMode
 from telegram.error import BadRequest
 
-from comfyveil import errors
+from comfyveil import errors, retention
 from comfyveil.store import sessions
 from comfyveil.telegram import access, callbacks_data, commands, replies, submit
 from comfyveil.telegram.context import BotContext
@@ -69,8 +69,14 @@ async def _dispatch(
             await query.edit_message_text("Nothing was deleted.")
             return None, False
         services.forget_deliveries_of(who.user_id)
+        left = await retention.forget_on_backends(services.db, services.pool, who.user_id)
         # an admin's grant, ban or quota is not the user's data: the store keeps those
         deleted = await services.db.users.forget(who.user_id)
+        if left and services.pool is not None:
+            services.spawn(
+                retention.sweep(services.db, services.pool, left, stop_running=True),
+                name="forget-on-backends",
+            )
         await query.edit_message_text(
             f"Done: {deleted} job{'s' if deleted != 1 else ''}, their images and your "
             "settings were deleted."

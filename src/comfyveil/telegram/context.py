@@ -7,7 +7,9 @@ read one typed :class:`Services` instead, through :class:`BotContext`, a custom
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,15 @@ class Services:
     bot_username: str = ""
     file_jobs: set[uuid.UUID] = field(default_factory=set)
     delivery_modes: dict[uuid.UUID, tuple[int, bool]] = field(default_factory=dict)
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, work: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+        """Run `work` beside the handlers (cleaning GPU hosts after /forget), keeping a
+        reference so the task is not collected half-way."""
+        task = asyncio.create_task(work, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
 
     def remember_delivery(self, job_id: uuid.UUID, user_id: int, *, as_file: bool) -> None:
         self.delivery_modes[job_id] = (user_id, as_file)

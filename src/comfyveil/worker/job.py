@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfyveil.comfy import errors as comfy_errors
-from comfyveil.comfy import events, execute, pool, workflow
+from comfyveil.comfy import events, execute, notrace, pool, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
+from comfyveil.store.traces import JobTraces
 from comfyveil.worker.options import (
     MAX_ORPHANS,
     PROGRESS_INTERVAL,
@@ -235,9 +236,10 @@ class JobRunner:
         )
         try:
             return await self._run_on(running, wf, values, backend, attach=True)
-        except comfy_errors.JobLost:
-            # It never reached the GPU, or the backend restarted and forgot it: run it
-            # afresh on the same backend, within the same attempt.
+        except (comfy_errors.JobLost, notrace.FramesLost):
+            # It never reached the GPU, or the backend restarted and forgot it, or (no
+            # trace) its images went to the socket of the worker that died: run it afresh
+            # on the same backend, within the same attempt.
             logger.info(
                 "backend %s no longer knows the job; submitting it again",
                 backend.name,
@@ -337,6 +339,10 @@ class JobRunner:
                 submitted["expected_seconds"] = round(slot.expected, 1)
             self._record_progress(running, submitted, force=True)
         slot = running.slot
+        no_trace = backend.config.no_trace
+        left: tuple[notrace.Trace, ...] = ()
+        if no_trace and attach:  # what the worker before left there, to be cleaned too
+            left = tuple(await self.db.traces.of_job(job.id, backend.name))
         outcome = await execute.execute(
             backend.client,
             wf,
@@ -347,6 +353,9 @@ class JobRunner:
             timeout=self.options.job_timeout,
             attach=attach,
             on_ran=lambda: self._release_slot(running),
+            no_trace=no_trace,
+            traces=JobTraces(self.db.traces, job.id) if no_trace else None,
+            left=left,
         )
         if slot is not None and not attach:  # a re-attached run's start is not ours to time
             self.pool.learn(slot, outcome.result.timings)
@@ -470,3 +479,25 @@ class JobRunner:
                 logger.info("could not stop the job on its backend: %s", exc)
         if running.task is not None and not running.task.done():
             running.task.cancel()
+        if slot is not None and slot.backend.config.no_trace:
+            if running.task is not None:
+                await asyncio.wait({running.task})  # it cleans up itself when it can
+            await self._clean_after_cancel(running.job, slot.backend)
+
+    async def _clean_after_cancel(self, job: jobs.Job, backend: pool.Backend) -> None:
+        """Remove what a cancelled job left on its backend once the prompt has stopped there
+        (a cancelled task leaves its traces, as a job handed back must)."""
+        try:
+            found = await self.db.traces.of_job(job.id, backend.name)
+            if not found:
+                return
+            history = [t for t in found if t.kind == "history"]
+            gone = await notrace.scrub(
+                backend.client,
+                history[0].name if history else None,
+                [t for t in found if t.kind != "history"],
+            )
+            await self.db.traces.drop(backend.name, gone)
+        except (comfy_errors.ComfyError, store_errors.StoreError) as exc:
+            logger.info("could not clean up after a cancelled job: %s", exc,
+                        extra={"action": "scrub_failed", "job_id": str(job.id)})
