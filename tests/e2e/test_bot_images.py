@@ -3,16 +3,19 @@ photo sent with the command; bad files are refused in one sentence."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tests.e2e.bot_support import SMALL, png, running_bot
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
 
 
+def user_uploads(fake: FakeComfyUI) -> list[dict]:
+    """The inputs sent, not the 1x1 images that overwrote them after each job."""
+    return [u for u in fake.uploads if not u["overwrite"]]
+
+
 def last_upload(fake: FakeComfyUI) -> bytes:
-    upload = fake.uploads[-1]
-    return (Path(fake.dirs["input"]) / upload["subfolder"] / upload["name"]).read_bytes()
+    data: bytes = user_uploads(fake)[-1]["data"]
+    return data
 
 
 async def test_qwen_after_f_edits_the_first_result(
@@ -27,7 +30,7 @@ async def test_qwen_after_f_edits_the_first_result(
         stack.send(20, "/qwen put the t-shirt on the astronaut --steps 2")
         edited = await stack.result(20, count=2)
         assert edited.result["caption"].startswith("/qwen")
-        assert len(fake_comfy.uploads) == 1
+        assert len(user_uploads(fake_comfy)) == 1
         assert last_upload(fake_comfy) == first_output
 
 
@@ -122,7 +125,7 @@ async def test_again_after_an_edit_edits_the_same_image_with_a_new_seed(
         original = fake_telegram.file_bytes(sent["photo"][-1]["file_id"])
         stack.send(25, "/again")
         await stack.result(25, count=2)
-        assert len(fake_comfy.uploads) == 2  # the second job sent the kept image again
+        assert len(user_uploads(fake_comfy)) == 2  # the second job sent the kept image again
         assert last_upload(fake_comfy) == original
         runs = await db.jobs.list_for_user(25, limit=2)
         assert len({j.params["seed"] for j in runs}) == 2

@@ -71,7 +71,7 @@ async def test_flux_prompt_saves_a_real_image_and_prints_its_path(
     assert all(n["inputs"].get("steps", 2) == 2 for n in graph.values())
 
 
-async def test_edit_workflow_uploads_the_image_under_a_content_name(
+async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
     fake_comfy: FakeComfyUI, tmp_path: Path
 ) -> None:
     photo = tmp_path / "my holiday photo.png"
@@ -81,11 +81,13 @@ async def test_edit_workflow_uploads_the_image_under_a_content_name(
         "--server", fake_comfy.url, "--out", str(tmp_path / "out"), cwd=tmp_path,
     )
     assert run.code == 0, run.stderr
-    (upload,) = fake_comfy.uploads
+    upload, overwrite = fake_comfy.uploads  # the photo, then a 1x1 image in its place
     assert "holiday" not in str(upload)  # the user's file name never reaches the GPU host
+    assert overwrite["name"] == upload["name"] and overwrite["size"] < 100
     (submitted,) = fake_comfy.prompts
     loads = [n for n in submitted["prompt"].values() if n["class_type"] == "LoadImage"]
-    assert loads and loads[0]["inputs"]["image"].startswith("comfyveil-")
+    assert loads and loads[0]["inputs"]["image"] == f"{upload['name']} [temp]"
+    assert upload["name"].startswith("comfyveil-")
     assert Path(run.stdout.strip()).exists()
 
 
@@ -143,3 +145,78 @@ async def test_unreachable_server_exits_1(tmp_path: Path) -> None:
                           cwd=tmp_path)
     assert run.code == 1
     assert "cannot be reached" in assert_one_plain_line(run)
+
+
+def _files(fake: FakeComfyUI) -> dict[str, list[str]]:
+    return {kind: sorted(p.name for p in folder.rglob("*") if p.is_file())
+            for kind, folder in fake.dirs.items()}
+
+
+def _photo_with_exif(path: Path) -> None:
+    exif = Image.Exif()
+    exif[0x010F] = "PhoneMaker"  # camera make
+    exif[0x8825] = {1: "N", 2: (48.0, 51.0, 24.0), 3: "E", 4: (2.0, 21.0, 3.0)}  # GPS
+    Image.new("RGB", (96, 64), "blue").save(path, "JPEG", exif=exif.tobytes())
+
+
+async def test_generate_leaves_nothing_on_the_gpu_host_and_no_metadata_in_the_files(
+    fake_comfy: FakeComfyUI, tmp_path: Path
+) -> None:
+    photo = tmp_path / "photo.jpg"
+    _photo_with_exif(photo)
+    run = await comfyveil(
+        "generate", "qwen", "put a hat on it", "--image", str(photo), "--set", "steps=1",
+        "--server", fake_comfy.url, "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )
+    assert run.code == 0, run.stderr
+    assert fake_comfy.history_entries == {}
+    files = _files(fake_comfy)
+    assert files["input"] == [] and files["output"] == []
+    (left,) = files["temp"]  # the upload, now a 1x1 image
+    with Image.open(fake_comfy.dirs["temp"] / left) as placeholder:
+        assert placeholder.size == (1, 1)
+    (submitted,) = fake_comfy.prompts
+    classes = {n["class_type"] for n in submitted["prompt"].values()}
+    assert "SaveImageWebsocket" in classes and "SaveImage" not in classes
+    uploaded = fake_comfy.uploads[0]
+    assert uploaded["type"] == "temp"
+    saved = Path(run.stdout.strip())
+    with Image.open(saved) as image:
+        assert not image.info.get("prompt") and not image.getexif()
+
+
+async def test_generate_keep_metadata_keeps_the_prompt_in_the_file(
+    fake_comfy: FakeComfyUI, tmp_path: Path
+) -> None:
+    run = await comfyveil(
+        "generate", "f", "a red fox", "--set", "steps=1", "--set", "width=256",
+        "--set", "height=256", "--keep-metadata", "--server", fake_comfy.url,
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )
+    assert run.code == 0, run.stderr
+    with Image.open(Path(run.stdout.strip())) as image:
+        assert "a red fox" in image.info["prompt"]
+    # The file it came from was still overwritten and the history entry deleted.
+    assert fake_comfy.history_entries == {}
+    (written,) = (fake_comfy.dirs["output"]).rglob("*.png")
+    with Image.open(written) as placeholder:
+        assert placeholder.size == (1, 1)
+
+
+async def test_generate_with_no_trace_off_leaves_the_job_where_comfyui_puts_it(
+    fake_comfy: FakeComfyUI, tmp_path: Path
+) -> None:
+    config = tmp_path / "comfyveil.toml"
+    config.write_text(
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nno_trace = false\n'
+    )
+    run = await comfyveil(
+        "generate", "f", "a red fox", "--set", "steps=1", "--set", "width=256",
+        "--set", "height=256", "--config", str(config), "--out", str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
+    assert run.code == 0, run.stderr
+    assert len(fake_comfy.history_entries) == 1
+    assert len(_files(fake_comfy)["output"]) == 1
+    with Image.open(Path(run.stdout.strip())) as image:  # still stripped
+        assert "prompt" not in image.info

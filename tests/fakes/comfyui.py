@@ -759,8 +759,10 @@ class FakeComfyUI:
                 i += 1
         if not duplicate:
             path.write_bytes(data)
+        # Tests look at what was sent after the file itself is gone (overwritten).
         self.uploads.append({"name": name, "subfolder": subfolder, "type": kind,
-                             "size": len(data), "duplicate": duplicate})
+                             "size": len(data), "duplicate": duplicate,
+                             "overwrite": overwrite, "data": data})
         return _json({"name": name, "subfolder": subfolder, "type": kind})
 
     # --- validation (execution.validate_prompt of 0.3.64) -----------------------------

@@ -66,7 +66,8 @@ async def test_the_gpu_takes_the_next_job_while_a_result_is_still_downloading(
     fake.view_delay = 2.0
     first = await enqueue(db, prompt="first")
     second = await enqueue(db, prompt="second")
-    async with running_worker(db, [fake.url], max_waiting=0):  # one job at a time
+    # Files to download (not images over the WebSocket), one job at a time.
+    async with running_worker(db, [fake.url], max_waiting=0, no_trace=False):
         await wait_for(lambda: _true(fake.executions[str(first.id)] == 1), timeout=10)
         await wait_for(lambda: _true(str(second.id) in fake.history_entries), timeout=1.5)
         assert (await db.jobs.get(first.id)).status is jobs.Status.RUNNING  # still downloading

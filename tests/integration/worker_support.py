@@ -25,9 +25,12 @@ FAST = WorkerOptions(
 )
 
 
-def backend_configs(urls: Sequence[str], max_waiting: int = 1) -> list[config.BackendConfig]:
+def backend_configs(
+    urls: Sequence[str], max_waiting: int = 1, no_trace: bool = True
+) -> list[config.BackendConfig]:
     return [
-        config.BackendConfig(name=f"gpu{i}", url=url, via="direct", max_waiting=max_waiting)
+        config.BackendConfig(name=f"gpu{i}", url=url, via="direct", max_waiting=max_waiting,
+                             no_trace=no_trace)
         for i, url in enumerate(urls)
     ]
 
@@ -89,9 +92,11 @@ async def running_worker(
     delivery: Sequence[sinks.DeliverySink] = (),
     max_waiting: int = 1,
     probe_interval: float = 0.2,
+    no_trace: bool = True,
 ) -> AsyncIterator[Worker]:
     """A worker with its own pool, running in a task until the block ends."""
-    async with pool.Pool(backend_configs(urls, max_waiting), probe_interval=probe_interval) as p:
+    configs = backend_configs(urls, max_waiting, no_trace)
+    async with pool.Pool(configs, probe_interval=probe_interval) as p:
         worker = Worker(db, p, sinks=delivery, options=options)
         task = asyncio.create_task(worker.run(), name="test-worker")
         try:

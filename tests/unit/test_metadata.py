@@ -1,0 +1,113 @@
+"""Metadata leaves inputs and outputs; the pixels and the colour profile stay."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+from PIL import Image, ImageCms, PngImagePlugin
+
+from comfyveil import images, metadata
+
+SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+
+
+def _exif(orientation: int | None = None) -> bytes:
+    exif = Image.Exif()
+    exif[0x010F] = "PhoneMaker"
+    exif[0x8825] = {1: "N", 2: (48.0, 51.0, 24.0), 3: "E", 4: (2.0, 21.0, 3.0)}
+    if orientation is not None:
+        exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def _encode(image: Image.Image, fmt: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def _gradient(width: int = 40, height: int = 20) -> Image.Image:
+    image = Image.new("RGB", (width, height))
+    image.putdata([(x * 6, y * 12, 90) for y in range(height) for x in range(width)])
+    return image
+
+
+def test_comfyui_png_loses_prompt_workflow_and_exif_but_not_a_pixel() -> None:
+    info = PngImagePlugin.PngInfo()
+    info.add_text("prompt", '{"6": {"inputs": {"text": "my secret prompt"}}}')
+    info.add_itxt("workflow", '{"nodes": []}', zip=True)
+    original = _gradient()
+    data = _encode(original, "PNG", pnginfo=info, exif=_exif(), icc_profile=SRGB)
+    stripped = metadata.strip(data)
+    assert b"secret" not in stripped and b"PhoneMaker" not in stripped
+    with Image.open(io.BytesIO(stripped)) as image:
+        assert set(image.info) <= {"icc_profile", "dpi"}
+        assert image.info["icc_profile"] == SRGB
+        assert not image.getexif()
+        assert image.tobytes() == original.tobytes()
+
+
+def test_jpeg_loses_exif_gps_and_comments_keeps_icc_and_bytes_of_the_scan() -> None:
+    data = _encode(_gradient(), "JPEG", exif=_exif(), comment=b"taken at home",
+                   icc_profile=SRGB, quality=90)
+    stripped = metadata.strip(data)
+    assert b"PhoneMaker" not in stripped and b"taken at home" not in stripped
+    with Image.open(io.BytesIO(stripped)) as image:
+        assert not image.getexif() and "comment" not in image.info
+        assert image.info["icc_profile"] == SRGB
+    scan = data.index(b"\xff\xda")
+    assert stripped.endswith(data[scan:])  # not re-encoded
+
+
+def test_webp_loses_exif_and_xmp_chunks() -> None:
+    data = _encode(_gradient(), "WEBP", exif=_exif(), xmp=b"<x:xmpmeta>secret</x:xmpmeta>",
+                   icc_profile=SRGB, lossless=True)
+    stripped = metadata.strip(data)
+    assert b"PhoneMaker" not in stripped and b"secret" not in stripped
+    with Image.open(io.BytesIO(stripped)) as image:
+        image.load()
+        assert "exif" not in image.info and "xmp" not in image.info
+        assert image.info["icc_profile"] == SRGB
+        assert image.tobytes() == _gradient().tobytes()
+    assert struct.unpack("<I", stripped[4:8])[0] == len(stripped) - 8
+
+
+def test_mp4_metadata_boxes_become_free_space_and_nothing_moves() -> None:
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+    comment = box(b"\xa9cmt", b'{"prompt": "my secret prompt"}')
+    udta = box(b"udta", box(b"meta", b"\x00" * 4 + box(b"ilst", comment)))
+    trak = box(b"trak", box(b"tkhd", b"\x00" * 20) + box(b"udta", box(b"name", b"secret")))
+    moov = box(b"moov", box(b"mvhd", b"\x00" * 100) + trak + udta)
+    data = box(b"ftyp", b"isom\x00\x00\x02\x00") + box(b"mdat", b"frames") + moov
+    stripped = metadata.strip(data)
+    assert len(stripped) == len(data) and b"secret" not in stripped
+    assert stripped.count(b"free") == 2 and b"mdat" + b"frames" in stripped
+    assert b"mvhd" in stripped and b"tkhd" in stripped
+
+
+def test_unknown_or_damaged_files_come_back_unchanged() -> None:
+    gif = _encode(_gradient(), "GIF", comment=b"kept")
+    assert metadata.strip(gif) == gif  # GIF is documented as not handled
+    cut = _encode(_gradient(), "PNG")[:30]
+    assert metadata.strip(cut) == cut
+
+
+def test_a_users_photo_is_stored_turned_upright_without_exif_or_gps() -> None:
+    # A phone's portrait photo: landscape pixels and "turn 90 degrees" in EXIF.
+    data = _encode(_gradient(40, 20), "JPEG", exif=_exif(orientation=6), icc_profile=SRGB)
+    checked = images.check_image(data, max_bytes=10**7, max_pixels=10**8)
+    assert (checked.width, checked.height) == (20, 40)
+    with Image.open(io.BytesIO(checked.data)) as image:
+        assert image.size == (20, 40) and not image.getexif()
+        assert image.info["icc_profile"] == SRGB
+    assert b"PhoneMaker" not in checked.data
+
+
+def test_an_upright_photo_is_not_re_encoded_only_stripped() -> None:
+    data = _encode(_gradient(), "JPEG", exif=_exif(), quality=90)
+    checked = images.check_image(data, max_bytes=10**7, max_pixels=10**8)
+    assert b"PhoneMaker" not in checked.data and b"GPS" not in checked.data
+    assert checked.data.endswith(data[data.index(b"\xff\xda"):])
