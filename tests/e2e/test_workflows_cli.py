@@ -70,3 +70,15 @@ async def test_check_names_what_a_backend_lacks(
     lines = {line.split()[1]: line for line in run.stdout.splitlines()}
     assert "ae.safetensors" in lines["/f"] and "flux1-schnell" not in lines["/f"]
     assert "sd3.5_large_fp8_scaled.safetensors" in lines["/sd3"]
+
+
+async def test_check_says_which_outputs_a_no_trace_backend_still_writes_to_disk(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    run = await cli(tmp_path, database_url, "check", "--server", fake_comfy.url)
+    assert run.code == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    wan = next(i for i, line in enumerate(lines) if "/wan" in line)
+    assert lines[wan + 1].strip().startswith("no trace: SaveVideo (node 80) has no in-memory")
+    flux = next(i for i, line in enumerate(lines) if "/f " in line)
+    assert "no trace" not in lines[flux] + lines[flux + 1]

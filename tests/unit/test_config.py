@@ -131,3 +131,17 @@ def test_default_data_dir_keeps_root_out_of_its_home() -> None:
     assert config.default_data_dir({}, euid=0) == Path("/var/lib/comfyveil")
     assert config.default_data_dir({"XDG_DATA_HOME": "/x"}, euid=0) == Path("/x/comfyveil")
     assert config.default_data_dir({"COMFYVEIL_DATA_DIR": "/d"}, euid=0) == Path("/d")
+
+
+def test_no_trace_is_on_for_every_backend_unless_turned_off(tmp_path: Path) -> None:
+    cfg = tmp_path / "comfyveil.toml"
+    cfg.write_text(
+        '[[backends]]\nname = "a"\nurl = "http://127.0.0.1:8188"\n\n'
+        '[[backends]]\nname = "b"\nurl = "http://127.0.0.1:8189"\nno_trace = false\n'
+    )
+    a, b = config.load(cfg, environ={}).backends
+    assert a.no_trace is True and b.no_trace is False
+    assert config.from_mapping({}, environ={}).backend_list()[0].no_trace is True
+    cfg.write_text('[[backends]]\nurl = "http://127.0.0.1:8188"\nno_trace = "false"\n')
+    with pytest.raises(config.ConfigError, match="no_trace must be true or false"):
+        config.load(cfg, environ={})

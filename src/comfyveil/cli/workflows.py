@@ -13,7 +13,7 @@ wins over a shipped one.
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from comfyveil import cli, config
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
-from comfyveil.comfy import workflow
+from comfyveil.comfy import notrace, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import commands as commands_store
 from comfyveil.store import database
@@ -152,6 +152,23 @@ async def check_backends(args: argparse.Namespace) -> int:
         for wf in workflows.values():
             problems = wf.check(info)
             verdict = "ok" if not problems else "; ".join(problems)
-            print(f"{backend.name}  /{wf.command:<5} {verdict}")
+            print(f"{backend.name}  /{wf.command:<5} {verdict}{_trace_note(wf, info, backend)}")
             worst = worst or (1 if problems else 0)
     return worst
+
+
+def _trace_note(
+    wf: workflow.Workflow, info: Mapping[str, Any], backend: config.BackendConfig
+) -> str:
+    """What a no-trace backend cannot keep off its disk for this workflow (not an error)."""
+    if not backend.no_trace:
+        return ""
+    notes = [
+        f"{kind} (node {node}) has no in-memory equivalent: its file is written to the "
+        "GPU host's output folder and overwritten once downloaded"
+        for node, kind in notrace.file_writers(wf.graph)
+    ]
+    if notrace.WEBSOCKET_SAVER not in info and notrace.to_websocket(wf.graph)[1]:
+        notes.append(f"{notrace.WEBSOCKET_SAVER} is missing: images are written to the "
+                     "GPU host's disk and overwritten once downloaded")
+    return "".join(f"\n    no trace: {note}" for note in notes)
