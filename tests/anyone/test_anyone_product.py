@@ -154,10 +154,11 @@ async def test_generate_reaches_a_hidden_comfyui_with_its_client_key(
     assert code == 0, err[-2000:]
     assert "anon: 100%" in err
     _check_copy(out, noisy_png)
-    # HTTP (upload, submit, download) and the WebSocket all reached the fake via anon.
+    # HTTP (upload, submit, the history deletion) and the WebSocket (which also brought
+    # the image back: no trace) all reached the fake via anon.
     paths = _paths_seen(hidden_comfy.fake, seen)
     assert {("POST", "/upload/image"), ("POST", "/prompt"), ("GET", "/ws"),
-            ("GET", "/view")} <= paths
+            ("POST", "/history")} <= paths
     # Our anon ran in the command's own state directory and is gone with it.
     assert (tmp_path / "data" / "anon" / "state" / "anonrc").is_file()
     assert "TestingTorNetwork 1" in (tmp_path / "data" / "anon" / "state" / "anonrc").read_text()

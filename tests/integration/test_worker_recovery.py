@@ -67,7 +67,13 @@ async def test_postgres_restarted_under_load_no_job_is_lost(
     urls = [f.url for f in fakes]
     try:
         queued = [await enqueue(db, prompt=f"job {i}", seed=i, steps=4) for i in range(16)]
-        async with running_worker(db, urls), running_worker(db, urls):
+        # Files on the GPU host, not images over the WebSocket: a prompt that finishes while
+        # the database is down has no worker listening, and with no trace its images would
+        # be gone (README, Paying once); this test is about not paying twice otherwise.
+        async with (
+            running_worker(db, urls, no_trace=False),
+            running_worker(db, urls, no_trace=False),
+        ):
             await wait_status(db, queued[2].id, jobs.Status.SUCCEEDED, timeout=30)
 
             def stop() -> None:
