@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageChops
 
-from comfyveil.comfy import bindings, execute
+from comfyveil.comfy import bindings, execute, notrace
 from comfyveil.comfy import client as comfy_client
 from tests.fixtures.comfy import FakeFactory
 
@@ -91,3 +91,44 @@ async def _input_files(client: comfy_client.ComfyClient) -> list[str]:
     info = await client._call("GET", "/object_info/LoadImage")
     return sorted(info["LoadImage"]["input"]["required"]["image"][0])
 
+
+
+async def test_without_save_image_websocket_the_files_are_overwritten_once_home(
+    fake_comfy_factory: FakeFactory,
+) -> None:
+    fake = await fake_comfy_factory()
+    del fake._node_defs["SaveImageWebsocket"]  # a server without the node
+    wf = bindings.load(DATA / "invert.toml")
+    async with comfy_client.ComfyClient(fake.url, name="old") as client:
+        outcome = await execute.execute(
+            client, wf, {}, {"image": execute.InputImage(photo_with_gps(1), "image/png")},
+            no_trace=True,
+        )
+    (result,) = outcome.files
+    assert result.file.type == "output"  # written by SaveImage, then downloaded
+    with Image.open(io.BytesIO(result.data)) as image:
+        assert image.size == (64, 48) and "prompt" not in image.info
+    (written,) = fake.dirs["output"].rglob("*.png")
+    with Image.open(written) as placeholder:
+        assert placeholder.size == (1, 1)
+    assert fake.history_entries == {}
+
+
+async def test_a_deaf_socket_loses_one_job_and_is_replaced(
+    fake_comfy_factory: FakeFactory,
+) -> None:
+    """A socket whose id another connection took over (and then closed) stays open but
+    hears nothing: the job's images are lost, and the next job gets a new socket."""
+    fake = await fake_comfy_factory()
+    wf = bindings.load(DATA / "invert.toml")
+    image = {"image": execute.InputImage(photo_with_gps(2), "image/png")}
+    async with comfy_client.ComfyClient(fake.url, name="gpu0", check_interval=0.3) as client:
+        await execute.execute(client, wf, {}, image, no_trace=True)
+        deaf = client.client_id
+        assert deaf is not None
+        fake.sockets.pop(deaf)  # what the server does when the thief's socket closes
+        with pytest.raises(notrace.FramesLost):
+            await execute.execute(client, wf, {}, image, no_trace=True)
+        outcome = await execute.execute(client, wf, {}, image, no_trace=True)
+        assert client.client_id != deaf and len(outcome.files) == 1
+    assert fake.history_entries == {}

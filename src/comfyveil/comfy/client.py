@@ -124,6 +124,17 @@ class ComfyClient(Following):
             self._socket = None
         await self._http.aclose()
 
+    async def drop_socket(self) -> None:
+        """Close the WebSocket; the next job opens a fresh one with a new client_id.
+
+        For a socket that went deaf: ComfyUI sends a client_id's events to the socket
+        that connected with it last, and stops sending any once that one closes, while
+        the first stays open (notes §8), so a socket can stay open and hear nothing."""
+        async with self._socket_lock:
+            if self._socket is not None:
+                await self._socket.close()
+                self._socket = None
+
     @property
     def client_id(self) -> str | None:
         """The client_id of the live WebSocket, if one is open."""
