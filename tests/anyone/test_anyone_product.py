@@ -371,7 +371,8 @@ async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
     [result] = list(out.iterdir())
     assert result.read_bytes() == (await db.jobs.outputs(job.id))[0].data
     paths = _paths_seen(hidden_comfy.fake, seen)
-    assert {("POST", "/prompt"), ("GET", "/ws"), ("GET", "/view")} <= paths
+    # The image came back over the WebSocket (no trace), then the history was deleted.
+    assert {("POST", "/prompt"), ("GET", "/ws"), ("POST", "/history")} <= paths
     assert "a fox behind seven proxies" not in err.decode()  # prompts stay out of logs
     # The worker's anon ran in its own state directory, on the private network.
     anonrc = tmp_path / "data" / "anon" / "state" / "anonrc"
