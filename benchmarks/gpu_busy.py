@@ -69,8 +69,10 @@ async def run_once(
                                   "width": 256, "height": 256})
             await db.jobs.enqueue(jobs.NewJob(user_id=1 + i % 3, chat_id=1, command="f",
                                               workflow_hash=wf.hash, params=values))
+        # The busy time is read from the fakes' history entries, which no trace deletes.
         configs = [config.BackendConfig(name=f"gpu{i}", url=f.url, via="direct",
-                                        max_waiting=max_waiting) for i, f in enumerate(fakes)]
+                                        max_waiting=max_waiting, no_trace=False)
+                   for i, f in enumerate(fakes)]
         options = WorkerOptions(poll_interval=0.5, lease_seconds=30, retry_backoff=0.1)
         async with pool.Pool(configs, probe_interval=1.0) as backends:
             worker = Worker(db, backends, options=options)
