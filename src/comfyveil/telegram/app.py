@@ -17,6 +17,7 @@ traffic through anon's SOCKS port.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 # PTB 22 warns whenever it builds a RetryAfter unless time periods are timedeltas; opt in
@@ -236,6 +237,9 @@ class TelegramBot:
         if app.running:
             await app.stop()
         await self.tracker.stop()
+        for task in list(self.services.background):  # what is left, the next sweep removes
+            task.cancel()
+        await asyncio.gather(*self.services.background, return_exceptions=True)
         await app.shutdown()
         logger.info("Telegram bot stopped", extra={"action": "bot_stopped"})
 
