@@ -341,7 +341,8 @@ class JobRunner:
         slot = running.slot
         no_trace = backend.config.no_trace
         left: tuple[notrace.Trace, ...] = ()
-        if no_trace and attach:  # what the worker before left there, to be cleaned too
+        if no_trace and (attach or job.attempts > 1):
+            # What an earlier attempt (or worker) left there, to be cleaned with this one's.
             left = tuple(await self.db.traces.of_job(job.id, backend.name))
         outcome = await execute.execute(
             backend.client,
