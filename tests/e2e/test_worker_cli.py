@@ -19,9 +19,12 @@ from tests.integration.worker_support import enqueue, running_worker, wait_for, 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
-def write_config(path: Path, db_url: str, urls: list[str], *, lease: float = 2.0) -> Path:
+def write_config(
+    path: Path, db_url: str, urls: list[str], *, lease: float = 2.0, no_trace: bool = True
+) -> Path:
+    keep = "" if no_trace else "no_trace = false\n"
     backends = "".join(
-        f'[[backends]]\nname = "gpu{i}"\nurl = "{url}"\nvia = "direct"\n\n'
+        f'[[backends]]\nname = "gpu{i}"\nurl = "{url}"\nvia = "direct"\n{keep}\n'
         for i, url in enumerate(urls)
     )
     path.write_text(
@@ -50,7 +53,9 @@ async def test_worker_killed_with_sigkill_mid_job_loses_nothing_and_pays_once(
     db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
 ) -> None:
     fake = await fake_comfy_factory(step_delay=0.25)
-    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    # Files on the GPU host: the successor may come after the prompt finished, and with no
+    # trace its images would have gone to the dead worker (the next test covers that case).
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], no_trace=False)
     first_out = tmp_path / "first"
     proc = await cli("worker", "--config", str(cfg), "--id", "doomed", "--out", str(first_out),
                      cwd=tmp_path)
@@ -75,6 +80,33 @@ async def test_worker_killed_with_sigkill_mid_job_loses_nothing_and_pays_once(
     assert len(sink.delivered) == 1 and not first_out.exists()
     kinds = [e.kind for e in await db.jobs.events(job.id)]
     assert kinds.count("submitted") == 1 and "lease_expired" in kinds
+
+
+async def test_worker_killed_mid_job_with_no_trace_its_successor_gets_the_images(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    """The images of a no-trace prompt go to the socket id it was posted with: the
+    successor takes that id over while the prompt still runs, and pays once."""
+    fake = await fake_comfy_factory(step_delay=0.75)  # 6 s on the GPU, a 2 s lease
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    proc = await cli("worker", "--config", str(cfg), "--id", "doomed", cwd=tmp_path)
+    try:
+        job = await enqueue(db, steps=8)
+
+        async def submitted_and_running() -> bool:
+            current = await db.jobs.get(job.id)
+            return bool(current and current.submitted) and fake.running is not None
+
+        await wait_for(submitted_and_running, timeout=30)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    async with running_worker(db, [fake.url]):
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+    assert fake.executions[str(job.id)] == 1 and done.attempts == 2
+    (output,) = await db.jobs.outputs(job.id)
+    assert output.data.startswith(b"\x89PNG")
+    assert fake.history_entries == {} and await db.traces.settled() == []
 
 
 async def _true(value: bool) -> bool:
@@ -206,7 +238,9 @@ async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
     fake = await fake_comfy_factory()
     submitter, worker_host = tmp_path / "submitter", tmp_path / "worker"
     worker_host.mkdir()
-    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    # Files on the GPU host: SaveImage keeps the graph's filename_prefix, which tells the
+    # graphs apart (with no trace it becomes a SaveImageWebsocket, which has none).
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], no_trace=False)
     # a variant of /f (same command, another graph) and a command no one registered
     variant = _own_workflow(submitter / "flows", "variant", "f", "variant/f")
     _own_workflow(submitter / "flows", "mine", "mine", "mine/m")  # run as flows/mine.toml

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal, Protocol
@@ -174,17 +174,24 @@ class FrameCollector:
                 raise errors.TooManyOutputs(len(self.frames) + 1, self.max_files, backend=backend)
             self.frames.append((node, event.image))
 
-    def outputs(self, prompt_id: str, backend: str) -> list[tuple[OutputFile, bytes]]:
-        """Each image as an output file; FramesLost when a saver's images did not all come."""
+    def outputs(
+        self, prompt_id: str, backend: str, *, saved: Collection[str] = ()
+    ) -> list[tuple[OutputFile, bytes]]:
+        """Each image as an output file; FramesLost when a saver's images did not all come
+        (a node in `saved` wrote files instead: a prompt posted without no trace)."""
         counts: dict[str, int] = {}
         for node, _ in self.frames:
             counts[node] = counts.get(node, 0) + 1
         for node in self.nodes:
+            if node in saved:
+                continue
             if counts.get(node, 0) < max(1, self.expected.get(node, 0)):
                 raise FramesLost(prompt_id, backend=backend)
         seen: dict[str, int] = {}
         files = []
         for node, data in self.frames:
+            if node in saved:
+                continue
             seen[node] = seen.get(node, 0) + 1
             name = f"{self.nodes[node]}_{seen[node]:05}_.png"
             file = OutputFile(node, name, "", "websocket", "image")
