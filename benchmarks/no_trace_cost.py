@@ -64,8 +64,12 @@ asyncio.run(main())
 
 def start_fake() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER], cwd=ROOT, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"},
+        [sys.executable, "-c", SERVER],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"},
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -77,20 +81,35 @@ def start_fake() -> tuple[subprocess.Popen[str], str]:
 
 def photo(size: int, variant: int = 0) -> bytes:
     image = Image.new("RGB", (size, size))
-    image.putdata([((x + variant) % 256, y % 256, (x * y + 7 * variant) % 256)
-                   for y in range(size) for x in range(size)])
+    image.putdata(
+        [
+            ((x + variant) % 256, y % 256, (x * y + 7 * variant) % 256)
+            for y in range(size)
+            for x in range(size)
+        ]
+    )
     out = io.BytesIO()
     image.save(out, "JPEG", quality=90)
     return out.getvalue()
 
 
 async def one_job(
-    client: comfy_client.ComfyClient, wf: workflow.Workflow, data: bytes, seed: int,
+    client: comfy_client.ComfyClient,
+    wf: workflow.Workflow,
+    data: bytes,
+    seed: int,
     no_trace: bool,
 ) -> float:
     image = execute.InputImage(data, "image/jpeg")
-    values = wf.validate({"prompt": "add a hat", "steps": 1, "seed": seed,
-                          "image": image.upload_name, "megapixels": 0.25})
+    values = wf.validate(
+        {
+            "prompt": "add a hat",
+            "steps": 1,
+            "seed": seed,
+            "image": image.upload_name,
+            "megapixels": 0.25,
+        }
+    )
     started = time.perf_counter()
     outcome = await execute.execute(client, wf, values, {"image": image}, no_trace=no_trace)
     elapsed = time.perf_counter() - started
@@ -117,10 +136,15 @@ async def measure(url: str, jobs: int, size: int) -> dict[str, Any]:
     median = {k: statistics.median(v) * 1000 for k, v in times.items()}
     added = median["no_trace"] - median["without"]
     return {
-        "benchmark": "no_trace_cost", "jobs_per_mode": jobs, "input_px": size,
-        "without_ms": round(median["without"], 2), "no_trace_ms": round(median["no_trace"], 2),
-        "added_ms": round(added, 2), "share_of_1s_job_pct": round(added / 10, 2),
-        "target_pct": 5.0, "met": added / 10 < 5.0,
+        "benchmark": "no_trace_cost",
+        "jobs_per_mode": jobs,
+        "input_px": size,
+        "without_ms": round(median["without"], 2),
+        "no_trace_ms": round(median["no_trace"], 2),
+        "added_ms": round(added, 2),
+        "share_of_1s_job_pct": round(added / 10, 2),
+        "target_pct": 5.0,
+        "met": added / 10 < 5.0,
         "p90_without_ms": round(_p90(times["without"]) * 1000, 2),
         "p90_no_trace_ms": round(_p90(times["no_trace"]) * 1000, 2),
         "reroll_without_ms": round(median["without_reroll"], 2),
@@ -136,17 +160,23 @@ def _p90(values: list[float]) -> float:
 def print_table(result: dict[str, Any]) -> None:
     print(f"{'mode':<40}{'median':>10}{'p90':>10}")
     print("-" * 60)
-    print(f"{'new photo, without (files, history kept)':<40}{result['without_ms']:>8.2f}ms"
-          f"{result['p90_without_ms']:>8.2f}ms")
-    print(f"{'new photo, no trace (WS frames, cleaned)':<40}{result['no_trace_ms']:>8.2f}ms"
-          f"{result['p90_no_trace_ms']:>8.2f}ms")
+    print(
+        f"{'new photo, without (files, history kept)':<40}{result['without_ms']:>8.2f}ms"
+        f"{result['p90_without_ms']:>8.2f}ms"
+    )
+    print(
+        f"{'new photo, no trace (WS frames, cleaned)':<40}{result['no_trace_ms']:>8.2f}ms"
+        f"{result['p90_no_trace_ms']:>8.2f}ms"
+    )
     print(f"{'same photo again (re-roll), without':<40}{result['reroll_without_ms']:>8.2f}ms")
     print(f"{'same photo again (re-roll), no trace':<40}{result['reroll_no_trace_ms']:>8.2f}ms")
-    print(f"added per job: {result['added_ms']:+.2f} ms = {result['share_of_1s_job_pct']:+.2f} % "
-          f"of a 1 s job (target < {result['target_pct']:.0f} %: "
-          f"{'met' if result['met'] else 'missed'}); re-roll {result['reroll_added_ms']:+.2f} ms; "
-          f"{result['jobs_per_mode']} jobs per mode, {result['input_px']}x{result['input_px']} "
-          "input, fake ComfyUI on 127.0.0.1")
+    print(
+        f"added per job: {result['added_ms']:+.2f} ms = {result['share_of_1s_job_pct']:+.2f} % "
+        f"of a 1 s job (target < {result['target_pct']:.0f} %: "
+        f"{'met' if result['met'] else 'missed'}); re-roll {result['reroll_added_ms']:+.2f} ms; "
+        f"{result['jobs_per_mode']} jobs per mode, {result['input_px']}x{result['input_px']} "
+        "input, fake ComfyUI on 127.0.0.1"
+    )
 
 
 if __name__ == "__main__":

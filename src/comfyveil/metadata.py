@@ -37,10 +37,28 @@ __all__ = [
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Chunks that draw the image (critical ones, colour and transparency, APNG frames).
-_PNG_KEEP = frozenset({
-    b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"iCCP",
-    b"sBIT", b"cICP", b"mDCv", b"cLLi", b"pHYs", b"bKGD", b"acTL", b"fcTL", b"fdAT",
-})
+_PNG_KEEP = frozenset(
+    {
+        b"IHDR",
+        b"PLTE",
+        b"IDAT",
+        b"IEND",
+        b"tRNS",
+        b"gAMA",
+        b"cHRM",
+        b"sRGB",
+        b"iCCP",
+        b"sBIT",
+        b"cICP",
+        b"mDCv",
+        b"cLLi",
+        b"pHYs",
+        b"bKGD",
+        b"acTL",
+        b"fcTL",
+        b"fdAT",
+    }
+)
 # JPEG markers without a length field.
 _JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
 _MP4_CONTAINERS = frozenset({b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts"})

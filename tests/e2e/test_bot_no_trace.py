@@ -24,16 +24,22 @@ def photo_with_gps() -> bytes:
 
 def no_metadata(data: bytes) -> bool:
     with Image.open(io.BytesIO(data)) as image:
-        return set(image.info) <= {"dpi", "icc_profile", "jfif", "jfif_version",
-                                   "jfif_unit", "jfif_density"} and not image.getexif()
+        return (
+            set(image.info)
+            <= {"dpi", "icc_profile", "jfif", "jfif_version", "jfif_unit", "jfif_density"}
+            and not image.getexif()
+        )
 
 
 async def test_an_edit_sent_as_a_file_keeps_no_metadata_on_either_side(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
-        stack.send(80, document=(photo_with_gps(), "IMG_2041.jpg", "image/jpeg"),
-                   caption="/qwen add a hat --steps 1 --file")
+        stack.send(
+            80,
+            document=(photo_with_gps(), "IMG_2041.jpg", "image/jpeg"),
+            caption="/qwen add a hat --steps 1 --file",
+        )
         document = await stack.result(80, method="sendDocument")
         job = (await db.jobs.list_for_user(80, limit=1))[0]
         (stored,) = await db.jobs.inputs(job.id)
@@ -50,8 +56,11 @@ async def test_forget_stops_and_removes_a_running_job_on_the_gpu_host(
 ) -> None:
     fake = await fake_comfy_factory(step_delay=0.5)
     async with running_bot(fake_telegram, db, [fake]) as stack:
-        stack.send(81, document=(photo_with_gps(), "IMG_2042.jpg", "image/jpeg"),
-                   caption="/qwen add a hat --steps 20")
+        stack.send(
+            81,
+            document=(photo_with_gps(), "IMG_2042.jpg", "image/jpeg"),
+            caption="/qwen add a hat --steps 20",
+        )
         await wait_for(lambda: _true(fake.running is not None), timeout=20)
         stack.send(81, "/forget")
         ask = await fake_telegram.wait_for_call("sendMessage", chat_id=81, count=2)

@@ -73,8 +73,15 @@ async def test_a_model_free_job_leaves_nothing_in_history_output_or_input(
         assert prompt_id not in everything
 
         # Output: SaveImage never ran, so the file it would have written does not exist.
-        missing = await client._send("GET", "/view", params={
-            "filename": f"notrace-{tag}_00001_.png", "subfolder": "comfyveil", "type": "output"})
+        missing = await client._send(
+            "GET",
+            "/view",
+            params={
+                "filename": f"notrace-{tag}_00001_.png",
+                "subfolder": "comfyveil",
+                "type": "output",
+            },
+        )
         assert missing.status == 404
 
         # Input: nothing new in input/, and the upload in temp/ is a 1x1 image now.
@@ -92,7 +99,6 @@ async def _input_files(client: comfy_client.ComfyClient) -> list[str]:
     return sorted(info["LoadImage"]["input"]["required"]["image"][0])
 
 
-
 async def test_without_save_image_websocket_the_files_are_overwritten_once_home(
     fake_comfy_factory: FakeFactory,
 ) -> None:
@@ -101,7 +107,10 @@ async def test_without_save_image_websocket_the_files_are_overwritten_once_home(
     wf = bindings.load(DATA / "invert.toml")
     async with comfy_client.ComfyClient(fake.url, name="old") as client:
         outcome = await execute.execute(
-            client, wf, {}, {"image": execute.InputImage(photo_with_gps(1), "image/png")},
+            client,
+            wf,
+            {},
+            {"image": execute.InputImage(photo_with_gps(1), "image/png")},
             no_trace=True,
         )
     (result,) = outcome.files

@@ -32,8 +32,9 @@ def photo_with_gps() -> bytes:
     exif[0x010F] = "PhoneMaker"
     exif[0x8825] = {1: "N", 2: (48.0, 51.0, 24.0), 3: "E", 4: (2.0, 21.0, 3.0)}
     out = io.BytesIO()
-    Image.new("RGB", (96, 64), (20, 120, 200)).save(out, "JPEG", exif=exif.tobytes(),
-                                                    comment=b"my flat")
+    Image.new("RGB", (96, 64), (20, 120, 200)).save(
+        out, "JPEG", exif=exif.tobytes(), comment=b"my flat"
+    )
     return out.getvalue()
 
 
@@ -43,10 +44,16 @@ async def enqueue_edit(db: database.Database, user: int = 5, steps: int = 1) -> 
     wf = workflow.find("qwen")
     values = wf.validate({"prompt": "add a hat", "steps": steps, "image": "photo.jpg"})
     values.pop("image")
-    return await db.jobs.enqueue(jobs.NewJob(
-        user_id=user, chat_id=user, command=wf.command, workflow_hash=wf.hash, params=values,
-        inputs=[jobs.InputImage("photo.jpg", "image/jpeg", photo_with_gps())],
-    ))
+    return await db.jobs.enqueue(
+        jobs.NewJob(
+            user_id=user,
+            chat_id=user,
+            command=wf.command,
+            workflow_hash=wf.hash,
+            params=values,
+            inputs=[jobs.InputImage("photo.jpg", "image/jpeg", photo_with_gps())],
+        )
+    )
 
 
 def user_files(fake: FakeComfyUI) -> dict[str, list[str]]:

@@ -49,8 +49,9 @@ def test_comfyui_png_loses_prompt_workflow_and_exif_but_not_a_pixel() -> None:
 
 
 def test_jpeg_loses_exif_gps_and_comments_keeps_icc_and_bytes_of_the_scan() -> None:
-    data = _encode(_gradient(), "JPEG", exif=_exif(), comment=b"taken at home",
-                   icc_profile=SRGB, quality=90)
+    data = _encode(
+        _gradient(), "JPEG", exif=_exif(), comment=b"taken at home", icc_profile=SRGB, quality=90
+    )
     stripped = metadata.strip(data)
     assert b"PhoneMaker" not in stripped and b"taken at home" not in stripped
     with Image.open(io.BytesIO(stripped)) as image:
@@ -61,8 +62,14 @@ def test_jpeg_loses_exif_gps_and_comments_keeps_icc_and_bytes_of_the_scan() -> N
 
 
 def test_webp_loses_exif_and_xmp_chunks() -> None:
-    data = _encode(_gradient(), "WEBP", exif=_exif(), xmp=b"<x:xmpmeta>secret</x:xmpmeta>",
-                   icc_profile=SRGB, lossless=True)
+    data = _encode(
+        _gradient(),
+        "WEBP",
+        exif=_exif(),
+        xmp=b"<x:xmpmeta>secret</x:xmpmeta>",
+        icc_profile=SRGB,
+        lossless=True,
+    )
     stripped = metadata.strip(data)
     assert b"PhoneMaker" not in stripped and b"secret" not in stripped
     with Image.open(io.BytesIO(stripped)) as image:
@@ -110,4 +117,4 @@ def test_an_upright_photo_is_not_re_encoded_only_stripped() -> None:
     data = _encode(_gradient(), "JPEG", exif=_exif(), quality=90)
     checked = images.check_image(data, max_bytes=10**7, max_pixels=10**8)
     assert b"PhoneMaker" not in checked.data and b"GPS" not in checked.data
-    assert checked.data.endswith(data[data.index(b"\xff\xda"):])
+    assert checked.data.endswith(data[data.index(b"\xff\xda") :])

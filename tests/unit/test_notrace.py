@@ -17,9 +17,16 @@ def _legacy(image: bytes) -> events.Event:
 
 
 def _with_metadata(node: str, image: bytes) -> events.Event:
-    meta = json.dumps({"node_id": node, "prompt_id": "p", "display_node_id": node,
-                       "parent_node_id": None, "real_node_id": node,
-                       "image_type": "image/png"}).encode()
+    meta = json.dumps(
+        {
+            "node_id": node,
+            "prompt_id": "p",
+            "display_node_id": node,
+            "parent_node_id": None,
+            "real_node_id": node,
+            "image_type": "image/png",
+        }
+    ).encode()
     return events.parse_binary(struct.pack(">II", 4, len(meta)) + meta + image)
 
 
@@ -28,8 +35,10 @@ def test_savers_become_websocket_savers_with_the_same_ids_and_images() -> None:
     graph["99"] = {"class_type": "PreviewImage", "inputs": {"images": ["8", 0]}}
     rewritten, savers = notrace.to_websocket(graph)
     assert savers == {"9": "f", "99": "ComfyUI"}
-    assert rewritten["9"] == {"class_type": "SaveImageWebsocket",
-                              "inputs": {"images": graph["9"]["inputs"]["images"]}}
+    assert rewritten["9"] == {
+        "class_type": "SaveImageWebsocket",
+        "inputs": {"images": graph["9"]["inputs"]["images"]},
+    }
     assert graph["9"]["class_type"] == "SaveImage"  # the input graph is left alone
     assert notrace.file_writers(rewritten) == []
 
@@ -43,10 +52,16 @@ def test_video_savers_are_named_as_file_writers() -> None:
 def test_legacy_frames_belong_to_the_node_last_executing_and_previews_are_ignored() -> None:
     collector = notrace.FrameCollector({"9": "f", "12": "g"})
     stream = [
-        events.Executing("p", "3"), _legacy(b"sampler preview"),  # a KSampler's preview
-        events.Executing("p", "9"), events.Progress("p", "9", 0, 2), _legacy(PNG + b"1"),
-        events.Progress("p", "9", 1, 2), _legacy(PNG + b"2"),
-        events.Executing("p", "12"), events.Progress("p", "12", 0, 1), _legacy(PNG + b"3"),
+        events.Executing("p", "3"),
+        _legacy(b"sampler preview"),  # a KSampler's preview
+        events.Executing("p", "9"),
+        events.Progress("p", "9", 0, 2),
+        _legacy(PNG + b"1"),
+        events.Progress("p", "9", 1, 2),
+        _legacy(PNG + b"2"),
+        events.Executing("p", "12"),
+        events.Progress("p", "12", 0, 1),
+        _legacy(PNG + b"3"),
     ]
     for event in stream:
         collector.feed(event, "gpu0")
@@ -60,8 +75,12 @@ def test_legacy_frames_belong_to_the_node_last_executing_and_previews_are_ignore
 
 def test_frames_with_metadata_name_their_node_whatever_ran_last() -> None:
     collector = notrace.FrameCollector({"9": "f"})
-    for event in (events.Executing("p", "3"), _with_metadata("9", PNG),
-                  _with_metadata("3", b"preview"), events.Progress("p", "9", 0, 1)):
+    for event in (
+        events.Executing("p", "3"),
+        _with_metadata("9", PNG),
+        _with_metadata("3", b"preview"),
+        events.Progress("p", "9", 0, 1),
+    ):
         collector.feed(event, "gpu0")
     ((file, data),) = collector.outputs("p", "gpu0")
     assert file.node_id == "9" and data == PNG

@@ -53,10 +53,20 @@ MAX_FRAME_BYTES = 512 << 20
 WEBSOCKET_SAVER = "SaveImageWebsocket"
 FILE_SAVERS = frozenset({"SaveImage", "PreviewImage"})
 # Output nodes that write files and have no in-memory equivalent in ComfyUI.
-_KNOWN_WRITERS = frozenset({
-    "SaveVideo", "SaveWEBM", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveAudio",
-    "SaveAudioMP3", "SaveAudioOpus", "SaveGLB", "SaveLatent", "VHS_VideoCombine",
-})
+_KNOWN_WRITERS = frozenset(
+    {
+        "SaveVideo",
+        "SaveWEBM",
+        "SaveAnimatedWEBP",
+        "SaveAnimatedPNG",
+        "SaveAudio",
+        "SaveAudioMP3",
+        "SaveAudioOpus",
+        "SaveGLB",
+        "SaveLatent",
+        "VHS_VideoCombine",
+    }
+)
 # A valid 1x1 black PNG: what an overwritten file holds afterwards.
 PLACEHOLDER_PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010800000000"
@@ -241,8 +251,12 @@ async def scrub(
             for item in node_output.get("images") or ():
                 if not isinstance(item, Mapping) or not item.get("filename"):
                     continue
-                trace = Trace("output", str(item["filename"]), str(item.get("type") or "output"),
-                              str(item.get("subfolder") or ""))
+                trace = Trace(
+                    "output",
+                    str(item["filename"]),
+                    str(item.get("type") or "output"),
+                    str(item.get("subfolder") or ""),
+                )
                 if trace.folder in ("output", "temp") and (
                     (trace.folder, trace.subfolder, trace.name) not in listed
                 ):

@@ -29,7 +29,9 @@ class StoredTrace:
     @classmethod
     def from_row(cls, row: Row) -> StoredTrace:
         return cls(
-            job_id=row["job_id"], user_id=row["user_id"], backend=row["backend"],
+            job_id=row["job_id"],
+            user_id=row["user_id"],
+            backend=row["backend"],
             trace=Trace(row["kind"], row["name"], row["folder"], row["subfolder"]),
         )
 
