@@ -203,3 +203,19 @@ async def _no_traces(db: database.Database) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_video_is_written_there_downloaded_then_overwritten(
+    db: database.Database, fake_comfy: FakeComfyUI
+) -> None:
+    # SaveVideo has no in-memory equivalent: its file is the one thing written to disk.
+    job = await enqueue(db, command="wan", steps=3, width=256, height=256, length=5)
+    async with running_worker(db, [fake_comfy.url]):
+        await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+    (output,) = await db.jobs.outputs(job.id)
+    assert output.kind == "video" and output.data[4:8] == b"ftyp"
+    (written,) = fake_comfy.dirs["output"].rglob("*.mp4")
+    with Image.open(written) as placeholder:  # the video's name, a 1x1 image inside
+        assert placeholder.size == (1, 1)
+    assert await nothing_left(fake_comfy)
+    assert await db.traces.settled() == []

@@ -73,7 +73,8 @@ PLACEHOLDER_PNG = bytes.fromhex(
     "3a7e9b550000000a49444154789c63600000000200014873a9de0000000049454e44ae426082"
 )
 SCRUB_WAIT = 30.0  # seconds a cancelled prompt may take to leave the queue
-_SCRUB_POLL = 0.1  # seconds between two looks at the queue meanwhile
+_SCRUB_POLL = 0.25  # seconds between two looks at the queue meanwhile
+_FILE_KEYS = ("images", "gifs", "videos", "audio")  # where an output node lists its files
 
 
 class FramesLost(errors.ComfyError):
@@ -248,7 +249,8 @@ async def scrub(
         for node_output in (entry.get("outputs") or {}).values():
             if not isinstance(node_output, Mapping):
                 continue
-            for item in node_output.get("images") or ():
+            listed_files = [item for key in _FILE_KEYS for item in (node_output.get(key) or ())]
+            for item in listed_files:
                 if not isinstance(item, Mapping) or not item.get("filename"):
                     continue
                 trace = Trace(
