@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+from pathlib import Path
 
 from PIL import Image, ImageCms, PngImagePlugin
 
@@ -118,3 +119,25 @@ def test_an_upright_photo_is_not_re_encoded_only_stripped() -> None:
     checked = images.check_image(data, max_bytes=10**7, max_pixels=10**8)
     assert b"PhoneMaker" not in checked.data and b"GPS" not in checked.data
     assert checked.data.endswith(data[data.index(b"\xff\xda") :])
+
+
+def test_files_on_disk_are_stripped_in_place(tmp_path: Path) -> None:
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+    moov = box(b"moov", box(b"mvhd", b"\x00" * 100) + box(b"udta", b"my secret prompt"))
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(box(b"ftyp", b"isom\x00\x00\x02\x00") + moov + box(b"mdat", b"frames"))
+    before = video.read_bytes()
+    metadata.strip_path(video)
+    after = video.read_bytes()
+    assert len(after) == len(before) and b"secret" not in after and b"frames" in after
+    assert after == metadata.strip(before)  # the same as in memory, without reading it
+    info = PngImagePlugin.PngInfo()
+    info.add_text("prompt", "my secret prompt")
+    picture = tmp_path / "out.png"
+    picture.write_bytes(_encode(_gradient(), "PNG", pnginfo=info))
+    metadata.strip_path(picture)
+    assert b"secret" not in picture.read_bytes() and not list(tmp_path.glob("*.part"))
+    with Image.open(picture) as image:
+        assert image.tobytes() == _gradient().tobytes()

@@ -97,11 +97,22 @@ def test_missing_frames_are_lost_images_not_an_empty_result() -> None:
         notrace.FrameCollector({"9": "f"}).outputs("p", "gpu0")
 
 
-def test_a_frame_over_the_cap_is_refused() -> None:
-    collector = notrace.FrameCollector({"9": "f"}, max_frame_bytes=10)
+def test_frames_are_held_to_the_jobs_output_limits() -> None:
+    collector = notrace.FrameCollector({"9": "f"}, max_frame_bytes=20, max_files=2)
     collector.feed(events.Executing("p", "9"), "gpu0")
-    with pytest.raises(errors.BackendProtocolError, match="larger than"):
-        collector.feed(_legacy(PNG + b"too large"), "gpu0")
+    with pytest.raises(errors.OutputTooLarge, match="a file larger than"):
+        collector.feed(_legacy(PNG + b"far too large"), "gpu0")
+    together = notrace.FrameCollector({"9": "f"}, max_frame_bytes=20, max_files=5)
+    together.feed(events.Executing("p", "9"), "gpu0")
+    together.feed(_legacy(PNG), "gpu0")
+    with pytest.raises(errors.OutputTooLarge, match="of files for one job"):
+        together.feed(_legacy(PNG), "gpu0")
+    counted = notrace.FrameCollector({"9": "f"}, max_files=2)
+    counted.feed(events.Executing("p", "9"), "gpu0")
+    counted.feed(_legacy(PNG), "gpu0")
+    counted.feed(_legacy(PNG), "gpu0")
+    with pytest.raises(errors.TooManyOutputs):
+        counted.feed(_legacy(PNG), "gpu0")
 
 
 def test_traces_reference_files_by_annotated_name() -> None:
