@@ -88,7 +88,10 @@ async def one(case: str, timeout: float, src: Path, work: Path) -> dict[str, Any
     fake = TamperingComfyUI(root=folder / "comfyui", **CASES[case])
     await fake.start()
     try:
-        (folder / "comfyveil.toml").write_text(f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\n')
+        # Files to download (the tampered /view), not images over the WebSocket.
+        (folder / "comfyveil.toml").write_text(
+            f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nno_trace = false\n'
+        )
         if case == "stalled upload":
             (folder / "photo.png").write_bytes(png(64, 64))
             run = ["qwen", "a hat", "--image", "photo.png"]

@@ -44,15 +44,21 @@ CASES: dict[str, dict[str, Any]] = {
     "endless view": {"endless_view": True},
     "trickling view": {"trickle_view": True, "trickle_interval": 10},
     "huge ws text": {"huge_ws_text": 300 * 1024 * 1024},
+    "huge ws text, no trace": {"huge_ws_text": 300 * 1024 * 1024},
     "20000 outputs": {"listed_outputs": 20_000},
     "stalled upload": {"stall_upload": True},
 }
+FILE_CASES = {"endless view", "trickling view", "huge ws text", "20000 outputs"}
 EXPECTED = {
     "endless view": (1, "backend gpu0 sent a file larger than 64 MiB"),
     "trickling view": (
         1, f"backend gpu0 was too slow sending the results; the job was stopped after {DEADLINE} s"
     ),
     "huge ws text": (0, None),  # the socket closes, the job is followed by polling and ends
+    # ... and with no trace the image was to come over that socket: the job fails, plainly.
+    "huge ws text, no trace": (
+        1, "the images of the job on backend gpu0 were lost on the way back"
+    ),
     "20000 outputs": (1, "backend gpu0 listed 20000 files for one job, more than the 64 allowed"),
     "stalled upload": (1, "backend gpu0 stopped answering during the upload"),
 }
@@ -82,8 +88,11 @@ async def test_a_tampering_backend_ends_the_job_in_time_and_in_bounded_memory(
     fake = TamperingComfyUI(root=tmp_path / "comfyui", **CASES[case])
     await fake.start()
     try:
+        # The cases about files: with no trace the image would come over the WebSocket and
+        # the tampered /view or history would never be asked.
+        files = "no_trace = false\n" if case in FILE_CASES else ""
         (tmp_path / "comfyveil.toml").write_text(
-            f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\n\n'
+            f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\n{files}\n'
             "[limits]\nmax_output_bytes = 67108864\n"
         )
         if case == "stalled upload":

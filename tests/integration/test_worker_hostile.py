@@ -50,7 +50,10 @@ async def worker_on(
     db: database.Database, urls: list[str], cap: limits.Limits | None = None
 ) -> AsyncIterator[Worker]:
     options = dataclasses.replace(FAST, job_timeout=DEADLINE)
-    async with pool.Pool(backend_configs(urls), probe_interval=0.2, limits=cap) as backends:
+    # Files to download: with no trace the images would come over the WebSocket, and the
+    # tampered /view these tests are about would never be asked.
+    configs = backend_configs(urls, no_trace=False)
+    async with pool.Pool(configs, probe_interval=0.2, limits=cap) as backends:
         worker = Worker(db, backends, options=options)
         task = asyncio.create_task(worker.run(), name="test-worker")
         try:
