@@ -62,12 +62,20 @@ async def refusal(proxy: str, url: str, *, timeout: float = 40) -> str | None:
 
 
 async def unreachable(proxy: str, url: str, *, because: int, attempts: int = 2) -> None:
-    """Every attempt is refused by anon with the extended SOCKS error `because`
-    (0xF4: no client key, 0xF5: a wrong or revoked key...), not any failure at all."""
+    """Every attempt is refused by anon for a hidden-service reason, never served nor
+    failed in some other way; the first says exactly `because` (0xF4: no client key,
+    0xF5: a wrong or revoked key...).
+
+    A later attempt may say the descriptor was not found (0xF0) instead: anon drops a
+    descriptor it could not decrypt, and on a small private network the refetch can come
+    back empty. Either way the service stayed closed to this client.
+    """
     expected = proxy_mod.HIDDEN_SERVICE_REPLIES[because]
+    allowed_later = {expected, proxy_mod.HIDDEN_SERVICE_REPLIES[0xF0]}
     for attempt in range(attempts):
         why = await refusal(proxy, url)
-        assert why == expected, (
+        wanted = {expected} if attempt == 0 else allowed_later
+        assert why in wanted, (
             f"attempt {attempt + 1}: refused because {why!r}, expected {expected!r}"
         )
 
