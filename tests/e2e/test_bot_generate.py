@@ -8,6 +8,7 @@ import time
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.worker_support import sent_values
 
 
 async def test_f_sends_a_photo_and_removes_the_status(
@@ -25,8 +26,13 @@ async def test_f_sends_a_photo_and_removes_the_status(
         )
         buttons = [b["text"] for b in photo.result["reply_markup"]["inline_keyboard"][0]]
         assert len(buttons) == 3
-        # The fake ComfyUI ran exactly one prompt with the user's values.
+        # The fake ComfyUI ran exactly one prompt, with the user's values.
         assert len(fake_comfy.prompts) == 1
+        job = (await db.jobs.list_for_user(10, limit=1))[0]
+        assert sent_values(fake_comfy, job.id) == {
+            "prompt": "a red fox in snow", "seed": 42, "steps": 4, "width": 256,
+            "height": 256,
+        }
 
 
 async def test_help_lists_enabled_commands_and_menu_is_registered(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tests.e2e.bot_support import SMALL, png, running_bot
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.worker_support import sent_values
 
 
 def user_uploads(fake: FakeComfyUI) -> list[dict]:
@@ -58,6 +59,12 @@ async def test_photo_with_the_command_as_caption(
                           caption="/qwen add a hat --steps 2")
         await stack.result(22, count=2)
         assert last_upload(fake_comfy) == fake_telegram.file_bytes(sent["photo"][-1]["file_id"])
+    # The graph loads that upload, with the user's words and steps.
+    job = (await db.jobs.list_for_user(22, limit=1))[0]
+    graph = sent_values(fake_comfy, job.id, "qwen")
+    upload = fake_comfy.uploads[-1]
+    assert graph["image"] == "/".join(filter(None, (upload["subfolder"], upload["name"])))
+    assert (graph["prompt"], graph["steps"]) == ("add a hat", 2)
 
 
 async def test_a_pdf_is_refused_in_one_sentence_and_nothing_is_queued(

@@ -9,6 +9,7 @@ import pytest
 from comfyveil import config
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.worker_support import sent_values
 
 
 async def test_allow_list_refuses_strangers_until_an_admin_allows_them(
@@ -92,6 +93,22 @@ async def test_bad_inputs_get_one_sentence_and_queue_nothing(
         assert await stack.reply_text(45) == answer
         assert len(fake_telegram.calls("sendMessage")) == 1
         assert await stack.queued_count() == 0
+
+
+async def test_the_prompt_length_limit_is_exact_and_the_gpu_gets_the_whole_prompt(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    limits = config.LimitsConfig(max_prompt_length=40)
+    prompt = ("a fox in deep snow under the northern li" + "ght")[:40]
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits) as stack:
+        stack.send(46, f"/f {prompt}x {SMALL}")
+        assert await stack.reply_text(46) == (
+            "The prompt is 41 characters long; the limit is 40."
+        )
+        stack.send(46, f"/f {prompt} {SMALL}")
+        await stack.result(46)
+    job = (await db.jobs.list_for_user(46, limit=1))[0]
+    assert sent_values(fake_comfy, job.id)["prompt"] == prompt
 
 
 async def test_admin_overviews_of_users_and_backends(

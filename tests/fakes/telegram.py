@@ -393,6 +393,12 @@ class FakeTelegram:
         self._store_message(from_)
         self._push_update({"message": from_})
 
+    def user_deletes(self, chat_id: int, message_id: int) -> None:
+        """The user deletes a message for everyone: the bot's later edits and deletes of it
+        answer "message to edit not found" / "message to delete not found"."""
+        if self._messages.get(chat_id, {}).pop(message_id, None) is None:
+            raise ValueError(f"no message {message_id} in chat {chat_id}")
+
     def rate_limit_next(self, n: int, retry_after: float = 1) -> None:
         """Answer the next ``n`` bot calls (not getUpdates) with 429 and ``retry_after``.
 

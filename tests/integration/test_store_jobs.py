@@ -98,6 +98,25 @@ async def test_round_robin_between_users(db: Database) -> None:
     assert [j for j in order if j != single.id] == [j.id for j in batch]
 
 
+async def test_three_users_with_several_jobs_take_turns_in_the_whole_order(
+    db: Database,
+) -> None:
+    """Each user in turn, the one served longest ago first; a newcomer goes next."""
+    queued = {user: [await db.jobs.enqueue(new_job(user)) for _ in range(3)]
+              for user in (1, 2, 3)}
+    label = {j.id: f"{user}.{i}" for user, js in queued.items() for i, j in enumerate(js)}
+    order = []
+    for _ in range(4):
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None
+        order.append(label[claimed.id])
+    late = await db.jobs.enqueue(new_job(4))  # never served: first in line now
+    label[late.id] = "4.0"
+    while (claimed := await db.jobs.claim("w")) is not None:
+        order.append(label[claimed.id])
+    assert order == ["1.0", "2.0", "3.0", "1.1", "4.0", "2.1", "3.1", "1.2", "2.2", "3.2"]
+
+
 async def test_higher_priority_goes_first(db: Database) -> None:
     await db.jobs.enqueue(new_job(1))
     urgent = await db.jobs.enqueue(new_job(2, priority=5))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from comfyveil import config, sinks
 from comfyveil.comfy import pool, workflow
@@ -17,6 +19,7 @@ from tests.integration.worker_support import (
     FAST,
     enqueue,
     running_worker,
+    sent_values,
     wait_for,
     wait_status,
 )
@@ -39,6 +42,71 @@ async def test_a_job_runs_once_and_its_files_are_delivered(
     assert len(outputs) == 1 and outputs[0].data.startswith(b"\x89PNG")
     assert sink.delivered[0].read_bytes() == outputs[0].data
     assert await db.jobs.undelivered("files") == []
+
+
+async def test_the_gpu_gets_the_values_the_user_asked_for(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """What reaches ComfyUI is the job's values, not the workflow's defaults or a fresh seed
+    (none of these is the default of /f)."""
+    fake = await fake_comfy_factory()
+    job = await enqueue(db, prompt="a blue heron at dawn", seed=987_654_321, steps=3,
+                        width=320, height=448)
+    async with running_worker(db, [fake.url]):
+        await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+    assert sent_values(fake, job.id) == {
+        "prompt": "a blue heron at dawn", "seed": 987_654_321, "steps": 3,
+        "width": 320, "height": 448,
+    }
+    output = (await db.jobs.outputs(job.id))[0].data
+    with Image.open(io.BytesIO(output)) as image:
+        assert image.size == (320, 448)  # the fake draws at the size it was given
+
+
+async def test_a_job_longer_than_its_lease_keeps_it_and_runs_once(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """The lease is renewed while the job runs: a second worker, looking for expired
+    leases all along, never takes it over."""
+    fake = await fake_comfy_factory(step_delay=0.6)
+    short = dataclasses.replace(FAST, lease_seconds=1.5, recover_interval=0.2)
+    job = await enqueue(db, steps=8)  # about 5 s: more than three leases
+    async with running_worker(db, [fake.url], options=short), \
+            running_worker(db, [fake.url], options=short):
+        started = time.monotonic()
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=60)
+    assert time.monotonic() - started > 2 * short.lease_seconds
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert kinds.count("claimed") == 1 and "lease_expired" not in kinds, kinds
+    assert done.attempts == 1 and fake.executions[str(job.id)] == 1
+
+
+async def test_a_job_that_kills_its_worker_every_time_ends_failed(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """A poison job: each worker that takes it dies (no renewal, no final write). After
+    max_attempts the recovering worker fails it with a plain sentence instead of
+    queueing it for ever."""
+    fake = await fake_comfy_factory()
+    await db.commands.seed()
+    wf = workflow.find("f")
+    values = wf.validate({"prompt": "a fox", "steps": 2, "width": 256, "height": 256})
+    poison = await db.jobs.enqueue(jobs.NewJob(
+        user_id=1, chat_id=1, command="f", workflow_hash=wf.hash, params=values,
+        backends=("doomed",), max_attempts=3,  # only the dying workers may take it
+    ))
+    async with running_worker(db, [fake.url]):  # gpu0: recovers leases, never claims it
+        for attempt in range(1, 4):
+            claimed = await db.jobs.claim(f"dies-{attempt}", backends=["doomed"],
+                                          lease_seconds=0.3)
+            assert claimed is not None and claimed.id == poison.id
+            assert claimed.attempts == attempt
+            expected = jobs.Status.FAILED if attempt == 3 else jobs.Status.QUEUED
+            ended = await wait_status(db, poison.id, expected, timeout=10)
+    assert ended.error == "the job was interrupted too many times"
+    assert ended.attempts == 3 and ended.finished_at is not None
+    assert await db.jobs.claim("dies-4", backends=["doomed"]) is None
+    assert not fake.prompts
 
 
 async def test_jobs_queued_one_after_another_start_on_their_notification(

@@ -104,3 +104,17 @@ async def running_worker(
         finally:
             worker.stop()
             await asyncio.wait_for(task, 30)
+
+
+def sent_values(fake: Any, job_id: uuid.UUID, command: str = "f") -> dict[str, object]:
+    """The option values as the GPU got them: read from the graph the fake ComfyUI was
+    posted for this job, at every node input each option of the command sets."""
+    posted = [p for p in fake.prompts if p["prompt_id"] == str(job_id)]
+    assert posted, "the job's graph never reached this ComfyUI"
+    graph = posted[-1]["prompt"]
+    values: dict[str, object] = {}
+    for param in workflow.find(command).params.values():
+        found = {repr(graph[t.node]["inputs"][t.input]) for t in param.targets}
+        assert len(found) == 1, f"{param.name} differs between its inputs: {found}"
+        values[param.name] = graph[param.targets[0].node]["inputs"][param.targets[0].input]
+    return values

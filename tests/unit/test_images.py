@@ -109,3 +109,17 @@ def test_decompression_bombs_are_refused_without_warnings(side: int, expected: s
     with pytest.raises(images.ImageRejected) as raised:
         images.check_image(png_header(side, side), **LIMITS)
     assert str(raised.value) == expected
+
+
+def test_the_pixel_limit_is_exact() -> None:
+    data = encode("PNG", (100, 120))  # 12,000 pixels
+    assert images.check_image(data, max_bytes=MB, max_pixels=12_000).pixels == 12_000
+    with pytest.raises(images.ImageRejected, match=r"the limit is 0\.0 MP"):
+        images.check_image(data, max_bytes=MB, max_pixels=11_999)
+
+
+def test_the_byte_limit_is_exact() -> None:
+    data = encode("PNG", (100, 120))
+    assert images.check_image(data, max_bytes=len(data), max_pixels=40_000_000).data == data
+    with pytest.raises(images.ImageRejected, match=r"^That file is 0\.0 MB; the limit is"):
+        images.check_image(data, max_bytes=len(data) - 1, max_pixels=40_000_000)

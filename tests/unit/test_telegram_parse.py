@@ -125,6 +125,17 @@ def test_prompt_required_and_length_limit() -> None:
     assert parse.parse("/f", FLUX) == parse.ParsedCommand("f", "")
 
 
+def test_the_prompt_length_limit_is_exact() -> None:
+    at_limit = parse.parse("/f " + "a" * 300, FLUX, max_prompt_chars=300)
+    assert at_limit is not None and len(at_limit.prompt) == 300
+    with pytest.raises(parse.ParseError, match="301 characters long; the limit is 300"):
+        parse.parse("/f " + "a" * 301, FLUX, max_prompt_chars=300)
+    negative = parse.parse("/f fox --no " + "b" * 300, FLUX, max_prompt_chars=300)
+    assert negative is not None and negative.negative == "b" * 300
+    with pytest.raises(parse.ParseError, match="negative prompt is 301 characters long"):
+        parse.parse("/f fox --no " + "b" * 301, FLUX, max_prompt_chars=300)
+
+
 def test_bad_aspect_ratio_in_a_command() -> None:
     with pytest.raises(parse.ParseError, match="between 1:4 and 4:1"):
         parse.parse("/f fox --ar 10:1", FLUX)

@@ -456,3 +456,58 @@ def test_find_prefers_an_operators_workflow_of_the_same_name(tmp_path: Path) -> 
 def test_find_a_missing_path() -> None:
     with pytest.raises(workflow.WorkflowError, match="no workflow file"):
         workflow.find("/nonexistent/x.toml")
+
+
+@pytest.mark.parametrize(
+    ("values", "refusal"),
+    [
+        # At each bound the value passes; one past it (or off the step) it is refused.
+        ({"steps": 1}, None),
+        ({"steps": 0}, "steps must be between 1 and 8 (got 0)"),
+        ({"steps": 8}, None),
+        ({"steps": 9}, "steps must be between 1 and 8 (got 9)"),
+        ({"cfg": 0.0}, None),
+        ({"cfg": -0.001}, "cfg must be between 0 and 10 (got -0.001)"),
+        ({"cfg": 10.0}, None),
+        ({"cfg": 10.001}, "cfg must be between 0 and 10 (got 10.001)"),
+        ({"size": 256}, None),
+        ({"size": 255}, "size must be between 256 and 1024 (got 255)"),
+        ({"size": 192}, "size must be between 256 and 1024 (got 192)"),  # on the step
+        ({"size": 1024}, None),
+        ({"size": 1025}, "size must be between 256 and 1024 (got 1025)"),
+        ({"size": 1088}, "size must be between 256 and 1024 (got 1088)"),  # on the step
+        ({"size": 320}, None),
+        ({"size": 319}, "size must be a multiple of 64 (got 319)"),
+        ({"size": 321}, "size must be a multiple of 64 (got 321)"),
+        ({"seed": 0}, None),
+        ({"seed": -1}, f"seed must be between 0 and {workflow.SEED_MAX} (got -1)"),
+        ({"seed": workflow.SEED_MAX}, None),
+        ({"seed": workflow.SEED_MAX + 1},
+         f"seed must be between 0 and {workflow.SEED_MAX} (got {workflow.SEED_MAX + 1})"),
+        ({"prompt": "x" * 20}, None),
+        ({"prompt": "x" * 21}, "prompt is too long (21 characters, at most 20)"),
+        ({"prompt": "x", "negative": "y" * 500}, None),  # no max_length: no limit
+    ],
+)
+def test_every_option_bound_is_exact(values: dict[str, Any], refusal: str | None) -> None:
+    wf = toy()
+    given = {"prompt": "a dog", **values}
+    if refusal is None:
+        validated = wf.validate(given)
+        assert all(validated[name] == value for name, value in values.items())
+        graph = wf.apply(validated)
+        for name, value in values.items():
+            for target in wf.params[name].targets:
+                assert graph[target.node]["inputs"][target.input] == value
+    else:
+        with pytest.raises(workflow.ParamError) as raised:
+            wf.validate(given)
+        assert str(raised.value) == refusal
+
+
+def test_a_step_counts_from_the_minimum() -> None:
+    wf = toy(BINDINGS.replace("min = 256\nmax = 1024\nstep = 64",
+                              "min = 32\nmax = 1024\nstep = 96"))
+    assert wf.validate({"prompt": "x", "size": 128})["size"] == 128
+    with pytest.raises(workflow.ParamError, match=r"size must be 32 plus a multiple of 96"):
+        wf.validate({"prompt": "x", "size": 129})

@@ -1,0 +1,124 @@
+"""The errors Telegram answers with, and what the user still gets: a refused photo comes
+as a file, a blocked bot stops trying, a deleted status message is left alone, a "not
+modified" or a 429 pauses nothing that matters."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.bot_support import SMALL, running_bot
+from tests.fakes.comfyui import FakeComfyUI
+from tests.fakes.telegram import NOT_MODIFIED, BotCall, FakeTelegram
+from tests.integration.worker_support import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _to(chat: int, method: str | None = None, ok: bool | None = None):
+    def matches(call: BotCall) -> bool:
+        return (str(call.params.get("chat_id")) == str(chat)
+                and (method is None or call.method == method)
+                and (ok is None or call.ok == ok))
+    return matches
+
+
+async def _no_call_after(telegram: FakeTelegram, matches, after: int, within: float) -> None:
+    """Wait `within` seconds for a call after the first `after` ones that `matches`; it
+    must not come (waiting on the very event that would prove it wrong)."""
+    with pytest.raises(AssertionError, match="condition not met"):
+        await telegram.wait_for(
+            lambda calls: any(matches(c) for c in calls[after:]), timeout=within
+        )
+
+
+async def test_a_photo_telegram_refuses_is_sent_as_a_file(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    fake_telegram.fail_next("sendPhoto", 400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(60, f"/f a very wide lake {SMALL}")
+        document = await stack.result(60, method="sendDocument")
+        job = (await db.jobs.list_for_user(60, limit=1))[0]
+        assert document.files["document"][1] == (await db.jobs.outputs(job.id))[0].data
+        assert document.result["caption"].startswith("/f")
+    refused = fake_telegram.calls("sendPhoto", ok=False)
+    assert [c.error for c in refused] == ["Bad Request: PHOTO_INVALID_DIMENSIONS"]
+    assert fake_telegram.calls("sendPhoto") == []  # one result, as a file only
+
+
+async def test_a_user_who_blocked_the_bot_is_not_sent_to_again_and_others_are_served(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    slow = await fake_comfy_factory(step_delay=0.3)
+    async with running_bot(fake_telegram, db, [slow]) as stack:
+        stack.send(61, f"/f a fox --steps 4 {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=61)  # the status
+        fake_telegram.block_bot(61)
+        job = (await db.jobs.list_for_user(61, limit=1))[0]
+
+        async def delivered() -> bool:
+            current = await db.jobs.get(job.id)
+            assert current is not None
+            return current.status.finished and await db.jobs.undelivered("telegram") == []
+
+        # The refused result counts as delivered: no retry loop keeps knocking.
+        await wait_for(delivered, timeout=20)
+        refused = fake_telegram.calls(ok=False)
+        assert refused and all("blocked" in str(c.error) for c in refused)
+        seen = len(fake_telegram.sent)
+        # A catch-up delivery would come after delivery_grace (1 s here): none may.
+        await _no_call_after(fake_telegram, _to(61), seen, within=3.0)
+        stack.send(62, f"/f a cat --steps 1 {SMALL}")  # the bot still serves the others
+        await stack.result(62)
+
+
+async def test_a_status_message_the_user_deleted_is_left_alone(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    slow = await fake_comfy_factory(step_delay=0.5)
+    async with running_bot(fake_telegram, db, [slow]) as stack:
+        stack.send(63, f"/f a heron --steps 8 {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=63)
+        message_id = status.result["message_id"]
+        await fake_telegram.wait_for_call("editMessageText", chat_id=63)  # it is followed
+        fake_telegram.user_deletes(63, message_id)
+        photo = await stack.result(63, timeout=30)
+        assert photo.result["caption"].startswith("/f")
+    edits = [c for c in fake_telegram.sent if _to(63, "editMessageText")(c)]
+    refused = [c for c in edits if not c.ok]
+    # One refused edit tells the bot the message is gone; it stops editing it.
+    assert len(refused) <= 1, [c.error for c in refused]
+    assert all(c.error == "Bad Request: message to edit not found" for c in refused)
+    assert not [c for c in edits if c.ok and c.at > photo.at]
+
+
+async def test_not_modified_and_a_rate_limit_do_not_stop_the_status_or_the_result(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    slow = await fake_comfy_factory(step_delay=0.5)
+    async with running_bot(fake_telegram, db, [slow]) as stack:
+        stack.send(64, f"/f a lynx --steps 8 {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=64)
+        fake_telegram.fail_next("editMessageText", 400, NOT_MODIFIED)
+        await fake_telegram.wait_for(
+            lambda calls: any(not c.ok and c.method == "editMessageText" for c in calls))
+        # Telegram's 429 with a whole second to wait, more often than PTB's limiter retries:
+        # the status message's edits pause for that second, then go on.
+        fake_telegram.rate_limit_next(4, retry_after=1)
+        limited = await fake_telegram.wait_for(
+            lambda calls: [c for c in calls if c.error and "Too Many" in c.error][3:4],
+            timeout=20,
+        )
+        last_429 = limited[0]
+        following = await fake_telegram.wait_for(
+            lambda calls: [c for c in calls if c.at > last_429.at and c.ok
+                           and _to(64, "editMessageText")(c)][:1]
+            or [c for c in calls if c.ok and _to(64, "sendPhoto")(c)][:1],
+            timeout=20,
+        )
+        if following[0].method == "editMessageText":
+            assert following[0].at - last_429.at >= 0.9  # Telegram asked for a second
+        await stack.result(64, timeout=30)
+        await fake_telegram.wait_for(
+            lambda _: status.result["message_id"] in fake_telegram.deleted(64), timeout=10
+        )
