@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium run test lint bench clean
+.PHONY: install anon chromium run test lint bench mutants clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: install
 test: install $(VENV)/anon/anon chromium
 	$(BIN)/ruff check src tests benchmarks
 	COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only $(BIN)/pytest -q -p no:cacheprovider
+
+# Deliberate bugs (tests/mutants.toml), each tried in a copy of the tree: every one must
+# fail its tests. Minutes, not seconds; not part of `make test`.
+mutants: install $(VENV)/anon/anon
+	COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) $(BIN)/python scripts/mutants.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -56,11 +56,17 @@ def load(path: Path) -> list[Mutant]:
     mutants = []
     for entry in data.get("mutant", []):
         tests = entry["tests"]
-        mutants.append(Mutant(
-            name=entry["name"], file=entry["file"], find=entry["find"],
-            replace=entry["replace"], tests=tuple([tests] if isinstance(tests, str) else tests),
-            count=int(entry.get("count", 1)), why=entry.get("why", ""),
-        ))
+        mutants.append(
+            Mutant(
+                name=entry["name"],
+                file=entry["file"],
+                find=entry["find"],
+                replace=entry["replace"],
+                tests=tuple([tests] if isinstance(tests, str) else tests),
+                count=int(entry.get("count", 1)),
+                why=entry.get("why", ""),
+            )
+        )
     names = [m.name for m in mutants]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
@@ -72,7 +78,9 @@ def tree_files(root: Path) -> list[str]:
     """Tracked files and untracked ones git does not ignore: what a commit would hold."""
     out = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=root, check=True, capture_output=True,
+        cwd=root,
+        check=True,
+        capture_output=True,
     ).stdout.decode()
     return [name for name in out.split("\0") if name and (root / name).is_file()]
 
@@ -98,22 +106,37 @@ def apply(mutant: Mutant, tree: Path) -> str | None:
 
 
 def pytest_command(tree: Path, tests: tuple[str, ...], extra: list[str]) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-               "--no-header", *extra, *tests]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "--no-header",
+        *extra,
+        *tests,
+    ]
     wrapper = tree / "scripts" / "loopback-only"
     return [str(wrapper), *command] if wrapper.is_file() else command
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], extra: list[str],
-              timeout: float) -> tuple[bool, str]:
+def run_tests(
+    tree: Path, tests: tuple[str, ...], extra: list[str], timeout: float
+) -> tuple[bool, str]:
     env = dict(os.environ)
     # The copy's code, not whatever the virtual environment has installed.
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(tree)])
     env.pop("PYTEST_ADDOPTS", None)
     try:
         done = subprocess.run(
-            pytest_command(tree, tests, extra), cwd=tree, env=env,
-            capture_output=True, text=True, timeout=timeout,
+            pytest_command(tree, tests, extra),
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
@@ -125,7 +148,11 @@ def check_imports_copy(tree: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "src"), str(tree)]))
     where = subprocess.run(
         [sys.executable, "-c", "import comfyveil; print(comfyveil.__file__)"],
-        cwd=tree, env=env, check=True, capture_output=True, text=True,
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     if not Path(where).resolve().is_relative_to(tree.resolve()):
         raise SystemExit(f"the tests would import comfyveil from {where}, not the copy")
@@ -137,8 +164,7 @@ def table(outcomes: list[Outcome]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = []
     for i, row in enumerate(rows):
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                     + " |")
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
         if i == 0:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
@@ -150,10 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--file", type=Path, default=DEFAULT_LIST, help="the mutant list")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip running the tests on the unchanged tree first")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="show the test output of survivors and broken runs")
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip running the tests on the unchanged tree first",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the test output of survivors and broken runs",
+    )
     args = parser.parse_args(argv)
 
     mutants = load(args.file)
@@ -177,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             ok, output = run_tests(pristine, tests, [], args.timeout * 2)
             if not ok:
                 print(output)
-                print("the named tests fail without any mutant; fix that first",
-                      file=sys.stderr)
+                print("the named tests fail without any mutant; fix that first", file=sys.stderr)
                 return 2
         outcomes = []
         for mutant in mutants:

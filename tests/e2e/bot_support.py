@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import io
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from PIL import Image
@@ -93,6 +93,32 @@ async def running_bot(
             if task is not None:
                 await asyncio.wait_for(task, 30)
             await bot.close()
+
+
+async def no_call(
+    telegram: FakeTelegram, matches: Callable[[BotCall], bool], *, within: float
+) -> None:
+    """Wait up to `within` seconds for a bot call from now on that `matches`, and fail if
+    one comes: "nothing more is sent", waiting on the very event that would disprove it."""
+    start = len(telegram.sent)
+    try:
+        found = await telegram.wait_for(
+            lambda calls: [c for c in calls[start:] if matches(c)], timeout=within
+        )
+    except AssertionError:
+        return  # the bound passed with no such call
+    raise AssertionError(f"unexpected {found[0].method}: {found[0].params}")
+
+
+def to_chat(chat: int, *methods: str) -> Callable[[BotCall], bool]:
+    """Matches the bot's calls aimed at `chat` (of these methods; any if none given)."""
+
+    def matches(call: BotCall) -> bool:
+        return str(call.params.get("chat_id")) == str(chat) and (
+            not methods or call.method in methods
+        )
+
+    return matches
 
 
 def png(width: int = 64, height: int = 48, color: tuple[int, int, int] = (200, 30, 30)) -> bytes:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.comfyui import DEFAULT_MODELS, FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.worker_support import never, wait_for
 
 PLUMBING = ("Traceback", "Exception", "RuntimeError", "prompt_id", "http://", "127.0.0.1")
 
@@ -48,8 +47,9 @@ async def test_a_job_that_fails_on_the_gpu_ends_in_one_plain_sentence(
         text = await _last_text(fake_telegram, 40, "failed")
         _plain(text)
         assert "out of memory" in text.lower()
-        # It failed for good (an error in the workflow, not the link): asked once.
-        await asyncio.sleep(0.5)
+        # It failed for good (an error in the workflow, not the link): asked once. A retry
+        # would post the prompt again within the retry backoff (0.05 s here).
+        await never(lambda: _now(len(fake_comfy.prompts) > 1), within=1.5)
         assert len(fake_comfy.prompts) == 1
         assert not fake_telegram.calls("sendPhoto")
         # The next command works: the failure left nothing stuck.
@@ -64,7 +64,7 @@ async def test_no_gpu_with_the_model_is_said_at_once_and_nothing_waits(
               for folder, files in DEFAULT_MODELS.items()}
     fake = await fake_comfy_factory(models=models)
     async with running_bot(fake_telegram, db, [fake]) as stack:
-        await asyncio.sleep(0.5)  # the pool has read the backend's models
+        await wait_for(lambda: _now(stack.pool.get("gpu0").object_info is not None))
         stack.send(41, f"/f a fox {SMALL}")
         text = await _last_text(fake_telegram, 41, "flux1-schnell")
         _plain(text)
@@ -83,7 +83,7 @@ async def test_with_every_gpu_down_the_user_hears_so_and_gets_the_result_later(
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
         await fake_comfy.kill()
-        await asyncio.sleep(0.5)  # the pool notices
+        await wait_for(lambda: _now(stack.pool.get("gpu0").healthy is False))
         stack.send(42, f"/f a fox {SMALL}")
         text = await _last_text(fake_telegram, 42, "for a GPU", timeout=20)
         _plain(text)
@@ -103,3 +103,7 @@ async def test_wan_sends_its_clip_as_a_video_with_the_buttons(
         buttons = [b["text"] for b in video.result["reply_markup"]["inline_keyboard"][0]]
         assert len(buttons) == 3
         assert not fake_telegram.calls("sendPhoto")
+
+
+async def _now(value: bool) -> bool:
+    return value

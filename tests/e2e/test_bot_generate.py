@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-from tests.e2e.bot_support import SMALL, running_bot
+from tests.e2e.bot_support import SMALL, no_call, running_bot, to_chat
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
 from tests.integration.worker_support import sent_values
@@ -79,7 +78,10 @@ async def test_plain_text_gets_a_hint_and_groups_stay_quiet(
         # ...a command addressed to us is answered.
         stack.send(13, f"/f@ComfyveilTestBot a fox {SMALL}", chat_id=-500, chat_type="group")
         await stack.result(-500, count=2)
-        await asyncio.sleep(0.5)
+        # A third photo or a hint in the group would come now; neither may.
+        await no_call(fake_telegram, lambda c: c.method == "sendPhoto" or (
+            str(c.params.get("chat_id")) == "-500" and "/help" in str(c.params.get("text"))
+        ), within=1.5)
         photos = fake_telegram.calls("sendPhoto")
         assert len(photos) == 2  # "/f" and "/f@ComfyveilTestBot"; not "/f@OtherBot"
         texts = [c.params.get("text") for c in fake_telegram.calls("sendMessage")
@@ -93,7 +95,8 @@ async def test_a_quick_result_arrives_alone_without_a_status_message(
     async with running_bot(fake_telegram, db, [fake_comfy], status_delay=0.5) as stack:
         stack.send(13, f"/f a quick fox {SMALL}")
         await stack.result(13)
-        await asyncio.sleep(1.0)  # past the delay: the pending status post must stand down
+        # Past the delay the pending status post must stand down: no message, no deletion.
+        await no_call(fake_telegram, to_chat(13, "sendMessage", "deleteMessage"), within=1.5)
         assert fake_telegram.calls("sendMessage") == []
         assert fake_telegram.deleted(13) == []
         assert len(fake_telegram.calls("sendPhoto")) == 1

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 from comfyveil import config
-from tests.e2e.bot_support import SMALL, running_bot
+from tests.e2e.bot_support import SMALL, no_call, running_bot
 from tests.fakes.telegram import FakeTelegram
 
 
@@ -37,7 +36,8 @@ async def test_fifty_users_at_once_each_get_exactly_one_result(
             lambda calls: len([c for c in calls if c.method == "sendPhoto" and c.ok]) >= 50,
             timeout=60,
         )
-        await asyncio.sleep(1.0)  # a duplicate would show up now
+        # A duplicate would follow within a delivery round: wait on a 51st photo.
+        await no_call(fake_telegram, lambda c: c.method == "sendPhoto", within=2.0)
         photos = Counter(int(c.params["chat_id"]) for c in fake_telegram.calls("sendPhoto"))
         assert photos == Counter({user: 1 for user in users})
         assert sum(len(gpu.prompts) for gpu in gpus) == 50
@@ -62,6 +62,6 @@ async def test_a_429_during_status_edits_does_not_lose_the_result(
         photo = await stack.result(52, timeout=30)
         refused = [c for c in fake_telegram.calls(ok=False) if "Too Many" in (c.error or "")]
         assert refused, "Telegram never answered 429"
-        await asyncio.sleep(0.5)
+        await no_call(fake_telegram, lambda c: c.method == "sendPhoto", within=1.5)
         assert len(fake_telegram.calls("sendPhoto")) == 1
         assert photo.result["caption"].startswith("/f")

@@ -6,29 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.bot_support import SMALL, running_bot
+from tests.e2e.bot_support import SMALL, no_call, running_bot, to_chat
 from tests.fakes.comfyui import FakeComfyUI
-from tests.fakes.telegram import NOT_MODIFIED, BotCall, FakeTelegram
+from tests.fakes.telegram import NOT_MODIFIED, FakeTelegram
 from tests.integration.worker_support import wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _to(chat: int, method: str | None = None, ok: bool | None = None):
-    def matches(call: BotCall) -> bool:
-        return (str(call.params.get("chat_id")) == str(chat)
-                and (method is None or call.method == method)
-                and (ok is None or call.ok == ok))
-    return matches
-
-
-async def _no_call_after(telegram: FakeTelegram, matches, after: int, within: float) -> None:
-    """Wait `within` seconds for a call after the first `after` ones that `matches`; it
-    must not come (waiting on the very event that would prove it wrong)."""
-    with pytest.raises(AssertionError, match="condition not met"):
-        await telegram.wait_for(
-            lambda calls: any(matches(c) for c in calls[after:]), timeout=within
-        )
 
 
 async def test_a_photo_telegram_refuses_is_sent_as_a_file(
@@ -65,9 +48,8 @@ async def test_a_user_who_blocked_the_bot_is_not_sent_to_again_and_others_are_se
         await wait_for(delivered, timeout=20)
         refused = fake_telegram.calls(ok=False)
         assert refused and all("blocked" in str(c.error) for c in refused)
-        seen = len(fake_telegram.sent)
         # A catch-up delivery would come after delivery_grace (1 s here): none may.
-        await _no_call_after(fake_telegram, _to(61), seen, within=3.0)
+        await no_call(fake_telegram, to_chat(61), within=3.0)
         stack.send(62, f"/f a cat --steps 1 {SMALL}")  # the bot still serves the others
         await stack.result(62)
 
@@ -84,7 +66,7 @@ async def test_a_status_message_the_user_deleted_is_left_alone(
         fake_telegram.user_deletes(63, message_id)
         photo = await stack.result(63, timeout=30)
         assert photo.result["caption"].startswith("/f")
-    edits = [c for c in fake_telegram.sent if _to(63, "editMessageText")(c)]
+    edits = [c for c in fake_telegram.sent if to_chat(63, "editMessageText")(c)]
     refused = [c for c in edits if not c.ok]
     # One refused edit tells the bot the message is gone; it stops editing it.
     assert len(refused) <= 1, [c.error for c in refused]
@@ -101,7 +83,8 @@ async def test_not_modified_and_a_rate_limit_do_not_stop_the_status_or_the_resul
         status = await fake_telegram.wait_for_call("sendMessage", chat_id=64)
         fake_telegram.fail_next("editMessageText", 400, NOT_MODIFIED)
         await fake_telegram.wait_for(
-            lambda calls: any(not c.ok and c.method == "editMessageText" for c in calls))
+            lambda calls: any(not c.ok and c.method == "editMessageText" for c in calls)
+        )
         # Telegram's 429 with a whole second to wait, more often than PTB's limiter retries:
         # the status message's edits pause for that second, then go on.
         fake_telegram.rate_limit_next(4, retry_after=1)
@@ -111,9 +94,14 @@ async def test_not_modified_and_a_rate_limit_do_not_stop_the_status_or_the_resul
         )
         last_429 = limited[0]
         following = await fake_telegram.wait_for(
-            lambda calls: [c for c in calls if c.at > last_429.at and c.ok
-                           and _to(64, "editMessageText")(c)][:1]
-            or [c for c in calls if c.ok and _to(64, "sendPhoto")(c)][:1],
+            lambda calls: (
+                [
+                    c
+                    for c in calls
+                    if c.at > last_429.at and c.ok and to_chat(64, "editMessageText")(c)
+                ][:1]
+                or [c for c in calls if c.ok and to_chat(64, "sendPhoto")(c)][:1]
+            ),
             timeout=20,
         )
         if following[0].method == "editMessageText":

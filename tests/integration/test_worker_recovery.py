@@ -15,7 +15,13 @@ import pytest
 
 from comfyveil import sinks
 from comfyveil.store import database, jobs
-from tests.integration.worker_support import enqueue, running_worker, wait_for, wait_status
+from tests.integration.worker_support import (
+    enqueue,
+    never,
+    running_worker,
+    wait_for,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -104,7 +110,8 @@ async def test_a_result_finished_but_never_delivered_is_delivered_once(
     sink = sinks.FileSink(tmp_path / "out")
     async with running_worker(db, [fake.url], delivery=[sink]):
         await wait_for(lambda: _true(len(sink.delivered) == 1), timeout=10)
-        await asyncio.sleep(1.5)  # several more deliver-loop rounds
+        # Several more deliver-loop rounds: a second delivery would show now.
+        await never(lambda: _true(len(sink.delivered) > 1), within=1.5)
     assert len(sink.delivered) == 1
     assert sink.delivered[0].read_bytes() == b"\x89PNGdata"
     assert await db.jobs.undelivered("files") == []

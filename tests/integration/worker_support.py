@@ -65,6 +65,20 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+async def never(
+    check: Callable[[], Awaitable[bool]], within: float, interval: float = 0.05
+) -> None:
+    """Fail as soon as `check` comes true within `within` seconds: a "nothing more happens"
+    check that waits on the very event proving it wrong, for a stated time."""
+    deadline = time.monotonic() + within
+    while True:
+        if await check():
+            raise AssertionError("it happened after all")
+        if time.monotonic() > deadline:
+            return
+        await asyncio.sleep(interval)
+
+
 async def wait_status(
     db: database.Database, job_id: uuid.UUID, *statuses: jobs.Status, timeout: float = 20.0
 ) -> jobs.Job:
