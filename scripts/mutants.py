@@ -124,7 +124,8 @@ def pytest_command(tree: Path, tests: tuple[str, ...], extra: list[str]) -> list
 
 def run_tests(
     tree: Path, tests: tuple[str, ...], extra: list[str], timeout: float
-) -> tuple[bool, str]:
+) -> tuple[int | None, str]:
+    """pytest's exit status (None on a timeout) and the tail of its output."""
     env = dict(os.environ)
     # The copy's code, not whatever the virtual environment has installed.
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(tree)])
@@ -139,9 +140,17 @@ def run_tests(
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout:.0f} s"
+        return None, f"timed out after {timeout:.0f} s"
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    return done.returncode == 0, "\n".join(lines[-15:])
+    return done.returncode, "\n".join(lines[-15:])
+
+
+def verdict(code: int | None) -> str:
+    """Only failing tests kill a mutant; a collection error or no tests says the list is
+    wrong (a mutant that breaks the import would otherwise count as caught)."""
+    if code is None:
+        return "killed (timeout)"
+    return {0: "survived", 1: "killed"}.get(code, f"broken (pytest {code})")
 
 
 def check_imports_copy(tree: Path) -> None:
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "-v",
         "--verbose",
         action="store_true",
-        help="show the test output of survivors and broken runs",
+        help="show the test output of killed mutants too",
     )
     args = parser.parse_args(argv)
 
@@ -207,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_baseline:
             tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
             print(f"baseline: {len(tests)} test targets on the unchanged tree ...", flush=True)
-            ok, output = run_tests(pristine, tests, [], args.timeout * 2)
-            if not ok:
+            code, output = run_tests(pristine, tests, [], args.timeout * 2)
+            if code != 0:
                 print(output)
                 print("the named tests fail without any mutant; fix that first", file=sys.stderr)
                 return 2
@@ -220,28 +229,25 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             problem = apply(mutant, tree)
             if problem is not None:
-                outcomes.append(Outcome(mutant, "broken", 0.0, problem))
+                outcomes.append(Outcome(mutant, "broken (stale)", 0.0, problem))
             else:
-                passed, output = run_tests(tree, mutant.tests, [], args.timeout)
-                verdict = "survived" if passed else "killed"
-                if "timed out" in output and not passed:
-                    verdict = "killed (timeout)"
-                outcomes.append(Outcome(mutant, verdict, time.monotonic() - started, output))
+                code, output = run_tests(tree, mutant.tests, [], args.timeout)
+                outcomes.append(Outcome(mutant, verdict(code), time.monotonic() - started, output))
             last = outcomes[-1]
             print(f"{last.verdict:16} {mutant.name} ({last.seconds:.0f} s)", flush=True)
-            if args.verbose and last.verdict in ("survived", "broken"):
-                print("    " + last.detail.replace("\n", "\n    "))
+            if args.verbose or not last.verdict.startswith("killed"):
+                print("    " + last.detail.replace("\n", "\n    "), flush=True)
         shutil.rmtree(Path(tmp) / "mutant", ignore_errors=True)
 
     print()
     print(table(outcomes))
-    for o in outcomes:
-        if o.verdict == "broken":
-            print(f"broken: {o.mutant.name}: {o.detail}", file=sys.stderr)
+    broken = [o for o in outcomes if o.verdict.startswith("broken")]
+    for o in broken:
+        print(f"broken: {o.mutant.name}: {o.detail.splitlines()[-1]}", file=sys.stderr)
     survived = [o.mutant.name for o in outcomes if o.verdict == "survived"]
     killed = sum(1 for o in outcomes if o.verdict.startswith("killed"))
     print(f"\n{killed} killed, {len(survived)} survived of {len(outcomes)}")
-    if any(o.verdict == "broken" for o in outcomes):
+    if broken:
         return 2
     return 1 if survived else 0
 

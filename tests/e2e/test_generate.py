@@ -138,11 +138,12 @@ async def test_execution_error_on_the_gpu_exits_1_without_a_traceback(
 
 
 async def test_unreachable_server_exits_1(tmp_path: Path) -> None:
+    # Bound but not listening, and held: refused, and no other process can take the port.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again: nothing listens there
-    run = await comfyveil("generate", "f", "a fox", "--server", f"http://127.0.0.1:{port}",
-                          cwd=tmp_path)
+        port = sock.getsockname()[1]
+        run = await comfyveil("generate", "f", "a fox", "--server",
+                              f"http://127.0.0.1:{port}", cwd=tmp_path)
     assert run.code == 1
     assert "cannot be reached" in assert_one_plain_line(run)
 

@@ -217,6 +217,9 @@ class FakeComfyUI:
         # Seconds every GET /view waits before answering: a slow link back to the bot
         # (an onion circuit, a big video), set by tests that need one.
         self.view_delay = 0.0
+        # When set, every GET /view also waits until the test opens this gate: a link held
+        # slow for exactly as long as a test needs, instead of a guessed delay.
+        self.view_gate: asyncio.Event | None = None
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix="fake-comfyui-")
         self.root = Path(root or self._tmp.name)  # type: ignore[union-attr]
         self.dirs = {name: self.root / name for name in ("input", "output", "temp")}
@@ -259,7 +262,11 @@ class FakeComfyUI:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> str:
-        app = web.Application(middlewares=[self._middleware], client_max_size=1 << 40)
+        # Like the real server: aiohttp's client_max_size counts the bytes of every request
+        # body as they are read (a chunked body has no Content-Length to trust) and answers
+        # 413 "Maximum request body size N exceeded." past it.
+        app = web.Application(middlewares=[self._middleware],
+                              client_max_size=int(self.max_upload_size))
         for prefix in ("", "/api"):
             self._routes(app, prefix)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -393,11 +400,6 @@ class FakeComfyUI:
             if route == troubled or route.startswith(troubled + "/"):
                 del self._troubled[index]
                 return _server_error()
-        if request.method == "POST" and (request.content_length or 0) > self.max_upload_size:
-            await request.read()  # drain, so the client reads our answer
-            return web.Response(
-                status=413, text=f"Maximum request body size {self.max_upload_size} exceeded."
-            )
         return await handler(request)
 
     def _routes(self, app: web.Application, p: str) -> None:
@@ -709,6 +711,8 @@ class FakeComfyUI:
             return web.Response(status=404)
         if self.view_delay:
             await asyncio.sleep(self.view_delay)
+        if self.view_gate is not None:
+            await self.view_gate.wait()
         data = path.read_bytes()
         content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         if content_type in ("text/html", "text/javascript", "application/javascript", "text/css"):

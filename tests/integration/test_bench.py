@@ -74,18 +74,22 @@ async def test_table_shows_the_speedup_and_every_file_is_written(
     for row in rows:
         speedup = float(row[3].rstrip("%")) / 100
         ratio = float(row[4].rstrip("x"))
-        assert speedup == pytest.approx(0.40, abs=0.08), rows
-        assert ratio == pytest.approx(1 / 0.6, abs=0.25), rows
+        # The fast fake's delays are 0.6 of the slow one's and the rest of the time is the
+        # same work on both: the speedup is at most 40 %, less on a loaded machine, where
+        # both gain the same overhead (one-sided, so load cannot break it). The accurate
+        # figure is the benchmark's job (benchmarks/), not this test's.
+        assert 0.10 < speedup <= 0.40 + 0.05, rows
+        assert ratio == pytest.approx(1 / (1 - speedup), rel=0.03), rows  # same means
 
     for run in result.records:
         # Per-node times add up to the server's own execution time.
         assert run.execution_s is not None and run.execution_s > 0
         total = sum(n.seconds for n in run.nodes)
-        assert total == pytest.approx(run.execution_s, rel=0.2, abs=0.02)
+        assert 0 < total <= run.execution_s + 0.02  # nodes run one after another
         assert {n.class_type for n in run.nodes} >= {"KSampler", "SaveImage"}
-        # 5 steps of STEP_DELAY * speed each.
-        speed = 1.0 if run.backend == "gpu_slow" else 0.6
-        assert run.sampler_its == pytest.approx(1 / (STEP_DELAY * speed), rel=0.35)
+        # Timed by when the progress events arrive, which load moves either way; the
+        # arithmetic is checked exactly in tests/unit/test_bench_timing.py.
+        assert run.sampler_its is not None and run.sampler_its > 0
         assert run.wall_s is not None and run.wall_s >= run.execution_s
         assert run.outputs == 1 and run.output_bytes > 0
 

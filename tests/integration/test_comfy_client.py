@@ -98,23 +98,29 @@ async def test_model_workflow_reports_steps_and_decodes_latent_size(
         result = (await client.run(mini_model(steps=5), on_event=on_event)).raise_for_status()
         assert [p.value for p in progress] == [1, 2, 3, 4, 5]
         assert all(p.max == 5 and p.node == "7" for p in progress)
+        # Measured from when the events arrive, so load moves it either way; the arithmetic
+        # is checked exactly in tests/unit/test_events.py.
         rate = result.timings.iterations_per_second()
-        assert rate is not None and rate > 10
+        assert rate is not None and rate > 0
         assert png_size(await client.download(result.outputs[0])) == (256, 128)
         node_ms = result.timings.node_ms
         assert node_ms["7"] == max(node_ms.values())  # the sampler is the slow node
 
 
 async def test_speed_factor_makes_the_same_job_faster(fake_comfy_factory: FakeFactory) -> None:
-    slow = await fake_comfy_factory(step_delay=0.02, speed=1.0)
-    fast = await fake_comfy_factory(step_delay=0.02, speed=0.5)
+    # Ten times faster: the slow one sleeps at least 1 s, the fast one 0.1 s, so the fast
+    # one wins unless a loaded machine adds most of a second to it alone.
+    slow = await fake_comfy_factory(step_delay=0.2, speed=1.0)
+    fast = await fake_comfy_factory(step_delay=0.2, speed=0.1)
     timings = []
     for fake in (slow, fast):
         async with comfy_client.ComfyClient(fake.url) as client:
             result = (await client.run(mini_model(steps=5))).raise_for_status()
             assert result.timings.duration_ms is not None
             timings.append(result.timings.duration_ms)  # server-side timestamps
-    assert timings[1] < timings[0] * 0.8
+    assert timings[0] >= 5 * 0.2 * 1000 * 0.99  # sleeps are never shorter than asked
+    assert timings[1] >= 5 * 0.02 * 1000 * 0.99
+    assert timings[1] < timings[0]
 
 
 async def test_upload_then_load_invert_save(fake_comfy: FakeComfyUI) -> None:
@@ -334,6 +340,7 @@ async def test_cleared_job_is_reported_lost_instead_of_hanging(fake_comfy: FakeC
             if fake_comfy.prompts:
                 break
             await asyncio.sleep(0.01)
+        assert fake_comfy.prompts, "the prompt never reached the backend"
         await client.clear_queue()
         with pytest.raises(errors.JobLost):
             await asyncio.wait_for(job, 5)
@@ -367,15 +374,18 @@ async def test_fake_refuses_a_foreign_origin_like_comfyui(fake_comfy: FakeComfyU
 
 
 async def test_unreachable_port_is_backend_unreachable() -> None:
+    # Bound but not listening, and held: connections are refused, and no other process
+    # can take the port while the test runs.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    async with comfy_client.ComfyClient(f"http://127.0.0.1:{port}", name="gpu9",
-                                        timeout=2) as client:
-        with pytest.raises(errors.BackendUnreachable, match="backend gpu9 cannot be reached"):
-            await client.system_stats()
-        with pytest.raises(errors.BackendUnreachable):
-            await client.run(empty_image())
+        async with comfy_client.ComfyClient(f"http://127.0.0.1:{port}", name="gpu9",
+                                            timeout=2) as client:
+            with pytest.raises(errors.BackendUnreachable,
+                               match="backend gpu9 cannot be reached"):
+                await client.system_stats()
+            with pytest.raises(errors.BackendUnreachable):
+                await client.run(empty_image())
 
 
 async def test_proxy_that_hangs_up_is_backend_unreachable() -> None:
@@ -547,10 +557,13 @@ async def test_partially_valid_prompt_never_produces_its_valid_outputs(comfy_url
             await client.submit(prompt, prompt_id=pid)
         assert list(info.value.node_errors) == ["8"]
         history = await _settled(client, pid)
-    if history is not None:  # it had started: it must have been interrupted
-        assert history["outputs"] == {}
-        assert history["status"]["status_str"] == "error"
-        assert "execution_interrupted" in [m[0] for m in history["status"]["messages"]]
+    # Either it was taken off the queue before it started (no history at all), or it had
+    # started and was interrupted; never did its valid branch save anything.
+    outcome = None if history is None else (
+        history["outputs"], history["status"]["status_str"],
+        "execution_interrupted" in [m[0] for m in history["status"]["messages"]],
+    )
+    assert outcome in (None, ({}, "error", True)), outcome
 
 
 async def test_interrupt_stops_the_running_prompt_only(comfy_url: str) -> None:
@@ -562,6 +575,8 @@ async def test_interrupt_stops_the_running_prompt_only(comfy_url: str) -> None:
             if (await client.queue()).position(running.prompt_id) == 0:
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the first prompt never started")
         assert await client.interrupt(waiting.prompt_id) is False  # waits: nothing sent
         assert await client.interrupt(running.prompt_id) is True
         stopped = await _settled(client, running.prompt_id)

@@ -243,3 +243,36 @@ async def test_models_and_request_shape_quirks(fake_comfy: FakeComfyUI) -> None:
         assert (await upload("x.png", b"two", overwrite="TRUE")).json()["name"] == "x (1).png"
         assert (await upload("x.png", b"three", overwrite="1")).json()["name"] == "x.png"
     assert (fake_comfy.dirs["input"] / "x.png").read_bytes() == b"three"
+
+
+async def test_the_body_limit_counts_the_bytes_read_not_content_length(
+    fake_comfy_factory,
+) -> None:
+    """A chunked body has no Content-Length to trust: the limit is on what arrives."""
+    limit = 64 * 1024
+    fake = await fake_comfy_factory(max_upload_size=limit)
+    boundary = "fakeboundary"
+
+    def multipart(data: bytes) -> bytes:
+        return (f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+                f'filename="big.png"\r\nContent-Type: image/png\r\n\r\n').encode() + data + (
+                    f"\r\n--{boundary}--\r\n".encode())
+
+    async def chunked(body: bytes):
+        for start in range(0, len(body), 8192):
+            yield body[start:start + 8192]
+
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    async with httpx.AsyncClient(base_url=fake.url) as http:
+        over = multipart(b"x" * limit)
+        refused = await http.post("/upload/image", content=chunked(over), headers=headers)
+        assert "content-length" not in refused.request.headers
+        assert (refused.status_code, refused.text) == (
+            413, f"Maximum request body size {limit} exceeded.")
+        big_prompt = json.dumps({"prompt": PROMPT, "pad": "y" * limit}).encode()
+        refused = await http.post("/prompt", content=chunked(big_prompt))
+        assert refused.status_code == 413
+        body = multipart(b"x" * 1000)
+        accepted = await http.post("/upload/image", content=chunked(body), headers=headers)
+        assert accepted.status_code == 200 and accepted.json()["name"] == "big.png"
+    assert [u["size"] for u in fake.uploads] == [1000]

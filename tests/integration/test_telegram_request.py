@@ -40,14 +40,16 @@ async def test_a_silent_bot_api_times_out_within_the_read_timeout() -> None:
 
 
 async def test_an_unreachable_bot_api_is_a_network_error_without_the_token() -> None:
+    # Bound but not listening, and held: refused, and no other process can take the port.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
-    bot = telegram.Bot(TOKEN, base_url=f"http://127.0.0.1:{port}/bot", request=AiohttpRequest())
-    try:
-        with pytest.raises(error.NetworkError) as raised:
-            await bot.initialize()
-    finally:
-        await bot.shutdown()
+        port = s.getsockname()[1]
+        bot = telegram.Bot(TOKEN, base_url=f"http://127.0.0.1:{port}/bot",
+                           request=AiohttpRequest())
+        try:
+            with pytest.raises(error.NetworkError) as raised:
+                await bot.initialize()
+        finally:
+            await bot.shutdown()
     assert not isinstance(raised.value, error.TimedOut)
     assert "secret" not in str(raised.value)

@@ -132,14 +132,15 @@ async def test_the_gpu_takes_the_next_job_while_a_result_is_still_downloading(
     """A backend's slot is free once its GPU is done, not once the files are home: over
     a slow link the next job must not wait for the previous download."""
     fake = await fake_comfy_factory(step_delay=0.1)
-    fake.view_delay = 2.0
+    fake.view_gate = asyncio.Event()  # downloads wait until the second job has run
     first = await enqueue(db, prompt="first")
     second = await enqueue(db, prompt="second")
     # Files to download (not images over the WebSocket), one job at a time.
     async with running_worker(db, [fake.url], max_waiting=0, no_trace=False):
         await wait_for(lambda: _true(fake.executions[str(first.id)] == 1), timeout=10)
-        await wait_for(lambda: _true(str(second.id) in fake.history_entries), timeout=1.5)
+        await wait_for(lambda: _true(str(second.id) in fake.history_entries), timeout=20)
         assert (await db.jobs.get(first.id)).status is jobs.Status.RUNNING  # still downloading
+        fake.view_gate.set()
         for job in (first, second):
             await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=10)
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from comfyveil.comfy import errors, events
+from comfyveil.comfy import errors, events, results
 
 PID = "b97bb3ec-e40a-4704-b391-907c960c6f69"
 
@@ -140,3 +140,16 @@ def test_text_frame() -> None:
                                    struct.pack(">II", 4, 999) + b"{}"])
 def test_odd_binary_frames_become_unknown(frame: bytes) -> None:
     assert isinstance(events.parse_binary(frame), events.Unknown)
+
+
+def test_iterations_per_second_counts_the_busiest_node_between_its_first_and_last_step() -> None:
+    def sample(at: float, node: str, value: int) -> results.ProgressSample:
+        return results.ProgressSample(at=at, node=node, value=value, max=10)
+
+    timings = results.Timings(progress=(
+        sample(10.0, "7", 1), sample(10.5, "9", 1), sample(10.25, "7", 2),
+        sample(11.0, "7", 5),
+    ))
+    assert timings.iterations_per_second() == pytest.approx(4 / 1.0)  # node 7: 4 steps in 1 s
+    assert timings.iterations_per_second("9") is None  # one sample: no rate
+    assert results.Timings().iterations_per_second() is None
