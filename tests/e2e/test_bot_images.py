@@ -3,6 +3,7 @@ photo sent with the command; bad files are refused in one sentence."""
 
 from __future__ import annotations
 
+from comfyveil import config
 from tests.e2e.bot_support import SMALL, png, running_bot
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
@@ -62,7 +63,7 @@ async def test_photo_with_the_command_as_caption(
     # The graph loads that upload, with the user's words and steps.
     job = (await db.jobs.list_for_user(22, limit=1))[0]
     graph = sent_values(fake_comfy, job.id, "qwen")
-    upload = fake_comfy.uploads[-1]
+    upload = user_uploads(fake_comfy)[-1]
     assert graph["image"] == "/".join(filter(None, (upload["subfolder"], upload["name"])))
     assert (graph["prompt"], graph["steps"]) == ("add a hat", 2)
 
@@ -136,3 +137,32 @@ async def test_again_after_an_edit_edits_the_same_image_with_a_new_seed(
         assert last_upload(fake_comfy) == original
         runs = await db.jobs.list_for_user(25, limit=2)
         assert len({j.params["seed"] for j in runs}) == 2
+
+
+async def test_image_limits_are_exact_for_a_file_sent_to_the_bot(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    """A file of exactly max_image_bytes and max_image_pixels is edited; one byte or one
+    pixel more is refused in a sentence, and nothing is queued for it."""
+    data = png(40, 30)
+    exact = config.LimitsConfig(max_image_bytes=len(data), max_image_pixels=40 * 30)
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=exact) as stack:
+        stack.send(27, document=(data, "in.png", "image/png"), caption="/qwen a hat --steps 2")
+        await stack.result(27)
+        assert last_upload(fake_comfy) == data
+    for limits, refusal in (
+        (config.LimitsConfig(max_image_bytes=len(data) - 1, max_image_pixels=40 * 30),
+         "That file is 0.0 MB; the limit is"),
+        (config.LimitsConfig(max_image_bytes=len(data), max_image_pixels=40 * 30 - 1),
+         "That image is 0.0 MP; the limit is 0.0 MP."),
+    ):
+        async with running_bot(fake_telegram, db, [fake_comfy], limits=limits) as stack:
+            before = len([c for c in fake_telegram.calls("sendMessage")
+                          if str(c.params.get("chat_id")) == "28"])
+            stack.send(28, document=(data, "in.png", "image/png"),
+                       caption="/qwen a hat --steps 2")
+            reply = await fake_telegram.wait_for_call("sendMessage", chat_id=28,
+                                                      count=1 + before)
+            assert str(reply.result["text"]).startswith(refusal)
+    assert len(user_uploads(fake_comfy)) == 1
+    assert len(await db.jobs.list_for_user(28, limit=5)) == 0
