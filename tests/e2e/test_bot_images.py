@@ -136,7 +136,7 @@ async def test_again_after_an_edit_edits_the_same_image_with_a_new_seed(
         assert len(user_uploads(fake_comfy)) == 2  # the second job sent the kept image again
         assert last_upload(fake_comfy) == original
         runs = await db.jobs.list_for_user(25, limit=2)
-        assert len({j.params["seed"] for j in runs}) == 2
+        assert len({sent_values(fake_comfy, j.id, "qwen")["seed"] for j in runs}) == 2
 
 
 async def test_image_limits_are_exact_for_a_file_sent_to_the_bot(

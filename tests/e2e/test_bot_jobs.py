@@ -7,6 +7,7 @@ import asyncio
 from comfyveil.store import jobs
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.worker_support import sent_values
 
 
 def texts_of(fake: FakeTelegram, chat: int) -> list[str]:
@@ -63,11 +64,12 @@ async def test_again_and_reroll_use_new_seeds(fake_telegram: FakeTelegram, fake_
         button = first.result["reply_markup"]["inline_keyboard"][0][0]
         fake_telegram.user_presses(32, first.result["message_id"], button["callback_data"])
         await stack.result(32, count=3)
-        runs = await db.jobs.list_for_user(32, limit=3)
-        seeds = {j.params["seed"] for j in runs}
+        # What the GPU was given: the same prompt and size, a new seed each time.
+        runs = [sent_values(fake_comfy, j.id) for j in await db.jobs.list_for_user(32, limit=3)]
+        seeds = {r["seed"] for r in runs}
         assert len(seeds) == 3 and 7 in seeds
-        assert {j.params["width"] for j in runs} == {256}
-        assert {j.params["prompt"] for j in runs} == {"a fox"}
+        assert {(r["width"], r["height"]) for r in runs} == {(256, 256)}
+        assert {r["prompt"] for r in runs} == {"a fox"}
 
 
 async def test_status_and_history(fake_telegram: FakeTelegram, fake_comfy, db) -> None:

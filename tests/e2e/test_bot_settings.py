@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tests.e2e.bot_support import running_bot
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.worker_support import sent_values
 
 
 def _button(message: dict, label_start: str) -> str:
@@ -31,8 +32,8 @@ async def test_settings_apply_to_the_next_job_and_files_come_uncompressed(
         stack.send(70, "/f a wide lake")
         document = await stack.result(70, method="sendDocument")
         job = (await db.jobs.list_for_user(70, limit=1))[0]
-        assert (job.params["width"], job.params["height"]) == (1360, 768)
-        assert job.params["steps"] == 4
+        gpu_got = sent_values(fake_comfy, job.id)
+        assert (gpu_got["width"], gpu_got["height"], gpu_got["steps"]) == (1360, 768, 4)
         assert document.files["document"][1] == (await db.jobs.outputs(job.id))[0].data
         # One job may say otherwise: --file no sends a photo despite the setting.
         stack.send(70, "/f a small lake --file no --width 256 --height 256")
