@@ -247,9 +247,8 @@ class StatusTracker:
                     final_text(job), chat_id=job.chat_id, message_id=message_id,
                     parse_mode=ParseMode.HTML,
                 )
-        except (BadRequest, Forbidden) as exc:
-            # Gone (the user deleted it), already showing this, or the user blocked the
-            # bot: nothing left to do, and the delivery must not fail over it.
+        except BadRequest as exc:
+            # Gone (the user deleted it) or already showing this: nothing left to do.
             logger.debug("status message not changed: %s", exc.message)
         except RetryAfter as exc:
             await asyncio.sleep(retry_seconds(exc))
