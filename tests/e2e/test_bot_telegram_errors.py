@@ -44,11 +44,12 @@ async def test_a_user_who_blocked_the_bot_is_not_sent_to_again_and_others_are_se
             assert current is not None
             return current.status.finished and await db.jobs.undelivered("telegram") == []
 
-        # The refused result counts as delivered: no retry loop keeps knocking.
+        # The refused result leaves the queue of deliveries to make now: it waits for the
+        # delivery backoff (30 s), it does not knock again at once.
         await wait_for(delivered, timeout=20)
         refused = fake_telegram.calls(ok=False)
         assert refused and all("blocked" in str(c.error) for c in refused)
-        # A catch-up delivery would come after delivery_grace (1 s here): none may.
+        # The catch-up looks every second: none of its rounds may send to 61 now.
         await no_call(fake_telegram, to_chat(61), within=3.0)
         stack.send(62, f"/f a cat --steps 1 {SMALL}")  # the bot still serves the others
         await stack.result(62)
