@@ -64,7 +64,9 @@ async def test_photo_with_the_command_as_caption(
     job = (await db.jobs.list_for_user(22, limit=1))[0]
     graph = sent_values(fake_comfy, job.id, "qwen")
     upload = user_uploads(fake_comfy)[-1]
-    assert graph["image"] == "/".join(filter(None, (upload["subfolder"], upload["name"])))
+    where = "/".join(filter(None, (upload["subfolder"], upload["name"])))
+    kind = "" if upload["type"] == "input" else f" [{upload['type']}]"  # ComfyUI's annotation
+    assert graph["image"] == where + kind
     assert (graph["prompt"], graph["steps"]) == ("add a hat", 2)
 
 
