@@ -195,14 +195,16 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--cases", default="speed,mixed")
+    parser.add_argument("--loads", default="0.3,0.8", help="fractions of the pool's capacity")
     args = parser.parse_args(argv)
+    loads = [float(x) for x in args.loads.split(",")]
     logging.basicConfig(level=logging.ERROR)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="comfyveil-routing-") as tmpdir:
         for case in CASES:
             if case.name not in args.cases.split(","):
                 continue
-            for load in (0.3, 0.8):
+            for load in loads:
                 for rule in ("idle", "finish"):
                     rows.append(
                         await run_once(
@@ -221,7 +223,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     summary: dict[str, Any] = {}
     for case in {r["case"] for r in rows}:
-        for load in (0.3, 0.8):
+        for load in loads:
             old = next(r for r in rows if (r["case"], r["load"], r["rule"]) == (case, load, "idle"))
             new = next(
                 r for r in rows if (r["case"], r["load"], r["rule"]) == (case, load, "finish")
