@@ -311,8 +311,10 @@ class JobRunner:
                 self._orphans.pop(name, None)
 
     def _cancelled_elsewhere(self, job_id: uuid.UUID) -> None:
-        if job_id in self._running:
-            return  # its own task stops it
+        if job_id in self._running or job_id in self._cancelled_here:
+            # Its own task stopped it: asking its backend again would interrupt it twice,
+            # and on a server that ignores the prompt id, the next user's job.
+            return
         task = asyncio.create_task(self._withdraw_cancelled(job_id), name=f"withdraw-{job_id}")
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)

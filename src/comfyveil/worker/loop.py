@@ -62,6 +62,9 @@ class Worker(JobRunner, Settling):
         self._other_news = 0
         self._found_empty: tuple[int, int, frozenset[str] | None] | None = None
         self._delivering: set[uuid.UUID] = set()
+        # Jobs this worker cancelled itself, newest last: news of the cancel may come after
+        # the job's task is gone, and is then not news of a cancel elsewhere.
+        self._cancelled_here: dict[uuid.UUID, None] = {}
         # The last claim took all it asked for: more jobs may wait in the queue, so a job
         # takes a free GPU rather than wait for a better busy one (pool.acquire's behind).
         self._more_queued = False

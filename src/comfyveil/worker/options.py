@@ -16,6 +16,7 @@ RETRY_BACKOFF = 2.0  # seconds before the first retry of a transient failure, th
 RETRY_BACKOFF_MAX = 120.0  # seconds
 DELIVERY_GRACE = 30.0  # seconds after a job ended before another worker re-delivers it
 DB_RETRY_DELAY = 0.5  # seconds between tries of a write while the database is unreachable
+CANCELLED_HERE_KEPT = 1000  # ids of jobs a worker cancelled itself, remembered for late news
 PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
 PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
 WITHDRAW_TIMEOUT = 10.0  # seconds to take an earlier attempt's prompt back from a backend

@@ -17,6 +17,7 @@ from comfyveil.errors import ComfyveilError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
 from comfyveil.worker.options import (
+    CANCELLED_HERE_KEPT,
     CATCH_UP_PAGE,
     DB_RETRY_DELAY,
     DELIVERY_BACKOFF_MAX,
@@ -97,6 +98,9 @@ class Settling:
 
     async def _mark_cancelled(self, running: Running) -> jobs.Job:
         cancelled = await self.store.mark_cancelled(running.job)
+        self._cancelled_here[running.job.id] = None
+        while len(self._cancelled_here) > CANCELLED_HERE_KEPT:
+            self._cancelled_here.pop(next(iter(self._cancelled_here)))
         logger.info(
             "job cancelled", extra={"action": "job_cancelled", "job_id": str(running.job.id)}
         )
