@@ -387,6 +387,11 @@ class JobStore:
         )
         return result
 
+    async def refund_quota(self, job_id: uuid.UUID) -> bool:
+        """A failed job stops counting toward its user's daily quota (the failure was not
+        the user's doing); False when the job is not (or no longer) a failed one."""
+        return await self.db.one("refund_quota", job_id=job_id) is not None
+
     async def mark_cancelled(self, job: Job) -> Job:
         """The worker stopped a running job after a cancel request."""
         return await self._held("mark_cancelled", job)

@@ -464,6 +464,13 @@ RETURNING *;
 SELECT coalesce(max(jobs_today), 0) AS used FROM user_usage
 WHERE user_id = %(user_id)s AND day = (now() AT TIME ZONE 'UTC')::date;
 
+-- refund_quota --
+-- A failed job gives its quota back (it failed through no fault of its user); the trigger
+-- of migration 0010 takes it off the user's count of today's jobs
+UPDATE jobs SET quota_refunded = true, updated_at = now()
+WHERE id = %(job_id)s AND status = 'failed' AND NOT quota_refunded
+RETURNING id;
+
 -- forget_user_jobs --
 -- Delete a user's jobs (inputs, outputs, events, deliveries go with them), except those
 -- running now: those lose their content and are asked to stop (the event's NOTIFY tells

@@ -52,6 +52,18 @@ class Running:
     progress_closed: bool = False  # the job left the backend: no more progress writes
 
 
+def not_users_fault(exc: Exception) -> bool:
+    """Whether a job that failed with `exc` should give its user's quota back: the GPU side
+    let it down (a backend that went away or answered nonsense, a model or node found
+    missing only when the prompt was posted, no GPU able to run it), as opposed to the
+    workflow failing on the GPU with the values the user chose."""
+    if isinstance(exc, comfy_errors.ComfyError) and exc.transient:
+        return True
+    if isinstance(exc, comfy_errors.WorkflowRejected):
+        return bool(exc.missing_models or exc.missing_nodes)
+    return isinstance(exc, pool.NoBackendCanRun)
+
+
 class JobRunner:
     """The job-running part of `Worker` (which it is mixed into, with `Settling`)."""
 
@@ -97,7 +109,10 @@ class JobRunner:
                     self._avoid[job.id] = backend.name
                     if isinstance(exc, comfy_errors.BackendUnreachable | comfy_errors.JobLost):
                         await self.pool.mark_down(backend, str(exc))
-            await self._settle(running, lambda: self._fail(running, message, transient=transient))
+            refund = not_users_fault(exc)
+            await self._settle(
+                running, lambda: self._fail(running, message, transient=transient, refund=refund)
+            )
             return
         except store_errors.StoreError as exc:
             logger.warning(
@@ -116,6 +131,7 @@ class JobRunner:
                     running,
                     "the job failed because of an internal error; it will be retried",
                     transient=True,
+                    refund=True,
                 ),
             )
             return

@@ -82,7 +82,11 @@ class Settling:
             claim_seconds=DELIVERY_CLAIM_SECONDS,
         )
 
-    async def _fail(self, running: Running, message: str, *, transient: bool) -> jobs.Job:
+    async def _fail(
+        self, running: Running, message: str, *, transient: bool, refund: bool = False
+    ) -> jobs.Job:
+        """`refund`: the failure was not the user's doing; if the job ends here, it stops
+        counting toward their daily quota."""
         job = running.job
         backoff = min(RETRY_BACKOFF_MAX, self.options.retry_backoff * 2 ** max(0, job.attempts - 1))
         failed = await self.store.fail(job, message, transient=transient, backoff=backoff)
@@ -90,6 +94,8 @@ class Settling:
             logger.info("job will be retried", extra={"action": "job_retry", "job_id": str(job.id)})
         else:
             self._avoid.pop(job.id, None)
+            if refund:
+                await self.store.refund_quota(job.id)
             logger.info(
                 "job failed: %s", message, extra={"action": "job_failed", "job_id": str(job.id)}
             )

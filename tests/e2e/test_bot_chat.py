@@ -1,0 +1,92 @@
+"""Issue 13: a chat experience people trust (every answer tied to its request, honest
+status, no dead ends), one test or more per item, all through the fake Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+from comfyveil import config
+from tests.e2e.bot_support import SMALL, running_bot
+from tests.fakes.comfyui import DEFAULT_MODELS, FakeComfyUI
+from tests.fakes.telegram import FakeTelegram
+
+SCHNELL_GONE = {folder: [f for f in files if "schnell" not in f]
+                for folder, files in DEFAULT_MODELS.items()}
+
+
+def _set_models(fake: FakeComfyUI, models: dict[str, list[str]]) -> None:
+    """Change what the fake has installed without the pool noticing (it reads /object_info
+    once every few minutes): the change is discovered only when a prompt is posted."""
+    fake.models = copy.deepcopy(models)
+    fake._node_defs = fake._build_object_info()
+
+
+async def _ended(db, count: int, timeout: float = 15.0) -> None:
+    """Wait until `count` jobs have ended (whatever the chat shows of it)."""
+    async def ended() -> int:
+        async with db.pool.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT count(*) AS n FROM jobs WHERE finished_at IS NOT NULL")
+            row = await cursor.fetchone()
+        return int(row["n"])
+
+    async with asyncio.timeout(timeout):
+        while await ended() < count:
+            await asyncio.sleep(0.05)
+
+
+# --- 1. refused jobs don't cost quota ------------------------------------------------------
+
+
+async def test_a_job_failed_by_the_gpu_side_gives_its_quota_back(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(models=copy.deepcopy(DEFAULT_MODELS))
+    limits = config.LimitsConfig(daily_quota=1)
+    async with running_bot(fake_telegram, db, [fake], limits=limits) as stack:
+        _set_models(fake, SCHNELL_GONE)  # the model vanished after the pool read the list
+        stack.send(50, f"/f a fox {SMALL}")
+        await _ended(db, 1)
+        assert any(r.path.endswith("/prompt") and r.method == "POST" for r in fake.requests)
+        _set_models(fake, DEFAULT_MODELS)
+        stack.send(50, f"/f a fox {SMALL}")
+        photo = await stack.result(50, timeout=15)  # not "you have used all 1 job"
+        assert photo.result["caption"]
+
+
+async def test_a_command_refused_for_want_of_a_model_costs_no_quota(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(models=copy.deepcopy(SCHNELL_GONE))
+    limits = config.LimitsConfig(daily_quota=1)
+    async with running_bot(fake_telegram, db, [fake], limits=limits) as stack:
+        for n in range(2):
+            stack.send(51, f"/f a fox {SMALL}")
+            text = await _said(fake_telegram, 51, "model", count=n + 1)
+            assert "quota" not in text
+        _set_models(fake, DEFAULT_MODELS)
+        await _reread_models(stack)
+        stack.send(51, f"/f a fox {SMALL}")
+        photo = await stack.result(51, timeout=15)
+        assert photo.result["caption"]
+
+
+async def _reread_models(stack) -> None:
+    for backend in stack.pool.backends.values():
+        backend.object_info = None
+        await stack.pool.probe(backend)
+
+
+async def _said(telegram: FakeTelegram, chat: int, wanted: str, *, count: int = 1,
+                timeout: float = 15.0) -> str:
+    """The `count`-th text sent or edited into `chat` that contains `wanted`."""
+
+    def found() -> list[str]:
+        return [str(c.params["text"]) for c in telegram.sent
+                if str(c.params.get("chat_id")) == str(chat)
+                and c.method in ("sendMessage", "editMessageText")
+                and wanted in str(c.params.get("text", ""))]
+
+    await telegram.wait_for(lambda _: len(found()) >= count, timeout=timeout)
+    return found()[count - 1]
