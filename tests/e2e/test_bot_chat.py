@@ -90,3 +90,50 @@ async def _said(telegram: FakeTelegram, chat: int, wanted: str, *, count: int = 
 
     await telegram.wait_for(lambda _: len(found()) >= count, timeout=timeout)
     return found()[count - 1]
+
+
+# --- 2. only what can run is advertised -------------------------------------------------
+
+
+async def test_commands_no_gpu_can_run_are_not_offered(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(models=copy.deepcopy(SCHNELL_GONE))
+    async with running_bot(fake_telegram, db, [fake], admins=(1,)) as stack:
+        menu = [c["command"] for c in next(iter(fake_telegram.commands.values()))]
+        assert "f" not in menu and "fd" in menu and "help" in menu
+        stack.send(52, "/start")
+        start = await stack.reply_text(52)
+        assert "Try /" in start and "Try /f " not in start
+        stack.send(52, "/help")
+        help_text = await stack.reply_text(52, count=2)
+        line = next(x for x in help_text.splitlines() if x.startswith("/f "))
+        assert line.endswith("not available right now")
+        assert "/f a fox" not in help_text  # the footer's example is a command that runs
+        stack.send(52, f"/f a fox {SMALL}")
+        assert await stack.reply_text(52, count=3) == (
+            "/f is not available right now: no GPU has its model."
+        )
+        assert await stack.queued_count() == 0
+        stack.send(1, "/workflows")
+        admin = await stack.reply_text(1)
+        line = next(x for x in admin.splitlines() if x.startswith("/f "))
+        assert "flux1-schnell.safetensors" in line  # the whole file name, for the admin
+        # The model is installed: the menu offers /f again without a restart.
+        _set_models(fake, DEFAULT_MODELS)
+        await _reread_models(stack)
+        await fake_telegram.wait_for(
+            lambda _: "f" in [c["command"] for c in next(iter(fake_telegram.commands.values()))],
+            timeout=5,
+        )
+
+
+async def test_a_photo_without_a_command_gets_a_hint_naming_an_edit_command_that_runs(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    from tests.e2e.bot_support import png
+
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(53, photo=png())
+        hint = await stack.reply_text(53)
+        assert "/qwen make it night" in hint

@@ -66,8 +66,9 @@ async def test_no_gpu_with_the_model_is_said_at_once_and_nothing_waits(
     async with running_bot(fake_telegram, db, [fake]) as stack:
         await wait_for(lambda: _now(stack.pool.get("gpu0").object_info is not None))
         stack.send(41, f"/f a fox {SMALL}")
-        text = await _last_text(fake_telegram, 41, "flux1-schnell")
+        text = await _last_text(fake_telegram, 41, "not available")
         _plain(text)
+        assert text == "/f is not available right now: no GPU has its model."
         assert not fake.prompts  # never sent to a GPU that cannot run it
         assert not fake_telegram.calls("sendPhoto")
         async with db.pool.connection() as conn:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from telegram import Update
 
 from comfyveil import errors
-from comfyveil.telegram import access, commands, replies
+from comfyveil.telegram import access, availability, commands, replies
 from comfyveil.telegram.context import BotContext
 
 USERS_SHOWN = 40
@@ -125,11 +125,19 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
         )
         return
     rows = await services.db.commands.list()
+    entries = {e.name: e for e in await services.commands.all()}
     lines = ["<b>Workflows</b>"]
     for row in rows:
         mark = "on" if row.enabled else "off"
-        lines.append(f"/{replies.esc(row.command)} {replies.esc(row.title)} · {mark} · "
-                     f"{row.source}")
+        line = f"/{replies.esc(row.command)} {replies.esc(row.title)} · {mark} · {row.source}"
+        entry = entries.get(row.command)
+        lacking = availability.missing(services.pool, entry.workflow) if entry else []
+        if lacking:
+            # whole names, never cut: an admin copies them to install the files
+            line += " · no GPU has: " + ", ".join(
+                f"<code>{replies.esc(name)}</code>" for name in lacking
+            )
+        lines.append(line)
     await replies.reply(update, "\n".join(lines))
 
 

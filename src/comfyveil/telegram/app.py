@@ -24,6 +24,7 @@ import os
 # before telegram.ext is imported anywhere (our tests turn warnings into errors).
 os.environ.setdefault("PTB_TIMEDELTA", "true")
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -62,6 +63,8 @@ logger = logging.getLogger(__name__)
 CONCURRENT_UPDATES = 64  # updates handled at once; one slow download never blocks the rest
 RATE_LIMIT_RETRIES = 3  # RetryAfter answers PTB's rate limiter waits out before giving up
 CONNECTION_POOL = 64  # HTTP connections to the Bot API
+MENU_REFRESH = 15.0  # seconds between checks that the command menu shows what can run
+MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
 NO_TOKEN = (
     "no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file "
     "(a file only you can read); it is never taken from the command line"
@@ -186,6 +189,27 @@ class TelegramBot:
         self.sink = sink.TelegramSink(self.application.bot, self.services)
         self._started = False
         self._polling = False
+        self.menu_refresh = MENU_REFRESH
+        self._menu: tuple[str, ...] = ()
+        self._menu_task: asyncio.Task[None] | None = None
+
+    async def _menu_loop(self) -> None:
+        """Keep the command menu to what some GPU can run: publish it again whenever that
+        changes (a backend read anew, a model installed or removed, a command toggled)."""
+        pool = self.services.pool
+        while True:
+            if pool is not None:  # a backend's state changed (probes report every few s)
+                await pool.wait_for_change(self.menu_refresh)
+            else:
+                await asyncio.sleep(self.menu_refresh)
+            await asyncio.sleep(MENU_MIN_GAP)  # a burst of slot releases checks once
+            try:
+                runnable = tuple(e.name for e in await commands.runnable_entries(self.services))
+                if runnable != self._menu:
+                    self._menu = await commands.publish_menu(self.services, self.application.bot)
+            except Exception as exc:  # the menu is a courtesy; the next round tries again
+                logger.info("command menu not refreshed: %s", type(exc).__name__,
+                            extra={"action": "menu_refresh_failed"})
 
     def _parallel(self) -> int:
         pool = self.services.pool
@@ -200,7 +224,8 @@ class TelegramBot:
         try:
             self.services.bot_username = app.bot.username or ""
             await self.services.commands.refresh()
-            await commands.publish_menu(self.services, app.bot)
+            self._menu = await commands.publish_menu(self.services, app.bot)
+            self._menu_task = asyncio.create_task(self._menu_loop(), name="menu-refresh")
             await self.tracker.start()
             await app.start()
             assert app.updater is not None
@@ -211,6 +236,7 @@ class TelegramBot:
             self._polling = True
             self._started = True
         except BaseException:
+            await self._stop_menu()
             await self.tracker.stop()
             with contextlib.suppress(Exception):
                 if app.running:
@@ -236,12 +262,20 @@ class TelegramBot:
         app = self.application
         if app.running:
             await app.stop()
+        await self._stop_menu()
         await self.tracker.stop()
         for task in list(self.services.background):  # what is left, the next sweep removes
             task.cancel()
         await asyncio.gather(*self.services.background, return_exceptions=True)
         await app.shutdown()
         logger.info("Telegram bot stopped", extra={"action": "bot_stopped"})
+
+    async def _stop_menu(self) -> None:
+        task, self._menu_task = self._menu_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def __aenter__(self) -> TelegramBot:
         await self.start()

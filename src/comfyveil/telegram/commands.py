@@ -24,7 +24,16 @@ from telegram.error import BadRequest
 
 from comfyveil import errors
 from comfyveil.store import jobs
-from comfyveil.telegram import access, callbacks_data, parse, registry, render, replies, submit
+from comfyveil.telegram import (
+    access,
+    availability,
+    callbacks_data,
+    parse,
+    registry,
+    render,
+    replies,
+    submit,
+)
 from comfyveil.telegram.context import BotContext, Services
 from comfyveil.telegram.web_link import web as web_link
 
@@ -41,6 +50,12 @@ BUILTIN_MENU: tuple[tuple[str, str], ...] = (
     ("history", "Your last jobs"),
     ("forget", "Delete all your data"),
 )
+# What users read, in one place (to be translated as a whole).
+START_HELLO = "Hi! I turn your words into images on our own GPUs."
+START_TRY = "Try <code>/{example} a red fox in the snow</code>."
+START_EDIT_ONLY = "Send a photo with the caption <code>/{example} make it night</code>."
+START_NOTHING = "No GPU can run any of my commands right now; try again later."
+START_HELP = "/help lists every command and its options."
 ASPECTS = ("1:1", "16:9", "9:16", "4:3", "3:4")
 STEP_CHOICES = ("4", "8", "20", "30")
 HISTORY_LIMIT = 10
@@ -52,14 +67,20 @@ def _in_group(update: Update) -> bool:
     return chat is not None and chat.type != "private"
 
 
-async def publish_menu(services: Services, bot: Any) -> None:
-    """Register the enabled commands and the built-in ones with Telegram's command menu.
+async def runnable_entries(services: Services) -> list[registry.Entry]:
+    """The enabled commands some GPU can run now."""
+    return availability.runnable(services.pool, await services.commands.all())
+
+
+async def publish_menu(services: Services, bot: Any) -> tuple[str, ...]:
+    """Register the commands some GPU can run now and the built-in ones with Telegram's
+    command menu; the workflow commands published (everyone's).
 
     Everyone's menu (the default scope) lists the commands users may run; each admin's
     private chat gets its own scope with the admins-only commands too, so a command an
     operator kept for admins is never offered to the others.
     """
-    entries = await services.commands.all()
+    entries = await runnable_entries(services)
 
     def menu(admin: bool) -> list[BotCommand]:
         shown = [e for e in entries if admin or not e.admins_only]
@@ -75,6 +96,7 @@ async def publish_menu(services: Services, bot: Any) -> None:
         except BadRequest as exc:  # an admin who never opened a chat with the bot
             logger.info("no admin menu for one admin: %s", exc.message,
                         extra={"action": "admin_menu_skipped"})
+    return tuple(e.name for e in entries)
 
 
 # --- basics -----------------------------------------------------------------------------
@@ -82,21 +104,31 @@ async def publish_menu(services: Services, bot: Any) -> None:
 
 async def start(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Greet and point at /help."""
-    entries = await context.services.commands.for_user(who)
-    example = next((e.name for e in entries if not e.takes_image), entries[0].name
-                   if entries else "help")
-    await replies.reply(
-        update,
-        "Hi! I turn your words into images on our own GPUs.\n"
-        f"Try <code>/{replies.esc(example)} a red fox in the snow</code>.\n"
-        "/help lists every command and its options.",
-    )
+    services = context.services
+    entries = availability.runnable(services.pool, await services.commands.for_user(who))
+    example = next((e.name for e in entries if not e.takes_image), None)
+    lines = [START_HELLO]
+    if example is not None:
+        lines.append(START_TRY.format(example=replies.esc(example)))
+    elif entries:
+        lines.append(START_EDIT_ONLY.format(example=replies.esc(entries[0].name)))
+    else:
+        lines.append(START_NOTHING)
+    lines.append(START_HELP)
+    await replies.reply(update, "\n".join(lines))
 
 
 async def help_(update: Update, context: BotContext, who: access.Who, text: str) -> None:
-    """The enabled commands this user may run, with their options."""
-    entries = await context.services.commands.for_user(who)
-    await replies.reply(update, render.help_text([e.help() for e in entries]))
+    """The enabled commands this user may run, with their options; those no GPU can run
+    now marked so."""
+    services = context.services
+    entries = await services.commands.for_user(who)
+    runnable = availability.runnable(services.pool, entries)
+    others = [e for e in entries if e not in runnable]
+    await replies.reply(update, render.help_text(
+        [e.help() for e in runnable], [e.help() for e in others],
+        unavailable_mark=availability.UNAVAILABLE_MARK,
+    ))
 
 
 # --- workflow commands ------------------------------------------------------------------
@@ -110,6 +142,9 @@ async def run_workflow(
     message = update.effective_message
     assert message is not None
     wf = entry.workflow
+    why = availability.reason(services.pool, wf)
+    if why is not None:
+        raise errors.UsageError(availability.refusal(entry, why))
     prompt_param = wf.prompt_param
     parsed = parse.parse(
         text, entry.options, bot_username=services.bot_username, in_group=_in_group(update),

@@ -17,15 +17,32 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from comfyveil.telegram import admin, commands, parse, replies
-from comfyveil.telegram.context import BotContext
+from comfyveil.telegram.context import BotContext, Services
 
 logger = logging.getLogger(__name__)
 
-HINT = "Send a command, such as <code>/f a red fox</code>. /help lists them all."
+# What users read, in one place (to be translated as a whole).
+HINT = "Send a command, such as <code>/{example} a red fox</code>. /help lists them all."
+HINT_NO_EXAMPLE = "Send a command. /help lists them all."
 PHOTO_HINT = (
-    "To edit this photo, send it with a caption such as <code>/qwen make it night</code>, "
+    "To edit this photo, send it with a caption such as <code>/{example} make it night</code>, "
     "or reply to it with the command."
 )
+PHOTO_HINT_NONE = "No command that edits photos can run right now; /help lists what can."
+
+
+async def _hint(services: Services, photo: bool) -> str:
+    """A hint naming a command some GPU can run now (one that edits, for a photo)."""
+    entries = await commands.runnable_entries(services)
+    if photo:
+        edits = [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
+        if not edits:
+            return PHOTO_HINT_NONE
+        return PHOTO_HINT.format(example=replies.esc(edits[0].name))
+    texts = [e for e in entries if not e.takes_image]
+    if not texts:
+        return HINT_NO_EXAMPLE
+    return HINT.format(example=replies.esc(texts[0].name))
 
 
 @replies.plain_errors
@@ -42,7 +59,7 @@ async def on_message(update: Update, context: BotContext) -> None:
     split = parse.split_command(text, bot_username=services.bot_username, in_group=in_group)
     if split is None:
         if not in_group:
-            await replies.reply(update, PHOTO_HINT if message.photo else HINT)
+            await replies.reply(update, await _hint(services, bool(message.photo)))
         return
     name, _ = split
     first = text.lstrip().split(maxsplit=1)[0].lower()

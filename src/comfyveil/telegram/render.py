@@ -106,7 +106,11 @@ def plain_error(error: str | None) -> str:
         return "The job failed."
     sentence = " ".join(text.splitlines()[0].split())
     if len(sentence) > MAX_ERROR_CHARS:
-        sentence = sentence[: MAX_ERROR_CHARS - 1].rstrip() + "…"
+        # at a word's end: a file or node name cut in two reads as another name
+        cut = sentence[: MAX_ERROR_CHARS - 1]
+        if " " in cut:
+            cut = cut[: cut.rindex(" ")]
+        sentence = cut.rstrip(" ,;:") + "…"
     return sentence
 
 
@@ -169,29 +173,52 @@ def _command_block(command: CommandHelp) -> str:
 
 
 HELP_FOOTER = (
-    "Options go after the prompt: <code>/f a fox in snow --seed 42 --ar 16:9</code>.\n"
+    "Options go after the prompt: <code>/{example} a fox in snow --seed 42 --ar 16:9</code>.\n"
     "<code>--no blurry, text</code> is the negative prompt, <code>--ar 16:9</code> the "
     "aspect ratio, <code>--file</code> sends the full-quality file.\n"
     "/status your jobs · /cancel stop one · /again re-roll · /history · /settings"
 )
+HELP_FOOTER_SHORT = HELP_FOOTER.split("\n")[-1]
 
 
-def help_text(commands: Sequence[CommandHelp]) -> str:
-    """The /help message: every command with its options, within one message."""
+def help_text(
+    commands: Sequence[CommandHelp],
+    unavailable: Sequence[CommandHelp] = (),
+    *,
+    unavailable_mark: str = "not available right now",
+) -> str:
+    """The /help message: every command with its options, within one message; the
+    `unavailable` ones (no GPU can run them now) by name only, marked as such."""
     header = "<b>What I can do</b>"
-    if not commands:
+    if not commands and not unavailable:
         return f"{header}\nNo commands are enabled right now."
+    example = next((c.name for c in commands if not c.takes_image), None)
+    footer = HELP_FOOTER.format(example=_esc(example)) if example else HELP_FOOTER_SHORT
     blocks: list[str] = []
-    budget = MAX_MESSAGE_CHARS - len(header) - len(HELP_FOOTER) - 80
+    budget = MAX_MESSAGE_CHARS - len(header) - len(footer) - 80
+    marked = [f"<b>/{_esc(c.name)}</b> {_esc(c.title)} · {_esc(unavailable_mark)}"
+              for c in unavailable]
+    budget -= sum(len(m) + 1 for m in marked)
     for index, command in enumerate(commands):
         block = _command_block(command)
         if sum(len(b) + 2 for b in blocks) + len(block) > budget:
-            rest = ", ".join(f"/{c.name}" for c in commands[index:])
-            more = f"Also: {rest}"
-            blocks.append(_esc(more[:70] + ("…" if len(more) > 70 else "")))
+            blocks.append(_esc(_whole_words("Also: ", [f"/{c.name}" for c in commands[index:]])))
             break
         blocks.append(block)
-    return "\n\n".join([header, *blocks, HELP_FOOTER])
+    if marked:
+        blocks.append("\n".join(marked))
+    return "\n\n".join([header, *blocks, footer])
+
+
+def _whole_words(head: str, names: Sequence[str], limit: int = 70) -> str:
+    """`head` and as many whole `names` as fit in `limit` characters, then "…"."""
+    text = head
+    for i, name in enumerate(names):
+        piece = ("" if i == 0 else ", ") + name
+        if len(text) + len(piece) > limit - 2:
+            return text + ", …" if i else text + "…"
+        text += piece
+    return text
 
 
 _STATUS_WORDS = {

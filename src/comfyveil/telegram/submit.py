@@ -19,7 +19,7 @@ from telegram.error import BadRequest
 from comfyveil import errors, images
 from comfyveil.comfy import workflow
 from comfyveil.store import jobs
-from comfyveil.telegram import access, parse, registry
+from comfyveil.telegram import access, availability, parse, registry
 from comfyveil.telegram.context import Services
 from comfyveil.telegram.sink import SEND_AS_FILE_SETTING
 
@@ -257,6 +257,9 @@ async def rerun(
     if entry is None:
         raise errors.UsageError(f"The command /{job.command} is not available now.")
     await check_allowed(services, who, entry)
+    why = availability.reason(services.pool, entry.workflow)
+    if why is not None:
+        raise errors.UsageError(availability.refusal(entry, why))
     inputs: list[jobs.InputImage] = []
     if entry.takes_image:
         inputs = await services.db.jobs.inputs(job.id)
