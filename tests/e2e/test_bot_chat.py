@@ -137,3 +137,42 @@ async def test_a_photo_without_a_command_gets_a_hint_naming_an_edit_command_that
         stack.send(53, photo=png())
         hint = await stack.reply_text(53)
         assert "/qwen make it night" in hint
+
+
+# --- 3. results answer their request ------------------------------------------------------
+
+BOT = "@ComfyveilTestBot"
+
+
+async def test_in_a_group_each_result_answers_its_command_and_names_who_asked(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        alice = stack.send(60, f"/f{BOT} a red fox --seed 5 {SMALL}", chat_id=-700,
+                           chat_type="group", first_name="Alice")
+        bob = stack.send(61, f"/f{BOT} a blue bird {SMALL}", chat_id=-700,
+                         chat_type="group", first_name="Bob")
+        await stack.result(-700, count=2)
+        photos = {p.result["reply_to_message"]["message_id"]: p.result["caption"]
+                  for p in fake_telegram.calls("sendPhoto")}
+        assert set(photos) == {alice["message_id"], bob["message_id"]}
+        first, prompt = photos[alice["message_id"]].split("\n")
+        assert first.startswith("/f · seed 5 · ") and first.endswith(" · for Alice")
+        assert prompt == "a red fox"
+        assert photos[bob["message_id"]].endswith("for Bob\na blue bird")
+
+
+async def test_a_long_prompt_is_shortened_in_the_caption_at_a_word_end(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        prompt = " ".join(f"word{i}" for i in range(200))  # about 1 500 characters
+        request = stack.send(62, f"/f {prompt} --seed 9 {SMALL}")
+        photo = await stack.result(62)
+        caption = photo.result["caption"]
+        assert photo.result["reply_to_message"]["message_id"] == request["message_id"]
+        head, shown = caption.split("\n")
+        assert head.startswith("/f · seed 9 · ")
+        assert len(caption) <= 1024 and len(caption) > 1000
+        assert shown.endswith("…")
+        assert prompt.startswith(shown[:-1]) and prompt[len(shown) - 1] == " "

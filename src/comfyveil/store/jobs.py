@@ -129,6 +129,8 @@ class Job:
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
     updated_at: dt.datetime
+    request_message_id: int | None = None  # the chat message that asked for it
+    requested_by: str | None = None  # who asked, in groups (a display name)
 
     @classmethod
     def from_row(cls, row: Row) -> Job:
@@ -159,6 +161,8 @@ class Job:
             started_at=row["started_at"],
             finished_at=row["finished_at"],
             updated_at=row["updated_at"],
+            request_message_id=row.get("request_message_id"),
+            requested_by=row.get("requested_by"),
         )
 
 
@@ -463,8 +467,16 @@ class JobStore:
         row = await self.db.one("queue_length")
         return int(row["queued"]) if row else 0
 
-    async def set_status_message(self, job_id: uuid.UUID, message_id: int) -> Job:
-        row = await self.db.one("set_status_message", job_id=job_id, message_id=message_id)
+    async def set_status_message(
+        self, job_id: uuid.UUID, message_id: int, *, request_message_id: int | None = None,
+        requested_by: str | None = None,
+    ) -> Job:
+        """Record the job's status message, and the chat message that asked for the job and
+        who (in groups), so its result answers that message wherever it is delivered."""
+        row = await self.db.one(
+            "set_status_message", job_id=job_id, message_id=message_id,
+            request_message_id=request_message_id, requested_by=requested_by,
+        )
         if row is None:
             raise errors.JobNotFound()
         return Job.from_row(row)

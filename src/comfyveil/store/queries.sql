@@ -250,8 +250,11 @@ LIMIT %(limit)s;
 SELECT count(*) AS queued FROM jobs WHERE status = 'queued';
 
 -- set_status_message --
--- Remember the Telegram message that shows a job's status
-UPDATE jobs SET status_message_id = %(message_id)s, updated_at = now()
+-- Remember the Telegram message that shows a job's status (and the one that asked for it)
+UPDATE jobs SET status_message_id = %(message_id)s,
+    request_message_id = coalesce(%(request_message_id)s::bigint, request_message_id),
+    requested_by = coalesce(%(requested_by)s::text, requested_by),
+    updated_at = now()
 WHERE id = %(job_id)s
 RETURNING *;
 

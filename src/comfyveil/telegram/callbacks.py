@@ -94,6 +94,7 @@ async def _dispatch(
             services, context.bot, who=who, in_group=chat.type != "private", job=job,
             key=submit.idempotency_key(chat.id, update.update_id),
             reply_to=query.message.message_id,
+            asked_by=submit.asker(query.from_user, in_group=chat.type != "private"),
         )
         return "Re-rolling with a new seed…", False
     outputs = await services.db.jobs.outputs(job.id)

@@ -166,6 +166,7 @@ async def run_workflow(
         values=validated, inputs=inputs,
         key=submit.idempotency_key(who.chat_id, update.update_id),
         reply_to=message.message_id, as_file=as_file,
+        asked_by=submit.asker(update.effective_user, in_group=_in_group(update)),
     )
 
 
@@ -240,6 +241,7 @@ async def again(update: Update, context: BotContext, who: access.Who, text: str)
         services, context.bot, who=who, in_group=_in_group(update), job=last[0],
         key=submit.idempotency_key(who.chat_id, update.update_id),
         reply_to=message.message_id if message else None,
+        asked_by=submit.asker(update.effective_user, in_group=_in_group(update)),
     )
 
 

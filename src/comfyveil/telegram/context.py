@@ -46,6 +46,9 @@ class Services:
     bot_username: str = ""
     file_jobs: set[uuid.UUID] = field(default_factory=set)
     delivery_modes: dict[uuid.UUID, tuple[int, bool]] = field(default_factory=dict)
+    # job -> (the chat message that asked for it, who asked in a group): the result
+    # answers it. Kept in the job's row too, once its status message is posted.
+    origins: dict[uuid.UUID, tuple[int | None, str | None]] = field(default_factory=dict)
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, work: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
@@ -56,15 +59,23 @@ class Services:
         task.add_done_callback(self.background.discard)
         return task
 
-    def remember_delivery(self, job_id: uuid.UUID, user_id: int, *, as_file: bool) -> None:
+    def remember_delivery(
+        self, job_id: uuid.UUID, user_id: int, *, as_file: bool,
+        reply_to: int | None = None, asked_by: str | None = None,
+    ) -> None:
         self.delivery_modes[job_id] = (user_id, as_file)
         while len(self.delivery_modes) > DELIVERY_MODES_KEPT:  # never delivered: forget
             self.delivery_modes.pop(next(iter(self.delivery_modes)))
+        if reply_to is not None or asked_by is not None:
+            self.origins[job_id] = (reply_to, asked_by)
+            while len(self.origins) > DELIVERY_MODES_KEPT:
+                self.origins.pop(next(iter(self.origins)))
 
     def forget_deliveries_of(self, user_id: int) -> None:
         """The user asked to be forgotten: their results must be looked up (and found gone)."""
         for job_id in [j for j, (uid, _) in self.delivery_modes.items() if uid == user_id]:
             del self.delivery_modes[job_id]
+            self.origins.pop(job_id, None)
 
 
 class BotContext(CallbackContext[ExtBot[None], dict[Any, Any], dict[Any, Any], dict[Any, Any]]):

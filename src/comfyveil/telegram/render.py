@@ -35,6 +35,7 @@ class JobView:
         progress: 0.0 to 1.0, or None before the backend reports any.
         eta_s: estimated seconds until the result (queued) or None when unknown.
         elapsed_s: run time on the GPU, for the result caption.
+        waited_s: time in the queue before that.
         error: the plain sentence to show when the job failed.
     """
 
@@ -50,6 +51,7 @@ class JobView:
     seed: int | None = None
     elapsed_s: float | None = None
     error: str | None = None
+    waited_s: float | None = None  # from queueing to its start, for the result caption
 
 
 @dataclass(frozen=True)
@@ -138,14 +140,56 @@ def status_text(job: JobView) -> str:
     return "Cancelled."
 
 
-def caption(job: JobView) -> str:
-    """The caption under a result: command, seed, time."""
+WAITED = "waited {time}"
+RAN = "ran {time}"
+ASKED_BY = "for {name}"
+WAIT_SHOWN_FROM = 1.0  # seconds of waiting worth mentioning in a caption
+
+
+def caption(
+    job: JobView, *, prompt: str | None = None, asked_by: str | None = None
+) -> str:
+    """The caption under a result: command, seed, time (waiting and running apart when it
+    waited), who asked (groups), and on a line of its own the prompt, shortened so the
+    whole fits Telegram's 1024 characters."""
     parts = [f"/{job.command}"]
     if job.seed is not None:
         parts.append(f"seed {job.seed}")
-    if job.elapsed_s is not None:
+    if job.waited_s is not None and job.waited_s >= WAIT_SHOWN_FROM:
+        parts.append(WAITED.format(time=duration(job.waited_s)))
+        if job.elapsed_s is not None:
+            parts.append(RAN.format(time=duration(job.elapsed_s)))
+    elif job.elapsed_s is not None:
         parts.append(duration(job.elapsed_s))
-    return _fit(_esc(DOT.join(parts)), MAX_CAPTION_CHARS)
+    if asked_by:
+        parts.append(ASKED_BY.format(name=asked_by))
+    head = DOT.join(parts)
+    text = " ".join((prompt or "").split())
+    if not text:
+        return _fit(_esc(head), MAX_CAPTION_CHARS)
+    # Telegram counts the caption's visible text in UTF-16 units: the markup is free.
+    room = MAX_CAPTION_CHARS - _utf16(head) - 1
+    return f"{_esc(head)}\n<i>{_esc(shorten(text, room))}</i>" if room > 8 else _fit(
+        _esc(head), MAX_CAPTION_CHARS)
+
+
+def _utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` within `limit` UTF-16 units, cut at a word's end with "…" when too long."""
+    if _utf16(text) <= limit:
+        return text
+    used, end = 0, 0
+    for end, char in enumerate(text):  # noqa: B007 - `end` is read after the loop
+        used += _utf16(char)
+        if used > limit - 1:
+            break
+    cut = text[:end]
+    if " " in cut.strip():
+        cut = cut[: cut.rstrip().rindex(" ")]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def _option_line(option: OptionHelp) -> str:

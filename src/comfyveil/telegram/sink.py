@@ -18,7 +18,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, InputFile, Message
+from telegram import (
+    Bot,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    InputFile,
+    Message,
+    ReplyParameters,
+)
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
@@ -56,17 +63,28 @@ def result_buttons(job_id: str, index: int) -> InlineKeyboardMarkup:
     ]])
 
 
-def caption_for(job: jobs.Job) -> str:
-    elapsed = None
+def caption_for(job: jobs.Job, *, asked_by: str | None = None) -> str:
+    elapsed = waited = None
     if job.started_at is not None and job.finished_at is not None:
         elapsed = max(0.0, (job.finished_at - job.started_at).total_seconds())
+    if job.started_at is not None:
+        waited = max(0.0, (job.started_at - job.created_at).total_seconds())
     seed = job.params.get("seed")
+    prompt = job.params.get("prompt")
     view = render.JobView(
         id=str(job.id), command=job.command, status="succeeded",
         seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
-        elapsed_s=elapsed,
+        elapsed_s=elapsed, waited_s=waited,
     )
-    return render.caption(view)
+    return render.caption(view, prompt=prompt if isinstance(prompt, str) else None,
+                          asked_by=asked_by)
+
+
+def _reply(message_id: int | None) -> ReplyParameters | None:
+    """Answer the message that asked (still sent if the user deleted it meanwhile)."""
+    if message_id is None:
+        return None
+    return ReplyParameters(message_id, allow_sending_without_reply=True)
 
 
 def _kind(output: jobs.Output) -> str:
@@ -98,9 +116,7 @@ async def send_output(
         "reply_markup": result_buttons(str(job.id), output.index),
     }
     if reply_to is not None:
-        from telegram import ReplyParameters
-
-        common["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
+        common["reply_parameters"] = _reply(reply_to)
     name = output.filename.rsplit("/", 1)[-1] or "result"
     if kind == "photo":
         try:
@@ -187,6 +203,9 @@ class TelegramSink:
             )
         else:
             as_file = mode[1]
+        reply_to, asked_by = self.services.origins.pop(
+            job.id, (job.request_message_id, job.requested_by)
+        )
         sent: list[int] = []
         chat = _Chat(self, job)
         try:
@@ -196,10 +215,11 @@ class TelegramSink:
                         to, "The job finished but produced no image.",
                     ))
                 else:
-                    caption = caption_for(job)
+                    caption = caption_for(job, asked_by=asked_by)
                     for output in outputs:
                         message = await chat.send(lambda to, output=output: send_output(
                             self.bot, to, job, output, as_file=as_file, caption=caption,
+                            reply_to=reply_to,
                         ))
                         sent.append(message.message_id)
             elif job.status_message_id is None:
@@ -207,7 +227,7 @@ class TelegramSink:
                 message = await chat.send(lambda to: self.bot.send_message(
                     to, replies.esc(replies.sentence(
                         job.error if job.status is jobs.Status.FAILED else "Cancelled."
-                    )), parse_mode=ParseMode.HTML,
+                    )), parse_mode=ParseMode.HTML, reply_parameters=_reply(reply_to),
                 ))
                 sent.append(message.message_id)
         except Forbidden as exc:

@@ -127,9 +127,11 @@ class StatusTracker:
     # --- what handlers and the sink call --------------------------------------------
 
     async def post(
-        self, job: jobs.Job, *, reply_to: int | None, in_group: bool
+        self, job: jobs.Job, *, reply_to: int | None, in_group: bool,
+        asked_by: str | None = None,
     ) -> jobs.Job:
-        """Post `job`'s status message now and follow it; the job as stored after."""
+        """Post `job`'s status message now and follow it; the job as stored after (with
+        the message that asked for it, `reply_to`, and `asked_by`, for its result)."""
         text = await self.text_for(job)
         reply = (
             ReplyParameters(reply_to, allow_sending_without_reply=True)
@@ -139,7 +141,9 @@ class StatusTracker:
             job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
         )
         try:
-            job = await self.db.jobs.set_status_message(job.id, message.message_id)
+            job = await self.db.jobs.set_status_message(
+                job.id, message.message_id, request_message_id=reply_to, requested_by=asked_by
+            )
         except store_errors.StoreError:
             return job  # forgotten meanwhile (/forget), or not recorded: nothing to follow
         if job.status.finished:
@@ -152,18 +156,21 @@ class StatusTracker:
         return job
 
     def post_later(
-        self, job: jobs.Job, *, delay: float, reply_to: int | None, in_group: bool
+        self, job: jobs.Job, *, delay: float, reply_to: int | None, in_group: bool,
+        asked_by: str | None = None,
     ) -> None:
         """Post `job`'s status message in `delay` seconds, unless it has finished by then."""
         task = asyncio.create_task(
-            self._post_later(job.id, delay=delay, reply_to=reply_to, in_group=in_group),
+            self._post_later(job.id, delay=delay, reply_to=reply_to, in_group=in_group,
+                             asked_by=asked_by),
             name="status-post",
         )
         self._pending_posts.add(task)
         task.add_done_callback(self._pending_posts.discard)
 
     async def _post_later(
-        self, job_id: uuid.UUID, *, delay: float, reply_to: int | None, in_group: bool
+        self, job_id: uuid.UUID, *, delay: float, reply_to: int | None, in_group: bool,
+        asked_by: str | None,
     ) -> None:
         await asyncio.sleep(delay)
         if job_id in self._ended:
@@ -172,7 +179,7 @@ class StatusTracker:
             job = await self.db.jobs.get(job_id)
             if job is None or job.status.finished or job.status_message_id is not None:
                 return  # its result (or its ending) was sent, or it was forgotten
-            await self.post(job, reply_to=reply_to, in_group=in_group)
+            await self.post(job, reply_to=reply_to, in_group=in_group, asked_by=asked_by)
         except (store_errors.StoreError, TelegramError) as exc:
             # The result still comes when the job ends; only the progress view is lost.
             logger.info("status message not posted: %s", type(exc).__name__,

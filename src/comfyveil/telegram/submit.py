@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from telegram import Bot, Message
+from telegram import Bot, Message, User
 from telegram.error import BadRequest
 
 from comfyveil import errors, images
@@ -32,6 +32,19 @@ TELEGRAM_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses larger files (clou
 
 def idempotency_key(chat_id: int, update_id: int) -> str:
     return f"tg:{chat_id}:{update_id}"
+
+
+ASKER_CHARS = 64  # a display name in a caption, at most
+
+
+def asker(user: User | None, *, in_group: bool) -> str | None:
+    """Who asked, as a group's caption names them (None in private chats: it's you)."""
+    if user is None or not in_group:
+        return None
+    name = " ".join(p for p in (user.first_name, user.last_name) if p).strip()
+    if not name and user.username:
+        name = "@" + user.username
+    return name[:ASKER_CHARS] or None
 
 
 def _clamp(value: int, param: workflow.Param) -> int:
@@ -209,8 +222,12 @@ async def submit(
     key: str,
     reply_to: int | None,
     as_file: bool | None = None,
+    asked_by: str | None = None,
 ) -> jobs.Job:
     """Queue the job and post its status message; the job (an existing one for a retry).
+
+    `reply_to` is the message that asked for it (its status and result answer it),
+    `asked_by` who asked, named in the result's caption in groups.
 
     Raises:
         QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
@@ -229,13 +246,16 @@ async def submit(
         services.file_jobs.add(job.id)
     setting = bool(who.settings.get(SEND_AS_FILE_SETTING))
     services.remember_delivery(
-        job.id, who.user_id, as_file=as_file if as_file is not None else setting
+        job.id, who.user_id, as_file=as_file if as_file is not None else setting,
+        reply_to=reply_to, asked_by=asked_by,
     )
     delay = services.settings.telegram.status_delay
     if delay > 0:
-        services.tracker.post_later(job, delay=delay, reply_to=reply_to, in_group=in_group)
+        services.tracker.post_later(job, delay=delay, reply_to=reply_to, in_group=in_group,
+                                    asked_by=asked_by)
         return job
-    return await services.tracker.post(job, reply_to=reply_to, in_group=in_group)
+    return await services.tracker.post(job, reply_to=reply_to, in_group=in_group,
+                                       asked_by=asked_by)
 
 
 async def rerun(
@@ -247,6 +267,7 @@ async def rerun(
     job: jobs.Job,
     key: str,
     reply_to: int | None,
+    asked_by: str | None = None,
 ) -> jobs.Job:
     """Queue `job` again with a new seed (/again and the re-roll button).
 
@@ -273,5 +294,5 @@ async def rerun(
     return await submit(
         services, bot, who=who, in_group=in_group, entry=entry, values=validated,
         inputs=inputs, key=key, reply_to=reply_to,
-        as_file=job.id in services.file_jobs or None,
+        as_file=job.id in services.file_jobs or None, asked_by=asked_by,
     )
