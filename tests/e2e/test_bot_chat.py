@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 
 from comfyveil import config
 from tests.e2e.bot_support import SMALL, running_bot
@@ -176,3 +177,97 @@ async def test_a_long_prompt_is_shortened_in_the_caption_at_a_word_end(
         assert len(caption) <= 1024 and len(caption) > 1000
         assert shown.endswith("…")
         assert prompt.startswith(shown[:-1]) and prompt[len(shown) - 1] == " "
+
+
+# --- 4. an honest status message --------------------------------------------------------
+
+STEP = re.compile(r"^Running on gpu0 · (\d+)% · step (\d+)/(\d+) · (\d+) s$")
+
+
+def _status_texts(telegram: FakeTelegram, chat: int, message_id: int) -> list[str]:
+    texts = []
+    for call in telegram.sent:
+        if not call.ok or str(call.params.get("chat_id")) != str(chat):
+            continue
+        sent = call.method == "sendMessage" and call.result["message_id"] == message_id
+        edited = (call.method == "editMessageText"
+                  and int(call.params["message_id"]) == message_id)
+        if sent or edited:
+            texts.append(call.result["text"])
+    return texts
+
+
+async def test_status_shows_steps_percent_and_time_and_its_cancel_button_works(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.6)
+    async with running_bot(fake_telegram, db, [fake]) as stack:
+        stack.send(63, f"/f a fox --steps 8 {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=63)
+        message_id = status.result["message_id"]
+        buttons = status.result["reply_markup"]["inline_keyboard"][0]
+        assert [b["text"] for b in buttons] == ["✖ Cancel"]
+
+        def stepping(_: object) -> re.Match[str] | None:
+            return next((m for t in _status_texts(fake_telegram, 63, message_id)
+                         if (m := STEP.match(t))), None)
+
+        found = await fake_telegram.wait_for(stepping, timeout=15)
+        assert found[3] == "8" and 0 < int(found[2]) <= 8
+        assert int(found[1]) == round(100 * int(found[2]) / 8)
+        shown = fake_telegram.messages(63)
+        assert any(m["message_id"] == message_id and "reply_markup" in m for m in shown)
+        # Someone else's press does nothing; the owner's cancels.
+        other = fake_telegram.user_presses(64, message_id, buttons[0]["callback_data"],
+                                           chat_id=63)
+        answer = await fake_telegram.wait_for(lambda calls: next(
+            (c for c in calls if c.method == "answerCallbackQuery"
+             and c.params.get("callback_query_id") == other), None))
+        assert answer.params["text"] == "Only the one who asked for this job can cancel it."
+        assert "Cancelled." not in _status_texts(fake_telegram, 63, message_id)
+        fake_telegram.user_presses(63, message_id, buttons[0]["callback_data"])
+        await fake_telegram.wait_for(
+            lambda _: "Cancelled." in _status_texts(fake_telegram, 63, message_id), timeout=15
+        )
+        assert not fake_telegram.calls("sendPhoto")
+
+
+async def test_status_never_goes_backwards_in_a_burst(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.15)
+    async with running_bot(fake_telegram, db, [fake]) as stack:
+        for user in range(70, 74):
+            stack.send(user, f"/f a fox --steps 4 {SMALL}")
+        for user in range(70, 74):
+            await stack.result(user, timeout=30)
+        stage_of = {"Queued": 0, "Starting": 0, "Waiting": 1, "Sent to": 2, "Next on": 2,
+                    "Running": 3}
+        for user in range(70, 74):
+            first = next(c for c in fake_telegram.calls("sendMessage")
+                         if str(c.params["chat_id"]) == str(user))
+            texts = _status_texts(fake_telegram, user, first.result["message_id"])
+            stages = [next(n for word, n in stage_of.items() if t.startswith(word))
+                      for t in texts]
+            assert stages == sorted(stages), texts
+
+
+async def test_after_a_restart_the_status_message_is_kept_current(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.5)
+    async with running_bot(fake_telegram, db, [fake], worker=False) as stack:
+        stack.send(65, f"/f a fox --steps 8 {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=65)
+        message_id = status.result["message_id"]
+        assert status.result["text"].startswith(("Queued", "Starting"))
+    async with running_bot(fake_telegram, db, [fake]) as stack:  # a new process
+        await fake_telegram.wait_for(
+            lambda _: any(t.startswith("Running on gpu0")
+                          for t in _status_texts(fake_telegram, 65, message_id)),
+            timeout=15,
+        )
+        photo = await stack.result(65, timeout=20)
+        await fake_telegram.wait_for(lambda _: message_id in fake_telegram.deleted(65))
+        assert photo.result["reply_to_message"]["message_id"] == status.result[
+            "reply_to_message"]["message_id"]

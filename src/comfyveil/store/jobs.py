@@ -481,6 +481,11 @@ class JobStore:
             raise errors.JobNotFound()
         return Job.from_row(row)
 
+    async def with_status_message(self, limit: int = 10_000) -> list[Job]:
+        """Jobs waiting or running that have a status message, oldest first."""
+        rows = await self.db.all("jobs_with_status_message", limit=limit)
+        return [Job.from_row(row) for row in rows]
+
     async def position(self, job_id: uuid.UUID) -> int | None:
         """How many queued jobs will be claimed before this one (0: next); None if not queued."""
         row = await self.db.one("position_and_eta", job_id=job_id)

@@ -258,6 +258,13 @@ UPDATE jobs SET status_message_id = %(message_id)s,
 WHERE id = %(job_id)s
 RETURNING *;
 
+-- jobs_with_status_message --
+-- Jobs waiting or running whose status message the bot keeps current (after a restart)
+SELECT * FROM jobs
+WHERE status IN ('queued', 'running') AND status_message_id IS NOT NULL
+ORDER BY created_at
+LIMIT %(limit)s;
+
 -- position_and_eta --
 -- A queued job's place and the inputs of its ETA, in one pass: the queued jobs ahead of it
 -- (in round-robin claim order), and the mean of the last 20 successful runs of each command

@@ -7,6 +7,7 @@ refusal, so the button never keeps spinning.
 from __future__ import annotations
 
 import logging
+import re
 
 from telegram import InputFile, ReplyParameters, Update
 from telegram.constants import ParseMode
@@ -18,6 +19,9 @@ from comfyveil.telegram import access, callbacks_data, commands, replies, submit
 from comfyveil.telegram.context import BotContext
 
 logger = logging.getLogger(__name__)
+
+# What users read, in one place (to be translated as a whole).
+NOT_YOURS_JOB = "Only the one who asked for this job can cancel it."
 
 
 async def on_callback(update: Update, context: BotContext) -> None:
@@ -87,6 +91,11 @@ async def _dispatch(
     job = await services.db.jobs.get(press.job_id)
     if job is None:
         return "That result is no longer stored.", True
+    if press.action == "cancel":
+        if job.user_id != who.user_id:
+            return NOT_YOURS_JOB, True
+        answer = await commands.cancel_job(services, who, job)
+        return re.sub(r"<[^>]+>", "", answer), False
     if job.user_id != who.user_id and job.chat_id != chat.id and not who.is_admin:
         return "That is not your result.", True
     if press.action == "again":

@@ -1,6 +1,7 @@
 """The ``callback_data`` of inline buttons: short strings (Telegram allows 64 bytes).
 
     again:JOB            re-roll a result with a new seed
+    cancel:JOB           cancel a job from its status message
     edit:JOB:INDEX       explain editing; make this result the chat's image to edit
     file:JOB:INDEX       send this output again as an uncompressed file
     set:KEY:VALUE        change one of the user's /settings
@@ -32,6 +33,10 @@ def again(job_id: str | uuid.UUID) -> str:
     return f"again:{_hex(job_id)}"
 
 
+def cancel(job_id: str | uuid.UUID) -> str:
+    return f"cancel:{_hex(job_id)}"
+
+
 def edit(job_id: str | uuid.UUID, index: int) -> str:
     return f"edit:{_hex(job_id)}:{index}"
 
@@ -54,7 +59,7 @@ def parse(data: str | None) -> Press | None:
         return None
     action, _, rest = data.partition(":")
     try:
-        if action == "again":
+        if action in ("again", "cancel"):
             return Press(action, uuid.UUID(hex=rest))
         if action in ("edit", "file"):
             job, _, index = rest.partition(":")

@@ -212,10 +212,24 @@ async def cancel(update: Update, context: BotContext, who: access.Who, text: str
     parsed = parse.parse(text, {}, bot_username=services.bot_username,
                          in_group=_in_group(update))
     job = await _find_job(services, who, parsed.target_job if parsed else None)
+    await replies.reply(update, await cancel_job(services, who, job))
+
+
+CANCEL_ENDED = "Job <code>#{short}</code> has already ended."
+CANCEL_DONE = "Cancelled job <code>#{short}</code>."
+CANCEL_STOPPING = "Stopping job <code>#{short}</code> on its GPU…"
+
+
+async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
+    """Cancel `job` of `who` (the /cancel command and the status message's button); the
+    answer (Telegram HTML).
+
+    Raises:
+        UsageError: the job is gone.
+    """
     short = render.short_id(str(job.id))
     if job.status.finished:
-        await replies.reply(update, f"Job <code>#{short}</code> has already ended.")
-        return
+        return CANCEL_ENDED.format(short=short)
     result = await services.db.jobs.cancel(job.id, by_user=who.user_id)
     if result is None:
         raise errors.UsageError("That job is no longer there.")
@@ -223,11 +237,10 @@ async def cancel(update: Update, context: BotContext, who: access.Who, text: str
         # Never claimed by a worker, so no worker will deliver it: end it here.
         await services.tracker.finish(result)
         await services.db.jobs.record_delivery(result.id, "telegram", {"cancelled_by": "user"})
-        await replies.reply(update, f"Cancelled job <code>#{short}</code>.")
-    elif result.status is jobs.Status.RUNNING:
-        await replies.reply(update, f"Stopping job <code>#{short}</code> on its GPU…")
-    else:
-        await replies.reply(update, f"Job <code>#{short}</code> has already ended.")
+        return CANCEL_DONE.format(short=short)
+    if result.status is jobs.Status.RUNNING:
+        return CANCEL_STOPPING.format(short=short)
+    return CANCEL_ENDED.format(short=short)
 
 
 async def again(update: Update, context: BotContext, who: access.Who, text: str) -> None:

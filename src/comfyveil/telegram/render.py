@@ -52,6 +52,7 @@ class JobView:
     elapsed_s: float | None = None
     error: str | None = None
     waited_s: float | None = None  # from queueing to its start, for the result caption
+    running_s: float | None = None  # since it started, for the status message
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,15 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
+def clock(seconds: float) -> str:
+    """Elapsed time in whole seconds, as a status shows it: ``7 s``, ``2 min 05 s``."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes} min {rest:02d} s"
+
+
 def plain_error(error: str | None) -> str:
     """One sentence from an error text: never a traceback, never a wall of text."""
     text = (error or "").strip()
@@ -132,6 +142,8 @@ def status_text(job: JobView) -> str:
             parts.append(f"{round(min(max(job.progress, 0.0), 1.0) * 100)}%")
         if job.step is not None and job.steps:
             parts.append(f"step {job.step}/{job.steps}")
+        if job.running_s is not None:
+            parts.append(clock(job.running_s))
         return _esc(DOT.join(parts))
     if job.status == "succeeded":
         return caption(job)

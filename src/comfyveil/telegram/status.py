@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime as dt
 import logging
 import time
 import uuid
@@ -25,13 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from telegram import Bot, ReplyParameters
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import render, replies
+from comfyveil.telegram import callbacks_data, render, replies
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class _Tracked:
     in_group: bool
     text: str
     status: jobs.Status = jobs.Status.QUEUED
+    rank: tuple[int, int] = (0, 0)  # (attempt, stage) shown: a status never goes backwards
     next_at: float = 0.0  # monotonic time before which no edit is sent
     dirty: bool = False
     busy: bool = False
@@ -110,6 +112,11 @@ class StatusTracker:
     # --- life cycle ----------------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self.resume()
+        except store_errors.StoreError as exc:  # the fallback sweep has nothing to go on
+            logger.warning("status messages not resumed: %s", exc,
+                           extra={"action": "status_resume_failed"})
         self._tasks = [
             asyncio.create_task(self._listen_loop(), name="status-listen"),
             asyncio.create_task(self._edit_loop(), name="status-edits"),
@@ -139,6 +146,7 @@ class StatusTracker:
         )
         message = await self.bot.send_message(
             job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+            reply_markup=cancel_keyboard(job),
         )
         try:
             job = await self.db.jobs.set_status_message(
@@ -193,9 +201,24 @@ class StatusTracker:
             return
         interval = self.group_interval if in_group else self.private_interval
         self._tracked[job.id] = _Tracked(
-            job.id, chat_id, message_id, in_group, text, job.status,
+            job.id, chat_id, message_id, in_group, text, job.status, rank=rank(job),
             next_at=time.monotonic() + interval,
         )
+
+    async def resume(self) -> int:
+        """Follow again the status messages of jobs still waiting or running, as after a
+        restart: their texts are brought up to date at once. How many were found."""
+        found = await self.db.jobs.with_status_message()
+        for job in found:
+            if job.id in self._tracked or job.status_message_id is None:
+                continue
+            self.track(job, chat_id=job.chat_id, message_id=job.status_message_id, text="",
+                       in_group=job.chat_id < 0)
+            self._tracked[job.id].next_at = 0.0
+            self._tracked[job.id].dirty = True
+        if found:
+            self._wake.set()
+        return len(found)
 
     @property
     def tracked(self) -> int:
@@ -220,11 +243,17 @@ class StatusTracker:
                 return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip("."))
             if state == "queued_on_backend" and (progress.get("position") or 0) > 0:
                 return replies.esc(f"Next on {backend}" if backend else "Next")
+            if state == "submitted":
+                return replies.esc(f"Sent to {backend}" if backend else "Sent to a GPU")
             percent = progress.get("percent")
+            running_s = None
+            if job.started_at is not None:
+                running_s = (dt.datetime.now(dt.UTC) - job.started_at).total_seconds()
             view = render.JobView(
                 id=str(job.id), command=job.command, status="running", backend=backend,
                 progress=float(percent) / 100 if isinstance(percent, int | float) else None,
                 step=_int(progress.get("value")), steps=_int(progress.get("max")),
+                running_s=running_s,
             )
             return render.status_text(view)
         return final_text(job)
@@ -356,6 +385,9 @@ class StatusTracker:
                 self._tracked.pop(tracked.job_id, None)
             return
         tracked.status = job.status
+        now_rank = rank(job)
+        if now_rank < tracked.rank:
+            return  # an older state reported late ("Next on gpu0" after "Running")
         text = await self.text_for(job)
         if text == tracked.text:
             return
@@ -367,9 +399,10 @@ class StatusTracker:
         try:
             await self.bot.edit_message_text(
                 text, chat_id=tracked.chat_id, message_id=tracked.message_id,
-                parse_mode=ParseMode.HTML,
+                parse_mode=ParseMode.HTML, reply_markup=cancel_keyboard(job),
             )
             tracked.text = text
+            tracked.rank = now_rank
             self.edits += 1
         except RetryAfter as exc:
             tracked.next_at = time.monotonic() + retry_seconds(exc)
@@ -390,6 +423,28 @@ class StatusTracker:
             logger.info("status edit failed: %s", type(exc).__name__)
             tracked.dirty = True
         tracked.next_at = time.monotonic() + interval
+
+
+CANCEL_BUTTON = "✖ Cancel"
+
+# How far a job has come, by what its status shows; within one attempt it only grows.
+_STAGES = {"waiting": 1, "submitted": 2, "queued_on_backend": 2, "running": 3}
+
+
+def rank(job: jobs.Job) -> tuple[int, int]:
+    """(attempt, stage) of what `job`'s status shows: queued 0, waiting for a GPU 1, sent
+    to one 2, running 3. A retry starts a new attempt, which may show "Queued" again."""
+    if job.status is jobs.Status.QUEUED:
+        return job.attempts, 0
+    state = str((job.progress or {}).get("state") or "running")
+    return max(job.attempts - 1, 0), _STAGES.get(state, 3)
+
+
+def cancel_keyboard(job: jobs.Job) -> InlineKeyboardMarkup:
+    """The Cancel button under a status message (only its user's press counts)."""
+    return InlineKeyboardMarkup([[InlineKeyboardButton(
+        CANCEL_BUTTON, callback_data=callbacks_data.cancel(job.id)
+    )]])
 
 
 def final_text(job: jobs.Job) -> str:
