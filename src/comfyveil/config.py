@@ -133,6 +133,8 @@ class WorkerConfig:
     # "finish": each job goes where it is expected to finish first (measured speed, warm
     # models); "idle": an idle backend first, whichever it is.
     routing: str = "finish"
+    max_wait_offline: float = 1800.0  # seconds a job waits while every GPU is offline
+    stop_grace: float = 8.0  # seconds running jobs get on stop before being handed back
 
 
 @dataclass(frozen=True)
@@ -354,6 +356,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "lease_seconds": _POSITIVE_SECONDS, "max_attempts": Rule("int", low=1),
         "job_timeout": _POSITIVE_SECONDS, "poll_interval": _POSITIVE_SECONDS,
         "routing": Rule("text", choices=("finish", "idle")),
+        "max_wait_offline": _POSITIVE_SECONDS, "stop_grace": _SECONDS,
     },
     "anyone": {
         "enabled": _BOOL, "binary": _TEXT, "socks": Rule("endpoint"),

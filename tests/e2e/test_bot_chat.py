@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import re
 
 from comfyveil import config
@@ -271,3 +272,32 @@ async def test_after_a_restart_the_status_message_is_kept_current(
         await fake_telegram.wait_for(lambda _: message_id in fake_telegram.deleted(65))
         assert photo.result["reply_to_message"]["message_id"] == status.result[
             "reply_to_message"]["message_id"]
+
+
+# --- 5. every GPU offline --------------------------------------------------------------
+
+ALL_OFFLINE = "All GPUs are offline; your job runs when one is back — /cancel to drop it."
+
+
+async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
+        stack.worker.options = dataclasses.replace(stack.worker.options, max_wait_offline=3.0)
+        stack.bot.offline_notice_after = 0.2
+        stack.send(1, "/backends")  # the admin has a chat with the bot
+        await stack.reply_text(1)
+        await fake_comfy.kill()
+        await fake_telegram.wait_for(lambda _: not stack.pool.any_healthy, timeout=10)
+        stack.send(66, f"/f a fox {SMALL}")
+        assert await _said(fake_telegram, 66, "offline") == ALL_OFFLINE
+        notice = await stack.reply_text(1, count=2)
+        assert notice.startswith("All GPUs are offline (gpu0).")
+        ended = await _said(fake_telegram, 66, "dropped", timeout=15)
+        assert ended == ("No GPU came back online within 3 s, so the job was dropped; "
+                         "send the command again later.")
+        stack.send(67, f"/f a fox {SMALL}")
+        await _said(fake_telegram, 67, "offline")
+        admin_messages = [c for c in fake_telegram.calls("sendMessage")
+                          if str(c.params["chat_id"]) == "1"]
+        assert len(admin_messages) == 2  # /backends' answer, and told once per outage

@@ -86,7 +86,7 @@ async def test_with_every_gpu_down_the_user_hears_so_and_gets_the_result_later(
         await fake_comfy.kill()
         await wait_for(lambda: _now(stack.pool.get("gpu0").healthy is False))
         stack.send(42, f"/f a fox {SMALL}")
-        text = await _last_text(fake_telegram, 42, "for a GPU", timeout=20)
+        text = await _last_text(fake_telegram, 42, "GPUs are offline", timeout=20)
         _plain(text)
         await fake_comfy.restart()
         photo = await stack.result(42, timeout=30)

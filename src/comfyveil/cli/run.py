@@ -96,6 +96,8 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                     lease_seconds=settings.worker.lease_seconds,
                     poll_interval=settings.worker.poll_interval,
                     job_timeout=settings.worker.job_timeout,
+                    shutdown_grace=settings.worker.stop_grace,
+                    max_wait_offline=settings.worker.max_wait_offline,
                 ),
             )
             if bot is not None:

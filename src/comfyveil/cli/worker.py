@@ -21,7 +21,7 @@ from comfyveil import cli, config, retention, sinks
 from comfyveil.anyone import runtime
 from comfyveil.comfy import pool
 from comfyveil.store import database
-from comfyveil.worker import SHUTDOWN_GRACE, Worker, WorkerOptions
+from comfyveil.worker import Worker, WorkerOptions
 
 
 def register(subparsers: Any) -> None:
@@ -41,8 +41,9 @@ def register(subparsers: Any) -> None:
         help="also write every finished job's outputs into DIR",
     )
     parser.add_argument(
-        "--grace", type=float, default=SHUTDOWN_GRACE, metavar="SECONDS",
-        help="on stop, how long running jobs may take to finish before they are handed back",
+        "--grace", type=float, default=None, metavar="SECONDS",
+        help="on stop, how long running jobs may take to finish before they are handed back "
+             "(default: [worker] stop_grace)",
     )
     parser.set_defaults(handler=run)
 
@@ -53,7 +54,8 @@ def options_from(settings: config.Settings, args: argparse.Namespace) -> WorkerO
         lease_seconds=settings.worker.lease_seconds,
         poll_interval=settings.worker.poll_interval,
         job_timeout=settings.worker.job_timeout,
-        shutdown_grace=args.grace,
+        shutdown_grace=args.grace if args.grace is not None else settings.worker.stop_grace,
+        max_wait_offline=settings.worker.max_wait_offline,
     )
 
 

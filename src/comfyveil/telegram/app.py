@@ -27,6 +27,7 @@ os.environ.setdefault("PTB_TIMEDELTA", "true")
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from telegram import Update
@@ -52,6 +53,7 @@ from comfyveil.telegram import (
     commands,
     handlers,
     registry,
+    replies,
     sink,
     status,
 )
@@ -65,6 +67,11 @@ RATE_LIMIT_RETRIES = 3  # RetryAfter answers PTB's rate limiter waits out before
 CONNECTION_POOL = 64  # HTTP connections to the Bot API
 MENU_REFRESH = 15.0  # seconds between checks that the command menu shows what can run
 MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
+OFFLINE_NOTICE_AFTER = 10.0  # seconds every GPU must be offline before admins are told
+ADMIN_OFFLINE = (
+    "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {minutes} "
+    "min; /backends shows why."
+)
 NO_TOKEN = (
     "no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file "
     "(a file only you can read); it is never taken from the command line"
@@ -178,7 +185,7 @@ class TelegramBot:
         self.settings = settings
         self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter)
         self.tracker = status.StatusTracker(
-            self.application.bot, db, parallel=self._parallel,
+            self.application.bot, db, parallel=self._parallel, offline=self._all_offline,
             private_interval=status_interval, group_interval=status_interval * 3,
         )
         self.services = Services(
@@ -192,6 +199,9 @@ class TelegramBot:
         self.menu_refresh = MENU_REFRESH
         self._menu: tuple[str, ...] = ()
         self._menu_task: asyncio.Task[None] | None = None
+        self.offline_notice_after = OFFLINE_NOTICE_AFTER
+        self._offline_since: float | None = None
+        self._offline_told = False
 
     async def _menu_loop(self) -> None:
         """Keep the command menu to what some GPU can run: publish it again whenever that
@@ -199,10 +209,11 @@ class TelegramBot:
         pool = self.services.pool
         while True:
             if pool is not None:  # a backend's state changed (probes report every few s)
-                await pool.wait_for_change(self.menu_refresh)
+                await pool.wait_for_change(min(self.menu_refresh, self.offline_notice_after))
             else:
                 await asyncio.sleep(self.menu_refresh)
             await asyncio.sleep(MENU_MIN_GAP)  # a burst of slot releases checks once
+            await self._tell_admins_if_offline()
             try:
                 runnable = tuple(e.name for e in await commands.runnable_entries(self.services))
                 if runnable != self._menu:
@@ -210,6 +221,10 @@ class TelegramBot:
             except Exception as exc:  # the menu is a courtesy; the next round tries again
                 logger.info("command menu not refreshed: %s", type(exc).__name__,
                             extra={"action": "menu_refresh_failed"})
+
+    def _all_offline(self) -> bool:
+        pool = self.services.pool
+        return pool is not None and bool(pool.backends) and not pool.any_healthy
 
     def _parallel(self) -> int:
         pool = self.services.pool
@@ -269,6 +284,32 @@ class TelegramBot:
         await asyncio.gather(*self.services.background, return_exceptions=True)
         await app.shutdown()
         logger.info("Telegram bot stopped", extra={"action": "bot_stopped"})
+
+    async def _tell_admins_if_offline(self) -> None:
+        """Tell the configured admins, once per outage, that every GPU is offline (after
+        `offline_notice_after` seconds, so a probe's hiccup alarms no one)."""
+        if not self._all_offline():
+            self._offline_since, self._offline_told = None, False
+            return
+        now = time.monotonic()
+        if self._offline_since is None:
+            self._offline_since = now
+        if self._offline_told or now - self._offline_since < self.offline_notice_after:
+            return
+        self._offline_told = True
+        pool = self.services.pool
+        assert pool is not None
+        minutes = max(1, round(self.settings.worker.max_wait_offline / 60))
+        text = ADMIN_OFFLINE.format(
+            names=", ".join(pool.backends), minutes=minutes,
+        )
+        for admin in self.settings.telegram.admins:
+            try:
+                await self.application.bot.send_message(admin, replies.esc(text),
+                                                        parse_mode="HTML")
+            except TelegramError as exc:  # the admin never started a chat with the bot
+                logger.info("admin not told: %s", type(exc).__name__,
+                            extra={"action": "admin_notice_failed"})
 
     async def _stop_menu(self) -> None:
         task, self._menu_task = self._menu_task, None

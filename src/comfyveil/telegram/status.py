@@ -75,6 +75,7 @@ class StatusTracker:
         bot: the Telegram bot that sent the messages.
         db: the store (job rows and NOTIFY).
         parallel: how many jobs run at once right now (for queue ETAs).
+        offline: whether every GPU is offline now (waiting jobs then say so).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class StatusTracker:
         db: database.Database,
         *,
         parallel: Callable[[], int] = lambda: 1,
+        offline: Callable[[], bool] = lambda: False,
         private_interval: float = PRIVATE_INTERVAL,
         group_interval: float = GROUP_INTERVAL,
         fallback_refresh: float = FALLBACK_REFRESH,
@@ -91,6 +93,7 @@ class StatusTracker:
         self.bot = bot
         self.db = db
         self.parallel = parallel
+        self.offline = offline
         self.private_interval = private_interval
         self.group_interval = group_interval
         self.fallback_refresh = fallback_refresh
@@ -226,6 +229,11 @@ class StatusTracker:
 
     async def text_for(self, job: jobs.Job) -> str:
         """The status text of `job` as it is now (Telegram HTML)."""
+        waiting = job.status is jobs.Status.QUEUED or (
+            job.status is jobs.Status.RUNNING and (job.progress or {}).get("state") == "waiting"
+        )
+        if waiting and self.offline():
+            return replies.esc(ALL_OFFLINE)
         if job.status is jobs.Status.QUEUED:
             ahead, eta = await self.db.jobs.position_and_eta(
                 job.id, parallel=max(1, self.parallel())
@@ -426,6 +434,7 @@ class StatusTracker:
 
 
 CANCEL_BUTTON = "✖ Cancel"
+ALL_OFFLINE = "All GPUs are offline; your job runs when one is back — /cancel to drop it."
 
 # How far a job has come, by what its status shows; within one attempt it only grows.
 _STAGES = {"waiting": 1, "submitted": 2, "queued_on_backend": 2, "running": 3}

@@ -23,6 +23,7 @@ from comfyveil.store import jobs
 from comfyveil.store.traces import JobTraces
 from comfyveil.worker.options import (
     MAX_ORPHANS,
+    OFFLINE_CHECK,
     PROGRESS_INTERVAL,
     PROGRESS_SETTLE,
     WITHDRAW_TIMEOUT,
@@ -52,6 +53,20 @@ class Running:
     progress_closed: bool = False  # the job left the backend: no more progress writes
 
 
+class AllGpusOffline(comfy_errors.ComfyError):
+    """Every GPU stayed offline for as long as a job may wait for one."""
+
+    transient = False
+
+    def __init__(self, waited: float) -> None:
+        span = f"{round(waited)} s" if waited < 90 else f"{round(waited / 60)} min"
+        super().__init__(
+            f"no GPU came back online within {span}, so the job was dropped; "
+            "send the command again later",
+            backend="any",
+        )
+
+
 def not_users_fault(exc: Exception) -> bool:
     """Whether a job that failed with `exc` should give its user's quota back: the GPU side
     let it down (a backend that went away or answered nonsense, a model or node found
@@ -61,7 +76,7 @@ def not_users_fault(exc: Exception) -> bool:
         return True
     if isinstance(exc, comfy_errors.WorkflowRejected):
         return bool(exc.missing_models or exc.missing_nodes)
-    return isinstance(exc, pool.NoBackendCanRun)
+    return isinstance(exc, pool.NoBackendCanRun | AllGpusOffline)
 
 
 class JobRunner:
@@ -198,19 +213,23 @@ class JobRunner:
             async def waiting(text: str) -> None:
                 running.waiting = True
                 running.placed.set()
-                self._record_progress(running, {"state": "waiting", "text": text}, force=True)
+                self._record_progress(
+                    running,
+                    {"state": "waiting", "text": text, "offline": not self.pool.any_healthy},
+                    force=True,
+                )
 
             try:
                 others = sum(
                     1 for r in self._running.values() if r is not running and not r.placed.is_set()
                 )
-                running.slot = await self.pool.acquire(
+                running.slot = await self._slot_unless_offline(self.pool.acquire(
                     wf,
                     prompt_id,
                     on_wait=waiting,
                     avoid=earlier or self._avoid.get(job.id),
                     behind=others + (1 if self._more_queued else 0),
-                )
+                ))
             finally:
                 if running.waiting:
                     running.waiting = False
@@ -334,6 +353,31 @@ class JobRunner:
         task = asyncio.create_task(self._withdraw_cancelled(job_id), name=f"withdraw-{job_id}")
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
+
+    async def _slot_unless_offline(self, acquire: Awaitable[pool.Slot]) -> pool.Slot:
+        """The slot `acquire` gets, unless every GPU stays offline for `max_wait_offline`
+        seconds in a row first (then AllGpusOffline: the job fails with a plain sentence
+        instead of waiting in silence for ever)."""
+        task = asyncio.ensure_future(acquire)
+        limit = self.options.max_wait_offline
+        offline_since: float | None = None
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=min(OFFLINE_CHECK, limit))
+                if done:
+                    return task.result()
+                if self.pool.any_healthy:
+                    offline_since = None
+                    continue
+                now = time.monotonic()
+                offline_since = offline_since if offline_since is not None else now
+                if now - offline_since >= limit:
+                    raise AllGpusOffline(limit)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _run_on(
         self,

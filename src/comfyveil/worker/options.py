@@ -11,7 +11,9 @@ POLL_INTERVAL = 5.0  # seconds between two looks at the queue when no NOTIFY arr
 LEASE_SECONDS = 30.0  # a job's lease; renewed every third of it
 FINAL_EVENTS = frozenset({"succeeded", "failed", "cancelled"})  # job_events kinds that end a job
 DELIVERY_CLAIM_SECONDS = 120.0  # a catch-up delivery's claim; another worker may retry after
-SHUTDOWN_GRACE = 30.0  # seconds running jobs get to finish on stop before being handed back
+SHUTDOWN_GRACE = 8.0  # seconds running jobs get to finish on stop before being handed back
+MAX_WAIT_OFFLINE = 1800.0  # seconds a job waits while every GPU is offline, then fails
+OFFLINE_CHECK = 1.0  # seconds between two looks at whether any GPU is online
 RETRY_BACKOFF = 2.0  # seconds before the first retry of a transient failure, then doubled
 RETRY_BACKOFF_MAX = 120.0  # seconds
 DELIVERY_GRACE = 30.0  # seconds after a job ended before another worker re-delivers it
@@ -48,6 +50,7 @@ class WorkerOptions:
     delivery_backoff: float = DELIVERY_BACKOFF
     delivery_refused_tries: int = DELIVERY_REFUSED_TRIES
     delivery_tries: int = DELIVERY_TRIES
+    max_wait_offline: float = MAX_WAIT_OFFLINE  # seconds a job waits with every GPU offline
 
 
 def default_worker_id() -> str:
