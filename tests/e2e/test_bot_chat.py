@@ -301,3 +301,42 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
         admin_messages = [c for c in fake_telegram.calls("sendMessage")
                           if str(c.params["chat_id"]) == "1"]
         assert len(admin_messages) == 2  # /backends' answer, and told once per outage
+
+
+# --- 6. buttons that fit -----------------------------------------------------------------
+
+
+def _buttons(call) -> list[str]:
+    markup = call.result.get("reply_markup") or {"inline_keyboard": [[]]}
+    return [b["text"] for row in markup["inline_keyboard"] for b in row]
+
+
+async def test_result_buttons_fit_the_result(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    from pathlib import Path
+
+    from comfyveil.comfy import workflow
+    from tests.e2e.bot_support import png
+
+    await db.commands.seed(
+        [workflow.load(Path(__file__).parents[1] / "data" / "workflows" / "invert.toml")]
+    )
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(80, photo=png(), caption="/invert")
+        inverted = await stack.result(80)
+        # No seed: another run would give the same image, so no re-roll.
+        assert _buttons(inverted) == ["✏️ Edit this", "📄 As file"]
+        pressed = fake_telegram.user_presses(80, inverted.result["message_id"],
+                                             inverted.result["reply_markup"]
+                                             ["inline_keyboard"][0][0]["callback_data"])
+        answer = await fake_telegram.wait_for(lambda calls: next(
+            (c for c in calls if c.method == "answerCallbackQuery"
+             and c.params.get("callback_query_id") == pressed), None))
+        assert "/qwen" in answer.params["text"] and "/invert" not in answer.params["text"]
+        stack.send(80, f"/f a fox --file {SMALL}")
+        document = await stack.result(80, method="sendDocument")
+        assert _buttons(document) == ["🎲 Re-roll", "✏️ Edit this"]  # a file already
+        stack.send(80, f"/f a fox {SMALL}")
+        photo = await stack.result(80, count=2)
+        assert _buttons(photo) == ["🎲 Re-roll", "✏️ Edit this", "📄 As file"]

@@ -102,7 +102,7 @@ async def test_wan_sends_its_clip_as_a_video_with_the_buttons(
         assert video.result["caption"].startswith("/wan")
         assert "video" in video.result
         buttons = [b["text"] for b in video.result["reply_markup"]["inline_keyboard"][0]]
-        assert len(buttons) == 3
+        assert buttons == ["🎲 Re-roll", "📄 As file"]  # no image commands edit a video
         assert not fake_telegram.calls("sendPhoto")
 
 

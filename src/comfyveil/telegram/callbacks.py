@@ -15,7 +15,7 @@ from telegram.error import BadRequest
 
 from comfyveil import errors, retention
 from comfyveil.store import sessions
-from comfyveil.telegram import access, callbacks_data, commands, replies, submit
+from comfyveil.telegram import access, callbacks_data, commands, replies, sink, submit
 from comfyveil.telegram.context import BotContext
 
 logger = logging.getLogger(__name__)
@@ -111,9 +111,10 @@ async def _dispatch(
     if output is None:
         return "That result is no longer stored.", True
     if press.action == "edit":
-        entries = [e for e in await services.commands.for_user(who) if e.takes_image]
+        allowed = {e.name for e in await services.commands.for_user(who)}
+        entries = [e for e in await sink.editors(services) if e.name in allowed]
         if not entries:
-            return "No edit command is enabled on this bot.", True
+            return "No command that edits images can run right now.", True
         await services.db.sessions.set_last_outputs(
             chat.id, job.user_id, job.id,
             [sessions.OutputRef(output.index, output.filename, output.kind, output.mime)],

@@ -31,7 +31,7 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
 from comfyveil import sinks
 from comfyveil.store import jobs
-from comfyveil.telegram import callbacks_data, render, replies
+from comfyveil.telegram import availability, callbacks_data, registry, render, replies
 from comfyveil.telegram.context import Services
 from comfyveil.web import identity
 
@@ -54,13 +54,32 @@ def chat_gone(exc: BadRequest) -> bool:
     return any(gone in exc.message.lower() for gone in CHAT_GONE)
 
 
-def result_buttons(job_id: str, index: int) -> InlineKeyboardMarkup:
-    """Re-roll, edit this, send as file: under every result."""
-    return InlineKeyboardMarkup([[
-        InlineKeyboardButton("🎲 Re-roll", callback_data=callbacks_data.again(job_id)),
-        InlineKeyboardButton("✏️ Edit this", callback_data=callbacks_data.edit(job_id, index)),
-        InlineKeyboardButton("📄 As file", callback_data=callbacks_data.as_file(job_id, index)),
-    ]])
+REROLL_BUTTON = "🎲 Re-roll"
+EDIT_BUTTON = "✏️ Edit this"
+FILE_BUTTON = "📄 As file"
+
+
+def result_buttons(
+    job_id: str, index: int, *, reroll: bool = True, edit: bool = True, as_file: bool = True
+) -> InlineKeyboardMarkup | None:
+    """The buttons under a result, those that fit it: re-roll (a workflow with a seed, so
+    another run differs), edit this (some command edits an image with words), as file
+    (not for a result that is a file already)."""
+    row = []
+    if reroll:
+        row.append(InlineKeyboardButton(REROLL_BUTTON, callback_data=callbacks_data.again(job_id)))
+    if edit:
+        row.append(InlineKeyboardButton(EDIT_BUTTON,
+                                        callback_data=callbacks_data.edit(job_id, index)))
+    if as_file:
+        row.append(InlineKeyboardButton(FILE_BUTTON,
+                                        callback_data=callbacks_data.as_file(job_id, index)))
+    return InlineKeyboardMarkup([row]) if row else None
+
+
+def seeded(job: jobs.Job) -> bool:
+    """Whether the job's workflow takes a seed (validated values always carry it then)."""
+    return "seed" in job.params
 
 
 def caption_for(job: jobs.Job, *, asked_by: str | None = None) -> str:
@@ -100,7 +119,7 @@ def _kind(output: jobs.Output) -> str:
 
 async def send_output(
     bot: Bot, chat_id: int, job: jobs.Job, output: jobs.Output, *, as_file: bool,
-    caption: str, reply_to: int | None = None,
+    caption: str, reply_to: int | None = None, can_edit: bool = True,
 ) -> Message:
     """Send one output; a photo Telegram refuses (too large, odd shape) goes as a file."""
     if output.size > MAX_UPLOAD_BYTES:
@@ -111,9 +130,15 @@ async def send_output(
             ), parse_mode=ParseMode.HTML,
         )
     kind = "document" if as_file else _kind(output)
+    is_image = output.mime.lower().startswith("image/")
+
+    def buttons(as_document: bool) -> InlineKeyboardMarkup | None:
+        return result_buttons(str(job.id), output.index, reroll=seeded(job),
+                              edit=can_edit and is_image, as_file=not as_document)
+
     common: dict[str, Any] = {
         "caption": caption, "parse_mode": ParseMode.HTML,
-        "reply_markup": result_buttons(str(job.id), output.index),
+        "reply_markup": buttons(kind == "document"),
     }
     if reply_to is not None:
         common["reply_parameters"] = _reply(reply_to)
@@ -125,6 +150,7 @@ async def send_output(
             if chat_gone(exc):
                 raise
             logger.info("photo refused (%s); sending it as a file", exc.message)
+            common["reply_markup"] = buttons(True)
     if kind == "video":
         return await bot.send_video(
             chat_id, InputFile(output.data, filename=name), supports_streaming=True, **common
@@ -135,6 +161,14 @@ async def send_output(
         chat_id, InputFile(output.data, filename=name), disable_content_type_detection=True,
         **common,
     )
+
+
+async def editors(services: Services) -> list[registry.Entry]:
+    """The commands that edit an image as words say, some GPU can run now: what *Edit this*
+    suggests (a command that takes an image but no words, such as /invert, edits nothing
+    as asked)."""
+    entries = availability.runnable(services.pool, await services.commands.all())
+    return [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
 
 
 class TelegramSink:
@@ -216,10 +250,11 @@ class TelegramSink:
                     ))
                 else:
                     caption = caption_for(job, asked_by=asked_by)
+                    can_edit = bool(await editors(self.services))
                     for output in outputs:
                         message = await chat.send(lambda to, output=output: send_output(
                             self.bot, to, job, output, as_file=as_file, caption=caption,
-                            reply_to=reply_to,
+                            reply_to=reply_to, can_edit=can_edit,
                         ))
                         sent.append(message.message_id)
             elif job.status_message_id is None:
