@@ -340,3 +340,36 @@ async def test_result_buttons_fit_the_result(
         stack.send(80, f"/f a fox {SMALL}")
         photo = await stack.result(80, count=2)
         assert _buttons(photo) == ["🎲 Re-roll", "✏️ Edit this", "📄 As file"]
+
+
+# --- 7. buttons answer only the user they were for -----------------------------------------
+
+
+async def _answer(telegram: FakeTelegram, query_id: str) -> str:
+    call = await telegram.wait_for(lambda calls: next(
+        (c for c in calls if c.method == "answerCallbackQuery"
+         and c.params.get("callback_query_id") == query_id), None))
+    return str(call.params.get("text"))
+
+
+async def test_in_a_group_only_the_owner_of_a_settings_message_can_press_its_buttons(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(90, f"/settings{BOT}", chat_id=-900, chat_type="group")
+        shown = await fake_telegram.wait_for_call("sendMessage", chat_id=-900)
+        keyboard = shown.result["reply_markup"]["inline_keyboard"]
+        wide = next(b for row in keyboard for b in row if b["text"] == "16:9")
+        other = fake_telegram.user_presses(91, shown.result["message_id"],
+                                           wide["callback_data"], chat_id=-900)
+        assert await _answer(fake_telegram, other) == (
+            "These buttons are for the one who sent the command; send it yourself."
+        )
+        assert not fake_telegram.calls("editMessageText")
+        intruder = await db.users.get(91)
+        assert intruder is None or "ar" not in intruder.settings
+        mine = fake_telegram.user_presses(90, shown.result["message_id"],
+                                          wide["callback_data"], chat_id=-900)
+        assert await _answer(fake_telegram, mine) == "Saved."
+        owner = await db.users.get(90)
+        assert owner is not None and owner.settings["ar"] == "16:9"

@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # What users read, in one place (to be translated as a whole).
 NOT_YOURS_JOB = "Only the one who asked for this job can cancel it."
+NOT_YOURS_MESSAGE = "These buttons are for the one who sent the command; send it yourself."
+NOT_YOURS_RESULT = "Only the one who asked for this result can re-roll or edit it."
 
 
 async def on_callback(update: Update, context: BotContext) -> None:
@@ -55,6 +57,8 @@ async def _dispatch(
     query = update.callback_query
     assert query is not None and query.message is not None
     chat = query.message.chat
+    if press.owner is not None and press.owner != who.user_id:
+        return NOT_YOURS_MESSAGE, True
     if press.action == "set":
         prefs = who.settings
         changes, remove = commands.settings_change(press.key, press.value, prefs)
@@ -62,7 +66,7 @@ async def _dispatch(
         try:
             await query.edit_message_text(
                 commands.settings_text(prefs), parse_mode=ParseMode.HTML,
-                reply_markup=commands.settings_keyboard(prefs),
+                reply_markup=commands.settings_keyboard(prefs, who.user_id),
             )
         except BadRequest as exc:
             if "not modified" not in exc.message:
@@ -96,6 +100,8 @@ async def _dispatch(
             return NOT_YOURS_JOB, True
         answer = await commands.cancel_job(services, who, job)
         return re.sub(r"<[^>]+>", "", answer), False
+    if press.action in ("again", "edit") and job.user_id != who.user_id:
+        return NOT_YOURS_RESULT, True
     if job.user_id != who.user_id and job.chat_id != chat.id and not who.is_admin:
         return "That is not your result.", True
     if press.action == "again":

@@ -7,6 +7,9 @@
     set:KEY:VALUE        change one of the user's /settings
     forget:yes|no        confirm or abandon /forget
 
+`set` and `forget` carry the id of the user the message is for (``set@USER:KEY:VALUE``):
+in a group anyone sees the buttons, and only that user's press counts.
+
 JOB is the job's UUID as 32 hex digits.
 """
 
@@ -23,6 +26,7 @@ class Press:
     index: int = 0
     key: str = ""
     value: str = ""
+    owner: int | None = None  # the only user whose press counts (None: older buttons)
 
 
 def _hex(job_id: str | uuid.UUID) -> str:
@@ -45,12 +49,16 @@ def as_file(job_id: str | uuid.UUID, index: int) -> str:
     return f"file:{_hex(job_id)}:{index}"
 
 
-def setting(key: str, value: str) -> str:
-    return f"set:{key}:{value}"
+def _owned(action: str, owner: int | None) -> str:
+    return action if owner is None else f"{action}@{owner}"
 
 
-def forget(confirm: bool) -> str:
-    return f"forget:{'yes' if confirm else 'no'}"
+def setting(key: str, value: str, owner: int | None = None) -> str:
+    return f"{_owned('set', owner)}:{key}:{value}"
+
+
+def forget(confirm: bool, owner: int | None = None) -> str:
+    return f"{_owned('forget', owner)}:{'yes' if confirm else 'no'}"
 
 
 def parse(data: str | None) -> Press | None:
@@ -58,7 +66,9 @@ def parse(data: str | None) -> Press | None:
     if not data:
         return None
     action, _, rest = data.partition(":")
+    action, _, owner_text = action.partition("@")
     try:
+        owner = int(owner_text) if owner_text else None
         if action in ("again", "cancel"):
             return Press(action, uuid.UUID(hex=rest))
         if action in ("edit", "file"):
@@ -66,9 +76,9 @@ def parse(data: str | None) -> Press | None:
             return Press(action, uuid.UUID(hex=job), int(index or 0))
         if action == "set":
             key, _, value = rest.partition(":")
-            return Press(action, key=key, value=value)
+            return Press(action, key=key, value=value, owner=owner)
         if action == "forget" and rest in ("yes", "no"):
-            return Press(action, value=rest)
+            return Press(action, value=rest, owner=owner)
     except ValueError:
         return None
     return None

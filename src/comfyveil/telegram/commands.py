@@ -295,10 +295,15 @@ def settings_text(prefs: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def settings_keyboard(prefs: Mapping[str, Any]) -> InlineKeyboardMarkup:
+def settings_keyboard(
+    prefs: Mapping[str, Any], owner: int | None = None
+) -> InlineKeyboardMarkup:
+    """The /settings buttons; `owner`: the user whose settings they change (only their
+    presses count)."""
+
     def button(label: str, key: str, value: str, current: bool) -> InlineKeyboardButton:
         return InlineKeyboardButton(("✓ " if current else "") + label,
-                                    callback_data=callbacks_data.setting(key, value))
+                                    callback_data=callbacks_data.setting(key, value, owner))
 
     ar = str(prefs.get("ar") or "")
     steps = str(prefs.get("steps") or "")
@@ -339,7 +344,8 @@ def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dic
 async def settings(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Show my settings with buttons to change them."""
     prefs = who.settings
-    await replies.reply(update, settings_text(prefs), reply_markup=settings_keyboard(prefs))
+    await replies.reply(update, settings_text(prefs),
+                        reply_markup=settings_keyboard(prefs, who.user_id))
 
 
 # --- forgetting -------------------------------------------------------------------------
@@ -348,8 +354,9 @@ async def settings(update: Update, context: BotContext, who: access.Who, text: s
 async def forget(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Ask to confirm deleting everything stored about me."""
     keyboard = InlineKeyboardMarkup([[
-        InlineKeyboardButton("Delete everything", callback_data=callbacks_data.forget(True)),
-        InlineKeyboardButton("Keep it", callback_data=callbacks_data.forget(False)),
+        InlineKeyboardButton("Delete everything",
+                             callback_data=callbacks_data.forget(True, who.user_id)),
+        InlineKeyboardButton("Keep it", callback_data=callbacks_data.forget(False, who.user_id)),
     ]])
     await replies.reply(
         update,
