@@ -373,3 +373,58 @@ async def test_in_a_group_only_the_owner_of_a_settings_message_can_press_its_but
         assert await _answer(fake_telegram, mine) == "Saved."
         owner = await db.users.get(90)
         assert owner is not None and owner.settings["ar"] == "16:9"
+
+
+# --- 8. stopping -----------------------------------------------------------------------
+
+
+async def test_sigterm_hands_running_jobs_back_fast_and_answers_commands_until_the_end(
+    fake_telegram: FakeTelegram, fake_comfy_factory, database_url: str, tmp_path, db
+) -> None:
+    import signal
+    import sys
+    import time
+
+    from tests.e2e.test_bot_run_cli import _env
+
+    fake = await fake_comfy_factory(step_delay=1.0)
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
+        'status_delay = 0\n'
+        f'[worker]\nstop_grace = 1.5\n'
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nvia = "direct"\n'
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+        env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+        assert b"is running" in line
+        fake_telegram.user_sends(85, f"/f a fox --steps 8 {SMALL}")  # about 8 s on the GPU
+        await _said(fake_telegram, 85, "Running on gpu0", timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        fake_telegram.user_sends(86, "/help")  # still answered while it stops
+        await stack_reply(fake_telegram, 86)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        took = time.monotonic() - stopped_at
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert took < 6.0  # within stop_grace (1.5 s) and the closing, not 30 s
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert not fake.interrupts  # the prompt kept running on its GPU
+    async with running_bot(fake_telegram, db, [fake]) as stack:  # the next process
+        await stack.result(85, timeout=30)
+    assert len(fake.prompts) == 1  # re-attached, not run twice
+
+
+async def stack_reply(telegram: FakeTelegram, chat: int) -> str:
+    call = await telegram.wait_for_call("sendMessage", chat_id=chat, timeout=10)
+    return str(call.result["text"])

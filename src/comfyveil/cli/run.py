@@ -5,9 +5,10 @@ web front end (`[web] enabled`; alone when there is no Telegram token).
 
 Starts (or connects to) PostgreSQL and applies migrations, seeds the shipped commands,
 starts anon when a backend or the Bot API traffic goes through the Anyone network, then
-the backend pool, one worker and the bot. SIGTERM or Ctrl-C: stop taking messages, let
-running jobs finish within the grace period (their results are still sent), hand the
-rest back to the queue, close everything.
+the backend pool, one worker and the bot. SIGTERM or Ctrl-C: stop claiming jobs at once,
+let running jobs finish within ``[worker] stop_grace`` (8 s; their results are still
+sent), hand the rest back to the queue with their prompts left running on the GPU (the
+next worker re-attaches), answer commands until then, close everything.
 
 The token comes only from COMFYVEIL_TELEGRAM_TOKEN or ``[telegram] token_file``.
 """
@@ -131,10 +132,14 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             stopping = asyncio.create_task(stop.wait(), name="stop-signal")
             await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
+            # Stop claiming at once; jobs still running get [worker] stop_grace to finish,
+            # then go back to the queue with their prompt left running on its GPU (the next
+            # worker re-attaches). Commands are answered until the end meanwhile (a new job
+            # waits in the queue for that worker).
+            worker.stop()
+            await worker_task  # results finished meanwhile still go out
             if bot is not None:
                 await bot.stop_updates()
-            worker.stop()
-            await worker_task  # running jobs finish (or are handed back); results still go out
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
