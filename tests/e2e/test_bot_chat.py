@@ -411,7 +411,7 @@ async def test_sigterm_hands_running_jobs_back_fast_and_answers_commands_until_t
         stopped_at = time.monotonic()
         fake_telegram.user_sends(86, "/help")  # still answered while it stops
         await stack_reply(fake_telegram, 86)
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
         took = time.monotonic() - stopped_at
         assert proc.returncode == 0, err.decode()[-2000:]
         assert took < 6.0  # within stop_grace (1.5 s) and the closing, not 30 s
