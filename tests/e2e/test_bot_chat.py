@@ -428,3 +428,95 @@ async def test_sigterm_hands_running_jobs_back_fast_and_answers_commands_until_t
 async def stack_reply(telegram: FakeTelegram, chat: int) -> str:
     call = await telegram.wait_for_call("sendMessage", chat_id=chat, timeout=10)
     return str(call.result["text"])
+
+
+# --- 9. rough edges ---------------------------------------------------------------------
+
+
+async def test_plurals_and_a_bad_job_id_read_right(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    limits = config.LimitsConfig(daily_quota=1, max_queued=1)
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits,
+                           admins=(1,)) as stack:
+        stack.send(100, "/cancel #zzzz")
+        assert await stack.reply_text(100) == (
+            "#zzzz is not a job id: write # and the id /status shows, such as "
+            "/cancel #3f2a9c1d."
+        )
+        stack.send(100, "/cancel #3f2a9c1d")
+        assert await stack.reply_text(100, count=2) == (
+            "None of your jobs has the id #3f2a9c1d; /status lists yours."
+        )
+        stack.send(100, f"/f one {SMALL}")
+        await stack.result(100)
+        stack.send(100, f"/f two {SMALL}")
+        assert await stack.reply_text(100, count=4) == (
+            "You have used the 1 job of your daily quota; try again tomorrow."
+        )
+        stack.send(1, "/quota 100 1")
+        assert await stack.reply_text(1) == "User 100 may run 1 job a day."
+
+
+async def test_raw_comfyui_errors_reach_admins_only(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
+        fake_comfy.fail_next_execution("SaveImage", message="**** ERROR: disk quota exceeded",
+                                       exception_type="OSError")
+        stack.send(101, f"/f a fox {SMALL}")
+        user_sees = await _said(fake_telegram, 101, "GPU", timeout=15)
+        assert user_sees == "The workflow failed on the GPU; please try again later."
+        fake_comfy.fail_next_execution("SaveImage", message="**** ERROR: disk quota exceeded",
+                                       exception_type="OSError")
+        stack.send(1, f"/f a fox {SMALL}")
+        admin_sees = await _said(fake_telegram, 1, "GPU", timeout=15)
+        assert admin_sees.startswith("The workflow failed on the GPU; please try again later.")
+        assert "disk quota exceeded" in admin_sees and "SaveImage" in admin_sees
+
+
+async def test_a_prompt_over_the_workflows_own_limit_is_told_that_limit(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    limits = config.LimitsConfig(max_prompt_length=5000)
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits) as stack:
+        stack.send(102, "/f " + "x" * 2500)
+        assert await stack.reply_text(102) == (
+            "The prompt is 2500 characters long; the limit is 2000."
+        )
+
+
+async def test_files_keep_their_names_and_a_status_telegram_will_not_delete_says_done(
+    fake_telegram: FakeTelegram, fake_comfy, db, tmp_path
+) -> None:
+    import json
+    from pathlib import Path
+
+    from comfyveil.comfy import workflow
+    from tests.e2e.bot_support import png
+
+    data = Path(__file__).parents[1] / "data" / "workflows"
+    graph = json.loads((data / "invert.json").read_text())
+    graph["3"]["inputs"]["filename_prefix"] = "comfyveil/my cat ë"
+    (tmp_path / "catinvert.json").write_text(json.dumps(graph))
+    (tmp_path / "catinvert.toml").write_text(
+        (data / "invert.toml").read_text().replace('command = "invert"', 'command = "catinvert"')
+    )
+    await db.commands.seed([workflow.load(tmp_path / "catinvert.toml")])
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(103, photo=png(), caption="/catinvert --file")
+        document = await stack.result(103, method="sendDocument")
+        assert document.result["document"]["file_name"] == "my cat ë_00001_.png"
+        await fake_telegram.wait_for(lambda _: fake_telegram.deleted(103))
+        # Telegram refuses to delete the status message (429, again and again).
+        fake_comfy.set_delay("ImageInvert", 1.0)
+        for _ in range(4):  # PTB's rate limiter tries 3 more times
+            fake_telegram.fail_next("deleteMessage", 429, "Too Many Requests: retry after 1",
+                                    {"retry_after": 1})
+        stack.send(103, photo=png(), caption="/catinvert")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=103, count=2)
+        await stack.result(103)
+        await fake_telegram.wait_for(
+            lambda _: "Done." in _status_texts(fake_telegram, 103, status.result["message_id"]),
+            timeout=15,
+        )

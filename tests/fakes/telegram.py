@@ -407,10 +407,14 @@ class FakeTelegram:
         self._rate_limited = n
         self._retry_after = retry_after
 
-    def fail_next(self, method: str | None, code: int, description: str) -> None:
+    def fail_next(
+        self, method: str | None, code: int, description: str,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
         """Answer the next call of ``method`` (any method but getUpdates if None) with
-        this error; a getUpdates failure must name getUpdates."""
-        self._failures.append((method, ApiError(code, description)))
+        this error (``parameters``: its ResponseParameters, e.g. ``{"retry_after": 1}``
+        with a 429); a getUpdates failure must name getUpdates."""
+        self._failures.append((method, ApiError(code, description, parameters)))
 
     def messages(self, chat_id: int) -> list[dict[str, Any]]:
         """The chat as a user sees it now: every message not deleted, edits applied."""

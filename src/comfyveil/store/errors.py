@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 import psycopg
 import psycopg_pool
 
+from comfyveil import i18n
 from comfyveil.errors import ComfyveilError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -57,11 +58,11 @@ class QueueLimitReached(StoreError, UsageError):
 
     def __init__(self, limit: int, message: str | None = None) -> None:
         self.limit = limit
-        super().__init__(
-            message
-            or f"you already have {limit} job{'s' if limit != 1 else ''} waiting or running; "
-            "wait for one to finish or cancel one"
-        )
+        super().__init__(message or i18n.ngettext(
+            "you already have {n} job waiting or running; wait for it to finish or cancel it",
+            "you already have {n} jobs waiting or running; wait for one to finish or cancel one",
+            limit,
+        ).format(n=limit))
 
 
 class DailyQuotaReached(StoreError, UsageError):
@@ -69,9 +70,11 @@ class DailyQuotaReached(StoreError, UsageError):
 
     def __init__(self, quota: int, message: str | None = None) -> None:
         self.quota = quota
-        super().__init__(
-            message or f"you have used all {quota} jobs of your daily quota; try again tomorrow"
-        )
+        super().__init__(message or i18n.ngettext(
+            "you have used the {n} job of your daily quota; try again tomorrow",
+            "you have used all {n} jobs of your daily quota; try again tomorrow",
+            quota,
+        ).format(n=quota))
 
 
 class CoolingDown(StoreError, UsageError):

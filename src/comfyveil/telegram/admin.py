@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from telegram import Update
 
-from comfyveil import errors
+from comfyveil import errors, i18n
 from comfyveil.telegram import access, availability, commands, replies
 from comfyveil.telegram.context import BotContext
 
@@ -80,7 +80,10 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
     except ValueError:
         raise errors.UsageError("The quota must be a whole number of jobs per day.") from None
     await context.services.db.users.set_daily_quota(user_id, amount)
-    await replies.reply(update, f"User <code>{user_id}</code> may run {amount} jobs a day.")
+    await replies.reply(update, i18n.ngettext(
+        "User <code>{user}</code> may run {n} job a day.",
+        "User <code>{user}</code> may run {n} jobs a day.", amount,
+    ).format(user=user_id, n=amount))
 
 
 async def backends(update: Update, context: BotContext, who: access.Who, text: str) -> None:

@@ -186,6 +186,7 @@ class TelegramBot:
         self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter)
         self.tracker = status.StatusTracker(
             self.application.bot, db, parallel=self._parallel, offline=self._all_offline,
+            is_admin=lambda user: user in settings.telegram.admins,
             private_interval=status_interval, group_interval=status_interval * 3,
         )
         self.services = Services(

@@ -13,7 +13,7 @@ from telegram import InputFile, ReplyParameters, Update
 from telegram.constants import ParseMode
 from telegram.error import BadRequest
 
-from comfyveil import errors, retention
+from comfyveil import errors, i18n, retention
 from comfyveil.store import sessions
 from comfyveil.telegram import access, callbacks_data, commands, replies, sink, submit
 from comfyveil.telegram.context import BotContext
@@ -85,10 +85,10 @@ async def _dispatch(
                 retention.sweep(services.db, services.pool, left, stop_running=True),
                 name="forget-on-backends",
             )
-        await query.edit_message_text(
-            f"Done: {deleted} job{'s' if deleted != 1 else ''}, their images and your "
-            "settings were deleted."
-        )
+        await query.edit_message_text(i18n.ngettext(
+            "Done: {n} job, its images and your settings were deleted.",
+            "Done: {n} jobs, their images and your settings were deleted.", deleted,
+        ).format(n=deleted))
         return "Deleted.", False
 
     assert press.job_id is not None

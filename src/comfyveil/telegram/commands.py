@@ -146,11 +146,16 @@ async def run_workflow(
     if why is not None:
         raise errors.UsageError(availability.refusal(entry, why))
     prompt_param = wf.prompt_param
+    # The limit users are told is the one that binds: the workflow's own when it is lower.
+    max_chars = services.settings.limits.max_prompt_length
+    own = wf.params[prompt_param].max_length if prompt_param is not None else None
+    if own is not None:
+        max_chars = min(max_chars, own)
     parsed = parse.parse(
         text, entry.options, bot_username=services.bot_username, in_group=_in_group(update),
         require_prompt=prompt_param is not None and wf.params[prompt_param].required,
         negative_allowed=entry.negative_allowed,
-        max_prompt_chars=services.settings.limits.max_prompt_length,
+        max_prompt_chars=max_chars,
     )
     if parsed is None:
         return
@@ -203,7 +208,7 @@ async def _find_job(services: Services, who: access.Who, ref: str | None) -> job
     for job in await services.db.jobs.list_for_user(who.user_id, limit=FIND_LIMIT):
         if job.id.hex.startswith(wanted):
             return job
-    raise errors.UsageError(f"You have no job #{ref[:12]}; /status lists yours.")
+    raise errors.UsageError(NO_SUCH_JOB.format(ref=ref[:12]))
 
 
 async def cancel(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -211,10 +216,18 @@ async def cancel(update: Update, context: BotContext, who: access.Who, text: str
     services = context.services
     parsed = parse.parse(text, {}, bot_username=services.bot_username,
                          in_group=_in_group(update))
+    named = (parsed.prompt or "").split() if parsed else []
+    if parsed is not None and parsed.target_job is None and named:
+        # "/cancel #zzzz" or "/cancel 12": an id that can't be one, not "no job at all"
+        raise errors.UsageError(NOT_AN_ID.format(ref=named[0][:20]))
     job = await _find_job(services, who, parsed.target_job if parsed else None)
     await replies.reply(update, await cancel_job(services, who, job))
 
 
+NOT_AN_ID = (
+    "{ref} is not a job id: write # and the id /status shows, such as /cancel #3f2a9c1d."
+)
+NO_SUCH_JOB = "None of your jobs has the id #{ref}; /status lists yours."
 CANCEL_ENDED = "Job <code>#{short}</code> has already ended."
 CANCEL_DONE = "Cancelled job <code>#{short}</code>."
 CANCEL_STOPPING = "Stopping job <code>#{short}</code> on its GPU…"

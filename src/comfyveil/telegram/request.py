@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import functools
 import ssl
+import urllib.parse
 from typing import Any
 
 import aiohttp
 import certifi
+from aiohttp import hdrs
 from telegram._utils.defaultvalue import DefaultValue
 from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TelegramError, TimedOut
@@ -35,6 +37,34 @@ def _trust_store() -> ssl.SSLContext:
     """The trust store httpx used (certifi); a slim system may have none of its own.
     Built once: loading it costs tens of milliseconds."""
     return ssl.create_default_context(cafile=certifi.where())
+
+
+def content_disposition(name: str, filename: str) -> str:
+    """A form part's Content-Disposition naming its file as RFC 6266 does: the name as a
+    quoted string, and again as ``filename*`` (UTF-8, percent-encoded) when it is not
+    plain ASCII. aiohttp's own percent-encodes the quoted name, which Telegram shows as is
+    ("my%20cat.png")."""
+
+    def quoted(text: str) -> str:
+        text = "".join(c if c.isprintable() else "_" for c in text)
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    header = f"form-data; name={quoted(name)}; filename={quoted(filename)}"
+    if not filename.isascii():
+        header += "; filename*=UTF-8''" + urllib.parse.quote(filename, safe="")
+    return header
+
+
+def multipart(fields: dict[str, Any], files: dict[str, Any]) -> aiohttp.MultipartWriter:
+    """The multipart/form-data body of a Bot API call with files."""
+    writer = aiohttp.MultipartWriter("form-data")
+    for key, value in fields.items():
+        part = writer.append(str(value))
+        part.set_content_disposition("form-data", name=key)
+    for name, (filename, content, mimetype) in files.items():
+        part = writer.append(content, {hdrs.CONTENT_TYPE: mimetype})
+        part.headers[hdrs.CONTENT_DISPOSITION] = content_disposition(name, filename)
+    return writer
 
 
 class AiohttpRequest(BaseRequest):
@@ -115,10 +145,7 @@ class AiohttpRequest(BaseRequest):
         fields = request_data.json_parameters if request_data else None
         body: Any = fields
         if files:
-            form = aiohttp.FormData(fields or {})
-            for name, (filename, content, mimetype) in files.items():
-                form.add_field(name, content, filename=filename, content_type=mimetype)
-            body = form
+            body = multipart(fields or {}, files)
         timeout = self._timeout(read_timeout, write_timeout, connect_timeout, pool_timeout,
                                 upload=bool(files))
         failure: TelegramError

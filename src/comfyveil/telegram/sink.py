@@ -31,7 +31,7 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
 from comfyveil import sinks
 from comfyveil.store import jobs
-from comfyveil.telegram import availability, callbacks_data, registry, render, replies
+from comfyveil.telegram import availability, callbacks_data, registry, render, replies, status
 from comfyveil.telegram.context import Services
 from comfyveil.web import identity
 
@@ -260,9 +260,9 @@ class TelegramSink:
             elif job.status_message_id is None:
                 # No status message to turn into the ending: say it in a message.
                 message = await chat.send(lambda to: self.bot.send_message(
-                    to, replies.esc(replies.sentence(
-                        job.error if job.status is jobs.Status.FAILED else "Cancelled."
-                    )), parse_mode=ParseMode.HTML, reply_parameters=_reply(reply_to),
+                    to, status.final_text(
+                        job, detail=job.user_id in self.services.settings.telegram.admins
+                    ), parse_mode=ParseMode.HTML, reply_parameters=_reply(reply_to),
                 ))
                 sent.append(message.message_id)
         except Forbidden as exc:

@@ -32,7 +32,7 @@ from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import callbacks_data, render, replies
+from comfyveil.telegram import callbacks_data, failures, render, replies
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ PRIVATE_INTERVAL = 1.0  # seconds between two edits of one status message in a p
 GROUP_INTERVAL = 3.0  # seconds, in groups
 FALLBACK_REFRESH = 5.0  # seconds between re-reads of every tracked job without NOTIFY
 MAX_CONCURRENT_REFRESH = 16  # status re-renders (database reads + one edit) at once
+FINAL_EDIT_TRIES = 3  # a status message's last edit, tried again after each RetryAfter
 FINISHED_MEMORY = 4096  # finished jobs remembered, so a second finish() does nothing
 # Telegram allows a bot about 30 messages a second in all; status edits may use a third of
 # that, so results and replies always find room however many jobs wait.
@@ -85,6 +86,7 @@ class StatusTracker:
         *,
         parallel: Callable[[], int] = lambda: 1,
         offline: Callable[[], bool] = lambda: False,
+        is_admin: Callable[[int], bool] = lambda _user: False,
         private_interval: float = PRIVATE_INTERVAL,
         group_interval: float = GROUP_INTERVAL,
         fallback_refresh: float = FALLBACK_REFRESH,
@@ -94,6 +96,7 @@ class StatusTracker:
         self.db = db
         self.parallel = parallel
         self.offline = offline
+        self.is_admin = is_admin
         self.private_interval = private_interval
         self.group_interval = group_interval
         self.fallback_refresh = fallback_refresh
@@ -264,7 +267,7 @@ class StatusTracker:
                 running_s=running_s,
             )
             return render.status_text(view)
-        return final_text(job)
+        return final_text(job, detail=self.is_admin(job.user_id))
 
     async def finish(self, job: jobs.Job) -> None:
         """Turn the status message into the job's end: removed when a result was sent,
@@ -283,21 +286,34 @@ class StatusTracker:
         self._finished[job.id] = None
         while len(self._finished) > FINISHED_MEMORY:
             self._finished.popitem(last=False)
-        try:
-            if job.status is jobs.Status.SUCCEEDED:
+        text = final_text(job, detail=self.is_admin(job.user_id))
+        if job.status is jobs.Status.SUCCEEDED:
+            try:
                 await self.bot.delete_message(job.chat_id, message_id)
-            else:
+                return
+            except BadRequest as exc:
+                if "not found" in exc.message:
+                    return  # the user deleted it
+                # too old to delete (48 h in groups): say it is done instead
+            except RetryAfter as exc:
+                # Refused even after the rate limiter's retries: rather than keep trying
+                # while the status stays above the result, mark it done at the next chance.
+                await asyncio.sleep(retry_seconds(exc))
+        for _ in range(FINAL_EDIT_TRIES):
+            try:
                 await self.bot.edit_message_text(
-                    final_text(job), chat_id=job.chat_id, message_id=message_id,
-                    parse_mode=ParseMode.HTML,
+                    text, chat_id=job.chat_id, message_id=message_id, parse_mode=ParseMode.HTML,
                 )
-        except BadRequest as exc:
-            # Gone (the user deleted it) or already showing this: nothing left to do.
-            logger.debug("status message not changed: %s", exc.message)
-        except RetryAfter as exc:
-            await asyncio.sleep(retry_seconds(exc))
-            self._finished.pop(job.id, None)
-            await self.finish(job)
+                return
+            except BadRequest as exc:
+                # Gone (the user deleted it) or already showing this: nothing left to do.
+                logger.debug("status message not changed: %s", exc.message)
+                return
+            except RetryAfter as exc:
+                await asyncio.sleep(retry_seconds(exc))
+            except TelegramError as exc:
+                logger.info("status message not finished: %s", type(exc).__name__)
+                return
 
     # --- loops ----------------------------------------------------------------------
 
@@ -434,6 +450,7 @@ class StatusTracker:
 
 
 CANCEL_BUTTON = "✖ Cancel"
+DONE = "Done."
 ALL_OFFLINE = "All GPUs are offline; your job runs when one is back — /cancel to drop it."
 
 # How far a job has come, by what its status shows; within one attempt it only grows.
@@ -456,13 +473,14 @@ def cancel_keyboard(job: jobs.Job) -> InlineKeyboardMarkup:
     )]])
 
 
-def final_text(job: jobs.Job) -> str:
-    """The last text of a status message: the error sentence, or "Cancelled."."""
+def final_text(job: jobs.Job, *, detail: bool = False) -> str:
+    """The last text of a status message: the error sentence (with the backend's account
+    when `detail`, for admins), or "Cancelled."."""
     if job.status is jobs.Status.FAILED:
-        return replies.esc(replies.sentence(job.error or "The job failed."))
+        return replies.esc(failures.sentence(job.error, detail=detail))
     if job.status is jobs.Status.CANCELLED:
         return "Cancelled."
-    return replies.esc("Done.")
+    return replies.esc(DONE)
 
 
 def _int(value: object) -> int | None:

@@ -1,0 +1,48 @@
+"""What a chat user reads about a failed job: one plain sentence, never ComfyUI's words.
+
+The worker keeps the backend's own account of a failure in the job (``jobs.error``: node,
+exception, backend), which is what an operator needs and what a user must not see
+("Node 2 (SaveImage) failed on backend gpu0: **** ERROR: ..."). Here it becomes one
+sentence of ours; admins get the account after it. Errors written for users already
+(the limits, "no GPU came back online ...") pass through as they are.
+"""
+
+from __future__ import annotations
+
+import re
+
+from comfyveil.telegram import render, replies
+
+# What users read, in one place (to be translated as a whole).
+OUT_OF_MEMORY = "The job failed: the GPU ran out of memory; try a smaller size or fewer steps."
+WORKFLOW_FAILED = "The workflow failed on the GPU; please try again later."
+MISSING = "No GPU has what this command needs right now; please try again later."
+REFUSED = "The GPU refused this job's settings."
+LOST = "The GPU went away while running the job; please try again."
+IMAGE_LOST = "The GPU lost the input image; please send it again."
+TOO_LONG = "The job took too long on the GPU and was stopped."
+DETAIL = "{sentence} Detail: {detail}"
+
+# (pattern over the worker's error text, the sentence users get), first match wins
+_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"out of memory|OutOfMemory", re.IGNORECASE), OUT_OF_MEMORY),
+    (re.compile(r"input image .* is missing on backend"), IMAGE_LOST),
+    (re.compile(r"is not installed on backend|^no GPU has the|^no GPU can run"), MISSING),
+    (re.compile(r"took longer than .* on backend"), TOO_LONG),
+    (re.compile(r"failed on backend "), WORKFLOW_FAILED),
+    (re.compile(r"rejected the workflow|^[^;]*\(node \w+, [^)]*\)"), REFUSED),
+    (re.compile(r"cannot be reached|no longer knows the job|not understood|"
+                r"interrupted on backend|on backend \S+"), LOST),
+)
+
+
+def sentence(error: str | None, *, detail: bool = False) -> str:
+    """The sentence for a job that failed with `error` (plain text, not escaped);
+    `detail`: add the worker's account (for admins)."""
+    text = (error or "").strip()
+    for pattern, plain in _RULES:
+        if pattern.search(text):
+            if detail:
+                return DETAIL.format(sentence=plain, detail=render.plain_error(text))
+            return plain
+    return replies.sentence(text or "The job failed.")
