@@ -451,7 +451,7 @@ async def test_plurals_and_a_bad_job_id_read_right(
         stack.send(100, f"/f one {SMALL}")
         await stack.result(100)
         stack.send(100, f"/f two {SMALL}")
-        assert await stack.reply_text(100, count=4) == (
+        assert await _said(fake_telegram, 100, "quota") == (
             "You have used the 1 job of your daily quota; try again tomorrow."
         )
         stack.send(1, "/quota 100 1")
@@ -509,14 +509,60 @@ async def test_files_keep_their_names_and_a_status_telegram_will_not_delete_says
         assert document.result["document"]["file_name"] == "my cat ë_00001_.png"
         await fake_telegram.wait_for(lambda _: fake_telegram.deleted(103))
         # Telegram refuses to delete the status message (429, again and again).
-        fake_comfy.set_delay("ImageInvert", 1.0)
+        fake_comfy.set_delay("ImageInvert", 2.5)
         for _ in range(4):  # PTB's rate limiter tries 3 more times
             fake_telegram.fail_next("deleteMessage", 429, "Too Many Requests: retry after 1",
                                     {"retry_after": 1})
-        stack.send(103, photo=png(), caption="/catinvert")
+        stack.send(103, photo=png(color=(10, 200, 10)), caption="/catinvert")  # not cached
         status = await fake_telegram.wait_for_call("sendMessage", chat_id=103, count=2)
         await stack.result(103)
         await fake_telegram.wait_for(
             lambda _: "Done." in _status_texts(fake_telegram, 103, status.result["message_id"]),
             timeout=15,
         )
+
+
+# --- 10. Telegram's limits at scale -----------------------------------------------------
+
+
+async def test_under_telegrams_limits_results_go_first_and_status_edits_give_way(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    from collections import Counter
+
+    from comfyveil.comfy import pool
+    from comfyveil.telegram import app, limits
+    from comfyveil.worker import Worker
+    from tests.e2e.bot_support import WORKER, settings_for
+    from tests.fakes.telegram import Limits
+
+    # Telegram's rules scaled down (6 messages a second overall) so a few GPUs overrun them.
+    fake_telegram.enforce_limits(Limits(overall=6))
+    gpus = [await fake_comfy_factory(step_delay=0.1) for _ in range(3)]
+    users = list(range(2000, 2024))
+    settings = settings_for(fake_telegram, gpus)
+    await db.commands.seed()
+    limiter = limits.ChatRateLimiter(overall=5)
+    async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
+        bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2,
+                              rate_limiter=limiter)
+        worker = Worker(db, backends, sinks=[bot.sink], options=WORKER)
+        await bot.start()
+        task = asyncio.create_task(worker.run())
+        try:
+            for user in users:
+                fake_telegram.user_sends(user, f"/f user {user} --steps 6 {SMALL}")
+            await fake_telegram.wait_for(
+                lambda calls: len([c for c in calls if c.method == "sendPhoto" and c.ok]) >= 24,
+                timeout=90,
+            )
+        finally:
+            await bot.stop_updates()
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+            await bot.close()
+    photos = Counter(int(c.params["chat_id"]) for c in fake_telegram.calls("sendPhoto"))
+    assert photos == Counter({user: 1 for user in users})  # every result, once
+    refused = [c.method for c in fake_telegram.limited]
+    assert not [m for m in refused if m.startswith("send")], refused  # no 429 on a message
+    assert limiter.shed > 0  # status traffic gave way instead

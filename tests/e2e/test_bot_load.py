@@ -17,7 +17,10 @@ async def test_a_batch_does_not_starve_another_user(
     async with running_bot(fake_telegram, db, [gpu], limits=limits) as stack:
         for i in range(5):
             stack.send(50, f"/f batch {i} --steps 4 {SMALL}")
-        await fake_telegram.wait_for_call("sendMessage", chat_id=50, count=5)
+        # All five queued (their status messages trickle out: one a second to one chat).
+        async with asyncio.timeout(10):
+            while await stack.queued_count() < 5:
+                await asyncio.sleep(0.05)
         stack.send(51, f"/f just one --steps 4 {SMALL}")
         b = await stack.result(51, timeout=30)
         a_last = await stack.result(50, count=5, timeout=30)

@@ -18,6 +18,15 @@ can reach, answering as the real API does ("Forbidden: bot was blocked by the us
 "Forbidden: bot was kicked from the group chat", 400 "Bad Request: group chat was upgraded
 to a supergroup chat" with ``parameters.migrate_to_chat_id``).
 
+``enforce_limits()`` (opt-in) makes it answer like Telegram does to a bot that sends too
+fast: more than 30 messages a second overall, more than one a second to one private
+chat, or more than 20 a minute to one group gets ``429 Too Many Requests: retry after
+N`` with ``parameters.retry_after`` N in whole seconds, as the real API sends it.
+Every send* call (not sendChatAction) and edit* call counts toward the overall limit;
+toward a chat's own limit only new messages (send*) do, as Telegram's per-chat limits are
+on messages sent to that chat. Deleting, answering button presses, getFile and the like
+are not counted.
+
 Deliberate simplifications: one bot per server; HTML parse mode is parsed into text and
 entities like the real server (MarkdownV2 text is kept as sent); inline messages,
 payments, stickers, polls and webhooks delivery are not implemented (``setWebhook`` is
@@ -27,11 +36,13 @@ remembered so that ``getUpdates`` answers 409 like the real API).
 from __future__ import annotations
 
 import asyncio
+import collections
 import html
 import html.parser
 import io
 import itertools
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -98,6 +109,25 @@ class ApiError(Exception):
         self.code = code
         self.description = description
         self.parameters = parameters
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Telegram's limits on a bot's messages (see FakeTelegram.enforce_limits)."""
+
+    overall: int = 30  # messages a second, all chats together
+    private: int = 1  # messages a second to one private chat
+    group: int = 20  # messages a minute to one group
+
+
+def _window_wait(window: collections.deque[float], now: float, limit: int,
+                 span: float) -> float:
+    """Seconds until one more message fits in `window` (`limit` per `span` s); 0: now."""
+    while window and window[0] <= now - span:
+        window.popleft()
+    if len(window) < limit:
+        return 0.0
+    return window[len(window) - limit] + span - now
 
 
 def bad_request(description: str) -> ApiError:
@@ -240,6 +270,10 @@ class FakeTelegram:
         self._blocked_by: set[int] = set()  # users (private chats) that blocked the bot
         self._kicked_from: set[int] = set()  # groups that removed the bot
         self._migrated: dict[int, int] = {}  # group id -> the supergroup it became
+        self._limits: Limits | None = None
+        self._overall: collections.deque[float] = collections.deque()
+        self._per_chat: dict[int, collections.deque[float]] = {}
+        self.limited: list[BotCall] = []  # calls answered 429 by enforce_limits
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=60 * 1024 * 1024)
         self.app.router.add_route("*", "/bot{token}/{method}", self._handle_method)
@@ -406,6 +440,38 @@ class FakeTelegram:
         """
         self._rate_limited = n
         self._retry_after = retry_after
+
+    def enforce_limits(self, limits: Limits | None = None) -> None:
+        """From now on, answer messages over Telegram's limits with 429 (see the module
+        docstring); `limits` changes the numbers (defaults: Telegram's)."""
+        self._limits = limits or Limits()
+
+    def _over_limit(self, method: str, params: dict[str, Any]) -> ApiError | None:
+        """429 when this message would break a limit, else None (and it is counted)."""
+        limits = self._limits
+        name = method.lower()
+        if limits is None or not name.startswith(("send", "edit")) or name == "sendchataction":
+            return None
+        now = time.monotonic()
+        waits = [_window_wait(self._overall, now, limits.overall, 1.0)]
+        chat_id = _int(params, "chat_id", 0) if params.get("chat_id") is not None else None
+        chat_window = None
+        if chat_id is not None and name.startswith("send"):
+            chat_window = self._per_chat.setdefault(chat_id, collections.deque())
+            chat = self._chats.get(chat_id)
+            if chat is not None and chat.get("type") == "private":
+                waits.append(_window_wait(chat_window, now, limits.private, 1.0))
+            else:
+                waits.append(_window_wait(chat_window, now, limits.group, 60.0))
+        wait = max(waits)
+        if wait > 0:
+            seconds = max(1, math.ceil(wait))  # Telegram says whole seconds
+            return ApiError(429, f"Too Many Requests: retry after {seconds}",
+                            {"retry_after": seconds})
+        self._overall.append(now)
+        if chat_window is not None:
+            chat_window.append(now)
+        return None
 
     def fail_next(
         self, method: str | None, code: int, description: str,
@@ -623,8 +689,10 @@ class FakeTelegram:
         call = BotCall(method=name, params=params, files=files)
         self.sent.append(call)
         try:
-            failure = self._take_failure(name)
+            failure = self._take_failure(name) or self._over_limit(name, params)
             if failure is not None:
+                if failure.code == 429 and self._limits is not None:
+                    self.limited.append(call)
                 raise failure
             call.result = handler(params, files)
         except ApiError as exc:

@@ -33,7 +33,6 @@ from typing import Any
 from telegram import Update
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import (
-    AIORateLimiter,
     Application,
     BaseRateLimiter,
     CallbackQueryHandler,
@@ -52,6 +51,7 @@ from comfyveil.telegram import (
     callbacks,
     commands,
     handlers,
+    limits,
     registry,
     replies,
     sink,
@@ -141,7 +141,7 @@ def build_application(
         request=AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
                                media_write_timeout=60.0, proxy=proxy),
         get_updates_request=AiohttpRequest(connection_pool_size=1, proxy=proxy),
-        rate_limiter=rate_limiter or AIORateLimiter(max_retries=RATE_LIMIT_RETRIES),
+        rate_limiter=rate_limiter or limits.ChatRateLimiter(max_retries=RATE_LIMIT_RETRIES),
         **urls,
     )
     application = (
@@ -168,7 +168,7 @@ class TelegramBot:
         db: the opened store.
         pool: the backend pool when a worker runs in this process (/backends, ETAs).
         proxy: a SOCKS URL for Bot API traffic (``[anyone] telegram``).
-        rate_limiter: PTB's rate limiter; default AIORateLimiter with retries.
+        rate_limiter: PTB's rate limiter; default limits.ChatRateLimiter (results first).
         status_interval: seconds between two edits of a status message (private chats).
     """
 

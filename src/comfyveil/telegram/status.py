@@ -32,7 +32,7 @@ from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import callbacks_data, failures, render, replies
+from comfyveil.telegram import callbacks_data, failures, limits, render, replies
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ PRIVATE_INTERVAL = 1.0  # seconds between two edits of one status message in a p
 GROUP_INTERVAL = 3.0  # seconds, in groups
 FALLBACK_REFRESH = 5.0  # seconds between re-reads of every tracked job without NOTIFY
 MAX_CONCURRENT_REFRESH = 16  # status re-renders (database reads + one edit) at once
+SHED_PAUSE = 0.5  # seconds before a status update left out for results is tried again
 FINAL_EDIT_TRIES = 3  # a status message's last edit, tried again after each RetryAfter
 FINISHED_MEMORY = 4096  # finished jobs remembered, so a second finish() does nothing
 # Telegram allows a bot about 30 messages a second in all; status edits may use a third of
@@ -114,6 +115,7 @@ class StatusTracker:
         self._pending_posts: set[asyncio.Task[None]] = set()
         self.listening = asyncio.Event()
         self.edits = 0  # status edits sent (for tests and the benchmark)
+        self.shed = 0  # status edits left out to leave Telegram's limits to results
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -150,10 +152,16 @@ class StatusTracker:
             ReplyParameters(reply_to, allow_sending_without_reply=True)
             if reply_to is not None else None
         )
-        message = await self.bot.send_message(
-            job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
-            reply_markup=cancel_keyboard(job),
-        )
+        try:
+            message = await self.bot.send_message(
+                job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+                reply_markup=cancel_keyboard(job), rate_limit_args=limits.SHED,
+            )
+        except limits.Shed:
+            # Results need Telegram's limits now: try again shortly, unless it ends first.
+            self.post_later(job, delay=SHED_PAUSE, reply_to=reply_to, in_group=in_group,
+                            asked_by=asked_by)
+            return job
         try:
             job = await self.db.jobs.set_status_message(
                 job.id, message.message_id, request_message_id=reply_to, requested_by=asked_by
@@ -424,10 +432,17 @@ class StatusTracker:
             await self.bot.edit_message_text(
                 text, chat_id=tracked.chat_id, message_id=tracked.message_id,
                 parse_mode=ParseMode.HTML, reply_markup=cancel_keyboard(job),
+                rate_limit_args=limits.SHED,
             )
             tracked.text = text
             tracked.rank = now_rank
             self.edits += 1
+        except limits.Shed:
+            # Coalesced: the next chance shows whatever is newest by then.
+            self.shed += 1
+            tracked.dirty = True
+            tracked.next_at = time.monotonic() + SHED_PAUSE
+            return
         except RetryAfter as exc:
             tracked.next_at = time.monotonic() + retry_seconds(exc)
             tracked.dirty = True
