@@ -20,7 +20,8 @@ to a supergroup chat" with ``parameters.migrate_to_chat_id``).
 
 ``enforce_limits()`` (opt-in) makes it answer like Telegram does to a bot that sends too
 fast: more than 30 messages a second overall, more than one a second to one private
-chat, or more than 20 a minute to one group gets ``429 Too Many Requests: retry after
+chat (after a short burst of 3, which Telegram tolerates), or more than 20 a minute to
+one group gets ``429 Too Many Requests: retry after
 N`` with ``parameters.retry_after`` N in whole seconds, as the real API sends it.
 Every send* call (not sendChatAction) and edit* call counts toward the overall limit;
 toward a chat's own limit only new messages (send*) do, as Telegram's per-chat limits are
@@ -116,7 +117,8 @@ class Limits:
     """Telegram's limits on a bot's messages (see FakeTelegram.enforce_limits)."""
 
     overall: int = 30  # messages a second, all chats together
-    private: int = 1  # messages a second to one private chat
+    private: int = 1  # messages a second to one private chat, on average
+    private_burst: int = 3  # ... of which this many may come at once
     group: int = 20  # messages a minute to one group
 
 
@@ -272,7 +274,8 @@ class FakeTelegram:
         self._migrated: dict[int, int] = {}  # group id -> the supergroup it became
         self._limits: Limits | None = None
         self._overall: collections.deque[float] = collections.deque()
-        self._per_chat: dict[int, collections.deque[float]] = {}
+        self._per_chat: dict[int, collections.deque[float]] = {}  # groups' last minute
+        self._private: dict[int, tuple[float, float]] = {}  # private chats' (tokens, when)
         self.limited: list[BotCall] = []  # calls answered 429 by enforce_limits
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=60 * 1024 * 1024)
@@ -456,12 +459,17 @@ class FakeTelegram:
         waits = [_window_wait(self._overall, now, limits.overall, 1.0)]
         chat_id = _int(params, "chat_id", 0) if params.get("chat_id") is not None else None
         chat_window = None
+        tokens: float | None = None
         if chat_id is not None and name.startswith("send"):
-            chat_window = self._per_chat.setdefault(chat_id, collections.deque())
             chat = self._chats.get(chat_id)
             if chat is not None and chat.get("type") == "private":
-                waits.append(_window_wait(chat_window, now, limits.private, 1.0))
+                # a bucket of `private_burst` messages, refilled at `private` a second
+                held, at = self._private.get(chat_id, (float(limits.private_burst), now))
+                tokens = min(float(limits.private_burst), held + (now - at) * limits.private)
+                if tokens < 1.0:
+                    waits.append((1.0 - tokens) / limits.private)
             else:
+                chat_window = self._per_chat.setdefault(chat_id, collections.deque())
                 waits.append(_window_wait(chat_window, now, limits.group, 60.0))
         wait = max(waits)
         if wait > 0:
@@ -471,6 +479,8 @@ class FakeTelegram:
         self._overall.append(now)
         if chat_window is not None:
             chat_window.append(now)
+        if tokens is not None and chat_id is not None:
+            self._private[chat_id] = (tokens - 1.0, now)
         return None
 
     def fail_next(

@@ -184,9 +184,12 @@ class TelegramBot:
     ) -> None:
         self.settings = settings
         self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter)
+        limiter = self.application.bot.rate_limiter
+        room = limiter.has_room if isinstance(limiter, limits.ChatRateLimiter) else None
         self.tracker = status.StatusTracker(
             self.application.bot, db, parallel=self._parallel, offline=self._all_offline,
             is_admin=lambda user: user in settings.telegram.admins,
+            room=room or (lambda: True),
             private_interval=status_interval, group_interval=status_interval * 3,
         )
         self.services = Services(

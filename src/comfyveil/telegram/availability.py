@@ -66,9 +66,7 @@ def missing(pool: pool_mod.Pool | None, wf: workflow.Workflow) -> list[str]:
     return names
 
 
-def runnable(
-    pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]
-) -> list[registry.Entry]:
+def runnable(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> list[registry.Entry]:
     """The entries some GPU can run now, in the given order."""
     return [e for e in entries if reason(pool, e.workflow) is None]
 

@@ -31,8 +31,13 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"took longer than .* on backend"), TOO_LONG),
     (re.compile(r"failed on backend "), WORKFLOW_FAILED),
     (re.compile(r"rejected the workflow|^[^;]*\(node \w+, [^)]*\)"), REFUSED),
-    (re.compile(r"cannot be reached|no longer knows the job|not understood|"
-                r"interrupted on backend|on backend \S+"), LOST),
+    (
+        re.compile(
+            r"cannot be reached|no longer knows the job|not understood|"
+            r"interrupted on backend|on backend \S+"
+        ),
+        LOST,
+    ),
 )
 
 

@@ -1,10 +1,11 @@
 """Keeping within Telegram's limits with results first.
 
-Telegram lets a bot send about 30 messages a second, one a second to a private chat and
-20 a minute to a group, and answers more with 429 (RetryAfter). python-telegram-bot's
-AIORateLimiter queues every call in one line, so under load a result waits behind status
-edits, and a 429 stops everything. This limiter keeps its own account of the same
-windows and treats two kinds of traffic differently:
+Telegram lets a bot send about 30 messages a second, one a second to a private chat
+(short bursts tolerated) and 20 a minute to a group, and answers more with 429
+(RetryAfter). python-telegram-bot's AIORateLimiter queues every call in one line, so
+under load a result waits behind status edits, and a 429 stops everything. This
+limiter keeps its own account of the same windows and treats two kinds of traffic
+differently:
 
 - Results, replies to commands and final words ("normal"): sent as soon as the windows
   allow, waiting for them if needed; while one waits, no status traffic is let out.
@@ -37,7 +38,9 @@ SHED = "shed"  # rate_limit_args of status traffic: may be refused
 # Our windows are a little narrower than Telegram's: a request is counted here when it
 # leaves and there when it arrives, and arrivals bunch up by a few milliseconds.
 OVERALL_PER_SECOND = 28
-PRIVATE_GAP = 1.1  # seconds between two messages to one private chat
+PRIVATE_GAP = 1.1  # seconds per message to one private chat, on average ...
+PRIVATE_BURST = 3  # ... after a burst of this many (Telegram tolerates short bursts)
+RESERVE_PRIVATE = 1  # of a private chat's burst, kept for its results
 GROUP_PER_MINUTE = 19
 RESERVE_OVERALL = 4  # of the overall window, kept for results
 RESERVE_GROUP = 5  # of a group's minute, kept for results and replies
@@ -74,7 +77,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self.max_retries = max_retries
         self._clock = clock
         self._sent: collections.deque[float] = collections.deque()  # the last second
-        self._chats: dict[int, collections.deque[float]] = {}
+        self._chats: dict[int, collections.deque[float]] = {}  # groups' last minute
+        self._private: dict[int, tuple[float, float]] = {}  # private chats' (tokens, when)
         self._waiting = 0  # normal requests waiting for room
         self._pause_until = 0.0  # after a RetryAfter without a chat, everything waits
         self.shed = 0  # status requests refused (for tests and benchmarks)
@@ -99,32 +103,40 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         waits = [self._pause_until - now]
         if len(sent) >= limit:
             waits.append(sent[len(sent) - limit] + 1.0 - now)
-        if chat_id is not None:
-            window = self._chats.get(chat_id)
-            if window:
-                if chat_id > 0:  # a private chat (users have positive ids, groups negative)
-                    waits.append(window[-1] + self.private_gap - now)
-                else:
-                    while window and window[0] <= now - 60.0:
-                        window.popleft()
-                    group_limit = self.group_per_minute - (RESERVE_GROUP if spare else 0)
-                    if len(window) >= group_limit:
-                        waits.append(window[len(window) - group_limit] + 60.0 - now)
+        if chat_id is not None and chat_id > 0:  # private (users' ids > 0, groups' < 0)
+            need = 1.0 + (RESERVE_PRIVATE if spare else 0)
+            tokens = self._tokens(chat_id, now)
+            if tokens < need:
+                waits.append((need - tokens) * self.private_gap)
+        elif chat_id is not None and (window := self._chats.get(chat_id)):
+            while window and window[0] <= now - 60.0:
+                window.popleft()
+            group_limit = self.group_per_minute - (RESERVE_GROUP if spare else 0)
+            if len(window) >= group_limit:
+                waits.append(window[len(window) - group_limit] + 60.0 - now)
         return max(0.0, *waits)
+
+    def _tokens(self, chat_id: int, now: float) -> float:
+        held, at = self._private.get(chat_id, (float(PRIVATE_BURST), now))
+        return min(float(PRIVATE_BURST), held + (now - at) / self.private_gap)
 
     def _record(self, chat_id: int | None, now: float) -> None:
         self._sent.append(now)
         self.sent += 1
-        if chat_id is not None:
-            window = self._chats.setdefault(chat_id, collections.deque())
-            window.append(now)
-            if chat_id > 0:
-                while len(window) > 1:
-                    window.popleft()
-        if len(self._chats) > 50_000:  # chats quiet for a minute need no window
+        if chat_id is not None and chat_id > 0:
+            self._private[chat_id] = (self._tokens(chat_id, now) - 1.0, now)
+        elif chat_id is not None:
+            self._chats.setdefault(chat_id, collections.deque()).append(now)
+        if len(self._private) + len(self._chats) > 50_000:  # forget chats quiet for a minute
             cutoff = now - 60.0
             for key in [k for k, w in self._chats.items() if not w or w[-1] < cutoff]:
                 del self._chats[key]
+            for key in [k for k, (_, at) in self._private.items() if at < cutoff]:
+                del self._private[key]
+
+    def has_room(self) -> bool:
+        """Whether a status edit would go out now (no result waits, room to spare)."""
+        return not self._waiting and self._wait(None, self._clock(), spare=True) == 0
 
     # --- PTB's entry point --------------------------------------------------------
 
@@ -170,8 +182,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                     raise
                 self.retried += 1
                 delay = _seconds(exc)
-                logger.info("Telegram asked to wait %.0f s", delay,
-                            extra={"action": "telegram_retry_after"})
+                logger.info(
+                    "Telegram asked to wait %.0f s", delay, extra={"action": "telegram_retry_after"}
+                )
                 if chat_id is None:
                     self._pause_until = self._clock() + delay
                 else:  # that chat's window is fuller than we counted: wait it out

@@ -78,6 +78,7 @@ class StatusTracker:
         db: the store (job rows and NOTIFY).
         parallel: how many jobs run at once right now (for queue ETAs).
         offline: whether every GPU is offline now (waiting jobs then say so).
+        room: whether Telegram's limits have room for a status edit now.
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class StatusTracker:
         parallel: Callable[[], int] = lambda: 1,
         offline: Callable[[], bool] = lambda: False,
         is_admin: Callable[[int], bool] = lambda _user: False,
+        room: Callable[[], bool] = lambda: True,
         private_interval: float = PRIVATE_INTERVAL,
         group_interval: float = GROUP_INTERVAL,
         fallback_refresh: float = FALLBACK_REFRESH,
@@ -98,6 +100,7 @@ class StatusTracker:
         self.parallel = parallel
         self.offline = offline
         self.is_admin = is_admin
+        self.room = room
         self.private_interval = private_interval
         self.group_interval = group_interval
         self.fallback_refresh = fallback_refresh
@@ -369,7 +372,12 @@ class StatusTracker:
                 for tracked in self._tracked.values():
                     tracked.dirty = True
             wait = self.fallback_refresh - (now - last_sweep)
-            for tracked in list(self._tracked.values()):
+            due = list(self._tracked.values())
+            if not self.room():
+                # Results need Telegram's limits now: an edit would be shed anyway, so
+                # don't spend the database reads to render one (the news stays dirty).
+                wait, due = SHED_PAUSE, []
+            for tracked in due:
                 if not tracked.dirty or tracked.busy:
                     continue
                 if tracked.next_at > now:

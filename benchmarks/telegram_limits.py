@@ -1,0 +1,299 @@
+"""Telegram's limits at scale: results first, status edits give way.
+
+    .venv/bin/python benchmarks/telegram_limits.py [--users 300] [--jobs 1000]
+                                                   [--seconds 2] [--gpus 100]
+
+The chat side of the product, in this process: the real `TelegramBot` (command handlers,
+status tracker, result sink, rate limiter) on an embedded PostgreSQL, pointed at the fake
+Bot API with Telegram's limits enforced (30 messages a second overall, one a second per
+private chat, 20 a minute per group; more is answered 429 with a whole-second
+retry_after). `--users` users send `--jobs` commands at once. The GPU side is simulated
+so that jobs are done faster than Telegram lets results out: `--gpus` slots claim jobs
+from the real queue, report progress every half second (the status messages follow it)
+and complete each job after `--seconds`, then hand it to the bot's sink, as the worker
+does. With 100 slots of 2 s that is 50 jobs a second, above Telegram's 30.
+
+Two runs, same load: "ours" with comfyveil's `ChatRateLimiter` (results wait for room and
+go first; status posts and edits go only with room to spare and are otherwise shed and
+coalesced), and the baseline with python-telegram-bot's `AIORateLimiter` (one queue for
+everything, 3 retries on 429), which the bot used before. Reported per run: results
+delivered, the rate results went out at (first to last result) against the 30/s cap,
+429 answers to results and to status traffic, status posts and edits sent and shed.
+Targets for ours: every result delivered, results at >= 90 % of the cap, no 429 on a
+result. Prints a table, then one JSON object as the very last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PTB_TIMEDELTA", "true")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from PIL import Image
+from telegram.ext import AIORateLimiter
+from tests.fakes.telegram import FakeTelegram
+from tests.fixtures.database import open_for_the_database_user
+
+from comfyveil import config
+from comfyveil.store import database, embedded, jobs
+from comfyveil.telegram import app, limits
+
+CAP = 30.0  # Telegram's messages a second, all chats together
+TARGET_SHARE = 0.90  # of the cap, for results while jobs are done faster than that
+COMMAND = "/f a red fox in snow --width 256 --height 256"
+RESULT_METHODS = ("sendPhoto", "sendDocument", "sendVideo", "sendAnimation")
+RESET = "TRUNCATE jobs, users, chat_sessions, queue_turns CASCADE"
+
+
+class _PlainAIORateLimiter(AIORateLimiter):
+    """PTB's limiter, ignoring the status tracker's `rate_limit_args` (it knows no
+    priorities: everything waits in one queue)."""
+
+    async def process_request(self, callback, args, kwargs, endpoint, data, rate_limit_args):  # type: ignore[no-untyped-def]
+        return await super().process_request(callback, args, kwargs, endpoint, data, None)
+
+
+def _png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+async def _gpu_slot(
+    failed: list[float],
+    db: database.Database,
+    bot: app.TelegramBot,
+    seconds: float,
+    done: list[float],
+    stop: asyncio.Event,
+    deliveries: set[asyncio.Task[None]],
+    image: bytes,
+    name: str,
+) -> None:
+    """One simulated GPU: claim, report progress, complete after `seconds`, deliver."""
+    steps = max(1, round(seconds / 0.5))
+    while not stop.is_set():
+        job = await db.jobs.claim(name, lease_seconds=120)
+        if job is None:
+            await asyncio.sleep(0.05)
+            continue
+        await db.jobs.record_progress(job, {"state": "running", "backend": name})
+        for step in range(1, steps + 1):
+            await asyncio.sleep(seconds / steps)
+            if step < steps:
+                await db.jobs.record_progress(
+                    job,
+                    {
+                        "state": "running",
+                        "backend": name,
+                        "value": step,
+                        "max": steps,
+                        "percent": round(100 * step / steps, 1),
+                    },
+                )
+        output = jobs.Output(
+            filename=f"{name}_{job.id.hex[:8]}.png", kind="image", mime="image/png", data=image
+        )
+        finished = await db.jobs.complete(job, [output], claim_for=["telegram"], claim_seconds=120)
+        done.append(time.monotonic())
+
+        async def deliver(finished: jobs.Job = finished, output: jobs.Output = output) -> None:
+            try:
+                await bot.sink.deliver(finished, [output])
+            except Exception:  # the worker logs it and its catch-up loop tries again later
+                failed.append(time.monotonic())
+                return
+            await db.jobs.record_delivery(finished.id, "telegram")
+
+        # The slot is free for the next job while the result waits to go out, as in the
+        # worker (its GPU slot is released before the delivery).
+        task = asyncio.create_task(deliver())
+        deliveries.add(task)
+        task.add_done_callback(deliveries.discard)
+
+
+async def run_once(
+    db: database.Database,
+    *,
+    label: str,
+    ours: bool,
+    users: int,
+    count: int,
+    seconds: float,
+    gpus: int,
+) -> dict[str, Any]:
+    async with db.pool.connection() as conn:
+        await conn.execute(RESET)
+    telegram = FakeTelegram()
+    await telegram.start()
+    telegram.enforce_limits()
+    limiter: Any = limits.ChatRateLimiter() if ours else _PlainAIORateLimiter(max_retries=3)
+    tg = config.TelegramConfig(
+        token=telegram.token, api_url=telegram.url, open=True, poll_timeout=1.0, status_delay=1.0
+    )
+    settings = config.Settings(
+        telegram=tg,
+        backends=(),
+        limits=config.LimitsConfig(max_queued=count, daily_quota=10 * count, cooldown=0),
+    )
+    bot = app.TelegramBot(settings, db, rate_limiter=limiter)
+    done: list[float] = []
+    failed: list[float] = []  # deliveries that raised (429 after the retries)
+    stop = asyncio.Event()
+    deliveries: set[asyncio.Task[None]] = set()
+    image = _png()
+    await bot.start()
+    slots = [
+        asyncio.create_task(
+            _gpu_slot(failed, db, bot, seconds, done, stop, deliveries, image, f"gpu{i}")
+        )
+        for i in range(gpus)
+    ]
+    started = time.monotonic()
+    try:
+        for n in range(count):
+            telegram.user_sends(10_000 + n % users, COMMAND)
+
+        def results() -> int:
+            return sum(1 for c in telegram.sent if c.method in RESULT_METHODS and c.ok)
+
+        with contextlib.suppress(AssertionError):
+            await telegram.wait_for(lambda _: results() >= count, timeout=60 + count / 10)
+    finally:
+        stop.set()
+        for slot in slots:
+            slot.cancel()
+        for slot in slots:
+            with contextlib.suppress(asyncio.CancelledError):
+                await slot
+        for task in list(deliveries):
+            task.cancel()
+        await bot.stop_updates()
+        await bot.close()
+        await telegram.close()
+    sent = [c for c in telegram.sent if c.method in RESULT_METHODS and c.ok]
+    chats = {int(c.params["chat_id"]) for c in sent}
+    limited = telegram.limited
+    status_calls = [
+        c
+        for c in telegram.sent  # the only messages besides the results
+        if c.ok and c.method in ("editMessageText", "sendMessage")
+    ]
+    first, last = (sent[0].at, sent[-1].at) if sent else (started, started)
+    span = max(last - first, 1e-9)
+    done_span = max((done[-1] - done[0]) if len(done) > 1 else 0.0, 1e-9)
+    return {
+        "run": label,
+        "results": len(sent),
+        "chats_with_results": len(chats),
+        "results_per_s": (len(sent) - 1) / span if len(sent) > 1 else 0.0,
+        "share_of_cap": ((len(sent) - 1) / span) / CAP if len(sent) > 1 else 0.0,
+        "jobs_done_per_s": (len(done) - 1) / done_span if len(done) > 1 else 0.0,
+        "results_429": sum(1 for c in limited if c.method in RESULT_METHODS),
+        "deliveries_failed": len(failed),
+        "status_429": sum(1 for c in limited if c.method not in RESULT_METHODS),
+        "status_edits_sent": sum(1 for c in status_calls if c.method == "editMessageText"),
+        "status_posts_sent": sum(1 for c in status_calls if c.method == "sendMessage"),
+        "status_shed": getattr(limiter, "shed", 0),  # status posts and edits refused
+        "seconds": time.monotonic() - started,
+    }
+
+
+async def main(users: int, count: int, seconds: float, gpus: int) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="comfyveil-bench-tglimits-"))
+    open_for_the_database_user(root / "pg")  # run as root, PostgreSQL is another user
+    server = embedded.EmbeddedServer(root / "pg")
+    try:
+        db = await database.Database.open(url=await server.start())
+        try:
+            await db.commands.seed()
+            runs = []
+            for label, ours in (
+                ("ours (ChatRateLimiter)", True),
+                ("baseline (AIORateLimiter)", False),
+            ):
+                runs.append(
+                    await run_once(
+                        db,
+                        label=label,
+                        ours=ours,
+                        users=users,
+                        count=count,
+                        seconds=seconds,
+                        gpus=gpus,
+                    )
+                )
+        finally:
+            await db.close()
+    finally:
+        await server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    ours_run = runs[0]
+    return {
+        "benchmark": "telegram_limits",
+        "users": users,
+        "jobs": count,
+        "job_seconds": seconds,
+        "gpus": gpus,
+        "cap_per_s": CAP,
+        "runs": runs,
+        "all_delivered": ours_run["results"] == count,
+        "results_share_of_cap": ours_run["share_of_cap"],
+        "target_share": TARGET_SHARE,
+        "results_429": ours_run["results_429"],
+        "jobs_done_faster_than_cap": ours_run["jobs_done_per_s"] > CAP,
+        "met": (
+            ours_run["results"] == count
+            and ours_run["share_of_cap"] >= TARGET_SHARE
+            and ours_run["results_429"] == 0
+        ),
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    head = (
+        f"{'run':<27} {'results':>7} {'res/s':>6} {'of cap':>6} {'done/s':>6} "
+        f"{'429 res':>7} {'lost':>5} {'429 st':>6} {'edits':>6} {'posts':>6} {'shed':>6} "
+        f"{'s':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in result["runs"]:
+        print(
+            f"{r['run']:<27} {r['results']:>7} {r['results_per_s']:>6.1f} "
+            f"{r['share_of_cap']:>6.0%} {r['jobs_done_per_s']:>6.1f} {r['results_429']:>7} "
+            f"{r['deliveries_failed']:>5} {r['status_429']:>6} {r['status_edits_sent']:>6} "
+            f"{r['status_posts_sent']:>6} {r['status_shed']:>6} {r['seconds']:>6.1f}"
+        )
+    print(
+        f"{result['users']} users, {result['jobs']} jobs of {result['job_seconds']:g} s on "
+        f"{result['gpus']} simulated GPUs; Telegram's cap {result['cap_per_s']:g} msg/s; "
+        f"target: all delivered, results >= {result['target_share']:.0%} of the cap, no "
+        f"429 on a result: {'met' if result['met'] else 'NOT met'}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=300)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=2.0, help="each job's GPU time")
+    parser.add_argument("--gpus", type=int, default=100, help="simulated GPU slots")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", ResourceWarning)
+    outcome = asyncio.run(main(args.users, args.jobs, args.seconds, args.gpus))
+    print_table(outcome)
+    print(json.dumps(outcome))
