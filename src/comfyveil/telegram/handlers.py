@@ -33,7 +33,8 @@ PHOTO_HINT_NONE = "No command that edits photos can run right now; /help lists w
 
 async def _hint(services: Services, photo: bool) -> str:
     """A hint naming a command some GPU can run now (one that edits, for a photo)."""
-    entries = await commands.runnable_entries(services)
+    # not per user: an admins-only command is never the example (hints come before access)
+    entries = [e for e in await commands.runnable_entries(services) if not e.admins_only]
     if photo:
         edits = [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
         if not edits:

@@ -44,6 +44,7 @@ RESERVE_PRIVATE = 1  # of a private chat's burst, kept for its results
 GROUP_PER_MINUTE = 19
 RESERVE_OVERALL = 4  # of the overall window, kept for results
 RESERVE_GROUP = 5  # of a group's minute, kept for results and replies
+INFLIGHT_POLL = 0.02  # seconds between looks while the whole window is in flight
 MAX_RETRIES = 3  # RetryAfter answers a normal request waits out before giving up
 
 
@@ -80,6 +81,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._chats: dict[int, collections.deque[float]] = {}  # groups' last minute
         self._private: dict[int, tuple[float, float]] = {}  # private chats' (tokens, when)
         self._waiting = 0  # normal requests waiting for room
+        self._inflight = 0  # counted requests sent and not answered yet
         self._pause_until = 0.0  # after a RetryAfter without a chat, everything waits
         self.shed = 0  # status requests refused (for tests and benchmarks)
         self.sent = 0
@@ -101,8 +103,13 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             sent.popleft()
         limit = self.overall - (RESERVE_OVERALL if spare else 0)
         waits = [self._pause_until - now]
-        if len(sent) >= limit:
-            waits.append(sent[len(sent) - limit] + 1.0 - now)
+        # Telegram counts a request when it arrives, which is after it left and before its
+        # answer came back: requests in flight count, and done ones until a second after
+        # their answer, so no window of arrivals can hold more than `limit`.
+        if self._inflight >= limit:
+            waits.append(INFLIGHT_POLL)
+        elif len(sent) + self._inflight >= limit:
+            waits.append(sent[len(sent) + self._inflight - limit] + 1.0 - now)
         if chat_id is not None and chat_id > 0:  # private (users' ids > 0, groups' < 0)
             need = 1.0 + (RESERVE_PRIVATE if spare else 0)
             tokens = self._tokens(chat_id, now)
@@ -120,8 +127,22 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         held, at = self._private.get(chat_id, (float(PRIVATE_BURST), now))
         return min(float(PRIVATE_BURST), held + (now - at) / self.private_gap)
 
+    async def _send(
+        self,
+        chat_id: int | None,
+        callback: Callable[..., Coroutine[Any, Any, Any]],
+        args: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        self._record(chat_id, self._clock())
+        self._inflight += 1
+        try:
+            return await callback(*args, **kwargs)
+        finally:
+            self._inflight -= 1
+            self._sent.append(self._clock())  # answered: counts for a second from now
+
     def _record(self, chat_id: int | None, now: float) -> None:
-        self._sent.append(now)
         self.sent += 1
         if chat_id is not None and chat_id > 0:
             self._private[chat_id] = (self._tokens(chat_id, now) - 1.0, now)
@@ -162,8 +183,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             if self._waiting or self._wait(chat_id, now, spare=True) > 0:
                 self.shed += 1
                 raise Shed()
-            self._record(chat_id, now)
-            return await callback(*args, **kwargs)
+            return await self._send(chat_id, callback, args, kwargs)
         for attempt in range(self.max_retries + 1):
             self._waiting += 1
             try:
@@ -174,9 +194,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                     wait = self._wait(chat_id, self._clock(), spare=False)
             finally:
                 self._waiting -= 1
-            self._record(chat_id, self._clock())
             try:
-                return await callback(*args, **kwargs)
+                return await self._send(chat_id, callback, args, kwargs)
             except RetryAfter as exc:
                 if attempt == self.max_retries:
                     raise
