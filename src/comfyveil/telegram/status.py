@@ -377,12 +377,18 @@ class StatusTracker:
                 # Results need Telegram's limits now: an edit would be shed anyway, so
                 # don't spend the database reads to render one (the news stays dirty).
                 wait, due = SHED_PAUSE, []
+            # No more renders started than the edit budget could send (see _refresh_locked).
+            budget = int(self._available()) - len(self._refreshes)
             for tracked in due:
                 if not tracked.dirty or tracked.busy:
                     continue
                 if tracked.next_at > now:
                     wait = min(wait, tracked.next_at - now)
                     continue
+                if budget <= 0:
+                    wait = min(wait, 1.0 / self.edits_per_second)
+                    break
+                budget -= 1
                 tracked.dirty = False
                 tracked.busy = True
                 task = asyncio.create_task(self._refresh(tracked), name="status-refresh")
@@ -391,13 +397,17 @@ class StatusTracker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
 
-    def _take_token(self) -> bool:
-        """One edit from the shared budget (a token bucket of one second's edits)."""
+    def _available(self) -> float:
+        """Edits the shared budget holds now (a token bucket of one second's edits)."""
         now = time.monotonic()
         rate = self.edits_per_second
         self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
         self._tokens_at = now
-        if self._tokens < 1.0:
+        return self._tokens
+
+    def _take_token(self) -> bool:
+        """One edit from the shared budget."""
+        if self._available() < 1.0:
             return False
         self._tokens -= 1.0
         return True
@@ -418,24 +428,31 @@ class StatusTracker:
             self._wake.set()
 
     async def _refresh_locked(self, tracked: _Tracked) -> None:
+        # The edit budget is taken before the database reads that render the text: with
+        # a thousand jobs waiting, every claim makes every queued status stale, and
+        # rendering them all (a queue position each) would cost more than the edits
+        # Telegram would let out. A render that changes nothing gives its token back.
+        if not self._take_token():
+            tracked.dirty = True  # over the budget: the next free moment shows the news
+            tracked.next_at = time.monotonic() + 1.0 / self.edits_per_second
+            return
         job = await self.db.jobs.get(tracked.job_id)
         if job is None or job.status.finished:
             # The sink (or the handler) writes the last word; stop following it.
             if job is None:
                 self._tracked.pop(tracked.job_id, None)
+            self._tokens += 1.0
             return
         tracked.status = job.status
         now_rank = rank(job)
         if now_rank < tracked.rank:
+            self._tokens += 1.0
             return  # an older state reported late ("Next on gpu0" after "Running")
         text = await self.text_for(job)
         if text == tracked.text:
+            self._tokens += 1.0
             return
         interval = self.group_interval if tracked.in_group else self.private_interval
-        if not self._take_token():
-            tracked.dirty = True  # over the budget: the next free moment shows the news
-            tracked.next_at = time.monotonic() + 1.0 / self.edits_per_second
-            return
         try:
             await self.bot.edit_message_text(
                 text, chat_id=tracked.chat_id, message_id=tracked.message_id,
