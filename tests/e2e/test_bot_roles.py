@@ -88,7 +88,9 @@ async def test_reroll_again_and_edit_respect_a_command_made_admins_only(
         stack.send(51, "/again")
         await _said(fake_telegram, 51, "Only the bot's admins can use /f.")
         query = fake_telegram.user_presses(51, photo.result["message_id"], edit["callback_data"])
-        assert await _answer(fake_telegram, query) == "No edit command is enabled on this bot."
+        assert await _answer(fake_telegram, query) == (
+            "No command that edits images is open to you on this bot."
+        )
         stack.send(51, "/qwen make it night")
         await _said(fake_telegram, 51, "Only the bot's admins can use /qwen.")
         stack.send(51, "/start")
@@ -134,7 +136,7 @@ async def test_queue_forget_repeat_does_not_get_past_the_limits(
         stack.send(53, f"/f one {SMALL}")
         await fake_telegram.wait_for_call("sendMessage", chat_id=53, count=2)
         stack.send(53, f"/f two {SMALL}")
-        assert (await stack.reply_text(53, count=3)).startswith("You have used all 1 jobs")
+        assert (await stack.reply_text(53, count=3)).startswith("You have used the 1 job")
         stack.send(54, f"/f a fox {SMALL}")
         assert await stack.reply_text(54) == "You are not allowed to use this bot."
 

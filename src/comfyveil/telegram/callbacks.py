@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 # What users read, in one place (to be translated as a whole).
 NOT_YOURS_JOB = "Only the one who asked for this job can cancel it."
 NOT_YOURS_MESSAGE = "These buttons are for the one who sent the command; send it yourself."
+NO_EDITOR = "No command that edits images can run right now."
+NO_EDITOR_FOR_YOU = "No command that edits images is open to you on this bot."
 NOT_YOURS_RESULT = "Only the one who asked for this result can re-roll or edit it."
 
 
@@ -118,9 +120,10 @@ async def _dispatch(
         return "That result is no longer stored.", True
     if press.action == "edit":
         allowed = {e.name for e in await services.commands.for_user(who)}
-        entries = [e for e in await sink.editors(services) if e.name in allowed]
+        runnable = await sink.editors(services)
+        entries = [e for e in runnable if e.name in allowed]
         if not entries:
-            return "No command that edits images can run right now.", True
+            return (NO_EDITOR_FOR_YOU if runnable else NO_EDITOR), True
         await services.db.sessions.set_last_outputs(
             chat.id, job.user_id, job.id,
             [sessions.OutputRef(output.index, output.filename, output.kind, output.mime)],
