@@ -198,6 +198,12 @@ class StatusTracker:
         asked_by: str | None,
     ) -> None:
         await asyncio.sleep(delay)
+        # While results need Telegram's limits the post would be shed: wait for room
+        # before spending the database reads that render it (or for the job's end).
+        waiting = not self.room()
+        while waiting and job_id not in self._ended:  # room is polled: no event tells it
+            await asyncio.sleep(SHED_PAUSE)
+            waiting = not self.room()
         if job_id in self._ended:
             return  # its result or its ending was delivered here: nothing to ask the database
         try:
