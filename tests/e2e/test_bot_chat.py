@@ -13,8 +13,9 @@ from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.comfyui import DEFAULT_MODELS, FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
 
-SCHNELL_GONE = {folder: [f for f in files if "schnell" not in f]
-                for folder, files in DEFAULT_MODELS.items()}
+SCHNELL_GONE = {
+    folder: [f for f in files if "schnell" not in f] for folder, files in DEFAULT_MODELS.items()
+}
 
 
 def _set_models(fake: FakeComfyUI, models: dict[str, list[str]]) -> None:
@@ -26,10 +27,12 @@ def _set_models(fake: FakeComfyUI, models: dict[str, list[str]]) -> None:
 
 async def _ended(db, count: int, timeout: float = 15.0) -> None:
     """Wait until `count` jobs have ended (whatever the chat shows of it)."""
+
     async def ended() -> int:
         async with db.pool.connection() as conn:
             cursor = await conn.execute(
-                "SELECT count(*) AS n FROM jobs WHERE finished_at IS NOT NULL")
+                "SELECT count(*) AS n FROM jobs WHERE finished_at IS NOT NULL"
+            )
             row = await cursor.fetchone()
         return int(row["n"])
 
@@ -80,15 +83,19 @@ async def _reread_models(stack) -> None:
         await stack.pool.probe(backend)
 
 
-async def _said(telegram: FakeTelegram, chat: int, wanted: str, *, count: int = 1,
-                timeout: float = 15.0) -> str:
+async def _said(
+    telegram: FakeTelegram, chat: int, wanted: str, *, count: int = 1, timeout: float = 15.0
+) -> str:
     """The `count`-th text sent or edited into `chat` that contains `wanted`."""
 
     def found() -> list[str]:
-        return [str(c.params["text"]) for c in telegram.sent
-                if str(c.params.get("chat_id")) == str(chat)
-                and c.method in ("sendMessage", "editMessageText")
-                and wanted in str(c.params.get("text", ""))]
+        return [
+            str(c.params["text"])
+            for c in telegram.sent
+            if str(c.params.get("chat_id")) == str(chat)
+            and c.method in ("sendMessage", "editMessageText")
+            and wanted in str(c.params.get("text", ""))
+        ]
 
     await telegram.wait_for(lambda _: len(found()) >= count, timeout=timeout)
     return found()[count - 1]
@@ -150,13 +157,21 @@ async def test_in_a_group_each_result_answers_its_command_and_names_who_asked(
     fake_telegram: FakeTelegram, fake_comfy, db
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
-        alice = stack.send(60, f"/f{BOT} a red fox --seed 5 {SMALL}", chat_id=-700,
-                           chat_type="group", first_name="Alice")
-        bob = stack.send(61, f"/f{BOT} a blue bird {SMALL}", chat_id=-700,
-                         chat_type="group", first_name="Bob")
+        alice = stack.send(
+            60,
+            f"/f{BOT} a red fox --seed 5 {SMALL}",
+            chat_id=-700,
+            chat_type="group",
+            first_name="Alice",
+        )
+        bob = stack.send(
+            61, f"/f{BOT} a blue bird {SMALL}", chat_id=-700, chat_type="group", first_name="Bob"
+        )
         await stack.result(-700, count=2)
-        photos = {p.result["reply_to_message"]["message_id"]: p.result["caption"]
-                  for p in fake_telegram.calls("sendPhoto")}
+        photos = {
+            p.result["reply_to_message"]["message_id"]: p.result["caption"]
+            for p in fake_telegram.calls("sendPhoto")
+        }
         assert set(photos) == {alice["message_id"], bob["message_id"]}
         first, prompt = photos[alice["message_id"]].split("\n")
         assert first.startswith("/f · seed 5 · ") and first.endswith(" · for Alice")
@@ -191,8 +206,7 @@ def _status_texts(telegram: FakeTelegram, chat: int, message_id: int) -> list[st
         if not call.ok or str(call.params.get("chat_id")) != str(chat):
             continue
         sent = call.method == "sendMessage" and call.result["message_id"] == message_id
-        edited = (call.method == "editMessageText"
-                  and int(call.params["message_id"]) == message_id)
+        edited = call.method == "editMessageText" and int(call.params["message_id"]) == message_id
         if sent or edited:
             texts.append(call.result["text"])
     return texts
@@ -210,8 +224,10 @@ async def test_status_shows_steps_percent_and_time_and_its_cancel_button_works(
         assert [b["text"] for b in buttons] == ["✖ Cancel"]
 
         def stepping(_: object) -> re.Match[str] | None:
-            return next((m for t in _status_texts(fake_telegram, 63, message_id)
-                         if (m := STEP.match(t))), None)
+            return next(
+                (m for t in _status_texts(fake_telegram, 63, message_id) if (m := STEP.match(t))),
+                None,
+            )
 
         found = await fake_telegram.wait_for(stepping, timeout=15)
         assert found[3] == "8" and 0 < int(found[2]) <= 8
@@ -219,11 +235,18 @@ async def test_status_shows_steps_percent_and_time_and_its_cancel_button_works(
         shown = fake_telegram.messages(63)
         assert any(m["message_id"] == message_id and "reply_markup" in m for m in shown)
         # Someone else's press does nothing; the owner's cancels.
-        other = fake_telegram.user_presses(64, message_id, buttons[0]["callback_data"],
-                                           chat_id=63)
-        answer = await fake_telegram.wait_for(lambda calls: next(
-            (c for c in calls if c.method == "answerCallbackQuery"
-             and c.params.get("callback_query_id") == other), None))
+        other = fake_telegram.user_presses(64, message_id, buttons[0]["callback_data"], chat_id=63)
+        answer = await fake_telegram.wait_for(
+            lambda calls: next(
+                (
+                    c
+                    for c in calls
+                    if c.method == "answerCallbackQuery"
+                    and c.params.get("callback_query_id") == other
+                ),
+                None,
+            )
+        )
         assert answer.params["text"] == "Only the one who asked for this job can cancel it."
         assert "Cancelled." not in _status_texts(fake_telegram, 63, message_id)
         fake_telegram.user_presses(63, message_id, buttons[0]["callback_data"])
@@ -242,14 +265,22 @@ async def test_status_never_goes_backwards_in_a_burst(
             stack.send(user, f"/f a fox --steps 4 {SMALL}")
         for user in range(70, 74):
             await stack.result(user, timeout=30)
-        stage_of = {"Queued": 0, "Starting": 0, "Waiting": 1, "Sent to": 2, "Next on": 2,
-                    "Running": 3}
+        stage_of = {
+            "Queued": 0,
+            "Starting": 0,
+            "Waiting": 1,
+            "Sent to": 2,
+            "Next on": 2,
+            "Running": 3,
+        }
         for user in range(70, 74):
-            first = next(c for c in fake_telegram.calls("sendMessage")
-                         if str(c.params["chat_id"]) == str(user))
+            first = next(
+                c
+                for c in fake_telegram.calls("sendMessage")
+                if str(c.params["chat_id"]) == str(user)
+            )
             texts = _status_texts(fake_telegram, user, first.result["message_id"])
-            stages = [next(n for word, n in stage_of.items() if t.startswith(word))
-                      for t in texts]
+            stages = [next(n for word, n in stage_of.items() if t.startswith(word)) for t in texts]
             assert stages == sorted(stages), texts
 
 
@@ -264,14 +295,18 @@ async def test_after_a_restart_the_status_message_is_kept_current(
         assert status.result["text"].startswith(("Queued", "Starting"))
     async with running_bot(fake_telegram, db, [fake]) as stack:  # a new process
         await fake_telegram.wait_for(
-            lambda _: any(t.startswith("Running on gpu0")
-                          for t in _status_texts(fake_telegram, 65, message_id)),
+            lambda _: any(
+                t.startswith("Running on gpu0")
+                for t in _status_texts(fake_telegram, 65, message_id)
+            ),
             timeout=15,
         )
         photo = await stack.result(65, timeout=20)
         await fake_telegram.wait_for(lambda _: message_id in fake_telegram.deleted(65))
-        assert photo.result["reply_to_message"]["message_id"] == status.result[
-            "reply_to_message"]["message_id"]
+        assert (
+            photo.result["reply_to_message"]["message_id"]
+            == status.result["reply_to_message"]["message_id"]
+        )
 
 
 # --- 5. every GPU offline --------------------------------------------------------------
@@ -294,12 +329,15 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
         notice = await stack.reply_text(1, count=2)
         assert notice.startswith("All GPUs are offline (gpu0).")
         ended = await _said(fake_telegram, 66, "dropped", timeout=15)
-        assert ended == ("No GPU came back online within 3 s, so the job was dropped; "
-                         "send the command again later.")
+        assert ended == (
+            "No GPU came back online within 3 s, so the job was dropped; "
+            "send the command again later."
+        )
         stack.send(67, f"/f a fox {SMALL}")
         await _said(fake_telegram, 67, "offline")
-        admin_messages = [c for c in fake_telegram.calls("sendMessage")
-                          if str(c.params["chat_id"]) == "1"]
+        admin_messages = [
+            c for c in fake_telegram.calls("sendMessage") if str(c.params["chat_id"]) == "1"
+        ]
         assert len(admin_messages) == 2  # /backends' answer, and told once per outage
 
 
@@ -311,9 +349,7 @@ def _buttons(call) -> list[str]:
     return [b["text"] for row in markup["inline_keyboard"] for b in row]
 
 
-async def test_result_buttons_fit_the_result(
-    fake_telegram: FakeTelegram, fake_comfy, db
-) -> None:
+async def test_result_buttons_fit_the_result(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
     from pathlib import Path
 
     from comfyveil.comfy import workflow
@@ -327,12 +363,22 @@ async def test_result_buttons_fit_the_result(
         inverted = await stack.result(80)
         # No seed: another run would give the same image, so no re-roll.
         assert _buttons(inverted) == ["✏️ Edit this", "📄 As file"]
-        pressed = fake_telegram.user_presses(80, inverted.result["message_id"],
-                                             inverted.result["reply_markup"]
-                                             ["inline_keyboard"][0][0]["callback_data"])
-        answer = await fake_telegram.wait_for(lambda calls: next(
-            (c for c in calls if c.method == "answerCallbackQuery"
-             and c.params.get("callback_query_id") == pressed), None))
+        pressed = fake_telegram.user_presses(
+            80,
+            inverted.result["message_id"],
+            inverted.result["reply_markup"]["inline_keyboard"][0][0]["callback_data"],
+        )
+        answer = await fake_telegram.wait_for(
+            lambda calls: next(
+                (
+                    c
+                    for c in calls
+                    if c.method == "answerCallbackQuery"
+                    and c.params.get("callback_query_id") == pressed
+                ),
+                None,
+            )
+        )
         assert "/qwen" in answer.params["text"] and "/invert" not in answer.params["text"]
         stack.send(80, f"/f a fox --file {SMALL}")
         document = await stack.result(80, method="sendDocument")
@@ -346,9 +392,17 @@ async def test_result_buttons_fit_the_result(
 
 
 async def _answer(telegram: FakeTelegram, query_id: str) -> str:
-    call = await telegram.wait_for(lambda calls: next(
-        (c for c in calls if c.method == "answerCallbackQuery"
-         and c.params.get("callback_query_id") == query_id), None))
+    call = await telegram.wait_for(
+        lambda calls: next(
+            (
+                c
+                for c in calls
+                if c.method == "answerCallbackQuery"
+                and c.params.get("callback_query_id") == query_id
+            ),
+            None,
+        )
+    )
     return str(call.params.get("text"))
 
 
@@ -360,16 +414,18 @@ async def test_in_a_group_only_the_owner_of_a_settings_message_can_press_its_but
         shown = await fake_telegram.wait_for_call("sendMessage", chat_id=-900)
         keyboard = shown.result["reply_markup"]["inline_keyboard"]
         wide = next(b for row in keyboard for b in row if b["text"] == "16:9")
-        other = fake_telegram.user_presses(91, shown.result["message_id"],
-                                           wide["callback_data"], chat_id=-900)
+        other = fake_telegram.user_presses(
+            91, shown.result["message_id"], wide["callback_data"], chat_id=-900
+        )
         assert await _answer(fake_telegram, other) == (
             "These buttons are for the one who sent the command; send it yourself."
         )
         assert not fake_telegram.calls("editMessageText")
         intruder = await db.users.get(91)
         assert intruder is None or "ar" not in intruder.settings
-        mine = fake_telegram.user_presses(90, shown.result["message_id"],
-                                          wide["callback_data"], chat_id=-900)
+        mine = fake_telegram.user_presses(
+            90, shown.result["message_id"], wide["callback_data"], chat_id=-900
+        )
         assert await _answer(fake_telegram, mine) == "Saved."
         owner = await db.users.get(90)
         assert owner is not None and owner.settings["ar"] == "16:9"
@@ -393,14 +449,20 @@ async def test_sigterm_hands_running_jobs_back_fast_and_answers_commands_until_t
         f'data_dir = "{tmp_path}"\n'
         f'[database]\nurl = "{database_url}"\n'
         f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
-        'status_delay = 0\n'
-        f'[worker]\nstop_grace = 1.5\n'
+        "status_delay = 0\n"
+        f"[worker]\nstop_grace = 1.5\n"
         f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nvia = "direct"\n'
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+        sys.executable,
+        "-m",
+        "comfyveil",
+        "run",
+        "--config",
+        str(conf),
         env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
@@ -437,12 +499,10 @@ async def test_plurals_and_a_bad_job_id_read_right(
     fake_telegram: FakeTelegram, fake_comfy, db
 ) -> None:
     limits = config.LimitsConfig(daily_quota=1, max_queued=1)
-    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits,
-                           admins=(1,)) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits, admins=(1,)) as stack:
         stack.send(100, "/cancel #zzzz")
         assert await stack.reply_text(100) == (
-            "#zzzz is not a job id: write # and the id /status shows, such as "
-            "/cancel #3f2a9c1d."
+            "#zzzz is not a job id: write # and the id /status shows, such as /cancel #3f2a9c1d."
         )
         stack.send(100, "/cancel #3f2a9c1d")
         assert await stack.reply_text(100, count=2) == (
@@ -462,13 +522,15 @@ async def test_raw_comfyui_errors_reach_admins_only(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
-        fake_comfy.fail_next_execution("SaveImage", message="**** ERROR: disk quota exceeded",
-                                       exception_type="OSError")
+        fake_comfy.fail_next_execution(
+            "SaveImage", message="**** ERROR: disk quota exceeded", exception_type="OSError"
+        )
         stack.send(101, f"/f a fox {SMALL}")
         user_sees = await _said(fake_telegram, 101, "GPU", timeout=15)
         assert user_sees == "The workflow failed on the GPU; please try again later."
-        fake_comfy.fail_next_execution("SaveImage", message="**** ERROR: disk quota exceeded",
-                                       exception_type="OSError")
+        fake_comfy.fail_next_execution(
+            "SaveImage", message="**** ERROR: disk quota exceeded", exception_type="OSError"
+        )
         stack.send(1, f"/f a fox {SMALL}")
         admin_sees = await _said(fake_telegram, 1, "GPU", timeout=15)
         assert admin_sees.startswith("The workflow failed on the GPU; please try again later.")
@@ -511,8 +573,9 @@ async def test_files_keep_their_names_and_a_status_telegram_will_not_delete_says
         # Telegram refuses to delete the status message (429, again and again).
         fake_comfy.set_delay("ImageInvert", 2.5)
         for _ in range(4):  # PTB's rate limiter tries 3 more times
-            fake_telegram.fail_next("deleteMessage", 429, "Too Many Requests: retry after 1",
-                                    {"retry_after": 1})
+            fake_telegram.fail_next(
+                "deleteMessage", 429, "Too Many Requests: retry after 1", {"retry_after": 1}
+            )
         stack.send(103, photo=png(color=(10, 200, 10)), caption="/catinvert")  # not cached
         status = await fake_telegram.wait_for_call("sendMessage", chat_id=103, count=2)
         await stack.result(103)
@@ -544,8 +607,9 @@ async def test_under_telegrams_limits_results_go_first_and_status_edits_give_way
     await db.commands.seed()
     limiter = limits.ChatRateLimiter(overall=5)
     async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
-        bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2,
-                              rate_limiter=limiter)
+        bot = app.TelegramBot(
+            settings, db, pool=backends, status_interval=0.2, rate_limiter=limiter
+        )
         worker = Worker(db, backends, sinks=[bot.sink], options=WORKER)
         await bot.start()
         task = asyncio.create_task(worker.run())
@@ -566,3 +630,18 @@ async def test_under_telegrams_limits_results_go_first_and_status_edits_give_way
     refused = [c.method for c in fake_telegram.limited]
     assert not [m for m in refused if m.startswith("send")], refused  # no 429 on a message
     assert limiter.shed > 0  # status traffic gave way instead
+
+
+async def test_a_queued_jobs_eta_counts_what_the_running_job_still_needs(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.5)
+    async with running_bot(fake_telegram, db, [fake]) as stack:
+        stack.send(110, f"/f a fox --steps 6 {SMALL}")  # measured: about 3 s
+        await stack.result(110, timeout=20)
+        stack.send(111, f"/f a cat --steps 6 {SMALL}")  # runs for about 3 s ...
+        await _said(fake_telegram, 111, "Running on gpu0", timeout=10)
+        stack.send(112, f"/f a dog --steps 6 {SMALL}")  # ... ahead of this one
+        queued = await _said(fake_telegram, 112, "about", timeout=10)
+        eta = float(re.search(r"about ([\d.]+) s", queued)[1])  # type: ignore[index]
+        assert eta >= 4.0, queued  # its own 3 s and most of the running job's

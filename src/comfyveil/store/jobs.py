@@ -481,6 +481,12 @@ class JobStore:
             raise errors.JobNotFound()
         return Job.from_row(row)
 
+    async def running_remaining(self) -> float:
+        """Seconds the running jobs still need, by measured runs of their commands (on
+        their own backends where measured); what a queued job waits for beyond the queue."""
+        row = await self.db.one("running_remaining")
+        return float(row["seconds"]) if row is not None else 0.0
+
     async def with_status_message(self, limit: int = 10_000) -> list[Job]:
         """Jobs waiting or running that have a status message, oldest first."""
         rows = await self.db.all("jobs_with_status_message", limit=limit)

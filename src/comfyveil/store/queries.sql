@@ -306,6 +306,28 @@ SELECT EXISTS (SELECT 1 FROM me) AS queued,
        (SELECT sum(a.ahead * coalesce(m.seconds, (SELECT seconds FROM own)))::float8
         FROM ahead a LEFT JOIN means m ON m.command = a.command) AS waiting_seconds;
 
+-- running_remaining --
+-- Seconds the running jobs still need by their measured runs (the mean of the last 20 runs
+-- of the command on the job's own backend, else on any), for the ETA of those queued
+SELECT coalesce(sum(greatest(
+           coalesce(b.seconds, a.seconds, 0) - extract(epoch FROM now() - r.started_at), 0
+       )), 0)::float8 AS seconds
+FROM jobs r
+LEFT JOIN LATERAL (
+    SELECT avg(extract(epoch FROM x.finished_at - x.started_at))::float8 AS seconds
+    FROM (SELECT finished_at, started_at FROM jobs
+          WHERE status = 'succeeded' AND started_at IS NOT NULL AND command = r.command
+            AND backend = r.backend
+          ORDER BY finished_at DESC LIMIT 20) x
+) b ON true
+LEFT JOIN LATERAL (
+    SELECT avg(extract(epoch FROM x.finished_at - x.started_at))::float8 AS seconds
+    FROM (SELECT finished_at, started_at FROM jobs
+          WHERE status = 'succeeded' AND started_at IS NOT NULL AND command = r.command
+          ORDER BY finished_at DESC LIMIT 20) x
+) a ON true
+WHERE r.status = 'running' AND r.started_at IS NOT NULL;
+
 -- job_for_delivery --
 -- One job by id with its user's settings (NULL when the user has no row)
 SELECT j.*, u.settings AS user_settings

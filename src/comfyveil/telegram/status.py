@@ -255,9 +255,11 @@ class StatusTracker:
         if waiting and self.offline():
             return replies.esc(ALL_OFFLINE)
         if job.status is jobs.Status.QUEUED:
-            ahead, eta = await self.db.jobs.position_and_eta(
-                job.id, parallel=max(1, self.parallel())
-            )
+            parallel = max(1, self.parallel())
+            ahead, eta = await self.db.jobs.position_and_eta(job.id, parallel=parallel)
+            if eta is not None:
+                # the jobs running now are ahead of it too, for what they still need
+                eta += await self.db.jobs.running_remaining() / parallel
             view = render.JobView(
                 id=str(job.id), command=job.command, status="queued",
                 position=None if ahead is None else ahead + 1, eta_s=eta,
