@@ -24,7 +24,6 @@ import os
 # before telegram.ext is imported anywhere (our tests turn warnings into errors).
 os.environ.setdefault("PTB_TIMEDELTA", "true")
 
-import asyncio
 import contextlib
 import logging
 import time
