@@ -523,18 +523,18 @@ async def test_raw_comfyui_errors_reach_admins_only(
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
         fake_comfy.fail_next_execution(
-            "SaveImage", message="**** ERROR: disk quota exceeded", exception_type="OSError"
+            "KSampler", message="**** ERROR: disk quota exceeded", exception_type="OSError"
         )
         stack.send(101, f"/f a fox {SMALL}")
         user_sees = await _said(fake_telegram, 101, "GPU", timeout=15)
         assert user_sees == "The workflow failed on the GPU; please try again later."
         fake_comfy.fail_next_execution(
-            "SaveImage", message="**** ERROR: disk quota exceeded", exception_type="OSError"
+            "KSampler", message="**** ERROR: disk quota exceeded", exception_type="OSError"
         )
         stack.send(1, f"/f a fox {SMALL}")
         admin_sees = await _said(fake_telegram, 1, "GPU", timeout=15)
         assert admin_sees.startswith("The workflow failed on the GPU; please try again later.")
-        assert "disk quota exceeded" in admin_sees and "SaveImage" in admin_sees
+        assert "disk quota exceeded" in admin_sees and "KSampler" in admin_sees
 
 
 async def test_a_prompt_over_the_workflows_own_limit_is_told_that_limit(
