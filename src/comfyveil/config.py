@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from comfyveil import policy as policy_mod
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.errors import ConfigError
 
@@ -178,6 +179,7 @@ class Settings:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     workflow_dirs: tuple[Path, ...] = ()
     web: WebConfig = field(default_factory=WebConfig)
+    policy: policy_mod.PolicyConfig = field(default_factory=policy_mod.PolicyConfig)
 
     @property
     def database_dir(self) -> Path:
@@ -405,7 +407,8 @@ def from_mapping(
         raw,
         "top level",
         {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
-         "workflows", "web"},
+         "workflows", "web",
+         "policy"},
     )
     for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows"):
         if not isinstance(top.get(name, {}), dict):
@@ -516,6 +519,7 @@ def from_mapping(
         anyone=anyone,
         privacy=privacy,
         workflow_dirs=workflow_dirs,
+        policy=policy_mod.from_table(top.get("policy")),
     )
 
 

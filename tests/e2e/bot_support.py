@@ -12,7 +12,7 @@ from typing import Any
 
 from PIL import Image
 
-from comfyveil import config
+from comfyveil import config, policy
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.telegram import app
@@ -31,6 +31,7 @@ def settings_for(
     telegram: FakeTelegram, comfy: Sequence[FakeComfyUI], **telegram_options: Any
 ) -> config.Settings:
     limits = telegram_options.pop("limits", config.LimitsConfig())
+    content_policy = telegram_options.pop("policy", policy.PolicyConfig())
     tg = config.TelegramConfig(
         token=telegram.token, api_url=telegram.url, poll_timeout=1.0,
         # Most tests follow the status message from the start; the delay has its own.
@@ -40,7 +41,7 @@ def settings_for(
         config.BackendConfig(name=f"gpu{i}", url=fake.url, via="direct")
         for i, fake in enumerate(comfy)
     )
-    return config.Settings(telegram=tg, backends=backends, limits=limits)
+    return config.Settings(telegram=tg, backends=backends, limits=limits, policy=content_policy)
 
 
 @dataclasses.dataclass

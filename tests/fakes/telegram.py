@@ -332,15 +332,21 @@ class FakeTelegram:
         caption: str | None = None,
         first_name: str | None = None,
         username: str | None = None,
+        language_code: str | None = None,
     ) -> dict[str, Any]:
         """Queue a message from a user as an update; return the Message object.
+
+        ``language_code`` is the user's app language (IETF tag, "en" unless given); like
+        Telegram, the latest message carries the user's current one.
 
         Commands get a ``bot_command`` entity (also in captions), a photo is stored
         like Telegram does (several PhotoSizes, retrievable with getFile).
         """
         user = self._user(user_id, first_name, username)
+        if language_code is not None:
+            user["language_code"] = language_code
         chat = self._chat(chat_id if chat_id is not None else user_id, chat_type, user)
-        message = self._new_message(chat, user)
+        message = self._new_message(chat, dict(user))
         if photo is not None:
             message["photo"] = self._store_photo(photo, "photos")
         if document is not None:
@@ -1071,6 +1077,11 @@ class FakeTelegram:
         message[kind] = payload
         if kind == "animation":
             message["document"] = _animation_document(payload)
+        # sendPhoto, sendVideo and sendAnimation take has_spoiler; the Message then says
+        # has_media_spoiler. sendDocument has no such parameter (the real server ignores
+        # parameters a method does not have), so a document is never blurred.
+        if kind in ("photo", "video", "animation") and _bool(params, "has_spoiler"):
+            message["has_media_spoiler"] = True
         caption, entities = self._formatted(
             params, "caption", MAX_CAPTION_CHARS, "message caption is too long"
         )

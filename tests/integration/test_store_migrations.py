@@ -21,7 +21,7 @@ EXPECTED_TABLES = {
     "users", "commands", "jobs", "job_inputs", "job_outputs", "job_events", "deliveries",
     "chat_sessions", "queue_turns", "schema_migrations", "delivery_claims",
     "user_usage", "workflow_versions", "backend_traces",
-    "web_accounts", "web_invites", "web_sessions", "web_links",
+    "web_accounts", "web_invites", "web_sessions", "web_links", "policy_refusals",
 }
 
 

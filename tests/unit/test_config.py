@@ -115,6 +115,7 @@ def test_web_section_is_read_and_checked() -> None:
         config.from_mapping({"web": {"port": "x"}}, environ={})
     with pytest.raises(config.ConfigError, match="unknown key"):
         config.from_mapping({"web": {"colour": "red"}}, environ={})
+    assert settings.policy == defaults.policy
 
 
 def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from comfyveil import cli, config, sinks
+from comfyveil import policy as policy_mod
 from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
 from comfyveil.errors import ComfyveilError, UsageError
@@ -114,7 +115,8 @@ async def build_job(
     """Check everything a job needs and describe it; nothing is queued yet.
 
     Raises:
-        UsageError: unknown command, bad parameter, missing or unreadable image.
+        UsageError: unknown command, bad parameter, missing or unreadable image, a prompt
+            the content policy (``[policy]``) refuses.
     """
     wf = await find_command(db, name)
     values: dict[str, object] = dict(_run_args.parse_assignments(list(assignments)))
@@ -126,6 +128,11 @@ async def build_job(
     if len(image_paths) > len(names):
         allowed = "no image" if not names else f"{len(names)} image(s)"
         raise UsageError(f"/{wf.command} takes {allowed}, got {len(image_paths)}")
+    skip = {"negative", *names}
+    texts = [v for k, v in values.items() if k not in skip and isinstance(v, str)]
+    if policy_mod.Policy(settings.policy).refuses(wf.command, texts):
+        await db.refusals.count(wf.command)
+        raise policy_mod.PromptRefused()
     images = [await asyncio.to_thread(check_image, path, settings) for path in image_paths]
     for param, image in zip(names, images, strict=False):
         values[param] = image.filename

@@ -27,7 +27,7 @@ KINDS = ("image", "video")
 COMMAND_RE = re.compile(r"^[a-z0-9_]{1,32}$")  # Telegram's rule for bot commands
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
-_TOP_KEYS = frozenset({"command", "title", "description", "kind", "params"})
+_TOP_KEYS = frozenset({"command", "title", "description", "kind", "params", "spoiler"})
 _PARAM_KEYS = frozenset(
     {
         "node",
@@ -85,8 +85,10 @@ def loads(
     kind = _get(bindings, "kind", str, where) or "image"
     if kind not in KINDS:
         raise WorkflowError(f"{where}: kind must be one of {', '.join(KINDS)} (got {kind!r})")
-    title = _get(bindings, "title", str, where) or name
-    description = _get(bindings, "description", str, where) or ""
+    title, titles = _texts(bindings, "title", where)
+    title = title or name
+    description, descriptions = _texts(bindings, "description", where)
+    spoiler = bool(_get(bindings, "spoiler", bool, where))
     raw_params = _get(bindings, "params", dict, where) or {}
 
     params: dict[str, Param] = {}
@@ -114,6 +116,9 @@ def loads(
         graph=freeze(graph),
         params=MappingProxyType(params),
         source=source,
+        spoiler=spoiler,
+        titles=MappingProxyType(titles),
+        descriptions=MappingProxyType(descriptions),
         _lookup=MappingProxyType(lookup),
     )
 
@@ -222,6 +227,27 @@ def _check_graph_shape(raw: object, where: str) -> dict[str, Any]:
             raise WorkflowError(f"{where}: node {node_id} has inputs that are not an object")
         node.setdefault("inputs", {})
     return raw
+
+
+def _texts(bindings: Mapping[str, Any], key: str, where: str) -> tuple[str, dict[str, str]]:
+    """A text and its translations: ``title = "Flux"``, or a table of languages
+    (``title.default = "Flux"``, ``title.fa = "..."``; "en" is the default without
+    "default")."""
+    value = _get(bindings, key, (str, dict), where)
+    if value is None or isinstance(value, str):
+        return value or "", {}
+    texts: dict[str, str] = {}
+    for language, text in value.items():
+        code = r"default|[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*"
+        if not isinstance(text, str) or not re.fullmatch(code, language):
+            raise WorkflowError(
+                f"{where}: {key}.{language} must be a text under a language code such as fa"
+            )
+        texts[language.lower().replace("_", "-")] = text
+    default = texts.pop("default", None) or texts.get("en")
+    if default is None:
+        raise WorkflowError(f"{where}: {key} needs a default text ({key}.default or {key}.en)")
+    return default, texts
 
 
 def _get(

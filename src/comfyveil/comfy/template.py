@@ -40,6 +40,10 @@ class Workflow:
     graph: Mapping[str, Any]  # deeply read-only; apply() returns a fresh copy
     params: Mapping[str, Param]
     source: Path | None = None
+    spoiler: bool = False  # results go behind a spoiler (blurred until tapped)
+    # Translations of the title and description by language code ("fa", "zh-hans").
+    titles: Mapping[str, str] = field(default_factory=dict)
+    descriptions: Mapping[str, str] = field(default_factory=dict)
     _lookup: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __hash__(self) -> int:
@@ -56,8 +60,22 @@ class Workflow:
             "kind": self.kind,
             "params": {name: p.to_dict() for name, p in sorted(self.params.items())},
         }
+        # Only when set, so workflows without them keep the hash they always had.
+        if self.spoiler:
+            document["spoiler"] = True
+        if self.titles:
+            document["titles"] = dict(self.titles)
+        if self.descriptions:
+            document["descriptions"] = dict(self.descriptions)
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def title_in(self, language: str | None) -> str:
+        """The title in `language` ("fa", "pt-br" falls back to "pt"), else the default."""
+        return _translated(self.titles, language) or self.title
+
+    def description_in(self, language: str | None) -> str:
+        return _translated(self.descriptions, language) or self.description
 
     @property
     def image_params(self) -> list[str]:
@@ -213,3 +231,10 @@ def thaw(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [thaw(v) for v in value]
     return value
+
+
+def _translated(texts: Mapping[str, str], language: str | None) -> str | None:
+    if not language or not texts:
+        return None
+    code = language.lower().replace("_", "-")
+    return texts.get(code) or texts.get(code.split("-")[0])

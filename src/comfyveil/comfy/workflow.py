@@ -10,6 +10,7 @@ A workflow is two files side by side:
     title = "Flux Schnell"
     description = "Text to image in 4 steps"
     kind = "image"                 # image | video
+    spoiler = false                # true: results go behind a spoiler (blurred until tapped)
 
     [params.prompt]
     node = "41"                    # node id in NAME.json
@@ -48,6 +49,10 @@ Keys of a parameter:
   ``description`` (one line of help), ``aliases = ["n"]`` (other names for the option).
 - ``free_text = true`` marks the text parameter that receives the free text of a command
   (``/f a red fox``); without one, the text parameter named ``prompt`` does.
+
+The title and description may be tables of translations by language code, the default
+under ``default`` (or ``en``): ``title.default = "Flux Schnell"``, ``title.fa = "..."``;
+a user whose language has none reads the default.
 
 Conventional names, which the front end knows: ``prompt``, ``negative``, ``seed``, ``steps``,
 ``width``, ``height``, ``image``, and for video ``length`` (frames) and ``fps``.

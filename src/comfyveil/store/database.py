@@ -27,7 +27,17 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import config
-from comfyveil.store import commands, embedded, errors, jobs, sessions, sql, traces, users
+from comfyveil.store import (
+    commands,
+    embedded,
+    errors,
+    jobs,
+    refusals,
+    sessions,
+    sql,
+    traces,
+    users,
+)
 from comfyveil.store.connector import Session
 
 logger = logging.getLogger(__name__)
@@ -237,6 +247,7 @@ class Database:
         self.sessions = sessions.SessionStore(pool)
         self.commands = commands.CommandStore(pool)
         self.traces = traces.TraceStore(pool)
+        self.refusals = refusals.RefusalStore(pool)
 
     @staticmethod
     async def resolve_url(

@@ -684,3 +684,19 @@ LIMIT %(limit)s;
 -- disown_traces --
 -- A forgotten user's traces stay only as backend, prompt id and file name, for the sweep
 UPDATE backend_traces SET user_id = NULL WHERE user_id = %(user_id)s;
+
+-- count_refusal --
+-- Add one to today's (UTC) count of prompts the content policy refused for a command
+INSERT INTO policy_refusals (day, command, refused)
+VALUES ((now() AT TIME ZONE 'UTC')::date, %(command)s, 1)
+ON CONFLICT (day, command) DO UPDATE SET refused = policy_refusals.refused + 1;
+
+-- refusal_counts --
+-- Refusals per command: today (UTC), the last 7 days with today, and in all
+SELECT command,
+       sum(refused) FILTER (WHERE day = (now() AT TIME ZONE 'UTC')::date) AS today,
+       sum(refused) FILTER (WHERE day > (now() AT TIME ZONE 'UTC')::date - 7) AS week,
+       sum(refused) AS total
+FROM policy_refusals
+GROUP BY command
+ORDER BY total DESC, command;

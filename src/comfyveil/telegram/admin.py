@@ -1,4 +1,4 @@
-"""Admin commands: /users, /allow ID, /ban ID, /quota ID N, /backends, /workflows.
+"""Admin commands: /users, /allow ID, /ban ID, /quota ID N, /backends, /workflows, /policy.
 
 Admins are the ids in ``[telegram] admins`` and users with the ``admin`` role.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from telegram import Update
 
 from comfyveil import errors, i18n
-from comfyveil.telegram import access, availability, commands, replies
+from comfyveil.telegram import access, availability, commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
 USERS_SHOWN = 40
@@ -144,6 +144,17 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
     await replies.reply(update, "\n".join(lines))
 
 
+async def policy(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """/policy: the content policy in force and how many prompts it refused."""
+    services = context.services
+    entries = await services.commands.all()
+    spoilered = [e.name for e in entries if e.workflow.spoiler]
+    counts = await services.db.refusals.counts()
+    await replies.reply(update, policy_view.policy_text(
+        services.settings.policy, workflow_spoilers=spoilered, counts=counts,
+    ))
+
+
 COMMANDS: dict[str, commands.Handler] = {
     "users": users,
     "allow": allow,
@@ -151,4 +162,5 @@ COMMANDS: dict[str, commands.Handler] = {
     "quota": quota,
     "backends": backends,
     "workflows": workflows,
+    "policy": policy,
 }

@@ -42,6 +42,7 @@ from telegram.ext import (
 )
 
 from comfyveil import config, redaction
+from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.errors import ComfyveilError
 from comfyveil.store import database
@@ -194,6 +195,7 @@ class TelegramBot:
         self.services = Services(
             settings=settings, db=db, access=access.Access(settings, db.users),
             commands=registry.CommandRegistry(db.commands), tracker=self.tracker, pool=pool,
+            policy=policy_mod.Policy(settings.policy),
         )
         attach(self.application, self.services)
         self.sink = sink.TelegramSink(self.application.bot, self.services)

@@ -59,6 +59,7 @@ START_HELP = "/help lists every command and its options."
 ASPECTS = ("1:1", "16:9", "9:16", "4:3", "3:4")
 STEP_CHOICES = ("4", "8", "20", "30")
 HISTORY_LIMIT = 10
+SPOILER_KEY = "spoiler"  # the /settings key; sink.SPOILER_SETTING reads it
 FIND_LIMIT = 50  # recent jobs searched for a /cancel #id
 
 
@@ -162,6 +163,7 @@ async def run_workflow(
     await submit.check_allowed(services, who, entry)
     prefs = who.settings
     values, as_file = submit.build_values(entry, parsed, prefs)
+    await submit.check_policy(services, entry.name, submit.policy_texts(wf, values))
     validated = wf.validate(values)
     inputs = []
     if entry.takes_image:
@@ -304,6 +306,7 @@ def settings_text(prefs: Mapping[str, Any]) -> str:
         f"Steps: {replies.esc(str(prefs.get('steps') or 'workflow default'))}",
         f"Seed: {replies.esc(seed)}",
         f"Send results as files: {'on' if prefs.get('as_file') else 'off'}",
+        f"Results behind a spoiler: {'on' if prefs.get(SPOILER_KEY) else 'off'}",
     ]
     return "\n".join(lines)
 
@@ -322,6 +325,7 @@ def settings_keyboard(
     steps = str(prefs.get("steps") or "")
     fixed = prefs.get("seed_mode") == "fixed"
     as_file = bool(prefs.get("as_file"))
+    spoiler = bool(prefs.get(SPOILER_KEY))
     return InlineKeyboardMarkup([
         [button("auto", "ar", "", not ar)] + [button(a, "ar", a, ar == a) for a in ASPECTS],
         [button("auto steps", "steps", "", not steps)]
@@ -329,6 +333,8 @@ def settings_keyboard(
         [button("random seed", "seed", "random", not fixed),
          button("fixed seed", "seed", "fixed", fixed)],
         [button("photos", "file", "off", not as_file), button("files", "file", "on", as_file)],
+        [button("no spoiler", SPOILER_KEY, "off", not spoiler),
+         button("spoiler", SPOILER_KEY, "on", spoiler)],
     ])
 
 
@@ -351,6 +357,8 @@ def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dic
         return {"seed_mode": "fixed", "seed": seed}, []
     if key == "file" and value in ("on", "off"):
         return {"as_file": value == "on"}, []
+    if key == SPOILER_KEY and value in ("on", "off"):
+        return {SPOILER_KEY: value == "on"}, []
     raise errors.UsageError("That setting is not offered.")
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from telegram.ext import Application, CallbackContext, ExtBot
 
 from comfyveil import config
+from comfyveil import policy as policy_mod
 
 if TYPE_CHECKING:
     from comfyveil.comfy import pool as pool_mod
@@ -58,6 +59,9 @@ class Services:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
         return task
+    policy: policy_mod.Policy = field(default_factory=policy_mod.Policy)
+    # Jobs queued here whose user's /settings hide results behind a spoiler.
+    spoiler_jobs: set[uuid.UUID] = field(default_factory=set)
 
     def remember_delivery(
         self, job_id: uuid.UUID, user_id: int, *, as_file: bool,

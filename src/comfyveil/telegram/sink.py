@@ -42,6 +42,8 @@ MAX_PHOTO_BYTES = 10 * 1024 * 1024  # Telegram's limit for sendPhoto
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024  # Telegram's limit for bots' uploads (cloud API)
 PHOTO_MIMES = ("image/png", "image/jpeg", "image/webp")
 SEND_AS_FILE_SETTING = "as_file"
+SPOILER_SETTING = "spoiler"  # users.settings: the user's results behind a spoiler
+SPOILER_KINDS = ("photo", "video", "animation")  # what Telegram can blur (has_spoiler)
 DONE_MEMORY = 4096  # delivered jobs remembered, so a second delivery does nothing
 # Bad Request descriptions that mean the chat cannot get the result (it is gone, or the bot
 # may not write there); a Forbidden (blocked, kicked, deleted group) always means that.
@@ -120,8 +122,11 @@ def _kind(output: jobs.Output) -> str:
 async def send_output(
     bot: Bot, chat_id: int, job: jobs.Job, output: jobs.Output, *, as_file: bool,
     caption: str, reply_to: int | None = None, can_edit: bool = True,
+    spoiler: bool = False,
 ) -> Message:
-    """Send one output; a photo Telegram refuses (too large, odd shape) goes as a file."""
+    """Send one output; a photo Telegram refuses (too large, odd shape) goes as a file.
+    With `spoiler`, a photo, video or animation is blurred until tapped (a document
+    cannot be)."""
     if output.size > MAX_UPLOAD_BYTES:
         return await bot.send_message(
             chat_id, replies.esc(
@@ -143,9 +148,11 @@ async def send_output(
     if reply_to is not None:
         common["reply_parameters"] = _reply(reply_to)
     name = output.filename.rsplit("/", 1)[-1] or "result"
+    media = {"has_spoiler": True} if spoiler and kind in SPOILER_KINDS else {}
     if kind == "photo":
         try:
-            return await bot.send_photo(chat_id, InputFile(output.data, filename=name), **common)
+            return await bot.send_photo(chat_id, InputFile(output.data, filename=name), **common,
+                                        **media)
         except BadRequest as exc:
             if chat_gone(exc):
                 raise
@@ -153,10 +160,12 @@ async def send_output(
             common["reply_markup"] = buttons(True)
     if kind == "video":
         return await bot.send_video(
-            chat_id, InputFile(output.data, filename=name), supports_streaming=True, **common
+            chat_id, InputFile(output.data, filename=name), supports_streaming=True, **common,
+            **media,
         )
     if kind == "animation":
-        return await bot.send_animation(chat_id, InputFile(output.data, filename=name), **common)
+        return await bot.send_animation(chat_id, InputFile(output.data, filename=name), **common,
+                                        **media)
     return await bot.send_document(
         chat_id, InputFile(output.data, filename=name), disable_content_type_detection=True,
         **common,
@@ -219,6 +228,14 @@ class TelegramSink:
             while len(self._done) > DONE_MEMORY:
                 self._done.popitem(last=False)
 
+    async def _operator_spoiler(self, job: jobs.Job) -> bool:
+        """Whether the workflow or ``[policy]`` hides this job's results behind a spoiler."""
+        entry = await self.services.commands.get(job.command)
+        return self.services.policy.spoiler(
+            job.command, job.chat_id,
+            workflow_spoiler=entry is not None and entry.workflow.spoiler,
+        )
+
     async def _deliver(self, job: jobs.Job, outputs: Sequence[jobs.Output]) -> None:
         db = self.services.db
         tracker = self.services.tracker
@@ -235,8 +252,16 @@ class TelegramSink:
             as_file = job.id in self.services.file_jobs or bool(
                 user_settings.get(SEND_AS_FILE_SETTING)
             )
+            user_spoiler = bool(user_settings.get(SPOILER_SETTING))
         else:
             as_file = mode[1]
+            user_spoiler = job.id in self.services.spoiler_jobs
+        self.services.spoiler_jobs.discard(job.id)
+        operator_spoiler = await self._operator_spoiler(job)
+        if operator_spoiler:
+            # The operator's spoiler is for everyone in the chat: a file would not be blurred.
+            as_file = False
+        spoiler = operator_spoiler or user_spoiler
         reply_to, asked_by = self.services.origins.pop(
             job.id, (job.request_message_id, job.requested_by)
         )
@@ -254,7 +279,7 @@ class TelegramSink:
                     for output in outputs:
                         message = await chat.send(lambda to, output=output: send_output(
                             self.bot, to, job, output, as_file=as_file, caption=caption,
-                            reply_to=reply_to, can_edit=can_edit,
+                            reply_to=reply_to, can_edit=can_edit, spoiler=spoiler,
                         ))
                         sent.append(message.message_id)
             elif job.status_message_id is None:

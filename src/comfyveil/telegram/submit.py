@@ -17,11 +17,12 @@ from telegram import Bot, Message, User
 from telegram.error import BadRequest
 
 from comfyveil import errors, images
+from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
 from comfyveil.store import jobs
 from comfyveil.telegram import access, availability, parse, registry
 from comfyveil.telegram.context import Services
-from comfyveil.telegram.sink import SEND_AS_FILE_SETTING
+from comfyveil.telegram.sink import SEND_AS_FILE_SETTING, SPOILER_SETTING
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,27 @@ def build_values(
     for name in wf.image_params:
         values[name] = IMAGE_PLACEHOLDER
     return values, as_file
+
+
+def policy_texts(wf: workflow.Workflow, values: Mapping[str, object]) -> list[str]:
+    """What the content policy reads of a job's values: the texts the workflow draws from,
+    not the negative prompt (``--no gore`` asks for less) nor input image names."""
+    skip = {"negative", *wf.image_params}
+    return [v for k, v in values.items() if k not in skip and isinstance(v, str)]
+
+
+async def check_policy(services: Services, command: str, texts: Sequence[str]) -> None:
+    """Refuse a prompt the operator's ``[policy]`` does not accept, counting the refusal
+    (never its text).
+
+    Raises:
+        PromptRefused: one plain sentence; nothing is queued.
+    """
+    if services.policy.refuses(command, texts):
+        await services.db.refusals.count(command)
+        logger.info("a prompt was refused by the content policy",
+                    extra={"action": "prompt_refused", "command": command})
+        raise policy_mod.PromptRefused()
 
 
 # --- input images -----------------------------------------------------------------------
@@ -244,6 +266,8 @@ async def submit(
         return job
     if as_file:
         services.file_jobs.add(job.id)
+    if who.settings.get(SPOILER_SETTING):
+        services.spoiler_jobs.add(job.id)
     setting = bool(who.settings.get(SEND_AS_FILE_SETTING))
     services.remember_delivery(
         job.id, who.user_id, as_file=as_file if as_file is not None else setting,
@@ -290,6 +314,7 @@ async def rerun(
                 "again with the image."
             )
     values = {k: v for k, v in job.params.items() if k != "seed"}
+    await check_policy(services, entry.name, policy_texts(entry.workflow, values))
     validated = entry.workflow.validate(values)
     return await submit(
         services, bot, who=who, in_group=in_group, entry=entry, values=validated,
