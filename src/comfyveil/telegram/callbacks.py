@@ -15,7 +15,15 @@ from telegram.error import BadRequest
 
 from comfyveil import errors, i18n, retention
 from comfyveil.store import sessions
-from comfyveil.telegram import access, callbacks_data, commands, replies, sink, submit
+from comfyveil.telegram import (
+    access,
+    callbacks_data,
+    commands,
+    language,
+    replies,
+    sink,
+    submit,
+)
 from comfyveil.telegram.context import BotContext
 
 logger = logging.getLogger(__name__)
@@ -33,6 +41,7 @@ async def on_callback(update: Update, context: BotContext) -> None:
     query = update.callback_query
     if query is None:
         return
+    i18n.set_language(query.from_user.language_code)  # until we know the user's choice
     press = callbacks_data.parse(query.data)
     answer: str | None = None
     alert = False
@@ -43,6 +52,8 @@ async def on_callback(update: Update, context: BotContext) -> None:
             who = await context.services.access.require(
                 query.from_user.id, query.message.chat.id
             )
+            await language.note(context.services.db.users, query.from_user.id, who.settings,
+                                query.from_user.language_code)
             answer, alert = await _dispatch(update, context, who, press)
     except errors.ComfyveilError as exc:
         answer, alert = replies.user_message(exc), True
@@ -65,6 +76,7 @@ async def _dispatch(
         prefs = who.settings
         changes, remove = commands.settings_change(press.key, press.value, prefs)
         prefs = await services.db.users.update_settings(who.user_id, changes, remove)
+        i18n.set_language(language.of_settings(prefs))  # a new language answers at once
         try:
             await query.edit_message_text(
                 commands.settings_text(prefs), parse_mode=ParseMode.HTML,

@@ -22,12 +22,14 @@ from telegram import (
 )
 from telegram.error import BadRequest
 
-from comfyveil import errors
+from comfyveil import errors, i18n
+from comfyveil.i18n import N_, _
 from comfyveil.store import jobs
 from comfyveil.telegram import (
     access,
     availability,
     callbacks_data,
+    language,
     parse,
     registry,
     render,
@@ -41,14 +43,15 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[Update, BotContext, access.Who, str], Awaitable[None]]
 
+# Translated where the menu is published, once per language.
 BUILTIN_MENU: tuple[tuple[str, str], ...] = (
-    ("help", "What I can do"),
-    ("status", "Your jobs waiting or running"),
-    ("cancel", "Stop your job (or /cancel #id)"),
-    ("again", "Your last job again, new seed"),
-    ("settings", "Size, steps, seed, send as file"),
-    ("history", "Your last jobs"),
-    ("forget", "Delete all your data"),
+    ("help", N_("What I can do")),
+    ("status", N_("Your jobs waiting or running")),
+    ("cancel", N_("Stop your job (or /cancel #id)")),
+    ("again", N_("Your last job again, new seed")),
+    ("settings", N_("Size, steps, seed, file, spoiler, language")),
+    ("history", N_("Your last jobs")),
+    ("forget", N_("Delete all your data")),
 )
 # What users read, in one place (to be translated as a whole).
 START_HELLO = "Hi! I turn your words into images on our own GPUs."
@@ -60,6 +63,7 @@ ASPECTS = ("1:1", "16:9", "9:16", "4:3", "3:4")
 STEP_CHOICES = ("4", "8", "20", "30")
 HISTORY_LIMIT = 10
 SPOILER_KEY = "spoiler"  # the /settings key; sink.SPOILER_SETTING reads it
+LANGUAGES_PER_ROW = 4
 FIND_LIMIT = 50  # recent jobs searched for a /cancel #id
 
 
@@ -75,25 +79,35 @@ async def runnable_entries(services: Services) -> list[registry.Entry]:
 
 async def publish_menu(services: Services, bot: Any) -> tuple[str, ...]:
     """Register the commands some GPU can run now and the built-in ones with Telegram's
-    command menu; the workflow commands published (everyone's).
+    command menu, once per shipped language (``setMyCommands`` with ``language_code``);
+    the workflow commands published (everyone's).
 
     Everyone's menu (the default scope) lists the commands users may run; each admin's
     private chat gets its own scope with the admins-only commands too, so a command an
-    operator kept for admins is never offered to the others.
+    operator kept for admins is never offered to the others. Telegram prefers a chat's
+    own menu to any language's, so an admin's is in that admin's language.
     """
     entries = await runnable_entries(services)
 
-    def menu(admin: bool) -> list[BotCommand]:
+    def menu(admin: bool, code: str) -> list[BotCommand]:
         shown = [e for e in entries if admin or not e.admins_only]
-        listed = [BotCommand(e.name, (e.command.title or e.name)[:256]) for e in shown]
-        listed += [BotCommand(name, text) for name, text in BUILTIN_MENU]
+        with i18n.using(code):
+            listed = [BotCommand(e.name, (e.workflow.title_in(code) or e.name)[:256])
+                      for e in shown]
+            listed += [BotCommand(name, _(text)) for name, text in BUILTIN_MENU]
         return listed[:100]
 
-    await bot.set_my_commands(menu(admin=False))
+    for code in i18n.LANGUAGES:
+        # Users whose app language we have no catalog for get the default (English) menu.
+        await bot.set_my_commands(
+            menu(admin=False, code=code), language_code=None if code == i18n.DEFAULT else code
+        )
     admins = {*services.settings.telegram.admins, *await services.db.users.admin_ids()}
     for admin_id in sorted(admins):
+        spoken = language.of_settings(await services.db.users.settings(admin_id))
         try:
-            await bot.set_my_commands(menu(admin=True), scope=BotCommandScopeChat(admin_id))
+            await bot.set_my_commands(menu(admin=True, code=spoken),
+                                      scope=BotCommandScopeChat(admin_id))
         except BadRequest as exc:  # an admin who never opened a chat with the bot
             logger.info("no admin menu for one admin: %s", exc.message,
                         extra={"action": "admin_menu_skipped"})
@@ -307,8 +321,29 @@ def settings_text(prefs: Mapping[str, Any]) -> str:
         f"Seed: {replies.esc(seed)}",
         f"Send results as files: {'on' if prefs.get('as_file') else 'off'}",
         f"Results behind a spoiler: {'on' if prefs.get(SPOILER_KEY) else 'off'}",
+        f"Language: {_language_name(prefs)}",
     ]
     return "\n".join(lines)
+
+
+def _language_name(prefs: Mapping[str, Any]) -> str:
+    choice = prefs.get(language.CHOICE)
+    if isinstance(choice, str) and choice in i18n.NATIVE_NAMES:
+        return i18n.NATIVE_NAMES[choice]
+    return f"auto ({i18n.NATIVE_NAMES[language.of_settings(prefs)]})"
+
+
+def _language_rows(
+    prefs: Mapping[str, Any], button: Callable[[str, str, str, bool], InlineKeyboardButton]
+) -> list[list[InlineKeyboardButton]]:
+    """auto (the Telegram app's language), then each shipped language in its own name."""
+    choice = prefs.get(language.CHOICE) or ""
+    buttons = [button("auto", language.CHOICE, "", not choice)] + [
+        button(name, language.CHOICE, code, choice == code)
+        for code, name in i18n.NATIVE_NAMES.items()
+    ]
+    return [buttons[i : i + LANGUAGES_PER_ROW] for i in range(0, len(buttons),
+                                                              LANGUAGES_PER_ROW)]
 
 
 def settings_keyboard(
@@ -335,6 +370,7 @@ def settings_keyboard(
         [button("photos", "file", "off", not as_file), button("files", "file", "on", as_file)],
         [button("no spoiler", SPOILER_KEY, "off", not spoiler),
          button("spoiler", SPOILER_KEY, "on", spoiler)],
+        *_language_rows(prefs, button),
     ])
 
 
@@ -359,6 +395,8 @@ def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dic
         return {"as_file": value == "on"}, []
     if key == SPOILER_KEY and value in ("on", "off"):
         return {SPOILER_KEY: value == "on"}, []
+    if key == language.CHOICE and (value == "" or value in i18n.LANGUAGES):
+        return ({language.CHOICE: value}, []) if value else ({}, [language.CHOICE])
     raise errors.UsageError("That setting is not offered.")
 
 

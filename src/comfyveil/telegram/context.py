@@ -62,6 +62,8 @@ class Services:
     policy: policy_mod.Policy = field(default_factory=policy_mod.Policy)
     # Jobs queued here whose user's /settings hide results behind a spoiler.
     spoiler_jobs: set[uuid.UUID] = field(default_factory=set)
+    # The language each job queued here was asked in: its status and result speak it.
+    job_languages: dict[uuid.UUID, str] = field(default_factory=dict)
 
     def remember_delivery(
         self, job_id: uuid.UUID, user_id: int, *, as_file: bool,

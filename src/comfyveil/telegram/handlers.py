@@ -16,7 +16,8 @@ import logging
 from telegram import Update
 from telegram.error import TelegramError
 
-from comfyveil.telegram import admin, commands, parse, replies
+from comfyveil import i18n
+from comfyveil.telegram import admin, commands, language, parse, replies
 from comfyveil.telegram.context import BotContext, Services
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ async def on_message(update: Update, context: BotContext) -> None:
     if message is None or chat is None or user is None or user.is_bot:
         return
     services = context.services
+    i18n.set_language(user.language_code)  # until we know the user's own choice
     text = message.text or message.caption or ""
     in_group = chat.type != "private"
     split = parse.split_command(text, bot_username=services.bot_username, in_group=in_group)
@@ -79,6 +81,7 @@ async def on_message(update: Update, context: BotContext) -> None:
                 )
             return
     who = await services.access.require(user.id, chat.id)
+    await language.note(services.db.users, user.id, who.settings, user.language_code)
     if admin_handler is not None:
         services.access.require_admin(who)
         await admin_handler(update, context, who, text)

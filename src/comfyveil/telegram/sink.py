@@ -29,9 +29,17 @@ from telegram import (
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
-from comfyveil import sinks
+from comfyveil import i18n, sinks
 from comfyveil.store import jobs
-from comfyveil.telegram import availability, callbacks_data, registry, render, replies, status
+from comfyveil.telegram import (
+    availability,
+    callbacks_data,
+    language,
+    registry,
+    render,
+    replies,
+    status,
+)
 from comfyveil.telegram.context import Services
 from comfyveil.web import identity
 
@@ -253,10 +261,14 @@ class TelegramSink:
                 user_settings.get(SEND_AS_FILE_SETTING)
             )
             user_spoiler = bool(user_settings.get(SPOILER_SETTING))
+            spoken = language.of_settings(user_settings)
         else:
             as_file = mode[1]
             user_spoiler = job.id in self.services.spoiler_jobs
+            spoken = i18n.DEFAULT
         self.services.spoiler_jobs.discard(job.id)
+        # This delivery runs in its own task: the language set here is this job's alone.
+        i18n.set_language(self.services.job_languages.pop(job.id, None) or spoken)
         operator_spoiler = await self._operator_spoiler(job)
         if operator_spoiler:
             # The operator's spoiler is for everyone in the chat: a file would not be blurred.

@@ -16,12 +16,12 @@ from typing import Any
 from telegram import Bot, Message, User
 from telegram.error import BadRequest
 
-from comfyveil import errors, images
+from comfyveil import errors, i18n, images
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
 from comfyveil.store import jobs
 from comfyveil.telegram import access, availability, parse, registry
-from comfyveil.telegram.context import Services
+from comfyveil.telegram.context import DELIVERY_MODES_KEPT, Services
 from comfyveil.telegram.sink import SEND_AS_FILE_SETTING, SPOILER_SETTING
 
 logger = logging.getLogger(__name__)
@@ -268,6 +268,9 @@ async def submit(
         services.file_jobs.add(job.id)
     if who.settings.get(SPOILER_SETTING):
         services.spoiler_jobs.add(job.id)
+    services.job_languages[job.id] = i18n.current()
+    while len(services.job_languages) > DELIVERY_MODES_KEPT:  # never delivered: forget
+        services.job_languages.pop(next(iter(services.job_languages)))
     setting = bool(who.settings.get(SEND_AS_FILE_SETTING))
     services.remember_delivery(
         job.id, who.user_id, as_file=as_file if as_file is not None else setting,

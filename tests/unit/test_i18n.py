@@ -1,0 +1,127 @@
+"""The catalogs: complete, compilable, placeholders and markup kept; the language per task;
+plural forms; right-to-left isolates."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import string
+
+import pytest
+from babel.messages.plurals import get_plural
+
+from comfyveil import i18n
+from comfyveil.i18n import _, n_
+from comfyveil.locale import catalogs
+
+LANGUAGES = list(i18n.LANGUAGES)
+_TAG = re.compile(r"</?[a-z-]+>")
+
+
+@pytest.fixture(scope="module")
+def template():
+    return catalogs.extract()
+
+
+def _ids(catalog) -> set[str]:
+    return {m.id if isinstance(m.id, str) else m.id[0] for m in catalog if m.id}
+
+
+def _fields(text: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+
+
+def test_the_committed_template_is_what_the_code_marks(template) -> None:
+    committed = catalogs.read(catalogs.TEMPLATE)
+    assert _ids(committed) == _ids(template), "run: python -m comfyveil.locale.catalogs update"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_every_message_is_translated_in_every_catalog(language: str, template) -> None:
+    catalog = catalogs.read(catalogs.po_path(language), language)
+    assert _ids(template) <= _ids(catalog), "run: python -m comfyveil.locale.catalogs update"
+    assert catalogs.untranslated(language) == []
+    plural = get_plural(i18n.LANGUAGES[language])
+    assert catalog.num_plurals == plural.num_plurals
+    for message in catalog:
+        if message.id and isinstance(message.id, tuple):
+            assert len(message.string) == plural.num_plurals, message.id
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_placeholders_and_markup_match_between_id_and_translation(language: str) -> None:
+    catalog = catalogs.read(catalogs.po_path(language), language)
+    for message in catalog:
+        if not message.id:
+            continue
+        ids = message.id if isinstance(message.id, tuple) else (message.id,)
+        strings = message.string if isinstance(message.string, tuple) else (message.string,)
+        wanted = _fields(ids[0]) | _fields(ids[-1])
+        for text in strings:
+            # A language with one plural form may leave the number out of the words.
+            assert _fields(text) <= wanted and (_fields(text) >= _fields(ids[0]) or len(ids) > 1), (
+                language,
+                ids[0],
+                text,
+            )
+            assert sorted(_TAG.findall(text)) == sorted(_TAG.findall(ids[0])), (
+                language,
+                ids[0],
+                text,
+            )
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_every_catalog_compiles(language: str) -> None:
+    i18n.translations.cache_clear()
+    compiled = i18n.translations(language)
+    assert compiled.info()["language"].lower().startswith(language)
+    with i18n.using(language):
+        assert _("What I can do")
+
+
+def test_languages_resolve_from_telegram_codes_with_english_as_fallback() -> None:
+    assert [i18n.resolve(c) for c in ("ru", "fa-IR", "zh-hans", "pt-br", None, "")] == [
+        "ru",
+        "fa",
+        "zh",
+        "en",
+        "en",
+        "en",
+    ]
+    with i18n.using("de"):
+        assert _("What I can do") == "What I can do"
+    with i18n.using("ru"):
+        assert _("a text no catalog has") == "a text no catalog has"
+
+
+def test_plural_forms_follow_each_language() -> None:
+    with i18n.using("en"):
+        assert [n_("{n} job", "{n} jobs", n) for n in (1, 2)] == ["{n} job", "{n} jobs"]
+    # Russian has three forms, chosen by the last digits: 1, 2-4, 5-20 (and 11-14).
+    ru = i18n.translations("ru")
+    forms = {n: ru.plural(n) for n in (1, 2, 5, 11, 21, 22, 25)}  # type: ignore[attr-defined]
+    assert forms == {1: 0, 2: 1, 5: 2, 11: 2, 21: 0, 22: 1, 25: 2}
+    # Arabic has six; in Babel's formula form 4 is 100-102 (n % 100 <= 2), form 5 is 11-99.
+    ar = i18n.translations("ar")
+    assert [ar.plural(n) for n in (0, 1, 2, 3, 11, 100)] == [0, 1, 2, 3, 5, 4]  # type: ignore[attr-defined]
+
+
+async def test_each_task_keeps_its_own_language() -> None:
+    async def speak(code: str) -> str:
+        i18n.set_language(code)
+        await asyncio.sleep(0)
+        return _("What I can do")
+
+    texts = await asyncio.gather(speak("ru"), speak("zh"), speak("en"))
+    assert texts == ["Что я умею", "我能做什么", "What I can do"]
+    assert i18n.current() == "en"
+
+
+def test_ltr_isolates_only_in_right_to_left_languages() -> None:
+    with i18n.using("fa"):
+        assert i18n.ltr("--ar 16:9") == "\u2066--ar 16:9\u2069"
+        assert i18n.direction() == "rtl"
+    with i18n.using("ru"):
+        assert i18n.ltr("--ar 16:9") == "--ar 16:9"
+        assert i18n.direction() == "ltr"
