@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import gettext
+import gettext as gettext_module
 import io
 from collections.abc import Iterator
 from importlib import resources
@@ -104,20 +104,20 @@ def catalog_path(language: str) -> Traversable:
 
 
 @functools.cache
-def translations(language: str) -> gettext.NullTranslations:
+def translations(language: str) -> gettext_module.NullTranslations:
     """The compiled catalog of `language` (English ids as the fallback)."""
     if language not in LANGUAGES:
-        return gettext.NullTranslations()
+        return gettext_module.NullTranslations()
     path = catalog_path(language)
     if not path.is_file():
-        return gettext.NullTranslations()
+        return gettext_module.NullTranslations()
     with path.open("rb") as handle:
         catalog = pofile.read_po(handle, locale=LANGUAGES[language], domain=DOMAIN)
     binary = io.BytesIO()
     mofile.write_mo(binary, catalog)  # fuzzy (unreviewed) entries are left out
     binary.seek(0)
-    compiled = gettext.GNUTranslations(binary)
-    compiled.add_fallback(gettext.NullTranslations())
+    compiled = gettext_module.GNUTranslations(binary)
+    compiled.add_fallback(gettext_module.NullTranslations())
     return compiled
 
 
@@ -130,6 +130,11 @@ def n_(singular: str, plural: str, n: int) -> str:
     """The form of `singular`/`plural` for the number `n` in the current language (Russian
     has three forms, Arabic six, Chinese one)."""
     return translations(_current.get()).ngettext(singular, plural, n)
+
+
+# The standard library's names, for code that reads better with them.
+gettext = _
+ngettext = n_
 
 
 def N_(message: str) -> str:

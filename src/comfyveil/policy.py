@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from comfyveil import errors, textfold
+from comfyveil.i18n import N_
 
 MAX_TERMS = 10_000
 MAX_PATTERN_CHARS = 1000
@@ -43,6 +44,10 @@ _UNSPACED = re.compile(
 
 class PromptRefused(errors.UsageError):
     """This bot does not accept that prompt; nothing was queued."""
+
+
+# The refusal's sentence, for the catalogs (the chat translates it where it is shown).
+REFUSAL = N_("This bot does not accept that prompt; nothing was queued.")
 
 
 @dataclass(frozen=True)

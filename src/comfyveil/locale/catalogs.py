@@ -24,7 +24,7 @@ from comfyveil import i18n
 PACKAGE = Path(__file__).resolve().parents[1]
 LOCALE = Path(__file__).resolve().parent
 TEMPLATE = LOCALE / f"{i18n.DOMAIN}.pot"
-KEYWORDS = {"_": None, "n_": (1, 2), "N_": None}
+KEYWORDS = {"_": None, "n_": (1, 2), "N_": None, "gettext": None, "ngettext": (1, 2)}
 COMMENT_TAGS = ("TRANSLATORS:",)
 
 

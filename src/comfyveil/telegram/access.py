@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfyveil import config, errors
+from comfyveil.i18n import _, ltr
 from comfyveil.store import users
 
 ALLOWED_KEY = "allowed"  # users.settings flag written by /allow
@@ -84,16 +85,17 @@ class Access:
         """
         who = await self.identify(user_id, chat_id)
         if who.role == "banned" and not who.is_admin:
-            raise NotAllowed("You are not allowed to use this bot.")
+            raise NotAllowed(_("You are not allowed to use this bot."))
         if not who.allowed:
             raise NotAllowed(
-                f"This bot is private. Ask its operator to allow your id {user_id}."
+                _("This bot is private. Ask its operator to allow your id {id}.").format(
+                    id=ltr(user_id))
             )
         return who
 
     def require_admin(self, who: Who) -> None:
         if not who.is_admin:
-            raise NotAllowed("Only the bot's admins can do that.")
+            raise NotAllowed(_("Only the bot's admins can do that."))
 
     def limits(self, who: Who) -> dict[str, Any]:
         """The enqueue limits of this user as keywords of `JobStore.enqueue` and
@@ -113,6 +115,6 @@ class Access:
 
     async def ban(self, user_id: int) -> None:
         if user_id in self.settings.telegram.admins:
-            raise errors.UsageError("An admin named in the configuration cannot be banned.")
+            raise errors.UsageError(_("An admin named in the configuration cannot be banned."))
         await self.users.set_role(user_id, "banned")
         await self.users.update_settings(user_id, {}, remove=[ALLOWED_KEY])

@@ -33,13 +33,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from comfyveil import errors
+from comfyveil.i18n import N_, _, ltr
 
 NEGATIVE_OPTION = "no"
 ASPECT_OPTION = "ar"
 FILE_OPTION = "file"
 FRONT_END_OPTIONS: Mapping[str, str] = {
-    ASPECT_OPTION: "aspect ratio, e.g. 16:9",
-    FILE_OPTION: "send the result as a file, without recompression",
+    ASPECT_OPTION: N_("aspect ratio, e.g. 16:9"),
+    FILE_OPTION: N_("send the result as a file, without recompression"),
 }
 FLAG_VALUES = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes",
                "no": "no", "false": "no", "off": "no", "0": "no"}  # fmt: skip
@@ -139,13 +140,15 @@ def parse(
         words.append(rest[position : match.start()])
         name = _canonical(match.group(1), allowed, command)
         if name in options or (name == NEGATIVE_OPTION and negative is not None):
-            raise ParseError(f"The option --{name} is given twice.")
+            raise ParseError(_("The option {option} is given twice.").format(
+                option=ltr(f"--{name}")))
         end = matches[index + 1].start() if index + 1 < len(matches) else len(rest)
         value_text = rest[match.end() : end]
         if name == NEGATIVE_OPTION:
             negative = _unquote_all(value_text.lstrip("=").strip())
             if not negative:
-                raise ParseError("Write the negative prompt after --no, e.g. --no blurry, text.")
+                raise ParseError(_("Write the negative prompt after {no}, e.g. {example}.").format(
+                    no=ltr("--no"), example=ltr(_("--no blurry, text"))))
             position = end
             continue
         value, consumed = _take_value(value_text, name)
@@ -153,19 +156,24 @@ def parse(
         position = match.end() + consumed
     words.append(rest[position:])
     prompt = " ".join(" ".join(words).split())
-    first, _, remainder = prompt.partition(" ")
+    first, _space, remainder = prompt.partition(" ")
     if (job := _JOB_REF.fullmatch(first)) is not None:
         target_job = (job.group(1) or job.group(2)).lower()
         prompt = remainder
     if ASPECT_OPTION in options:
         parse_aspect(options[ASPECT_OPTION])
-    for label, value in (("prompt", prompt), ("negative prompt", negative or "")):
+    too_long = (
+        (prompt, N_("The prompt is {length} characters long; the limit is {limit}.")),
+        (negative or "", N_("The negative prompt is {length} characters long; the limit is "
+                            "{limit}.")),
+    )
+    for value, message in too_long:
         if len(value) > max_prompt_chars:
-            raise ParseError(
-                f"The {label} is {len(value)} characters long; the limit is {max_prompt_chars}."
-            )
+            raise ParseError(_(message).format(length=ltr(len(value)),
+                                               limit=ltr(max_prompt_chars)))
     if require_prompt and not prompt:
-        raise ParseError(f"Write a prompt after /{command}, for example: /{command} a red fox.")
+        raise ParseError(_("Write a prompt after {command}, for example: {example}.").format(
+            command=ltr(f"/{command}"), example=ltr(f"/{command}") + " " + _("a red fox")))
     return ParsedCommand(command, prompt, negative, options, target_job)
 
 
@@ -187,11 +195,18 @@ def _canonical(spelled: str, allowed: dict[str, str], command: str) -> str:
     if name is not None:
         return name
     if _key(spelled) == NEGATIVE_OPTION:
-        raise ParseError(f"/{command} has no negative prompt, so --no cannot be used.")
-    listed = ", ".join(f"--{n}" for n in sorted(allowed.values()))
+        raise ParseError(_("{command} has no negative prompt, so {no} cannot be used.").format(
+            command=ltr(f"/{command}"), no=ltr("--no")))
+    listed = ", ".join(ltr(f"--{n}") for n in sorted(allowed.values()))
     close = difflib.get_close_matches(_key(spelled), list(allowed), n=1)
-    hint = f" Did you mean --{allowed[close[0]]}?" if close else ""
-    raise ParseError(f"/{command} has no option --{spelled}.{hint} Allowed: {listed}.")
+    if close:
+        raise ParseError(_("{command} has no option {option}. Did you mean {close}? Allowed: "
+                           "{allowed}.").format(command=ltr(f"/{command}"),
+                                                option=ltr(f"--{spelled}"),
+                                                close=ltr(f"--{allowed[close[0]]}"),
+                                                allowed=listed))
+    raise ParseError(_("{command} has no option {option}. Allowed: {allowed}.").format(
+        command=ltr(f"/{command}"), option=ltr(f"--{spelled}"), allowed=listed))
 
 
 def _take_value(text: str, name: str) -> tuple[str, int]:
@@ -205,14 +220,16 @@ def _take_value(text: str, name: str) -> tuple[str, int]:
         closing = _QUOTES[stripped[0]]
         end = stripped.find(closing, 1)
         if end < 0:
-            raise ParseError(f"The quote after --{name} is never closed.")
+            raise ParseError(_("The quote after {option} is never closed.").format(
+                option=ltr(f"--{name}")))
         return stripped[1:end], skipped + end + 1
     word = stripped.split(maxsplit=1)[0] if stripped.strip() else ""
     if name == FILE_OPTION:
         flag = FLAG_VALUES.get(word.lower())
         return (flag, skipped + len(word)) if flag else ("yes", 0)
     if not word:
-        raise ParseError(f"The option --{name} needs a value, e.g. --{name} 4.")
+        raise ParseError(_("The option {option} needs a value, e.g. {example}.").format(
+            option=ltr(f"--{name}"), example=ltr(f"--{name} 4")))
     return word, skipped + len(word)
 
 
@@ -230,14 +247,17 @@ def parse_aspect(ar: str) -> tuple[float, float]:
     """
     match = _ASPECT.match(ar)
     if match is None:
-        raise ParseError(f"The aspect ratio {ar[:20]!r} is not valid; write it like 16:9.")
+        raise ParseError(_("The aspect ratio {ratio} is not valid; write it like {example}.")
+                         .format(ratio=ltr(repr(ar[:20])), example=ltr("16:9")))
     width, height = float(match.group(1)), float(match.group(2))
     if width <= 0 or height <= 0:
-        raise ParseError("An aspect ratio needs two numbers above zero, like 16:9.")
+        raise ParseError(_("An aspect ratio needs two numbers above zero, like {example}.")
+                         .format(example=ltr("16:9")))
     if max(width / height, height / width) > MAX_ASPECT:
         raise ParseError(
-            f"The aspect ratio {match.group(1)}:{match.group(2)} is too extreme; "
-            "use one between 1:4 and 4:1."
+            _("The aspect ratio {ratio} is too extreme; use one between {low} and {high}.")
+            .format(ratio=ltr(f"{match.group(1)}:{match.group(2)}"), low=ltr("1:4"),
+                    high=ltr("4:1"))
         )
     return width, height
 

@@ -7,6 +7,7 @@ import html
 from collections.abc import Sequence
 
 from comfyveil import policy
+from comfyveil.i18n import _, ltr, n_
 from comfyveil.store import refusals
 
 MAX_MESSAGE_CHARS = 4096
@@ -19,14 +20,17 @@ def _esc(text: str) -> str:
 
 def _listed(label: str, items: Sequence[str]) -> str:
     if not items:
-        return f"{label}: none"
-    shown = ", ".join(f"<code>{_esc(item[:80])}</code>" for item in items[:SHOWN_PER_LIST])
+        return _("{label}: none").format(label=label)
+    shown = ", ".join(ltr(f"<code>{_esc(item[:80])}</code>") for item in items[:SHOWN_PER_LIST])
+    text = f"{label} ({ltr(len(items))}): {shown}"
     more = len(items) - SHOWN_PER_LIST
-    return f"{label} ({len(items)}): {shown}" + (f" … and {more} more" if more > 0 else "")
+    if more > 0:
+        text += " " + n_("… and {n} more", "… and {n} more", more).format(n=ltr(more))
+    return text
 
 
 def _rules(rules: policy.Rules) -> list[str]:
-    return [_listed("Terms", rules.terms), _listed("Patterns", rules.patterns)]
+    return [_listed(_("Terms"), rules.terms), _listed(_("Patterns"), rules.patterns)]
 
 
 def policy_text(
@@ -36,28 +40,36 @@ def policy_text(
     counts: Sequence[refusals.RefusalCount] = (),
 ) -> str:
     """Rules for all commands, per command, spoilers, and refusals counted (not prompts)."""
-    lines = ["<b>Content policy</b>", "<b>Every command</b>", *_rules(cfg.common)]
+    lines = [_("<b>Content policy</b>"), _("<b>Every command</b>"), *_rules(cfg.common)]
     for name, rules in sorted(cfg.commands.items()):
-        lines.append(f"<b>/{_esc(name)}</b> (besides the above)")
+        lines.append(
+            _("<b>{command}</b> (besides the above)").format(command=ltr(f"/{_esc(name)}"))
+        )
         lines.extend(_rules(rules))
     spoilers: list[str] = []
     if cfg.common.spoiler:
-        spoilers.append("every result")
-    spoilers += [f"/{_esc(n)}" for n, r in sorted(cfg.commands.items()) if r.spoiler]
-    spoilers += [f"/{_esc(n)} (its workflow)" for n in workflow_spoilers]
-    spoilers += [f"chat <code>{c}</code>" for c in cfg.spoiler_chats]
+        spoilers.append(_("every result"))
+    spoilers += [ltr(f"/{_esc(n)}") for n, r in sorted(cfg.commands.items()) if r.spoiler]
+    spoilers += [
+        _("{command} (its workflow)").format(command=ltr(f"/{_esc(n)}")) for n in workflow_spoilers
+    ]
+    spoilers += [_("chat {id}").format(id=ltr(f"<code>{c}</code>")) for c in cfg.spoiler_chats]
     lines.append(
-        "<b>Spoilers</b>: "
-        + (", ".join(spoilers) if spoilers else "none")
-        + "; users may also choose them in /settings."
+        _("<b>Spoilers</b>: {where}; users may also choose them in /settings.").format(
+            where=", ".join(spoilers) if spoilers else _("none")
+        )
     )
-    lines.append("<b>Refused prompts</b> (counts only; prompts are not kept)")
+    lines.append(_("<b>Refused prompts</b> (counts only; prompts are not kept)"))
     if not counts:
-        lines.append("None so far.")
+        lines.append(_("None so far."))
     for count in counts:
         lines.append(
-            f"/{_esc(count.command)}: {count.today} today · {count.week} in 7 days"
-            f" · {count.total} in all"
+            _("{command}: {today} today · {week} in 7 days · {total} in all").format(
+                command=ltr(f"/{_esc(count.command)}"),
+                today=ltr(count.today),
+                week=ltr(count.week),
+                total=ltr(count.total),
+            )
         )
     text = "\n".join(lines)
     if len(text) > MAX_MESSAGE_CHARS:

@@ -13,13 +13,15 @@ from telegram.constants import ParseMode
 from telegram.error import TelegramError
 
 from comfyveil import errors
+from comfyveil.i18n import N_, _
 from comfyveil.store import errors as store_errors
 from comfyveil.telegram import render
 
 logger = logging.getLogger(__name__)
 
-DATABASE_DOWN = "The bot's database is not answering right now; try again in a minute."
-INTERNAL = "Something went wrong on our side; please try again."
+# Translated where they are sent, in the reader's language.
+DATABASE_DOWN = N_("The bot's database is not answering right now; try again in a minute.")
+INTERNAL = N_("Something went wrong on our side; please try again.")
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -28,7 +30,7 @@ def sentence(text: str | None) -> str:
     """One plain sentence: capitalised, ending with a full stop, no traceback."""
     plain = render.plain_error(text)
     if not plain:
-        return INTERNAL
+        return _(INTERNAL)
     plain = plain[0].upper() + plain[1:]
     return plain if plain.endswith((".", "!", "?", "…")) else plain + "."
 
@@ -40,8 +42,10 @@ def esc(text: str) -> str:
 def user_message(exc: errors.ComfyveilError) -> str:
     """What to tell a chat user about an error of ours."""
     if isinstance(exc, store_errors.DatabaseUnreachable):
-        return DATABASE_DOWN
-    return sentence(str(exc))
+        return _(DATABASE_DOWN)
+    # A message raised in English (a class's docstring) is translated here when the
+    # catalog has it; one raised already translated is not in the catalog and stays.
+    return sentence(_(str(exc)))
 
 
 async def reply(update: Update, text: str, **kwargs: Any) -> Message | None:
