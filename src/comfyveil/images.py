@@ -14,22 +14,23 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from comfyveil import errors, metadata
+from comfyveil.i18n import N_, _, ltr
 
 ACCEPTED_FORMATS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
-ASK = "Send a JPEG, PNG or WebP photo."
+ASK = N_("Send a JPEG, PNG or WebP photo.")  # translated where it is said
 _ORIENTATION = 0x0112  # the EXIF tag a phone sets instead of rotating the pixels
 _JPEG_QUALITY = 95  # re-encoding a rotated JPEG: as close to the original as it gets
 
 # Signatures of files people send by mistake, so the answer can name what they sent.
 _SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
-    (0, b"%PDF", "a PDF"),
-    (0, b"PK\x03\x04", "a ZIP archive"),
-    (0, b"\x1aE\xdf\xa3", "a video"),
-    (4, b"ftyp", "a video"),
-    (0, b"ID3", "an audio file"),
-    (0, b"OggS", "an audio or video file"),
-    (0, b"\x7fELF", "a program"),
-    (0, b"MZ", "a program"),
+    (0, b"%PDF", N_("looks like a PDF")),
+    (0, b"PK\x03\x04", N_("looks like a ZIP archive")),
+    (0, b"\x1aE\xdf\xa3", N_("looks like a video")),
+    (4, b"ftyp", N_("looks like a video")),
+    (0, b"ID3", N_("looks like an audio file")),
+    (0, b"OggS", N_("looks like an audio or video file")),
+    (0, b"\x7fELF", N_("looks like a program")),
+    (0, b"MZ", N_("looks like a program")),
 )
 # Images Pillow cannot read here (phones send these): name the format, don't call it "not an image".
 _UNSUPPORTED_IMAGES: tuple[tuple[bytes, str], ...] = (
@@ -72,11 +73,10 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
             like), an unsupported format, damaged or incomplete, too many bytes or pixels.
     """
     if not data:
-        raise ImageRejected(f"That file is empty. {ASK}")
+        raise ImageRejected(_("That file is empty.") + " " + _(ASK))
     if len(data) > max_bytes:
-        raise ImageRejected(
-            f"That file is {_megabytes(len(data))}; the limit is {_megabytes(max_bytes)}."
-        )
+        raise ImageRejected(_("That file is {size}; the limit is {limit}.").format(
+            size=_megabytes(len(data)), limit=_megabytes(max_bytes)))
     try:
         with warnings.catch_warnings():
             # Pillow warns past MAX_IMAGE_PIXELS; our own limit below decides instead.
@@ -84,34 +84,34 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
         found = _BOMB_PIXELS.search(str(exc))
-        size = _megapixels(int(found.group(1))) if found else "too large to open"
-        raise ImageRejected(
-            f"That image is {size}; the limit is {_megapixels(max_pixels)}."
-        ) from exc
+        size = _megapixels(int(found.group(1))) if found else _("too large to open")
+        raise ImageRejected(_("That image is {size}; the limit is {limit}.").format(
+            size=size, limit=_megapixels(max_pixels))) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         for signature, kind in _UNSUPPORTED_IMAGES:
             if data[4 : 4 + len(signature)] == signature:
                 raise ImageRejected(
-                    f"That photo is in {kind} format, which is not supported. {ASK}"
+                    _("That photo is in {kind} format, which is not supported.").format(
+                        kind=ltr(kind)) + " " + _(ASK)
                 ) from exc
-        raise ImageRejected(f"That file is not an image ({_looks_like(data)}). {ASK}") from exc
+        raise ImageRejected(_("That file is not an image ({looks}).").format(
+            looks=_looks_like(data)) + " " + _(ASK)) from exc
     with image:
         width, height = image.size
         if image.format not in ACCEPTED_FORMATS:
             kind = image.format or "unknown"
-            raise ImageRejected(f"That image is a {kind} file. {ASK}")
+            raise ImageRejected(_("That image is a {kind} file.").format(kind=ltr(kind)) + " "
+                                + _(ASK))
         if width * height > max_pixels:
-            raise ImageRejected(
-                f"That image is {_megapixels(width * height)}; "
-                f"the limit is {_megapixels(max_pixels)}."
-            )
+            raise ImageRejected(_("That image is {size}; the limit is {limit}.").format(
+                size=_megapixels(width * height), limit=_megapixels(max_pixels)))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 image.load()
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise ImageRejected(
-                f"That image is damaged or incomplete; send it again. {ASK}"
+                _("That image is damaged or incomplete; send it again.") + " " + _(ASK)
             ) from exc
         fmt = image.format
         cleaned, width, height = _without_metadata(image, data, fmt)
@@ -139,7 +139,7 @@ def _without_metadata(image: Image.Image, data: bytes, fmt: str) -> tuple[bytes,
 def _looks_like(data: bytes) -> str:
     for offset, signature, name in _SIGNATURES:
         if data[offset : offset + len(signature)] == signature:
-            return f"looks like {name}"
+            return _(name)
     head = data[:2048]
     if b"\x00" not in head:
         try:
@@ -147,16 +147,16 @@ def _looks_like(data: bytes) -> str:
         except UnicodeDecodeError as exc:
             # A multi-byte character cut at the end of the sample is still text.
             if exc.start < len(head) - 3:
-                return "its format is unknown"
-        return "looks like text"
-    return "its format is unknown"
+                return _("its format is unknown")
+        return _("looks like text")
+    return _("its format is unknown")
 
 
 def _megapixels(pixels: int) -> str:
     mp = pixels / 1_000_000
-    return f"{mp:.0f} MP" if mp >= 10 else f"{mp:.1f} MP"
+    return ltr(_("{n} MP").format(n=f"{mp:.0f}" if mp >= 10 else f"{mp:.1f}"))
 
 
 def _megabytes(size: int) -> str:
     mb = size / (1024 * 1024)
-    return f"{mb:.0f} MB" if mb >= 10 else f"{mb:.1f} MB"
+    return ltr(_("{n} MB").format(n=f"{mb:.0f}" if mb >= 10 else f"{mb:.1f}"))
