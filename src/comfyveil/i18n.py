@@ -152,6 +152,11 @@ def ltr(text: object) -> str:
     return value
 
 
+def full_stop() -> str:
+    """The full stop that ends a sentence in the current language (Chinese: 。)."""
+    return "。" if _current.get() == "zh" else "."
+
+
 def direction(language: str | None = None) -> str:
     """``rtl`` or ``ltr`` for `language` (default: the current one)."""
     lang = language or _current.get()

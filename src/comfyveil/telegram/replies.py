@@ -12,7 +12,7 @@ from telegram import Message, ReplyParameters, Update
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
 
-from comfyveil import errors
+from comfyveil import errors, i18n
 from comfyveil.i18n import N_, _
 from comfyveil.store import errors as store_errors
 from comfyveil.telegram import render
@@ -32,7 +32,9 @@ def sentence(text: str | None) -> str:
     if not plain:
         return _(INTERNAL)
     plain = plain[0].upper() + plain[1:]
-    return plain if plain.endswith((".", "!", "?", "…")) else plain + "."
+    if plain.endswith((".", "!", "?", "…", "。", "！", "？", "؟")):
+        return plain
+    return plain + i18n.full_stop()
 
 
 def esc(text: str) -> str:
