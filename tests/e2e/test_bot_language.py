@@ -35,6 +35,9 @@ async def test_the_menu_is_published_in_every_shipped_language(
             assert menu["help"] == help_text, language
             assert set(menu) == set(default)
         assert set(expected) | {"en"} == set(i18n.LANGUAGES)
+        # Shipped workflows' titles come from the catalogs; product names stay.
+        assert _menu(fake_telegram, "ru")["wan"] == "Wan 2.2 14B: текст в видео"
+        assert _menu(fake_telegram, "ru")["f"] == "Flux Schnell"
 
 
 async def test_the_language_comes_from_telegram_and_settings_override_it(

@@ -237,4 +237,8 @@ def _translated(texts: Mapping[str, str], language: str | None) -> str | None:
     if not language or not texts:
         return None
     code = language.lower().replace("_", "-")
-    return texts.get(code) or texts.get(code.split("-")[0])
+    base = code.split("-")[0]
+    if found := texts.get(code) or texts.get(base):
+        return found
+    # "zh" asked, "zh-hans" written: the same language.
+    return next((text for key, text in texts.items() if key.split("-")[0] == base), None)

@@ -12,6 +12,7 @@ goes to the translators.
 from __future__ import annotations
 
 import sys
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,7 +47,27 @@ def extract() -> Catalog:
             auto_comments=comments,
             context=context,
         )
+    for name, text in shipped_workflow_texts():
+        catalog.add(
+            text,
+            None,
+            [(f"comfyveil/workflows/{name}", 0)],
+            auto_comments=["a shipped workflow's text, shown in /help and the menu"],
+        )
     return catalog
+
+
+def shipped_workflow_texts() -> list[tuple[str, str]]:
+    """(file name, text) of the shipped workflows' titles and descriptions, their options'
+    included: users read them in /help and the command menu."""
+    found = []
+    for path in sorted((PACKAGE / "workflows").glob("*.toml")):
+        with path.open("rb") as handle:
+            table = tomllib.load(handle)
+        texts = [table.get("title"), table.get("description")]
+        texts += [p.get("description") for p in table.get("params", {}).values()]
+        found += [(path.name, t) for t in texts if isinstance(t, str) and t]
+    return found
 
 
 def po_path(language: str) -> Path:

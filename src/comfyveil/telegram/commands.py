@@ -92,8 +92,7 @@ async def publish_menu(services: Services, bot: Any) -> tuple[str, ...]:
     def menu(admin: bool, code: str) -> list[BotCommand]:
         shown = [e for e in entries if admin or not e.admins_only]
         with i18n.using(code):
-            listed = [BotCommand(e.name, (e.workflow.title_in(code) or e.name)[:256])
-                      for e in shown]
+            listed = [BotCommand(e.name, (e.title() or e.name)[:256]) for e in shown]
             listed += [BotCommand(name, _(text)) for name, text in BUILTIN_MENU]
         return listed[:100]
 

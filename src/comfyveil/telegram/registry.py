@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from comfyveil import i18n
 from comfyveil.comfy import workflow
+from comfyveil.i18n import _
 from comfyveil.store import commands as commands_store
 from comfyveil.telegram import render
 
@@ -79,15 +81,33 @@ class Entry:
                 default = graph_value(wf, name)
             options.append(
                 render.OptionHelp(
-                    name=name, description=p.description or name,
+                    name=name, description=_local(p.description, p.description) or name,
                     minimum=p.min, maximum=p.max,
                     default=default if isinstance(default, int | float | str) else None,
                 )
             )
         return render.CommandHelp(
-            name=self.name, title=self.command.title, description=self.command.description,
+            name=self.name, title=self.title(), description=self.description(),
             options=tuple(options), takes_image=self.takes_image,
         )
+
+    def title(self) -> str:
+        """The title in the current language: the workflow's own translation, else the
+        catalog's (shipped workflows), else the default text."""
+        wf = self.workflow
+        return _local(wf.title_in(i18n.current()), self.command.title or wf.title)
+
+    def description(self) -> str:
+        wf = self.workflow
+        return _local(wf.description_in(i18n.current()), self.command.description)
+
+
+def _local(own: str, default: str) -> str:
+    """`own` when the workflow translated the text itself, else the catalog's translation
+    of `default` (the shipped workflows' texts are in it; an operator's are not and stay)."""
+    if own and own != default:
+        return own
+    return _(default) if default else default
 
 
 def graph_value(wf: workflow.Workflow, name: str) -> object:
