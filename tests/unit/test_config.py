@@ -102,6 +102,7 @@ def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
     assert settings.telegram == defaults.telegram
     assert settings.anyone == defaults.anyone
     assert settings.web == defaults.web
+    assert settings.policy == defaults.policy
 
 
 def test_web_section_is_read_and_checked() -> None:
@@ -115,7 +116,6 @@ def test_web_section_is_read_and_checked() -> None:
         config.from_mapping({"web": {"port": "x"}}, environ={})
     with pytest.raises(config.ConfigError, match="unknown key"):
         config.from_mapping({"web": {"colour": "red"}}, environ={})
-    assert settings.policy == defaults.policy
 
 
 def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> None:
