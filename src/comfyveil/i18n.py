@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import functools
 import gettext as gettext_module
 import io
@@ -37,6 +38,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 
 from babel import Locale
+from babel.dates import format_datetime
 from babel.messages import mofile, pofile
 
 DOMAIN = "messages"
@@ -150,6 +152,13 @@ def ltr(text: object) -> str:
     if _current.get() in RTL and value:
         return f"{LRI}{value}{PDI}"
     return value
+
+
+def date_time(moment: datetime.datetime) -> str:
+    """A date and time as the current language writes it short ("3 Dec 09:15", "12月3日
+    09:15"), in UTC like every time the bot shows."""
+    return format_datetime(moment, "dd MMM HH:mm", tzinfo=datetime.UTC,
+                           locale=LANGUAGES.get(_current.get(), DEFAULT))
 
 
 def full_stop() -> str:

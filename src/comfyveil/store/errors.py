@@ -62,7 +62,7 @@ class QueueLimitReached(StoreError, UsageError):
             "you already have {n} job waiting or running; wait for it to finish or cancel it",
             "you already have {n} jobs waiting or running; wait for one to finish or cancel one",
             limit,
-        ).format(n=limit))
+        ).format(n=i18n.ltr(limit)))
 
 
 class DailyQuotaReached(StoreError, UsageError):
@@ -74,7 +74,7 @@ class DailyQuotaReached(StoreError, UsageError):
             "you have used the {n} job of your daily quota; try again tomorrow",
             "you have used all {n} jobs of your daily quota; try again tomorrow",
             quota,
-        ).format(n=quota))
+        ).format(n=i18n.ltr(quota)))
 
 
 class CoolingDown(StoreError, UsageError):
@@ -82,10 +82,10 @@ class CoolingDown(StoreError, UsageError):
 
     def __init__(self, seconds: int, message: str | None = None) -> None:
         self.seconds = seconds
-        super().__init__(
-            message
-            or f"wait {seconds} second{'s' if seconds != 1 else ''} before your next job"
-        )
+        super().__init__(message or i18n.ngettext(
+            "wait {n} second before your next job", "wait {n} seconds before your next job",
+            seconds,
+        ).format(n=i18n.ltr(seconds)))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -8,10 +8,13 @@ from __future__ import annotations
 from telegram import Update
 
 from comfyveil import errors, i18n
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.telegram import access, availability, commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
 USERS_SHOWN = 40
+ROLE_WORDS = {"user": N_("user"), "admin": N_("admin"), "banned": N_("banned")}
+SOURCE_WORDS = {"shipped": N_("shipped"), "operator": N_("operator")}
 
 def _args(text: str) -> list[str]:
     return text.split()[1:]
@@ -21,7 +24,8 @@ def _user_id(word: str) -> int:
     try:
         return int(word)
     except ValueError:
-        raise errors.UsageError(f"{word[:20]!r} is not a Telegram user id (a number).") from None
+        raise errors.UsageError(_("{value} is not a Telegram user id (a number).").format(
+            value=ltr(repr(word[:20])))) from None
 
 
 async def users(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -29,19 +33,23 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
     tg = context.services.settings.telegram
     rows = await context.services.db.users.overview(limit=USERS_SHOWN)
     default_quota = context.services.settings.limits.daily_quota
-    lines = ["<b>Users</b>",
-             f"Mode: {'open to everyone' if tg.open else 'allow-list'}; admins from config: "
-             f"{', '.join(map(str, tg.admins)) or 'none'}"]
+    mode = _("open to everyone") if tg.open else _("allow-list")
+    admins = ", ".join(ltr(a) for a in tg.admins) or _("none")
+    lines = [_("<b>Users</b>"),
+             _("Mode: {mode}; admins from config: {admins}").format(mode=mode, admins=admins)]
     if tg.allow:
-        lines.append(f"Allowed in config: {', '.join(map(str, tg.allow))}")
+        lines.append(_("Allowed in config: {ids}").format(
+            ids=", ".join(ltr(a) for a in tg.allow)))
     for row in rows:
         quota = row["daily_quota"] if row["daily_quota"] is not None else default_quota
-        flags = [row["role"]]
+        flags = [_(ROLE_WORDS.get(row["role"], row["role"]))]
         if row["granted"]:
-            flags.append("allowed")
-        lines.append(f"<code>{row['id']}</code> {' '.join(flags)} · {row['today']}/{quota} today")
+            flags.append(_("allowed"))
+        lines.append(_("{user} {flags} · {used}/{quota} today").format(
+            user=ltr(f"<code>{row['id']}</code>"), flags=" ".join(flags),
+            used=ltr(row["today"]), quota=ltr(quota)))
     if not rows:
-        lines.append("Nobody has used the bot yet.")
+        lines.append(_("Nobody has used the bot yet."))
     await replies.reply(update, "\n".join(lines))
 
 
@@ -49,65 +57,77 @@ async def allow(update: Update, context: BotContext, who: access.Who, text: str)
     """/allow ID: let a user use the bot (and lift a ban)."""
     args = _args(text)
     if len(args) != 1:
-        raise errors.UsageError("Write /allow and the user's id, e.g. /allow 123456789.")
+        raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
+            command=ltr("/allow"), example=ltr("/allow 123456789")))
     user_id = _user_id(args[0])
     await context.services.access.allow(user_id)
-    await replies.reply(update, f"User <code>{user_id}</code> may use the bot now.")
+    await replies.reply(update, _("User {user} may use the bot now.").format(
+        user=ltr(f"<code>{user_id}</code>")))
 
 
 async def ban(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """/ban ID: refuse a user everywhere."""
     args = _args(text)
     if len(args) != 1:
-        raise errors.UsageError("Write /ban and the user's id, e.g. /ban 123456789.")
+        raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
+            command=ltr("/ban"), example=ltr("/ban 123456789")))
     user_id = _user_id(args[0])
     await context.services.access.ban(user_id)
-    await replies.reply(update, f"User <code>{user_id}</code> is banned.")
+    await replies.reply(update, _("User {user} is banned.").format(
+        user=ltr(f"<code>{user_id}</code>")))
 
 
 async def quota(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """/quota ID N: a user's own daily quota (/quota ID default: back to the setting)."""
     args = _args(text)
     if len(args) != 2:
-        raise errors.UsageError("Write /quota, the user's id and jobs per day, e.g. /quota 123 50.")
+        raise errors.UsageError(
+            _("Write {command}, the user's id and jobs per day, e.g. {example}.").format(
+                command=ltr("/quota"), example=ltr("/quota 123 50")))
     user_id = _user_id(args[0])
     if args[1].lower() == "default":
         await context.services.db.users.set_daily_quota(user_id, None)
-        await replies.reply(update, f"User <code>{user_id}</code> has the default quota again.")
+        await replies.reply(update, _("User {user} has the default quota again.").format(
+            user=ltr(f"<code>{user_id}</code>")))
         return
     try:
         amount = int(args[1])
     except ValueError:
-        raise errors.UsageError("The quota must be a whole number of jobs per day.") from None
+        raise errors.UsageError(_("The quota must be a whole number of jobs per day.")) from None
     await context.services.db.users.set_daily_quota(user_id, amount)
     await replies.reply(update, i18n.ngettext(
-        "User <code>{user}</code> may run {n} job a day.",
-        "User <code>{user}</code> may run {n} jobs a day.", amount,
-    ).format(user=user_id, n=amount))
+        "User {user} may run {n} job a day.",
+        "User {user} may run {n} jobs a day.", amount,
+    ).format(user=ltr(f"<code>{user_id}</code>"), n=ltr(amount)))
 
 
 async def backends(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """The GPU backends: up or down, jobs on each, the queue in the database."""
     pool = context.services.pool
     queued = await context.services.db.jobs.queue_length()
-    lines = ["<b>Backends</b>", f"Jobs waiting in the queue: {queued}"]
+    lines = [_("<b>Backends</b>"),
+             _("Jobs waiting in the queue: {n}").format(n=ltr(queued))]
     if pool is None:
-        lines.append("No worker runs in this process; see `comfyveil jobs` on the workers.")
+        lines.append(_("No worker runs in this process; see {command} on the workers.").format(
+            command=ltr("`comfyveil jobs`")))
     else:
         for backend in pool.backends.values():
-            state = "up" if backend.healthy else "down"
-            line = (f"{replies.esc(backend.name)}: {state} · {len(backend.jobs)} job(s) from here"
-                    f" · {backend.remote_queue} in its queue")
+            state = _("up") if backend.healthy else _("down")
+            mine = i18n.ngettext("{n} job from here", "{n} jobs from here", len(backend.jobs))
+            line = (f"{ltr(replies.esc(backend.name))}: {state} · "
+                    f"{mine.format(n=ltr(len(backend.jobs)))} · "
+                    f"{_('{n} in its queue').format(n=ltr(backend.remote_queue))}")
             if backend.last_error and not backend.healthy:
                 line += f" · {replies.esc(replies.sentence(backend.last_error))}"
             lines.append(line)
             for estimate in pool.estimator.estimates(backend.name):
                 if estimate.run is None:
                     continue
-                cold = (f", cold start +{estimate.cold_extra:.1f} s"
-                        if estimate.cold_extra else "")
-                lines.append(f"  {replies.esc(estimate.workflow)}: {estimate.run:.1f} s a run"
-                             f"{cold} ({estimate.samples} measured)")
+                cold = (_(", cold start +{seconds} s").format(
+                    seconds=ltr(f"{estimate.cold_extra:.1f}")) if estimate.cold_extra else "")
+                lines.append("  " + _("{workflow}: {seconds} s a run{cold} ({n} measured)").format(
+                    workflow=ltr(replies.esc(estimate.workflow)),
+                    seconds=ltr(f"{estimate.run:.1f}"), cold=cold, n=ltr(estimate.samples)))
     await replies.reply(update, "\n".join(lines))
 
 
@@ -117,29 +137,32 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
     args = _args(text)
     if args:
         if len(args) != 2 or args[0].lower() not in ("enable", "disable"):
-            raise errors.UsageError("Write /workflows, or /workflows enable NAME, or "
-                                    "/workflows disable NAME.")
+            raise errors.UsageError(_("Write {command}, or {enable}, or {disable}.").format(
+                command=ltr("/workflows"), enable=ltr("/workflows enable NAME"),
+                disable=ltr("/workflows disable NAME")))
         enabled = args[0].lower() == "enable"
         command = await services.db.commands.set_enabled(args[1].lower(), enabled)
         await services.commands.refresh()
         await commands.publish_menu(services, context.bot)
         await replies.reply(
-            update, f"/{replies.esc(command.command)} is {'on' if enabled else 'off'} now."
+            update, (_("{command} is on now.") if enabled else _("{command} is off now.")).format(
+                command=ltr(f"/{replies.esc(command.command)}"))
         )
         return
     rows = await services.db.commands.list()
     entries = {e.name: e for e in await services.commands.all()}
-    lines = ["<b>Workflows</b>"]
+    lines = [_("<b>Workflows</b>")]
     for row in rows:
-        mark = "on" if row.enabled else "off"
-        line = f"/{replies.esc(row.command)} {replies.esc(row.title)} · {mark} · {row.source}"
+        mark = _("on") if row.enabled else _("off")
+        line = (f"{ltr(f'/{replies.esc(row.command)}')} {replies.esc(row.title)} · {mark} · "
+                f"{_(SOURCE_WORDS.get(row.source, row.source))}")
         entry = entries.get(row.command)
         lacking = availability.missing(services.pool, entry.workflow) if entry else []
         if lacking:
             # whole names, never cut: an admin copies them to install the files
-            line += " · no GPU has: " + ", ".join(
-                f"<code>{replies.esc(name)}</code>" for name in lacking
-            )
+            line += " · " + _("no GPU has: {names}").format(names=", ".join(
+                ltr(f"<code>{replies.esc(name)}</code>") for name in lacking
+            ))
         lines.append(line)
     await replies.reply(update, "\n".join(lines))
 

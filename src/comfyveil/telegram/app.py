@@ -41,16 +41,19 @@ from telegram.ext import (
     filters,
 )
 
-from comfyveil import config, redaction
+from comfyveil import config, i18n, redaction
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.errors import ComfyveilError
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database
+from comfyveil.store import errors as store_errors
 from comfyveil.telegram import (
     access,
     callbacks,
     commands,
     handlers,
+    language,
     limits,
     registry,
     replies,
@@ -68,9 +71,9 @@ CONNECTION_POOL = 64  # HTTP connections to the Bot API
 MENU_REFRESH = 15.0  # seconds between checks that the command menu shows what can run
 MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
 OFFLINE_NOTICE_AFTER = 10.0  # seconds every GPU must be offline before admins are told
-ADMIN_OFFLINE = (
+ADMIN_OFFLINE = N_(
     "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {minutes} "
-    "min; /backends shows why."
+    "min; {backends} shows why."
 )
 NO_TOKEN = (
     "no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file "
@@ -305,10 +308,16 @@ class TelegramBot:
         pool = self.services.pool
         assert pool is not None
         minutes = max(1, round(self.settings.worker.max_wait_offline / 60))
-        text = ADMIN_OFFLINE.format(
-            names=", ".join(pool.backends), minutes=minutes,
-        )
         for admin in self.settings.telegram.admins:
+            try:
+                spoken = language.of_settings(await self.services.db.users.settings(admin))
+            except store_errors.StoreError:
+                spoken = i18n.DEFAULT
+            with i18n.using(spoken):
+                text = _(ADMIN_OFFLINE).format(
+                    names=", ".join(ltr(n) for n in pool.backends), minutes=ltr(minutes),
+                    backends=ltr("/backends"),
+                )
             try:
                 await self.application.bot.send_message(admin, replies.esc(text),
                                                         parse_mode="HTML")

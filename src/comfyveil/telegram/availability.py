@@ -18,17 +18,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from comfyveil.comfy import workflow
+from comfyveil.i18n import N_, _, ltr
 
 if TYPE_CHECKING:
     from comfyveil.comfy import pool as pool_mod
     from comfyveil.telegram import registry
 
 # What users read; kept together so they can be translated as a whole.
-NO_MODEL = "no GPU has its model"
-NO_NODES = "no GPU has the nodes it needs"
-NO_GPU = "no GPU can run it"
-NOT_AVAILABLE = "/{name} is not available right now: {reason}."
-UNAVAILABLE_MARK = "not available right now"
+NO_MODEL = N_("no GPU has its model")
+NO_NODES = N_("no GPU has the nodes it needs")
+NO_GPU = N_("no GPU can run it")
+NOT_AVAILABLE = N_("{command} is not available right now: {reason}.")
+UNAVAILABLE_MARK = N_("not available right now")
 
 _MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
 
@@ -73,4 +74,4 @@ def runnable(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> l
 
 def refusal(entry: registry.Entry, why: str) -> str:
     """The sentence for a user who typed a command no GPU can run now."""
-    return NOT_AVAILABLE.format(name=entry.name, reason=why)
+    return _(NOT_AVAILABLE).format(command=ltr(f"/{entry.name}"), reason=_(why))

@@ -14,6 +14,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest
 
 from comfyveil import errors, i18n, retention
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import sessions
 from comfyveil.telegram import (
     access,
@@ -28,12 +29,12 @@ from comfyveil.telegram.context import BotContext
 
 logger = logging.getLogger(__name__)
 
-# What users read, in one place (to be translated as a whole).
-NOT_YOURS_JOB = "Only the one who asked for this job can cancel it."
-NOT_YOURS_MESSAGE = "These buttons are for the one who sent the command; send it yourself."
-NO_EDITOR = "No command that edits images can run right now."
-NO_EDITOR_FOR_YOU = "No command that edits images is open to you on this bot."
-NOT_YOURS_RESULT = "Only the one who asked for this result can re-roll or edit it."
+# What users read, in one place; every answer is translated as it is sent (on_callback).
+NOT_YOURS_JOB = N_("Only the one who asked for this job can cancel it.")
+NOT_YOURS_MESSAGE = N_("These buttons are for the one who sent the command; send it yourself.")
+NO_EDITOR = N_("No command that edits images can run right now.")
+NO_EDITOR_FOR_YOU = N_("No command that edits images is open to you on this bot.")
+NOT_YOURS_RESULT = N_("Only the one who asked for this result can re-roll or edit it.")
 
 
 async def on_callback(update: Update, context: BotContext) -> None:
@@ -47,7 +48,7 @@ async def on_callback(update: Update, context: BotContext) -> None:
     alert = False
     try:
         if press is None or query.message is None:
-            answer = "That button no longer works."
+            answer = N_("That button no longer works.")
         else:
             who = await context.services.access.require(
                 query.from_user.id, query.message.chat.id
@@ -58,7 +59,9 @@ async def on_callback(update: Update, context: BotContext) -> None:
     except errors.ComfyveilError as exc:
         answer, alert = replies.user_message(exc), True
     try:
-        await query.answer(answer, show_alert=alert)
+        # Answers are English message ids (or already translated): said in the user's
+        # language here.
+        await query.answer(_(answer) if answer else answer, show_alert=alert)
     except BadRequest as exc:
         logger.info("press not answered: %s", exc.message)
 
@@ -85,10 +88,10 @@ async def _dispatch(
         except BadRequest as exc:
             if "not modified" not in exc.message:
                 raise
-        return "Saved.", False
+        return N_("Saved."), False
     if press.action == "forget":
         if press.value != "yes":
-            await query.edit_message_text("Nothing was deleted.")
+            await query.edit_message_text(_("Nothing was deleted."))
             return None, False
         services.forget_deliveries_of(who.user_id)
         left = await retention.forget_on_backends(services.db, services.pool, who.user_id)
@@ -102,13 +105,13 @@ async def _dispatch(
         await query.edit_message_text(i18n.ngettext(
             "Done: {n} job, its images and your settings were deleted.",
             "Done: {n} jobs, their images and your settings were deleted.", deleted,
-        ).format(n=deleted))
-        return "Deleted.", False
+        ).format(n=ltr(deleted)))
+        return N_("Deleted."), False
 
     assert press.job_id is not None
     job = await services.db.jobs.get(press.job_id)
     if job is None:
-        return "That result is no longer stored.", True
+        return N_("That result is no longer stored."), True
     if press.action == "cancel":
         if job.user_id != who.user_id:
             return NOT_YOURS_JOB, True
@@ -117,7 +120,7 @@ async def _dispatch(
     if press.action in ("again", "edit") and job.user_id != who.user_id:
         return NOT_YOURS_RESULT, True
     if job.user_id != who.user_id and job.chat_id != chat.id and not who.is_admin:
-        return "That is not your result.", True
+        return N_("That is not your result."), True
     if press.action == "again":
         await submit.rerun(
             services, context.bot, who=who, in_group=chat.type != "private", job=job,
@@ -125,11 +128,11 @@ async def _dispatch(
             reply_to=query.message.message_id,
             asked_by=submit.asker(query.from_user, in_group=chat.type != "private"),
         )
-        return "Re-rolling with a new seed…", False
+        return N_("Re-rolling with a new seed…"), False
     outputs = await services.db.jobs.outputs(job.id)
     output = next((o for o in outputs if o.index == press.index), None)
     if output is None:
-        return "That result is no longer stored.", True
+        return N_("That result is no longer stored."), True
     if press.action == "edit":
         allowed = {e.name for e in await services.commands.for_user(who)}
         runnable = await sink.editors(services)
@@ -141,10 +144,10 @@ async def _dispatch(
             [sessions.OutputRef(output.index, output.filename, output.kind, output.mime)],
         )
         name = entries[0].name
-        return (
-            f"Send /{name} and what to change, e.g. /{name} make it night. "
-            "It will edit this image (replying to it with the command works too).", True
-        )
+        return _(
+            "Send {command} and what to change, e.g. {example}. It will edit this image "
+            "(replying to it with the command works too)."
+        ).format(command=ltr(f"/{name}"), example=ltr(f"/{name} {_('make it night')}")), True
     if press.action == "file":
         await context.bot.send_document(
             chat.id, InputFile(output.data, filename=output.filename.rsplit("/", 1)[-1]),
@@ -152,5 +155,5 @@ async def _dispatch(
             reply_parameters=ReplyParameters(query.message.message_id,
                                              allow_sending_without_reply=True),
         )
-        return "Full quality, as a file.", False
-    return "That button no longer works.", False
+        return N_("Full quality, as a file."), False
+    return N_("That button no longer works."), False

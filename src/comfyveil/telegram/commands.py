@@ -23,7 +23,7 @@ from telegram import (
 from telegram.error import BadRequest
 
 from comfyveil import errors, i18n
-from comfyveil.i18n import N_, _
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import jobs
 from comfyveil.telegram import (
     access,
@@ -54,11 +54,11 @@ BUILTIN_MENU: tuple[tuple[str, str], ...] = (
     ("forget", N_("Delete all your data")),
 )
 # What users read, in one place (to be translated as a whole).
-START_HELLO = "Hi! I turn your words into images on our own GPUs."
-START_TRY = "Try <code>/{example} a red fox in the snow</code>."
-START_EDIT_ONLY = "Send a photo with the caption <code>/{example} make it night</code>."
-START_NOTHING = "No GPU can run any of my commands right now; try again later."
-START_HELP = "/help lists every command and its options."
+START_HELLO = N_("Hi! I turn your words into images on our own GPUs.")
+START_TRY = N_("Try {example}.")
+START_EDIT_ONLY = N_("Send a photo with the caption {example}.")
+START_NOTHING = N_("No GPU can run any of my commands right now; try again later.")
+START_HELP = N_("{help} lists every command and its options.")
 ASPECTS = ("1:1", "16:9", "9:16", "4:3", "3:4")
 STEP_CHOICES = ("4", "8", "20", "30")
 HISTORY_LIMIT = 10
@@ -121,14 +121,16 @@ async def start(update: Update, context: BotContext, who: access.Who, text: str)
     services = context.services
     entries = availability.runnable(services.pool, await services.commands.for_user(who))
     example = next((e.name for e in entries if not e.takes_image), None)
-    lines = [START_HELLO]
+    lines = [_(START_HELLO)]
     if example is not None:
-        lines.append(START_TRY.format(example=replies.esc(example)))
+        shown = f"/{replies.esc(example)} {replies.esc(_('a red fox in the snow'))}"
+        lines.append(_(START_TRY).format(example=ltr(f"<code>{shown}</code>")))
     elif entries:
-        lines.append(START_EDIT_ONLY.format(example=replies.esc(entries[0].name)))
+        shown = f"/{replies.esc(entries[0].name)} {replies.esc(_('make it night'))}"
+        lines.append(_(START_EDIT_ONLY).format(example=ltr(f"<code>{shown}</code>")))
     else:
-        lines.append(START_NOTHING)
-    lines.append(START_HELP)
+        lines.append(_(START_NOTHING))
+    lines.append(_(START_HELP).format(help=ltr("/help")))
     await replies.reply(update, "\n".join(lines))
 
 
@@ -200,14 +202,15 @@ async def status(update: Update, context: BotContext, who: access.Who, text: str
         who.user_id, limit=20, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING]
     )
     if not active:
-        await replies.reply(update, "You have no jobs waiting or running.")
+        await replies.reply(update, _("You have no jobs waiting or running."))
         return
-    lines = ["<b>Your jobs</b>"]
+    lines = [_("<b>Your jobs</b>")]
     for job in reversed(active):
         state = await services.tracker.text_for(job)
-        lines.append(f"<code>#{render.short_id(str(job.id))}</code> /{replies.esc(job.command)}"
-                     f"{render.DOT}{state}")
-    lines.append("/cancel stops the newest; /cancel #id a given one.")
+        named = f"<code>#{render.short_id(str(job.id))}</code> /{replies.esc(job.command)}"
+        lines.append(f"{ltr(named)}{render.DOT}{state}")
+    lines.append(_("{cancel} stops the newest; {cancel_id} a given one.").format(
+        cancel=ltr("/cancel"), cancel_id=ltr("/cancel #id")))
     await replies.reply(update, "\n".join(lines))
 
 
@@ -217,13 +220,14 @@ async def _find_job(services: Services, who: access.Who, ref: str | None) -> job
             who.user_id, limit=1, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING]
         )
         if not active:
-            raise errors.UsageError("You have no job waiting or running.")
+            raise errors.UsageError(_("You have no job waiting or running."))
         return active[0]
     wanted = ref.replace("-", "")
     for job in await services.db.jobs.list_for_user(who.user_id, limit=FIND_LIMIT):
         if job.id.hex.startswith(wanted):
             return job
-    raise errors.UsageError(NO_SUCH_JOB.format(ref=ref[:12]))
+    raise errors.UsageError(_(NO_SUCH_JOB).format(id=ltr(f"#{ref[:12]}"),
+                                                  status=ltr("/status")))
 
 
 async def cancel(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -234,18 +238,17 @@ async def cancel(update: Update, context: BotContext, who: access.Who, text: str
     named = (parsed.prompt or "").split() if parsed else []
     if parsed is not None and parsed.target_job is None and named:
         # "/cancel #zzzz" or "/cancel 12": an id that can't be one, not "no job at all"
-        raise errors.UsageError(NOT_AN_ID.format(ref=named[0][:20]))
+        raise errors.UsageError(_(NOT_AN_ID).format(
+            ref=ltr(named[0][:20]), status=ltr("/status"), example=ltr("/cancel #3f2a9c1d")))
     job = await _find_job(services, who, parsed.target_job if parsed else None)
     await replies.reply(update, await cancel_job(services, who, job))
 
 
-NOT_AN_ID = (
-    "{ref} is not a job id: write # and the id /status shows, such as /cancel #3f2a9c1d."
-)
-NO_SUCH_JOB = "None of your jobs has the id #{ref}; /status lists yours."
-CANCEL_ENDED = "Job <code>#{short}</code> has already ended."
-CANCEL_DONE = "Cancelled job <code>#{short}</code>."
-CANCEL_STOPPING = "Stopping job <code>#{short}</code> on its GPU…"
+NOT_AN_ID = N_("{ref} is not a job id: write # and the id {status} shows, such as {example}.")
+NO_SUCH_JOB = N_("None of your jobs has the id {id}; {status} lists yours.")
+CANCEL_ENDED = N_("Job {id} has already ended.")
+CANCEL_DONE = N_("Cancelled job {id}.")
+CANCEL_STOPPING = N_("Stopping job {id} on its GPU…")
 
 
 async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
@@ -255,20 +258,20 @@ async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
     Raises:
         UsageError: the job is gone.
     """
-    short = render.short_id(str(job.id))
+    short = ltr(f"<code>#{render.short_id(str(job.id))}</code>")
     if job.status.finished:
-        return CANCEL_ENDED.format(short=short)
+        return _(CANCEL_ENDED).format(id=short)
     result = await services.db.jobs.cancel(job.id, by_user=who.user_id)
     if result is None:
-        raise errors.UsageError("That job is no longer there.")
+        raise errors.UsageError(_("That job is no longer there."))
     if result.status is jobs.Status.CANCELLED:
         # Never claimed by a worker, so no worker will deliver it: end it here.
         await services.tracker.finish(result)
         await services.db.jobs.record_delivery(result.id, "telegram", {"cancelled_by": "user"})
-        return CANCEL_DONE.format(short=short)
+        return _(CANCEL_DONE).format(id=short)
     if result.status is jobs.Status.RUNNING:
-        return CANCEL_STOPPING.format(short=short)
-    return CANCEL_ENDED.format(short=short)
+        return _(CANCEL_STOPPING).format(id=short)
+    return _(CANCEL_ENDED).format(id=short)
 
 
 async def again(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -276,7 +279,7 @@ async def again(update: Update, context: BotContext, who: access.Who, text: str)
     services = context.services
     last = await services.db.jobs.list_for_user(who.user_id, limit=1)
     if not last:
-        raise errors.UsageError("You have no job to repeat yet.")
+        raise errors.UsageError(_("You have no job to repeat yet."))
     message = update.effective_message
     await submit.rerun(
         services, context.bot, who=who, in_group=_in_group(update), job=last[0],
@@ -310,17 +313,24 @@ async def history(update: Update, context: BotContext, who: access.Who, text: st
 
 
 def settings_text(prefs: Mapping[str, Any]) -> str:
-    seed = "random"
+    seed = _("random")
     if prefs.get("seed_mode") == "fixed":
-        seed = f"fixed ({prefs.get('seed')})"
+        seed = _("fixed ({seed})").format(seed=ltr(prefs.get("seed")))
+    default = _("workflow default")
+
+    def on(flag: object) -> str:
+        return _("on") if flag else _("off")
+
     lines = [
-        "<b>Your settings</b> (options in a command win over these)",
-        f"Aspect ratio: {replies.esc(str(prefs.get('ar') or 'workflow default'))}",
-        f"Steps: {replies.esc(str(prefs.get('steps') or 'workflow default'))}",
-        f"Seed: {replies.esc(seed)}",
-        f"Send results as files: {'on' if prefs.get('as_file') else 'off'}",
-        f"Results behind a spoiler: {'on' if prefs.get(SPOILER_KEY) else 'off'}",
-        f"Language: {_language_name(prefs)}",
+        _("<b>Your settings</b> (options in a command win over these)"),
+        _("Aspect ratio: {value}").format(
+            value=replies.esc(ltr(prefs["ar"]) if prefs.get("ar") else default)),
+        _("Steps: {value}").format(
+            value=replies.esc(ltr(prefs["steps"]) if prefs.get("steps") else default)),
+        _("Seed: {value}").format(value=replies.esc(seed)),
+        _("Send results as files: {value}").format(value=on(prefs.get("as_file"))),
+        _("Results behind a spoiler: {value}").format(value=on(prefs.get(SPOILER_KEY))),
+        _("Language: {value}").format(value=_language_name(prefs)),
     ]
     return "\n".join(lines)
 
@@ -329,7 +339,8 @@ def _language_name(prefs: Mapping[str, Any]) -> str:
     choice = prefs.get(language.CHOICE)
     if isinstance(choice, str) and choice in i18n.NATIVE_NAMES:
         return i18n.NATIVE_NAMES[choice]
-    return f"auto ({i18n.NATIVE_NAMES[language.of_settings(prefs)]})"
+    return _("auto ({language})").format(
+        language=i18n.NATIVE_NAMES[language.of_settings(prefs)])
 
 
 def _language_rows(
@@ -337,7 +348,7 @@ def _language_rows(
 ) -> list[list[InlineKeyboardButton]]:
     """auto (the Telegram app's language), then each shipped language in its own name."""
     choice = prefs.get(language.CHOICE) or ""
-    buttons = [button("auto", language.CHOICE, "", not choice)] + [
+    buttons = [button(_("auto"), language.CHOICE, "", not choice)] + [
         button(name, language.CHOICE, code, choice == code)
         for code, name in i18n.NATIVE_NAMES.items()
     ]
@@ -361,14 +372,15 @@ def settings_keyboard(
     as_file = bool(prefs.get("as_file"))
     spoiler = bool(prefs.get(SPOILER_KEY))
     return InlineKeyboardMarkup([
-        [button("auto", "ar", "", not ar)] + [button(a, "ar", a, ar == a) for a in ASPECTS],
-        [button("auto steps", "steps", "", not steps)]
+        [button(_("auto"), "ar", "", not ar)] + [button(a, "ar", a, ar == a) for a in ASPECTS],
+        [button(_("auto steps"), "steps", "", not steps)]
         + [button(s, "steps", s, steps == s) for s in STEP_CHOICES],
-        [button("random seed", "seed", "random", not fixed),
-         button("fixed seed", "seed", "fixed", fixed)],
-        [button("photos", "file", "off", not as_file), button("files", "file", "on", as_file)],
-        [button("no spoiler", SPOILER_KEY, "off", not spoiler),
-         button("spoiler", SPOILER_KEY, "on", spoiler)],
+        [button(_("random seed"), "seed", "random", not fixed),
+         button(_("fixed seed"), "seed", "fixed", fixed)],
+        [button(_("photos"), "file", "off", not as_file),
+         button(_("files"), "file", "on", as_file)],
+        [button(_("no spoiler"), SPOILER_KEY, "off", not spoiler),
+         button(_("spoiler"), SPOILER_KEY, "on", spoiler)],
         *_language_rows(prefs, button),
     ])
 
@@ -396,7 +408,7 @@ def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dic
         return {SPOILER_KEY: value == "on"}, []
     if key == language.CHOICE and (value == "" or value in i18n.LANGUAGES):
         return ({language.CHOICE: value}, []) if value else ({}, [language.CHOICE])
-    raise errors.UsageError("That setting is not offered.")
+    raise errors.UsageError(_("That setting is not offered."))
 
 
 async def settings(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -412,15 +424,16 @@ async def settings(update: Update, context: BotContext, who: access.Who, text: s
 async def forget(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Ask to confirm deleting everything stored about me."""
     keyboard = InlineKeyboardMarkup([[
-        InlineKeyboardButton("Delete everything",
+        InlineKeyboardButton(_("Delete everything"),
                              callback_data=callbacks_data.forget(True, who.user_id)),
-        InlineKeyboardButton("Keep it", callback_data=callbacks_data.forget(False, who.user_id)),
+        InlineKeyboardButton(_("Keep it"),
+                             callback_data=callbacks_data.forget(False, who.user_id)),
     ]])
     await replies.reply(
         update,
-        "This deletes all your jobs, results, input images, settings and your place in "
-        "the queue, and stops a job running now on its GPU. What the limits count (jobs "
-        "today, the time of the last) stays, with no prompt or image. Are you sure?",
+        _("This deletes all your jobs, results, input images, settings and your place in "
+          "the queue, and stops a job running now on its GPU. What the limits count (jobs "
+          "today, the time of the last) stays, with no prompt or image. Are you sure?"),
         reply_markup=keyboard,
     )
 

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import re
 
+from comfyveil.i18n import N_, _
 from comfyveil.telegram import render, replies
 
 # What users read, in one place (to be translated as a whole).
-OUT_OF_MEMORY = "The job failed: the GPU ran out of memory; try a smaller size or fewer steps."
-WORKFLOW_FAILED = "The workflow failed on the GPU; please try again later."
-MISSING = "No GPU has what this command needs right now; please try again later."
-REFUSED = "The GPU refused this job's settings."
-LOST = "The GPU went away while running the job; please try again."
-IMAGE_LOST = "The GPU lost the input image; please send it again."
-TOO_LONG = "The job took too long on the GPU and was stopped."
-DETAIL = "{sentence} Detail: {detail}"
+OUT_OF_MEMORY = N_(
+    "The job failed: the GPU ran out of memory; try a smaller size or fewer steps.")
+WORKFLOW_FAILED = N_("The workflow failed on the GPU; please try again later.")
+MISSING = N_("No GPU has what this command needs right now; please try again later.")
+REFUSED = N_("The GPU refused this job's settings.")
+LOST = N_("The GPU went away while running the job; please try again.")
+IMAGE_LOST = N_("The GPU lost the input image; please send it again.")
+TOO_LONG = N_("The job took too long on the GPU and was stopped.")
+DETAIL = N_("{sentence} Detail: {detail}")
 
 # (pattern over the worker's error text, the sentence users get), first match wins
 _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -48,6 +50,6 @@ def sentence(error: str | None, *, detail: bool = False) -> str:
     for pattern, plain in _RULES:
         if pattern.search(text):
             if detail:
-                return DETAIL.format(sentence=plain, detail=render.plain_error(text))
-            return plain
-    return replies.sentence(text or "The job failed.")
+                return _(DETAIL).format(sentence=_(plain), detail=render.plain_error(text))
+            return _(plain)
+    return replies.sentence(text or _("The job failed."))

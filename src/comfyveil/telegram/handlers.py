@@ -17,19 +17,20 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from comfyveil import i18n
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.telegram import admin, commands, language, parse, replies
 from comfyveil.telegram.context import BotContext, Services
 
 logger = logging.getLogger(__name__)
 
 # What users read, in one place (to be translated as a whole).
-HINT = "Send a command, such as <code>/{example} a red fox</code>. /help lists them all."
-HINT_NO_EXAMPLE = "Send a command. /help lists them all."
-PHOTO_HINT = (
-    "To edit this photo, send it with a caption such as <code>/{example} make it night</code>, "
-    "or reply to it with the command."
+HINT = N_("Send a command, such as {example}. {help} lists them all.")
+HINT_NO_EXAMPLE = N_("Send a command. {help} lists them all.")
+PHOTO_HINT = N_(
+    "To edit this photo, send it with a caption such as {example}, or reply to it with the "
+    "command."
 )
-PHOTO_HINT_NONE = "No command that edits photos can run right now; /help lists what can."
+PHOTO_HINT_NONE = N_("No command that edits photos can run right now; {help} lists what can.")
 
 
 async def _hint(services: Services, photo: bool) -> str:
@@ -39,12 +40,14 @@ async def _hint(services: Services, photo: bool) -> str:
     if photo:
         edits = [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
         if not edits:
-            return PHOTO_HINT_NONE
-        return PHOTO_HINT.format(example=replies.esc(edits[0].name))
+            return _(PHOTO_HINT_NONE).format(help=ltr("/help"))
+        shown = f"/{replies.esc(edits[0].name)} {replies.esc(_('make it night'))}"
+        return _(PHOTO_HINT).format(example=ltr(f"<code>{shown}</code>"))
     texts = [e for e in entries if not e.takes_image]
     if not texts:
-        return HINT_NO_EXAMPLE
-    return HINT.format(example=replies.esc(texts[0].name))
+        return _(HINT_NO_EXAMPLE).format(help=ltr("/help"))
+    shown = f"/{replies.esc(texts[0].name)} {replies.esc(_('a red fox'))}"
+    return _(HINT).format(example=ltr(f"<code>{shown}</code>"), help=ltr("/help"))
 
 
 @replies.plain_errors
@@ -64,7 +67,7 @@ async def on_message(update: Update, context: BotContext) -> None:
         if not in_group:
             await replies.reply(update, await _hint(services, bool(message.photo)))
         return
-    name, _ = split
+    name = split[0]
     first = text.lstrip().split(maxsplit=1)[0].lower()
     addressed = bool(services.bot_username) and first.endswith(
         "@" + services.bot_username.lower()
@@ -77,7 +80,8 @@ async def on_message(update: Update, context: BotContext) -> None:
         if entry is None:
             if not in_group or addressed:
                 await replies.reply(
-                    update, f"There is no command /{replies.esc(name)}. /help lists them all."
+                    update, _("There is no command {command}. {help} lists them all.").format(
+                        command=ltr(f"/{replies.esc(name)}"), help=ltr("/help"))
                 )
             return
     who = await services.access.require(user.id, chat.id)
@@ -102,8 +106,8 @@ async def on_error(update: object, context: BotContext) -> None:
     if isinstance(update, Update) and update.effective_chat is not None:
         try:
             if update.callback_query is not None:
-                await update.callback_query.answer(replies.INTERNAL, show_alert=True)
+                await update.callback_query.answer(_(replies.INTERNAL), show_alert=True)
             else:
-                await replies.reply(update, replies.INTERNAL)
+                await replies.reply(update, _(replies.INTERNAL))
         except TelegramError:
             pass

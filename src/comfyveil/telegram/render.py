@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from comfyveil import i18n
+from comfyveil.i18n import N_, _, ltr
+
 MAX_MESSAGE_CHARS = 4096
 MAX_CAPTION_CHARS = 1024
 MAX_ERROR_CHARS = 300
@@ -92,31 +95,36 @@ def short_id(job_id: str) -> str:
 def duration(seconds: float) -> str:
     """``3.1 s``, ``40 s``, ``3 min``, ``1 h 5 min``."""
     if seconds < 10:
-        return f"{seconds:.1f} s"
+        return _("{seconds} s").format(seconds=f"{seconds:.1f}")
     if seconds < 90:
-        return f"{round(seconds)} s"
+        return _("{seconds} s").format(seconds=round(seconds))
     minutes = round(seconds / 60)
     if minutes < 60:
-        return f"{minutes} min"
+        return _("{minutes} min").format(minutes=minutes)
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return _("{hours} h {minutes} min").format(hours=hours, minutes=minutes)
+    return _("{hours} h").format(hours=hours)
 
 
 def clock(seconds: float) -> str:
     """Elapsed time in whole seconds, as a status shows it: ``7 s``, ``2 min 05 s``."""
     whole = max(0, int(seconds))
     if whole < 60:
-        return f"{whole} s"
+        return _("{seconds} s").format(seconds=whole)
     minutes, rest = divmod(whole, 60)
-    return f"{minutes} min {rest:02d} s"
+    return _("{minutes} min {seconds} s").format(minutes=minutes, seconds=f"{rest:02d}")
 
 
 def plain_error(error: str | None) -> str:
     """One sentence from an error text: never a traceback, never a wall of text."""
     text = (error or "").strip()
     if not text or _TRACEBACK.search(text):
-        return "The job failed."
-    sentence = " ".join(text.splitlines()[0].split())
+        return _("The job failed.")
+    # Sentences the worker stored in English are in the catalog: said in the reader's
+    # language; any other text (a backend's own words) stays as it is.
+    first_line = " ".join(text.splitlines()[0].split())
+    sentence = _(first_line)
     if len(sentence) > MAX_ERROR_CHARS:
         # at a word's end: a file or node name cut in two reads as another name
         cut = sentence[: MAX_ERROR_CHARS - 1]
@@ -130,18 +138,23 @@ def status_text(job: JobView) -> str:
     """The status message for a job, edited in place as the job moves."""
     if job.status == "queued":
         if job.position is not None and job.position <= 0:
-            parts = ["Starting…"]
+            parts = [_("Starting…")]
+        elif job.position is not None:
+            parts = [_("Queued {position}").format(position=ltr(f"#{job.position}"))]
         else:
-            parts = [f"Queued #{job.position}" if job.position is not None else "Queued"]
+            parts = [_("Queued")]
         if job.eta_s is not None:
-            parts.append(f"about {duration(max(job.eta_s, 1))}")
+            parts.append(_("about {time}").format(time=ltr(duration(max(job.eta_s, 1)))))
         return _esc(DOT.join(parts))
     if job.status == "running":
-        parts = [f"Running on {job.backend}" if job.backend else "Running"]
+        parts = [_("Running on {backend}").format(backend=ltr(job.backend)) if job.backend
+                 else _("Running")]
         if job.progress is not None:
-            parts.append(f"{round(min(max(job.progress, 0.0), 1.0) * 100)}%")
+            percent = round(min(max(job.progress, 0.0), 1.0) * 100)
+            parts.append(ltr(_("{percent}%").format(percent=percent)))
         if job.step is not None and job.steps:
-            parts.append(f"step {job.step}/{job.steps}")
+            parts.append(_("step {step}/{steps}").format(step=ltr(job.step),
+                                                         steps=ltr(job.steps)))
         if job.running_s is not None:
             parts.append(clock(job.running_s))
         return _esc(DOT.join(parts))
@@ -149,12 +162,12 @@ def status_text(job: JobView) -> str:
         return caption(job)
     if job.status == "failed":
         return _esc(plain_error(job.error))
-    return "Cancelled."
+    return _("Cancelled.")
 
 
-WAITED = "waited {time}"
-RAN = "ran {time}"
-ASKED_BY = "for {name}"
+WAITED = N_("waited {time}")
+RAN = N_("ran {time}")
+ASKED_BY = N_("for {name}")
 WAIT_SHOWN_FROM = 1.0  # seconds of waiting worth mentioning in a caption
 
 
@@ -164,17 +177,17 @@ def caption(
     """The caption under a result: command, seed, time (waiting and running apart when it
     waited), who asked (groups), and on a line of its own the prompt, shortened so the
     whole fits Telegram's 1024 characters."""
-    parts = [f"/{job.command}"]
+    parts = [ltr(f"/{job.command}")]
     if job.seed is not None:
-        parts.append(f"seed {job.seed}")
+        parts.append(_("seed {seed}").format(seed=ltr(job.seed)))
     if job.waited_s is not None and job.waited_s >= WAIT_SHOWN_FROM:
-        parts.append(WAITED.format(time=duration(job.waited_s)))
+        parts.append(_(WAITED).format(time=ltr(duration(job.waited_s))))
         if job.elapsed_s is not None:
-            parts.append(RAN.format(time=duration(job.elapsed_s)))
+            parts.append(_(RAN).format(time=ltr(duration(job.elapsed_s))))
     elif job.elapsed_s is not None:
-        parts.append(duration(job.elapsed_s))
+        parts.append(ltr(duration(job.elapsed_s)))
     if asked_by:
-        parts.append(ASKED_BY.format(name=asked_by))
+        parts.append(_(ASKED_BY).format(name=asked_by))
     head = DOT.join(parts)
     text = " ".join((prompt or "").split())
     if not text:
@@ -207,58 +220,73 @@ def shorten(text: str, limit: int) -> str:
 def _option_line(option: OptionHelp) -> str:
     bounds = ""
     if option.minimum is not None and option.maximum is not None:
-        bounds = f" ({_num(option.minimum)}–{_num(option.maximum)})"
+        bounds = f" ({ltr(f'{_num(option.minimum)}–{_num(option.maximum)}')})"
     elif option.minimum is not None:
-        bounds = f" (at least {_num(option.minimum)})"
+        bounds = " (" + _("at least {n}").format(n=ltr(_num(option.minimum))) + ")"
     elif option.maximum is not None:
-        bounds = f" (at most {_num(option.maximum)})"
-    default = f", default {_num(option.default)}" if option.default not in (None, "") else ""
-    return f"  <code>--{_esc(option.name)}</code> {_esc(option.description)}{_esc(bounds)}" + (
+        bounds = " (" + _("at most {n}").format(n=ltr(_num(option.maximum))) + ")"
+    default = ""
+    if option.default not in (None, ""):
+        default = ", " + _("default {value}").format(value=ltr(_num(option.default)))
+    return f"  {ltr(f'<code>--{_esc(option.name)}</code>')} {_esc(option.description)}" + (
+        _esc(bounds)
+    ) + (
         _esc(default)
     )
 
 
 def _command_block(command: CommandHelp) -> str:
-    lines = [f"<b>/{_esc(command.name)}</b> {_esc(command.title)}"]
+    lines = [f"<b>{ltr(f'/{_esc(command.name)}')}</b> {_esc(command.title)}"]
     if command.description:
         lines.append(_esc(command.description))
     if command.takes_image:
-        lines.append("Send it as a photo caption or as a reply to a photo.")
+        lines.append(_("Send it as a photo caption or as a reply to a photo."))
     lines.extend(_option_line(option) for option in command.options)
     return "\n".join(lines)
 
 
-HELP_FOOTER = (
-    "Options go after the prompt: <code>/{example} a fox in snow --seed 42 --ar 16:9</code>.\n"
-    "<code>--no blurry, text</code> is the negative prompt, <code>--ar 16:9</code> the "
-    "aspect ratio, <code>--file</code> sends the full-quality file.\n"
-    "/status your jobs · /cancel stop one · /again re-roll · /history · /settings"
-)
-HELP_FOOTER_SHORT = HELP_FOOTER.split("\n")[-1]
+def help_footer(example: str | None) -> str:
+    """How options are written, then the user's own commands (Telegram HTML)."""
+    own = _("{status} your jobs · {cancel} stop one · {again} re-roll · {history} · {settings}"
+            ).format(status=ltr("/status"), cancel=ltr("/cancel"), again=ltr("/again"),
+                     history=ltr("/history"), settings=ltr("/settings"))
+    if example is None:
+        return own
+    shown = f"/{_esc(example)} {_esc(_('a fox in snow'))} --seed 42 --ar 16:9"
+    lines = [
+        _("Options go after the prompt: {example}.").format(example=ltr(f"<code>{shown}</code>")),
+        _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends the "
+          "full-quality file.").format(
+            negative=ltr(f"<code>{_esc(_('--no blurry, text'))}</code>"),
+            aspect=ltr("<code>--ar 16:9</code>"), file=ltr("<code>--file</code>")),
+        own,
+    ]
+    return "\n".join(lines)
 
 
 def help_text(
     commands: Sequence[CommandHelp],
     unavailable: Sequence[CommandHelp] = (),
     *,
-    unavailable_mark: str = "not available right now",
+    unavailable_mark: str = N_("not available right now"),
 ) -> str:
     """The /help message: every command with its options, within one message; the
     `unavailable` ones (no GPU can run them now) by name only, marked as such."""
-    header = "<b>What I can do</b>"
+    header = _("<b>What I can do</b>")
     if not commands and not unavailable:
-        return f"{header}\nNo commands are enabled right now."
+        return f"{header}\n{_('No commands are enabled right now.')}"
     example = next((c.name for c in commands if not c.takes_image), None)
-    footer = HELP_FOOTER.format(example=_esc(example)) if example else HELP_FOOTER_SHORT
+    footer = help_footer(example)
     blocks: list[str] = []
     budget = MAX_MESSAGE_CHARS - len(header) - len(footer) - 80
-    marked = [f"<b>/{_esc(c.name)}</b> {_esc(c.title)} · {_esc(unavailable_mark)}"
+    marked = [f"<b>{ltr(f'/{_esc(c.name)}')}</b> {_esc(c.title)} · {_esc(_(unavailable_mark))}"
               for c in unavailable]
     budget -= sum(len(m) + 1 for m in marked)
     for index, command in enumerate(commands):
         block = _command_block(command)
         if sum(len(b) + 2 for b in blocks) + len(block) > budget:
-            blocks.append(_esc(_whole_words("Also: ", [f"/{c.name}" for c in commands[index:]])))
+            names = [ltr(f"/{c.name}") for c in commands[index:]]
+            blocks.append(_esc(_("Also: {names}").format(names=_whole_words("", names))))
             break
         blocks.append(block)
     if marked:
@@ -278,32 +306,32 @@ def _whole_words(head: str, names: Sequence[str], limit: int = 70) -> str:
 
 
 _STATUS_WORDS = {
-    "queued": "queued",
-    "running": "running",
-    "succeeded": "done",
-    "failed": "failed",
-    "cancelled": "cancelled",
+    "queued": N_("queued"),
+    "running": N_("running"),
+    "succeeded": N_("done"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
 }
 
 
 def history_text(entries: Sequence[HistoryEntry], *, prompt_chars: int = 60) -> str:
     """The /history message, newest first as given, trimmed to one message."""
     if not entries:
-        return "You have no jobs yet."
-    lines = ["<b>Your last jobs</b>"]
+        return _("You have no jobs yet.")
+    lines = [_("<b>Your last jobs</b>")]
     used = len(lines[0])
     for entry in entries:
         prompt = " ".join(entry.prompt.split())
         if len(prompt) > prompt_chars:
             prompt = prompt[: prompt_chars - 1].rstrip() + "…"
-        details = [entry.created_at.strftime("%d %b %H:%M"), _STATUS_WORDS[entry.status]]
+        details = [ltr(i18n.date_time(entry.created_at)), _(_STATUS_WORDS[entry.status])]
         if entry.seed is not None:
-            details.append(f"seed {entry.seed}")
+            details.append(_("seed {seed}").format(seed=ltr(entry.seed)))
         if entry.elapsed_s is not None:
-            details.append(duration(entry.elapsed_s))
+            details.append(ltr(duration(entry.elapsed_s)))
         line = (
-            f"<code>#{short_id(entry.id)}</code> /{_esc(entry.command)} {_esc(prompt)}\n"
-            f"  {_esc(DOT.join(details))}"
+            f"{ltr(f'<code>#{short_id(entry.id)}</code> /{_esc(entry.command)}')} "
+            f"{_esc(prompt)}\n  {_esc(DOT.join(details))}"
         )
         if used + len(line) + 1 > MAX_MESSAGE_CHARS:
             break

@@ -30,6 +30,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
 from comfyveil import i18n, sinks
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import jobs
 from comfyveil.telegram import (
     availability,
@@ -64,9 +65,9 @@ def chat_gone(exc: BadRequest) -> bool:
     return any(gone in exc.message.lower() for gone in CHAT_GONE)
 
 
-REROLL_BUTTON = "🎲 Re-roll"
-EDIT_BUTTON = "✏️ Edit this"
-FILE_BUTTON = "📄 As file"
+REROLL_BUTTON = N_("🎲 Re-roll")  # translated where the buttons are made
+EDIT_BUTTON = N_("✏️ Edit this")
+FILE_BUTTON = N_("📄 As file")
 
 
 def result_buttons(
@@ -77,12 +78,13 @@ def result_buttons(
     (not for a result that is a file already)."""
     row = []
     if reroll:
-        row.append(InlineKeyboardButton(REROLL_BUTTON, callback_data=callbacks_data.again(job_id)))
+        row.append(InlineKeyboardButton(_(REROLL_BUTTON),
+                                        callback_data=callbacks_data.again(job_id)))
     if edit:
-        row.append(InlineKeyboardButton(EDIT_BUTTON,
+        row.append(InlineKeyboardButton(_(EDIT_BUTTON),
                                         callback_data=callbacks_data.edit(job_id, index)))
     if as_file:
-        row.append(InlineKeyboardButton(FILE_BUTTON,
+        row.append(InlineKeyboardButton(_(FILE_BUTTON),
                                         callback_data=callbacks_data.as_file(job_id, index)))
     return InlineKeyboardMarkup([row]) if row else None
 
@@ -138,8 +140,8 @@ async def send_output(
     if output.size > MAX_UPLOAD_BYTES:
         return await bot.send_message(
             chat_id, replies.esc(
-                f"The result is {output.size // (1024 * 1024)} MB, more than Telegram "
-                "lets a bot send."
+                _("The result is {size} MB, more than Telegram lets a bot send.").format(
+                    size=ltr(output.size // (1024 * 1024)))
             ), parse_mode=ParseMode.HTML,
         )
     kind = "document" if as_file else _kind(output)
@@ -283,7 +285,7 @@ class TelegramSink:
             if job.status is jobs.Status.SUCCEEDED:
                 if not outputs:
                     await chat.send(lambda to: self.bot.send_message(
-                        to, "The job finished but produced no image.",
+                        to, _("The job finished but produced no image."),
                     ))
                 else:
                     caption = caption_for(job, asked_by=asked_by)

@@ -30,9 +30,11 @@ from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParam
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
+from comfyveil import i18n
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import callbacks_data, failures, limits, render, replies
+from comfyveil.telegram import callbacks_data, failures, language, limits, render, replies
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class StatusTracker:
         self._tasks: list[asyncio.Task[None]] = []
         self._refreshes: set[asyncio.Task[None]] = set()
         self._pending_posts: set[asyncio.Task[None]] = set()
+        self._languages: collections.OrderedDict[uuid.UUID, str] = collections.OrderedDict()
         self.listening = asyncio.Event()
         self.edits = 0  # status edits sent (for tests and the benchmark)
         self.shed = 0  # status edits left out to leave Telegram's limits to results
@@ -149,7 +152,11 @@ class StatusTracker:
         asked_by: str | None = None,
     ) -> jobs.Job:
         """Post `job`'s status message now and follow it; the job as stored after (with
-        the message that asked for it, `reply_to`, and `asked_by`, for its result)."""
+        the message that asked for it, `reply_to`, and `asked_by`, for its result).
+
+        Posted from the update that queued the job (or a task it started), so the
+        current language is the user's: the job's status speaks it from now on."""
+        self._remember_language(job.id, i18n.current())
         text = await self.text_for(job)
         reply = (
             ReplyParameters(reply_to, allow_sending_without_reply=True)
@@ -243,6 +250,23 @@ class StatusTracker:
             self._wake.set()
         return len(found)
 
+    def _remember_language(self, job_id: uuid.UUID, code: str) -> None:
+        self._languages[job_id] = code
+        while len(self._languages) > FINISHED_MEMORY:
+            self._languages.popitem(last=False)
+
+    async def _language(self, job: jobs.Job) -> str:
+        """The language `job`'s status speaks: the one it was asked in, else (after a
+        restart) its user's."""
+        found = self._languages.get(job.id)
+        if found is None:
+            try:
+                found = language.of_settings(await self.db.users.settings(job.user_id))
+            except store_errors.StoreError:
+                found = i18n.DEFAULT
+            self._remember_language(job.id, found)
+        return found
+
     @property
     def tracked(self) -> int:
         return len(self._tracked)
@@ -253,7 +277,7 @@ class StatusTracker:
             job.status is jobs.Status.RUNNING and (job.progress or {}).get("state") == "waiting"
         )
         if waiting and self.offline():
-            return replies.esc(ALL_OFFLINE)
+            return replies.esc(_(ALL_OFFLINE).format(cancel=ltr("/cancel")))
         if job.status is jobs.Status.QUEUED:
             parallel = max(1, self.parallel())
             ahead, eta = await self.db.jobs.position_and_eta(job.id, parallel=parallel)
@@ -272,9 +296,11 @@ class StatusTracker:
             if state == "waiting":
                 return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip("."))
             if state == "queued_on_backend" and (progress.get("position") or 0) > 0:
-                return replies.esc(f"Next on {backend}" if backend else "Next")
+                return replies.esc(_("Next on {backend}").format(backend=ltr(backend))
+                                   if backend else _("Next"))
             if state == "submitted":
-                return replies.esc(f"Sent to {backend}" if backend else "Sent to a GPU")
+                return replies.esc(_("Sent to {backend}").format(backend=ltr(backend))
+                                   if backend else _("Sent to a GPU"))
             percent = progress.get("percent")
             running_s = None
             if job.started_at is not None:
@@ -305,7 +331,9 @@ class StatusTracker:
         self._finished[job.id] = None
         while len(self._finished) > FINISHED_MEMORY:
             self._finished.popitem(last=False)
-        text = final_text(job, detail=self.is_admin(job.user_id))
+        with i18n.using(await self._language(job)):
+            text = final_text(job, detail=self.is_admin(job.user_id))
+        self._languages.pop(job.id, None)
         if job.status is jobs.Status.SUCCEEDED:
             try:
                 await self.bot.delete_message(job.chat_id, message_id)
@@ -318,7 +346,7 @@ class StatusTracker:
                 # Refused even after the rate limiter's retries: rather than keep trying
                 # while the status stays above the result, mark it done at the next chance.
                 await asyncio.sleep(retry_seconds(exc))
-        for _ in range(FINAL_EDIT_TRIES):
+        for _try in range(FINAL_EDIT_TRIES):
             try:
                 await self.bot.edit_message_text(
                     text, chat_id=job.chat_id, message_id=message_id, parse_mode=ParseMode.HTML,
@@ -456,7 +484,9 @@ class StatusTracker:
         if now_rank < tracked.rank:
             self._tokens += 1.0
             return  # an older state reported late ("Next on gpu0" after "Running")
-        text = await self.text_for(job)
+        with i18n.using(await self._language(job)):
+            text = await self.text_for(job)
+            keyboard = cancel_keyboard(job)
         if text == tracked.text:
             self._tokens += 1.0
             return
@@ -464,7 +494,7 @@ class StatusTracker:
         try:
             await self.bot.edit_message_text(
                 text, chat_id=tracked.chat_id, message_id=tracked.message_id,
-                parse_mode=ParseMode.HTML, reply_markup=cancel_keyboard(job),
+                parse_mode=ParseMode.HTML, reply_markup=keyboard,
                 rate_limit_args=limits.SHED,
             )
             tracked.text = text
@@ -497,9 +527,10 @@ class StatusTracker:
         tracked.next_at = time.monotonic() + interval
 
 
-CANCEL_BUTTON = "✖ Cancel"
-DONE = "Done."
-ALL_OFFLINE = "All GPUs are offline; your job runs when one is back — /cancel to drop it."
+# Translated where they are shown, in the job's language.
+CANCEL_BUTTON = N_("✖ Cancel")
+DONE = N_("Done.")
+ALL_OFFLINE = N_("All GPUs are offline; your job runs when one is back — {cancel} to drop it.")
 
 # How far a job has come, by what its status shows; within one attempt it only grows.
 _STAGES = {"waiting": 1, "submitted": 2, "queued_on_backend": 2, "running": 3}
@@ -517,7 +548,7 @@ def rank(job: jobs.Job) -> tuple[int, int]:
 def cancel_keyboard(job: jobs.Job) -> InlineKeyboardMarkup:
     """The Cancel button under a status message (only its user's press counts)."""
     return InlineKeyboardMarkup([[InlineKeyboardButton(
-        CANCEL_BUTTON, callback_data=callbacks_data.cancel(job.id)
+        _(CANCEL_BUTTON), callback_data=callbacks_data.cancel(job.id)
     )]])
 
 
@@ -527,8 +558,8 @@ def final_text(job: jobs.Job, *, detail: bool = False) -> str:
     if job.status is jobs.Status.FAILED:
         return replies.esc(failures.sentence(job.error, detail=detail))
     if job.status is jobs.Status.CANCELLED:
-        return "Cancelled."
-    return replies.esc(DONE)
+        return replies.esc(_("Cancelled."))
+    return replies.esc(_(DONE))
 
 
 def _int(value: object) -> int | None:

@@ -19,6 +19,7 @@ from telegram.error import BadRequest
 from comfyveil import errors, i18n, images
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
+from comfyveil.i18n import _, ltr
 from comfyveil.store import jobs
 from comfyveil.telegram import access, availability, parse, registry
 from comfyveil.telegram.context import DELIVERY_MODES_KEPT, Services
@@ -94,7 +95,9 @@ def build_values(
             options[wf.param(key).name] = value
     has_size = "width" in wf.params and "height" in wf.params
     if aspect is not None and not has_size:
-        raise parse.ParseError(f"/{entry.name} has no width and height, so --ar cannot be used.")
+        raise parse.ParseError(
+            _("{command} has no width and height, so {ar} cannot be used.").format(
+                command=ltr(f"/{entry.name}"), ar=ltr("--ar")))
     values: dict[str, object] = {}
     aspect = aspect or (str(prefs["ar"]) if has_size and prefs.get("ar") else None)
     if aspect and not {"width", "height"} & set(options):
@@ -164,19 +167,20 @@ async def download_checked(
     """
     limits = services.settings.limits
     if size is not None and size > min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT):
-        raise images.ImageRejected(
-            f"That file is {size / (1024 * 1024):.1f} MB; the limit is "
-            f"{min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT) // (1024 * 1024)} MB."
-        )
+        limit = min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT) // (1024 * 1024)
+        raise images.ImageRejected(_("That file is {size}; the limit is {limit}.").format(
+            size=ltr(_("{n} MB").format(n=f"{size / (1024 * 1024):.1f}")),
+            limit=ltr(_("{n} MB").format(n=limit))))
     try:
         tg_file = await bot.get_file(file_id)
         data = bytes(await tg_file.download_as_bytearray())
     except BadRequest as exc:
         if "too big" in exc.message:
             raise images.ImageRejected(
-                "That file is too large for a bot to download (20 MB at most)."
+                _("That file is too large for a bot to download (20 MB at most).")
             ) from exc
-        raise images.ImageRejected("That file could not be downloaded; send it again.") from exc
+        raise images.ImageRejected(
+            _("That file could not be downloaded; send it again.")) from exc
     checked = await asyncio.to_thread(
         images.check_image, data, max_bytes=limits.max_image_bytes,
         max_pixels=limits.max_image_pixels,
@@ -211,8 +215,8 @@ async def find_image(
                     data=stored.data,
                 )
     raise errors.UsageError(
-        f"/{entry.name} edits an image: send it as the caption of a photo, reply to a "
-        "photo with it, or make an image first."
+        _("{command} edits an image: send it as the caption of a photo, reply to a "
+          "photo with it, or make an image first.").format(command=ltr(f"/{entry.name}"))
     )
 
 
@@ -228,7 +232,8 @@ async def check_allowed(services: Services, who: access.Who, entry: registry.Ent
         QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
     """
     if not entry.allows(who):
-        raise access.NotAllowed(f"Only the bot's admins can use /{entry.name}.")
+        raise access.NotAllowed(_("Only the bot's admins can use {command}.").format(
+            command=ltr(f"/{entry.name}")))
     await services.db.jobs.check_limits(who.user_id, **services.access.limits(who))
 
 
@@ -303,7 +308,8 @@ async def rerun(
     """
     entry = await services.commands.get(job.command)
     if entry is None:
-        raise errors.UsageError(f"The command /{job.command} is not available now.")
+        raise errors.UsageError(_("The command {command} is not available now.").format(
+            command=ltr(f"/{job.command}")))
     await check_allowed(services, who, entry)
     why = availability.reason(services.pool, entry.workflow)
     if why is not None:
@@ -313,8 +319,8 @@ async def rerun(
         inputs = await services.db.jobs.inputs(job.id)
         if len(inputs) < len(entry.workflow.image_params):
             raise errors.UsageError(
-                f"The image of that /{job.command} job is no longer kept; send the command "
-                "again with the image."
+                _("The image of that {command} job is no longer kept; send the command "
+                  "again with the image.").format(command=ltr(f"/{job.command}"))
             )
     values = {k: v for k, v in job.params.items() if k != "seed"}
     await check_policy(services, entry.name, policy_texts(entry.workflow, values))
