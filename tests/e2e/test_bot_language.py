@@ -49,11 +49,20 @@ async def test_the_language_comes_from_telegram_and_settings_override_it(
         assert (await db.users.settings(90)).get("tg_language") == "fa"
         keyboard = call.result["reply_markup"]["inline_keyboard"]
         labels = {b["text"].removeprefix("✓ "): b["callback_data"] for r in keyboard for b in r}
-        assert "✓ auto" in [b["text"] for r in keyboard for b in r]
+        # The Persian app's user reads /settings in Persian, "auto" chosen.
+        assert "✓ خودکار" in [b["text"] for r in keyboard for b in r]
+        assert "زبان: خودکار (فارسی)" in call.result["text"]
         query = fake_telegram.user_presses(90, call.result["message_id"], labels["Español"])
         await fake_telegram.wait_for(lambda _: query in fake_telegram.callback_answers)
         settings = await db.users.settings(90)
         assert settings.get("language") == "es" and settings.get("tg_language") == "fa"
-        query = fake_telegram.user_presses(90, call.result["message_id"], labels["auto"])
+        # The answer and the settings message speak the new language at once.
+        assert fake_telegram.callback_answers[query].get("text") == "Guardado."
+        shown = next(m for m in fake_telegram.bot_messages(90)
+                     if m["message_id"] == call.result["message_id"])
+        assert "Idioma: Español" in shown["text"]
+        stack.send(90, "/history", language_code="fa")
+        assert await stack.reply_text(90, count=2) == "Todavía no tienes trabajos."
+        query = fake_telegram.user_presses(90, call.result["message_id"], labels["خودکار"])
         await fake_telegram.wait_for(lambda _: query in fake_telegram.callback_answers)
         assert "language" not in await db.users.settings(90)

@@ -340,7 +340,8 @@ def _language_name(prefs: Mapping[str, Any]) -> str:
     if isinstance(choice, str) and choice in i18n.NATIVE_NAMES:
         return i18n.NATIVE_NAMES[choice]
     return _("auto ({language})").format(
-        language=i18n.NATIVE_NAMES[language.of_settings(prefs)])
+        # what the user reads now: their Telegram app's language, or English
+        language=i18n.NATIVE_NAMES[i18n.current()])
 
 
 def _language_rows(
