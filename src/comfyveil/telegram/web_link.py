@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from telegram import LinkPreviewOptions, Update
 
+from comfyveil.i18n import _, ltr, n_
 from comfyveil.telegram import access, replies
 from comfyveil.telegram.context import BotContext
 
@@ -23,10 +24,11 @@ async def web(update: Update, context: BotContext, who: access.Who, text: str) -
     settings = context.services.settings
     chat = update.effective_chat
     if chat is None or chat.type != "private":
-        await replies.reply(update, "Send /web to me in a private chat: its link logs you in.")
+        await replies.reply(update, _("Send {command} to me in a private chat: its link logs "
+                                      "you in.").format(command=ltr("/web")))
         return
     if not settings.web.enabled:
-        await replies.reply(update, "The web front end is not enabled here.")
+        await replies.reply(update, _("The web front end is not enabled here."))
         return
     token = await web_store.WebStore(context.services.db.pool).create_link(
         who.user_id, minutes=LINK_MINUTES
@@ -34,7 +36,10 @@ async def web(update: Update, context: BotContext, who: access.Who, text: str) -
     url = f"{server.link_base(settings)}/link/{token}"
     await replies.reply(
         update,
-        f"Open this within {LINK_MINUTES} minutes, once, to use the web front end with "
-        f"your Telegram account (one history for both):\n{replies.esc(url)}",
+        n_("Open this within {n} minute, once, to use the web front end with your Telegram "
+           "account (one history for both):\n{url}",
+           "Open this within {n} minutes, once, to use the web front end with your Telegram "
+           "account (one history for both):\n{url}", LINK_MINUTES,
+           ).format(n=ltr(LINK_MINUTES), url=ltr(replies.esc(url))),
         link_preview_options=LinkPreviewOptions(is_disabled=True),
     )
