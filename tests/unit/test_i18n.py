@@ -125,3 +125,25 @@ def test_ltr_isolates_only_in_right_to_left_languages() -> None:
     with i18n.using("ru"):
         assert i18n.ltr("--ar 16:9") == "--ar 16:9"
         assert i18n.direction() == "ltr"
+
+
+def test_rtl_keeps_a_step_count_and_options_in_order() -> None:
+    from comfyveil.telegram import render
+
+    view = render.JobView(
+        id="x", command="f", status="running", backend="gpu0", progress=0.45, step=9, steps=20
+    )
+    with i18n.using("fa"):
+        text = render.status_text(view)
+        footer = render.help_footer("f")
+    # One isolate around "9/20": two apart would read "20/9" in a right-to-left line.
+    assert "\u20669/20\u2069" in text and "\u2066gpu0\u2069" in text
+    assert "\u2066<code>/f " in footer and "--seed 42 --ar 16:9</code>\u2069" in footer
+
+
+def test_no_gettext_call_hides_inside_an_f_string() -> None:
+    """Babel cannot see a call inside an f-string: its text would never be translated."""
+    hidden = re.compile(r"""f(["']).*\{[^}]*\b(?:_|n_|N_|ngettext|gettext)\(\s*["']""")
+    for path in catalogs.PACKAGE.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            assert not hidden.search(line), f"{path.name}:{number}: {line.strip()}"

@@ -45,9 +45,9 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
         flags = [_(ROLE_WORDS.get(row["role"], row["role"]))]
         if row["granted"]:
             flags.append(_("allowed"))
-        lines.append(_("{user} {flags} · {used}/{quota} today").format(
+        lines.append(_("{user} {flags} · {count} today").format(
             user=ltr(f"<code>{row['id']}</code>"), flags=" ".join(flags),
-            used=ltr(row["today"]), quota=ltr(quota)))
+            count=ltr(f"{row['today']}/{quota}")))
     if not rows:
         lines.append(_("Nobody has used the bot yet."))
     await replies.reply(update, "\n".join(lines))
@@ -116,7 +116,7 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
             mine = i18n.ngettext("{n} job from here", "{n} jobs from here", len(backend.jobs))
             line = (f"{ltr(replies.esc(backend.name))}: {state} · "
                     f"{mine.format(n=ltr(len(backend.jobs)))} · "
-                    f"{_('{n} in its queue').format(n=ltr(backend.remote_queue))}")
+                    + _("{n} in its queue").format(n=ltr(backend.remote_queue)))
             if backend.last_error and not backend.healthy:
                 line += f" · {replies.esc(replies.sentence(backend.last_error))}"
             lines.append(line)

@@ -147,7 +147,7 @@ async def _dispatch(
         return _(
             "Send {command} and what to change, e.g. {example}. It will edit this image "
             "(replying to it with the command works too)."
-        ).format(command=ltr(f"/{name}"), example=ltr(f"/{name} {_('make it night')}")), True
+        ).format(command=ltr(f"/{name}"), example=ltr(f"/{name} " + _("make it night"))), True
     if press.action == "file":
         await context.bot.send_document(
             chat.id, InputFile(output.data, filename=output.filename.rsplit("/", 1)[-1]),

@@ -123,10 +123,10 @@ async def start(update: Update, context: BotContext, who: access.Who, text: str)
     example = next((e.name for e in entries if not e.takes_image), None)
     lines = [_(START_HELLO)]
     if example is not None:
-        shown = f"/{replies.esc(example)} {replies.esc(_('a red fox in the snow'))}"
+        shown = f"/{replies.esc(example)} " + replies.esc(_("a red fox in the snow"))
         lines.append(_(START_TRY).format(example=ltr(f"<code>{shown}</code>")))
     elif entries:
-        shown = f"/{replies.esc(entries[0].name)} {replies.esc(_('make it night'))}"
+        shown = f"/{replies.esc(entries[0].name)} " + replies.esc(_("make it night"))
         lines.append(_(START_EDIT_ONLY).format(example=ltr(f"<code>{shown}</code>")))
     else:
         lines.append(_(START_NOTHING))

@@ -41,12 +41,12 @@ async def _hint(services: Services, photo: bool) -> str:
         edits = [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
         if not edits:
             return _(PHOTO_HINT_NONE).format(help=ltr("/help"))
-        shown = f"/{replies.esc(edits[0].name)} {replies.esc(_('make it night'))}"
+        shown = f"/{replies.esc(edits[0].name)} " + replies.esc(_("make it night"))
         return _(PHOTO_HINT).format(example=ltr(f"<code>{shown}</code>"))
     texts = [e for e in entries if not e.takes_image]
     if not texts:
         return _(HINT_NO_EXAMPLE).format(help=ltr("/help"))
-    shown = f"/{replies.esc(texts[0].name)} {replies.esc(_('a red fox'))}"
+    shown = f"/{replies.esc(texts[0].name)} " + replies.esc(_("a red fox"))
     return _(HINT).format(example=ltr(f"<code>{shown}</code>"), help=ltr("/help"))
 
 

@@ -153,8 +153,8 @@ def status_text(job: JobView) -> str:
             percent = round(min(max(job.progress, 0.0), 1.0) * 100)
             parts.append(ltr(_("{percent}%").format(percent=percent)))
         if job.step is not None and job.steps:
-            parts.append(_("step {step}/{steps}").format(step=ltr(job.step),
-                                                         steps=ltr(job.steps)))
+            # one isolate for both numbers: "9/20" must not turn into "20/9"
+            parts.append(_("step {progress}").format(progress=ltr(f"{job.step}/{job.steps}")))
         if job.running_s is not None:
             parts.append(clock(job.running_s))
         return _esc(DOT.join(parts))
@@ -252,12 +252,12 @@ def help_footer(example: str | None) -> str:
                      history=ltr("/history"), settings=ltr("/settings"))
     if example is None:
         return own
-    shown = f"/{_esc(example)} {_esc(_('a fox in snow'))} --seed 42 --ar 16:9"
+    shown = f"/{_esc(example)} " + _esc(_("a fox in snow")) + " --seed 42 --ar 16:9"
     lines = [
         _("Options go after the prompt: {example}.").format(example=ltr(f"<code>{shown}</code>")),
         _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends the "
           "full-quality file.").format(
-            negative=ltr(f"<code>{_esc(_('--no blurry, text'))}</code>"),
+            negative=ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
             aspect=ltr("<code>--ar 16:9</code>"), file=ltr("<code>--file</code>")),
         own,
     ]
@@ -274,7 +274,7 @@ def help_text(
     `unavailable` ones (no GPU can run them now) by name only, marked as such."""
     header = _("<b>What I can do</b>")
     if not commands and not unavailable:
-        return f"{header}\n{_('No commands are enabled right now.')}"
+        return header + "\n" + _("No commands are enabled right now.")
     example = next((c.name for c in commands if not c.takes_image), None)
     footer = help_footer(example)
     blocks: list[str] = []
