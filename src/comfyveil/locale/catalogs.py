@@ -82,7 +82,10 @@ def read(path: Path, language: str | None = None) -> Catalog:
 def write(path: Path, catalog: Catalog) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as handle:
-        write_po(handle, catalog, width=96, sort_output=False, omit_header=False)
+        # File names without line numbers: an edit elsewhere in a file leaves the
+        # catalogs as they are.
+        write_po(handle, catalog, width=96, sort_output=False, omit_header=False,
+                 include_lineno=False)
 
 
 def update(languages: Iterable[str] = i18n.LANGUAGES) -> None:
