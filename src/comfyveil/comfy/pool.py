@@ -45,6 +45,7 @@ from comfyveil import config
 from comfyveil.comfy import errors, results, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import routing as routing_mod
+from comfyveil.i18n import N_
 
 logger = logging.getLogger(__name__)
 
@@ -366,7 +367,9 @@ class Pool:
                     return self._place(backend, wf, job_id)
                 if on_wait is not None and not told:
                     told = True
-                    await on_wait("waiting for a GPU" if not able else "waiting for a free GPU")
+                    # stored in English; the chat says it in the job's language
+                    await on_wait(N_("waiting for a GPU") if not able
+                                  else N_("waiting for a free GPU"))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), self.probe_interval)
 

@@ -21,6 +21,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from comfyveil import i18n
 from comfyveil.store import errors
 from comfyveil.store.connector import Connector, Row
 
@@ -191,7 +192,7 @@ def _queued(row: Row | None) -> Row:
     """The row `enqueue_job` (or `user_refusal`) returned, or the refusal it carries as an
     exception."""
     if row is None or row["refusal"] == "retry":
-        raise errors.StoreError("the job could not be queued; try again")
+        raise errors.StoreError(i18n.gettext("the job could not be queued; try again"))
     if row["refusal"] == "queue_limit":
         raise errors.QueueLimitReached(row["refusal_limit"])
     if row["refusal"] == "daily_quota":

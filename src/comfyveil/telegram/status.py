@@ -294,7 +294,7 @@ class StatusTracker:
             state = progress.get("state")
             backend = progress.get("backend") or job.backend
             if state == "waiting":
-                return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip("."))
+                return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip(".。"))
             if state == "queued_on_backend" and (progress.get("position") or 0) > 0:
                 return replies.esc(_("Next on {backend}").format(backend=ltr(backend))
                                    if backend else _("Next"))
