@@ -147,3 +147,17 @@ def test_no_gettext_call_hides_inside_an_f_string() -> None:
     for path in catalogs.PACKAGE.rglob("*.py"):
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             assert not hidden.search(line), f"{path.name}:{number}: {line.strip()}"
+
+
+def test_messages_raised_in_english_are_said_in_the_readers_language() -> None:
+    from comfyveil import policy
+    from comfyveil.telegram import replies
+
+    with i18n.using("ru"):
+        assert replies.user_message(policy.PromptRefused()) == (
+            "Этот бот не принимает такой запрос; ничего не поставлено в очередь."
+        )
+        # the worker's sentence, stored in English, shown in the job's language
+        assert replies.sentence("waiting for a GPU") == "Ожидание GPU."
+    with i18n.using("zh"):
+        assert replies.sentence("waiting for a free GPU") == "等待空闲的 GPU。"
