@@ -5,7 +5,8 @@
     python -m comfyveil.locale.catalogs check     # what is untranslated, per language
 
 Texts are found by their calls: ``_("...")``, ``n_("one", "many", n)`` and the marker
-``N_("...")`` for module constants. A comment starting ``TRANSLATORS:`` just above a call
+``N_("...")`` for module constants, in the Python code and (Jinja2's extractor) in the
+web templates. A comment starting ``TRANSLATORS:`` just above a call
 goes to the translators.
 """
 
@@ -34,7 +35,11 @@ def extract() -> Catalog:
     catalog = Catalog(project="comfyveil", charset="utf-8", fuzzy=False)
     found = extract_from_dir(
         str(PACKAGE),
-        method_map=[("**.py", "python")],
+        # The web pages' texts: ``{{ _("...") }}`` and ``{% trans %}`` in the templates.
+        method_map=[("**.py", "python"), ("web/templates/**.html", "jinja2")],
+        options_map={"web/templates/**.html": {"extensions": "jinja2.ext.i18n",
+                                               "trim_blocks": "true",
+                                               "lstrip_blocks": "true"}},
         keywords=KEYWORDS,
         comment_tags=COMMENT_TAGS,
         strip_comment_tags=True,

@@ -17,12 +17,14 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from comfyveil import config
+from comfyveil import config, i18n
 from comfyveil.comfy import pool as pool_mod
+from comfyveil.i18n import _
 from comfyveil.store import database
 from comfyveil.telegram import access as access_mod
 from comfyveil.telegram import registry as registry_mod
 from comfyveil.web import auth
+from comfyveil.web import language as language_mod
 from comfyveil.web import store as web_store
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,11 @@ class WebServices:
             auto_reload=False,  # templates ship with the package: no stat() per page
             trim_blocks=True,
             lstrip_blocks=True,
+            extensions=["jinja2.ext.i18n"],
+        )
+        # The callables read the request's language (a context variable) when called.
+        self.templates.install_gettext_callables(  # type: ignore[attr-defined]
+            i18n.gettext, i18n.ngettext, newstyle=True
         )
         self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
 
@@ -116,6 +123,8 @@ def render(
         account=account,
         csrf=csrf,
         path=request.path,
+        lang=i18n.current(),
+        dir="rtl" if i18n.current() in i18n.RTL else "ltr",
         refresh=context.pop("refresh", None),
         **context,
     )
@@ -184,12 +193,18 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
             v = visit(request)
             v.account, v.csrf = found
             v.session_token = token
+    settings = None
+    if visit(request).account is not None:
+        settings = await svc.db.users.settings(visit(request).account.user_id)  # type: ignore[union-attr]
+    i18n.set_language(language_mod.choose(settings, request.headers.get("Accept-Language")))
     if request.method == "POST" and not await _csrf_ok(request):
         return error_page(
             request,
             403,
-            "This form has expired or did not come from this site. Go back, reload the "
-            "page and send it again.",
+            _(
+                "This form has expired or did not come from this site. Go back, reload the "
+                "page and send it again."
+            ),
         )
     return await handler(request)
 
@@ -212,16 +227,16 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPNotFound:
-        return error_page(request, 404, "There is nothing here.")
+        return error_page(request, 404, _("There is nothing here."))
     except web.HTTPMethodNotAllowed:
-        return error_page(request, 405, "That is not something this page does.")
+        return error_page(request, 405, _("That is not something this page does."))
     except web.HTTPRequestEntityTooLarge:
-        return error_page(request, 413, "That upload is too large.")
+        return error_page(request, 413, _("That upload is too large."))
     except web.HTTPException:
         raise
     except Exception:
         logger.exception("web request failed", extra={"action": "web_error"})
-        return error_page(request, 500, "Something went wrong on the server; try again.")
+        return error_page(request, 500, _("Something went wrong on the server; try again."))
 
 
 async def _stylesheet(request: web.Request) -> web.Response:

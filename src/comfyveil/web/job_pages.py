@@ -12,13 +12,17 @@ import collections
 import datetime as dt
 import io
 import uuid
+from typing import Any
 
 from aiohttp import web
 from PIL import Image
 
-from comfyveil import errors, sinks
+from comfyveil import errors, i18n, sinks
+from comfyveil.i18n import _
 from comfyveil.store import jobs
+from comfyveil.telegram.language import CHOICE
 from comfyveil.web import auth
+from comfyveil.web import language as web_language
 from comfyveil.web import store as web_store
 from comfyveil.web.app import WebServices, render, require_account, services
 from comfyveil.web.pages import MIMES, owned_output, queue, who_for
@@ -252,7 +256,21 @@ async def gallery(request: web.Request) -> web.Response:
 async def settings_page(request: web.Request) -> web.Response:
     account = require_account(request)
     prefs = await services(request).db.users.settings(account.user_id)
-    return render(request, "settings.html", prefs=prefs, errors={}, saved=False)
+    return _settings(request, prefs, {}, saved=False)
+
+
+def _settings(
+    request: web.Request, prefs: dict[str, Any], errors_: dict[str, str], *, saved: bool
+) -> web.Response:
+    return render(
+        request,
+        "settings.html",
+        status=400 if errors_ else 200,
+        prefs=prefs,
+        errors=errors_,
+        saved=saved,
+        languages=web_language.choices(),
+    )
 
 
 async def settings_save(request: web.Request) -> web.Response:
@@ -268,7 +286,7 @@ async def settings_save(request: web.Request) -> web.Response:
     elif steps.isdigit() and 1 <= int(steps) <= 1000:
         changes["steps"] = int(steps)
     else:
-        errors_["steps"] = "Steps must be a whole number from 1 to 1000, or empty."
+        errors_["steps"] = _("Steps must be a whole number from 1 to 1000, or empty.")
     seed = str(form.get("seed") or "").strip()
     if not seed:
         changes["seed_mode"] = "random"
@@ -276,14 +294,21 @@ async def settings_save(request: web.Request) -> web.Response:
     elif seed.isdigit() and int(seed) < 2**53:
         changes.update(seed_mode="fixed", seed=int(seed))
     else:
-        errors_["seed"] = "The seed must be a whole number, 0 or more, or empty."
+        errors_["seed"] = _("The seed must be a whole number, 0 or more, or empty.")
+    language = str(form.get("language") or "")
+    if language in i18n.LANGUAGES:
+        changes[CHOICE] = language
+    else:  # "Automatic" (or anything unknown): the browser's language
+        remove.append(CHOICE)
     if errors_:
-        prefs = {"steps": steps, "seed": seed, "seed_mode": "fixed"}
-        return render(
-            request, "settings.html", status=400, prefs=prefs, errors=errors_, saved=False
-        )
+        prefs = {"steps": steps, "seed": seed, "seed_mode": "fixed", CHOICE: language}
+        return _settings(request, prefs, errors_, saved=False)
     prefs = await svc.db.users.update_settings(account.user_id, changes, remove)
-    return render(request, "settings.html", prefs=prefs, errors={}, saved=True)
+    # The page that confirms the choice is already in the chosen language.
+    i18n.set_language(
+        web_language.choose(prefs, request.headers.get("Accept-Language"))
+    )
+    return _settings(request, prefs, {}, saved=True)
 
 
 async def forget_page(request: web.Request) -> web.Response:
