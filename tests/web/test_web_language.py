@@ -1,0 +1,77 @@
+"""The web pages in the reader's language: the account's choice (the chat's settings
+key), else the browser's Accept-Language, else English; right-to-left pages say so."""
+
+from __future__ import annotations
+
+from comfyveil.web import language
+from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
+
+PERSIAN_LOGIN = "ورود"  # "Log in"
+PERSIAN_SETTINGS = "تنظیمات"  # "Settings"
+
+
+def test_accept_language_picks_the_best_shipped_language() -> None:
+    assert language.from_accept_language(None) == "en"
+    assert language.from_accept_language("de-DE,de;q=0.9") == "en"
+    assert language.from_accept_language("de-DE,fa-IR;q=0.8,ru;q=0.5") == "fa"
+    assert language.from_accept_language("ru;q=0.3, es;q=0.7") == "es"
+    assert language.from_accept_language("zh-CN, ar") == "zh"
+    assert language.from_accept_language("fa;q=0, tr;q=0.1") == "tr"
+    assert language.choose({"language": "ar"}, "fa") == "ar"
+    assert language.choose({"language": ""}, "fa") == "fa"
+
+
+async def test_login_page_is_english_by_default_and_persian_when_the_browser_asks(
+    db, fake_comfy
+) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        _, page = await get_text(session, stack.url + "/login")
+        assert '<html lang="en" dir="ltr">' in page
+        assert "<h1>Log in</h1>" in page and PERSIAN_LOGIN not in page
+        headers = {"Accept-Language": "de-DE,fa-IR;q=0.9,en;q=0.5"}
+        async with session.get(stack.url + "/login", headers=headers) as response:
+            page = await response.text()
+        assert '<html lang="fa" dir="rtl">' in page
+        assert f"<h1>{PERSIAN_LOGIN}</h1>" in page
+        assert "Accounts are by invitation only" not in page
+        async with session.get(stack.url + "/no/such/page", headers=headers) as response:
+            assert response.status == 404
+            assert "اینجا چیزی نیست." in await response.text()
+
+
+async def test_the_accounts_language_choice_wins_and_is_the_chats_setting(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "parisa")
+        _, page = await get_text(session, stack.url + "/settings")
+        assert '<html lang="en" dir="ltr">' in page
+        assert '<select id="f-language" name="language">' in page
+        assert '<label for="f-language">Language</label>' in page
+        assert ">فارسی</option>" in page and ">简体中文</option>" in page
+        async with session.post(
+            stack.url + "/settings",
+            data={"csrf": csrf_of(page), "steps": "", "seed": "", "language": "fa"},
+        ) as response:
+            saved = await response.text()
+            assert response.status == 200, saved
+        assert '<html lang="fa" dir="rtl">' in saved, "the confirmation is already in Persian"
+        account = await stack.store.account_by_name("parisa")
+        assert account is not None
+        settings = await db.users.settings(account.user_id)
+        assert settings["language"] == "fa", "the key the chat's /settings uses"
+        # Another page, a browser asking for Spanish: the account's choice wins.
+        async with session.get(
+            stack.url + "/settings", headers={"Accept-Language": "es"}
+        ) as response:
+            page = await response.text()
+        assert '<html lang="fa" dir="rtl">' in page
+        assert f"<h1>{PERSIAN_SETTINGS}</h1>" in page
+        assert '<option value="fa" lang="fa" selected>' in page
+        # Back to automatic: the browser's language again.
+        async with session.post(
+            stack.url + "/settings",
+            data={"csrf": csrf_of(page), "steps": "", "seed": "", "language": ""},
+            headers={"Accept-Language": "es"},
+        ) as response:
+            page = await response.text()
+        assert '<html lang="es" dir="ltr">' in page and "<h1>Ajustes</h1>" in page
+        assert "language" not in await db.users.settings(account.user_id)
