@@ -37,6 +37,14 @@ async def test_login_page_is_english_by_default_and_persian_when_the_browser_ask
         async with session.get(stack.url + "/no/such/page", headers=headers) as response:
             assert response.status == 404
             assert "اینجا چیزی نیست." in await response.text()
+        # A refusal raised in the Python code is in the page's language too.
+        async with session.post(
+            stack.url + "/login",
+            data={"csrf": csrf_of(page), "name": "nobody", "passphrase": "wrong passphrase"},
+            headers=headers,
+        ) as response:
+            assert response.status == 403
+            assert "نام یا عبارت عبور نادرست است." in await response.text()
 
 
 async def test_the_accounts_language_choice_wins_and_is_the_chats_setting(db, fake_comfy) -> None:

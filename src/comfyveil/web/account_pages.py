@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from comfyveil.i18n import _
 from comfyveil.web import auth
 from comfyveil.web import store as web_store
 from comfyveil.web.app import anon_csrf, render, services, visit
@@ -71,7 +72,7 @@ async def signup_page(request: web.Request) -> web.Response:
     svc = services(request)
     token = request.match_info["token"]
     if not await svc.web.invite_open(token):
-        return render(request, "error.html", status=404, message=str(web_store.InviteInvalid()))
+        return render(request, "error.html", status=404, message=_(str(web_store.InviteInvalid())))
     return render(
         request, "signup.html", form_csrf=anon_csrf(request), token=token, errors={}, name=""
     )
@@ -93,9 +94,9 @@ async def signup(request: web.Request) -> web.Response:
         try:
             account = await svc.web.sign_up(token, name, await auth.hash_passphrase(passphrase))
         except web_store.NameTaken as exc:
-            errors["name"] = str(exc)
+            errors["name"] = _(str(exc))
         except web_store.InviteInvalid as exc:
-            return render(request, "error.html", status=404, message=str(exc))
+            return render(request, "error.html", status=404, message=_(str(exc)))
         else:
             return await _start_session(request, account)
     return render(
@@ -132,7 +133,7 @@ async def link_page(request: web.Request) -> web.Response:
             request,
             "error.html",
             status=404,
-            message="This link is not valid any more; send /web in the chat again.",
+            message=_("This link is not valid any more; send /web in the chat again."),
         )
     account = visit(request).account
     linked = await svc.web.account_of_user(telegram_user)
@@ -184,7 +185,7 @@ async def link(request: web.Request) -> web.Response:
                         token, name, await auth.hash_passphrase(passphrase)
                     )
                 except web_store.NameTaken:
-                    errors["name"] = str(web_store.NameTaken())
+                    errors["name"] = _(str(web_store.NameTaken()))
                 else:
                     return await _start_session(request, created)
             return render(
@@ -199,7 +200,7 @@ async def link(request: web.Request) -> web.Response:
                 name=name,
             )
     except (web_store.InviteInvalid, web_store.NameTaken) as exc:
-        return render(request, "error.html", status=400, message=str(exc))
+        return render(request, "error.html", status=400, message=_(str(exc)))
     raise web.HTTPSeeOther(f"/link/{token}")
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from comfyveil.i18n import _
 from comfyveil.web import store as web_store
 
 SESSION_COOKIE = "comfyveil_session"
@@ -54,21 +55,21 @@ async def verify_passphrase(stored: str | None, passphrase: str) -> bool:
 def check_name(name: str) -> str | None:
     """Why a chosen account name is not acceptable, or None."""
     if not name:
-        return "Choose a name."
+        return _("Choose a name.")
     if len(name) > MAX_NAME:
-        return f"A name has at most {MAX_NAME} characters."
+        return _("A name has at most {n} characters.").format(n=MAX_NAME)
     if not all(c.isalnum() or c in "._-" for c in name):
-        return "A name may use letters, digits, dots, dashes and underscores."
+        return _("A name may use letters, digits, dots, dashes and underscores.")
     return None
 
 
 def check_passphrase(passphrase: str, again: str) -> str | None:
     if len(passphrase) < MIN_PASSPHRASE:
-        return f"A passphrase has at least {MIN_PASSPHRASE} characters."
+        return _("A passphrase has at least {n} characters.").format(n=MIN_PASSPHRASE)
     if len(passphrase) > MAX_PASSPHRASE:
-        return f"A passphrase has at most {MAX_PASSPHRASE} characters."
+        return _("A passphrase has at most {n} characters.").format(n=MAX_PASSPHRASE)
     if passphrase != again:
-        return "The two passphrases differ."
+        return _("The two passphrases differ.")
     return None
 
 
@@ -137,22 +138,26 @@ async def login(
     wait = site.wait_seconds()
     if wait > 0:
         raise LoginRefused(
-            f"Too many failed logins on this site; try again in {int(wait) + 1} seconds."
+            _("Too many failed logins on this site; try again in {n} seconds.").format(
+                n=int(wait) + 1
+            )
         )
     account = await web.account_by_name(name) if name else None
     if account is not None and account.locked_until is not None:
         left = (account.locked_until - dt.datetime.now(dt.UTC)).total_seconds()
         if left > 0:
             raise LoginRefused(
-                f"Too many failed logins for this account; try again in {int(left) + 1} seconds."
+                _("Too many failed logins for this account; try again in {n} seconds.").format(
+                    n=int(left) + 1
+                )
             )
     ok = await verify_passphrase(account.passphrase if account else None, passphrase)
     if not ok or account is None:
         site.failed()
         if account is not None:
             await web.failed_login(account.id, free=FREE_FAILURES, max_delay=MAX_LOCK_SECONDS)
-        raise LoginRefused("Wrong name or passphrase.")
+        raise LoginRefused(_("Wrong name or passphrase."))
     if account.disabled:
-        raise LoginRefused("This account is banned.")
+        raise LoginRefused(_("This account is banned."))
     await web.logged_in(account.id)
     return account

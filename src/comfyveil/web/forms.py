@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfyveil.comfy import workflow
+from comfyveil.i18n import _
 from comfyveil.telegram import registry
 
 TEXTAREA_PARAMS = ("prompt", "negative")
@@ -165,10 +166,10 @@ def read_values(
         try:
             values[name] = p.convert(raw)
         except workflow.ParamError as exc:
-            errors[name] = sentence(str(exc))
+            errors[name] = sentence(_(str(exc)))
     for name, p in entry.workflow.params.items():
         if p.required and p.type != "image" and name not in values and name not in errors:
-            errors[name] = "This field is required."
+            errors[name] = _("This field is required.")
     return values, errors
 
 

@@ -107,7 +107,9 @@ async def again(request: web.Request) -> web.Response:
             request,
             "error.html",
             status=404,
-            message=f"The command /{job.command} is not available now.",
+            message=_("The command {command} is not available now.").format(
+                command=f"/{job.command}"
+            ),
         )
     inputs: list[jobs.InputImage] = []
     if entry.takes_image:
@@ -117,7 +119,7 @@ async def again(request: web.Request) -> web.Response:
                 request,
                 "error.html",
                 status=400,
-                message=(
+                message=_(
                     "The input image of that job is no longer kept; use Edit this on a result, "
                     "or upload the image again."
                 ),
@@ -132,7 +134,7 @@ async def again(request: web.Request) -> web.Response:
             svc, await who_for(svc, account), entry, values, inputs, key=f"web:{account.id}:{nonce}"
         )
     except errors.UsageError as exc:
-        return render(request, "error.html", status=400, message=str(exc))
+        return render(request, "error.html", status=400, message=_(str(exc)))
     raise web.HTTPSeeOther(f"/jobs/{new.id}")
 
 
@@ -327,7 +329,7 @@ async def forget(request: web.Request) -> web.Response:
             request,
             "forget.html",
             status=400,
-            error="Tick the box to confirm; nothing was deleted.",
+            error=_("Tick the box to confirm; nothing was deleted."),
         )
     await svc.db.users.forget(account.user_id)
     if form.get("account") == "yes":

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from comfyveil import errors, images
+from comfyveil.i18n import _
 from comfyveil.store import jobs
 from comfyveil.telegram import access as access_mod
 from comfyveil.telegram import registry as registry_mod
@@ -135,11 +136,11 @@ async def _input_image(
         parsed = parse_ref(ref)
         output = await owned_output(svc, account, *parsed) if parsed else None
         if output is None or output.mime not in MIMES:
-            raise errors.UsageError("That result is not available any more; choose another.")
+            raise errors.UsageError(_("That result is not available any more; choose another."))
         return jobs.InputImage(
             filename=f"result.{MIMES[output.mime]}", mime=output.mime, data=output.data
         )
-    raise errors.UsageError("Upload an image or choose one of your results.")
+    raise errors.UsageError(_("Upload an image or choose one of your results."))
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -149,7 +150,7 @@ async def submit(request: web.Request) -> web.Response:
     try:
         form = await request.post()
     except web.HTTPRequestEntityTooLarge:
-        return error_page(request, 413, "That upload is too large.")
+        return error_page(request, 413, _("That upload is too large."))
     values, field_errors = forms.read_values(entry, form)
     problem: str | None = None
     job: jobs.Job | None = None
@@ -157,20 +158,20 @@ async def submit(request: web.Request) -> web.Response:
     try:  # refused now, before an uploaded image is decoded (asked again when queued)
         await svc.db.jobs.check_limits(who.user_id, **svc.access.limits(who))
     except errors.UsageError as exc:
-        problem = forms.sentence(str(exc))
+        problem = forms.sentence(_(str(exc)))
     inputs: list[jobs.InputImage] = []
     for name in entry.workflow.image_params:
         if problem is None:
             try:
                 inputs.append(await _input_image(svc, account, name, form))
             except errors.UsageError as exc:
-                field_errors[name] = forms.sentence(str(exc))
+                field_errors[name] = forms.sentence(_(str(exc)))
         values[name] = IMAGE_PLACEHOLDER
     if not field_errors and problem is None:
         try:
             job = await queue(svc, who, entry, values, inputs, key=_key(account, form))
         except errors.UsageError as exc:
-            problem = forms.sentence(str(exc))
+            problem = forms.sentence(_(str(exc)))
     if job is not None:
         raise web.HTTPSeeOther(f"/jobs/{job.id}")
     prefs = await svc.db.users.settings(account.user_id)
@@ -188,7 +189,7 @@ async def submit(request: web.Request) -> web.Response:
         status=400,
         entry=entry,
         fields=fields,
-        problem=problem or "Nothing was queued: correct the fields marked below.",
+        problem=problem or _("Nothing was queued: correct the fields marked below."),
         nonce=nonce if isinstance(nonce, str) else uuid.uuid4().hex,
     )
 
@@ -215,9 +216,11 @@ async def queue(
         UsageError: banned, not allowed this command, a limit reached, a bad value.
     """
     if who.role == "banned" and not who.is_admin:
-        raise access_mod.NotAllowed("You are not allowed to use this service.")
+        raise access_mod.NotAllowed(_("You are not allowed to use this service."))
     if not entry.allows(who):
-        raise access_mod.NotAllowed(f"Only the admins can use /{entry.name}.")
+        raise access_mod.NotAllowed(
+            _("Only the admins can use {command}.").format(command=f"/{entry.name}")
+        )
     validated = entry.workflow.validate(values)
     new = jobs.NewJob(
         user_id=who.user_id,

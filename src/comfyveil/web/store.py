@@ -18,6 +18,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from comfyveil.i18n import N_
 from comfyveil.store import errors
 from comfyveil.web import identity
 
@@ -39,6 +40,11 @@ class NameTaken(errors.StoreError):
 
 class InviteInvalid(errors.StoreError):
     """This invitation link is not valid (used, expired or mistyped)."""
+
+
+# The errors' sentences, for the catalogs (the pages translate them where shown).
+NAME_TAKEN = N_("That name is taken; choose another.")
+INVITE_INVALID = N_("This invitation link is not valid (used, expired or mistyped).")
 
 
 @dataclass(frozen=True)
