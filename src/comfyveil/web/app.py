@@ -19,7 +19,7 @@ from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil.comfy import pool as pool_mod
-from comfyveil.i18n import _
+from comfyveil.i18n import N_, _
 from comfyveil.store import database
 from comfyveil.telegram import access as access_mod
 from comfyveil.telegram import registry as registry_mod
@@ -72,6 +72,7 @@ class WebServices:
         self.templates.install_gettext_callables(  # type: ignore[attr-defined]
             i18n.gettext, i18n.ngettext, newstyle=True
         )
+        self.templates.globals["status_word"] = status_word
         self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
 
     @property
@@ -111,6 +112,20 @@ def services(request: web.Request) -> WebServices:
 
 
 # -- rendering ---------------------------------------------------------------------------
+
+# A job's status as the pages show it (the chat's words, so the catalogs have them).
+_STATUS_WORDS = {
+    "queued": N_("queued"),
+    "running": N_("running"),
+    "succeeded": N_("done"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+}
+
+
+def status_word(status: str) -> str:
+    word = _STATUS_WORDS.get(status)
+    return _(word) if word else status
 
 
 def render(

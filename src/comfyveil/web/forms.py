@@ -53,15 +53,15 @@ def label_for(name: str) -> str:
 def _bounds(p: workflow.Param) -> str:
     parts = []
     if p.min is not None and p.max is not None:
-        parts.append(f"{_num(p.min)} to {_num(p.max)}")
+        parts.append(_("{low} to {high}").format(low=_num(p.min), high=_num(p.max)))
     elif p.min is not None:
-        parts.append(f"at least {_num(p.min)}")
+        parts.append(_("at least {n}").format(n=_num(p.min)))
     elif p.max is not None:
-        parts.append(f"at most {_num(p.max)}")
+        parts.append(_("at most {n}").format(n=_num(p.max)))
     if p.step:
-        parts.append(f"in steps of {_num(p.step)}")
+        parts.append(_("in steps of {n}").format(n=_num(p.step)))
     if p.max_length:
-        parts.append(f"up to {p.max_length} characters")
+        parts.append(_("up to {n} characters").format(n=p.max_length))
     return ", ".join(parts)
 
 
@@ -108,7 +108,8 @@ def build_fields(
             label=label_for(name),
             kind="text",
             required=p.required,
-            help=p.description,
+            # the shipped workflows' option help is in the catalogs
+            help=_(p.description) if p.description else "",
             error=errors.get(name),
         )
         bounds = _bounds(p)
