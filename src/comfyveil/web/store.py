@@ -368,15 +368,7 @@ class WebStore:
             NameTaken: (reused) the Telegram user already has another web account.
         """
         async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
-            cursor = await conn.execute(
-                "DELETE FROM web_links WHERE token_hash = %(h)s AND expires_at > now() "
-                "RETURNING telegram_user_id",
-                {"h": digest(token)},
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                raise InviteInvalid("This link is not valid any more; send /web in the chat again.")
-            tg = int(row["telegram_user_id"])
+            tg = await _spend_link(conn, token)
             if account_id is None:
                 return tg
             cursor = await conn.execute(
@@ -438,15 +430,7 @@ class WebStore:
             InviteInvalid, NameTaken.
         """
         async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
-            cursor = await conn.execute(
-                "DELETE FROM web_links WHERE token_hash = %(h)s AND expires_at > now() "
-                "RETURNING telegram_user_id",
-                {"h": digest(token)},
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                raise InviteInvalid("This link is not valid any more; send /web in the chat again.")
-            tg = int(row["telegram_user_id"])
+            tg = await _spend_link(conn, token)
             cursor = await conn.execute(
                 "SELECT 1 FROM web_accounts WHERE name_key = %(k)s OR user_id = %(tg)s",
                 {"k": name.casefold(), "tg": tg},
@@ -524,3 +508,20 @@ class WebStore:
     async def output_owner(self, job_id: uuid.UUID) -> int | None:
         row = await self._one("SELECT user_id FROM jobs WHERE id = %(id)s", {"id": job_id})
         return int(row["user_id"]) if row else None
+
+
+async def _spend_link(conn: Any, token: str) -> int:
+    """Delete a live `/web` link token and return its Telegram user id (one use only).
+
+    Raises:
+        InviteInvalid: the link was used, expired or never made.
+    """
+    cursor = await conn.execute(
+        "DELETE FROM web_links WHERE token_hash = %(h)s AND expires_at > now() "
+        "RETURNING telegram_user_id",
+        {"h": digest(token)},
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        raise InviteInvalid("This link is not valid any more; send /web in the chat again.")
+    return int(row["telegram_user_id"])
