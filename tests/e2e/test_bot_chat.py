@@ -330,7 +330,7 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
         assert notice.startswith("All GPUs are offline (gpu0).")
         ended = await _said(fake_telegram, 66, "dropped", timeout=15)
         assert ended == (
-            "No GPU came back online within 3 s, so the job was dropped; "
+            "No GPU came back online within 3 seconds, so the job was dropped; "
             "send the command again later."
         )
         stack.send(67, f"/f a fox {SMALL}")

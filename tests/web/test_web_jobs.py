@@ -234,3 +234,33 @@ async def test_an_uploaded_input_is_shown_to_its_owner_only(db, fake_comfy_facto
         async with other.get(f"{stack.url}/jobs/{job_id}/in/0") as r:
             assert r.status == 404
         await finished(stack, job_id)
+
+
+async def test_a_failed_job_says_one_plain_sentence_and_only_admins_see_the_detail(
+    db, fake_comfy
+) -> None:
+    async with (
+        web_stack(db, [fake_comfy]) as stack,
+        client() as user,
+        client() as admin,
+    ):
+        await sign_up(user, await stack.invite(), "lou")
+        await sign_up(admin, await stack.invite(admin=True), "ops")
+        pages = {}
+        for name, session in (("lou", user), ("ops", admin)):
+            fake_comfy.fail_next_execution(
+                "KSampler", "CUDA error: an illegal memory access at 0x7f3a", "RuntimeError"
+            )
+            response = await submit_form(
+                session, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+            )
+            job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
+            job = await finished(stack, job_id)
+            assert job.status is jobs.Status.FAILED and "KSampler" in (job.error or "")
+            _, pages[name] = await get_text(session, f"{stack.url}/jobs/{job_id}")
+        sentence = "The workflow failed on the GPU; please try again later."
+        assert f'<p class="problem">{sentence}</p>' in pages["lou"]
+        for secret in ("KSampler", "CUDA", "0x7f3a", "RuntimeError", "Traceback"):
+            assert secret not in pages["lou"], secret
+        # the admin reads the same sentence, then the backend's own account
+        assert sentence in pages["ops"] and "KSampler" in pages["ops"]

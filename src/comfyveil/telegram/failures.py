@@ -1,17 +1,19 @@
-"""What a chat user reads about a failed job: one plain sentence, never ComfyUI's words.
+"""What a user reads about a failed job (in the chat or on the web): one plain sentence,
+never ComfyUI's words.
 
 The worker keeps the backend's own account of a failure in the job (``jobs.error``: node,
 exception, backend), which is what an operator needs and what a user must not see
 ("Node 2 (SaveImage) failed on backend gpu0: **** ERROR: ..."). Here it becomes one
 sentence of ours; admins get the account after it. Errors written for users already
-(the limits, "no GPU came back online ...") pass through as they are.
+(the limits) pass through as they are, in the reader's language where the catalog has them;
+"no GPU came back online within N min" is read back to say N in the reader's language.
 """
 
 from __future__ import annotations
 
 import re
 
-from comfyveil.i18n import N_, _
+from comfyveil.i18n import N_, _, n_
 from comfyveil.telegram import render, replies
 
 # What users read, in one place (to be translated as a whole).
@@ -24,6 +26,27 @@ LOST = N_("The GPU went away while running the job; please try again.")
 IMAGE_LOST = N_("The GPU lost the input image; please send it again.")
 TOO_LONG = N_("The job took too long on the GPU and was stopped.")
 DETAIL = N_("{sentence} Detail: {detail}")
+# The worker's AllGpusOffline text: "no GPU came back online within 5 min, so ..."
+_OFFLINE = re.compile(r"^no GPU came back online within (\d+) (s|min)\b")
+
+
+def _offline(match: re.Match[str]) -> str:
+    n = int(match.group(1))
+    if match.group(2) == "s":
+        return n_(
+            "No GPU came back online within {n} second, so the job was dropped; "
+            "send the command again later.",
+            "No GPU came back online within {n} seconds, so the job was dropped; "
+            "send the command again later.",
+            n,
+        ).format(n=n)
+    return n_(
+        "No GPU came back online within {n} minute, so the job was dropped; "
+        "send the command again later.",
+        "No GPU came back online within {n} minutes, so the job was dropped; "
+        "send the command again later.",
+        n,
+    ).format(n=n)
 
 # (pattern over the worker's error text, the sentence users get), first match wins
 _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -47,6 +70,9 @@ def sentence(error: str | None, *, detail: bool = False) -> str:
     """The sentence for a job that failed with `error` (plain text, not escaped);
     `detail`: add the worker's account (for admins)."""
     text = (error or "").strip()
+    offline = _OFFLINE.match(text)
+    if offline:
+        return _offline(offline)
     for pattern, plain in _RULES:
         if pattern.search(text):
             if detail:

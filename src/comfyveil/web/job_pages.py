@@ -20,6 +20,7 @@ from PIL import Image
 from comfyveil import errors, i18n, sinks
 from comfyveil.i18n import _
 from comfyveil.store import jobs
+from comfyveil.telegram import failures
 from comfyveil.telegram.language import CHOICE
 from comfyveil.web import auth
 from comfyveil.web import language as web_language
@@ -57,7 +58,7 @@ def _elapsed(job: jobs.Job) -> float | None:
 
 
 async def job_page(request: web.Request) -> web.Response:
-    _account, job = await owned_job(request)
+    account, job = await owned_job(request)
     svc = services(request)
     position = eta = None
     if job.status is jobs.Status.QUEUED:
@@ -80,7 +81,10 @@ async def job_page(request: web.Request) -> web.Response:
         percent=percent if isinstance(percent, int | float) else None,
         step=progress.get("value"),
         steps=progress.get("max"),
-        waiting=progress.get("text") if progress.get("state") == "waiting" else None,
+        # stored in English by the worker ("waiting for a GPU"): said in the page's language
+        waiting=_(str(progress.get("text") or ""))
+        if progress.get("state") == "waiting"
+        else None,
         outputs=[o for o in outputs],
         inputs=inputs,
         images=MIMES,
@@ -88,6 +92,11 @@ async def job_page(request: web.Request) -> web.Response:
         refresh=None if job.status.finished else REFRESH_SECONDS,
         prompt=job.params.get("prompt"),
         seed=job.params.get("seed"),
+        # One plain sentence, as the chat says it; the backend's own account (node,
+        # exception, backend name) only for admins.
+        failure=failures.sentence(job.error, detail=account.is_admin)
+        if job.status is jobs.Status.FAILED
+        else None,
     )
 
 
