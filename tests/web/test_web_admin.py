@@ -58,7 +58,7 @@ async def test_quota_and_ban_from_the_users_page(db, fake_comfy) -> None:
             stack.url + "/admin/users/quota",
             data={"csrf": csrf_of(page), "account": str(pat.id), "quota": "0"},
         ) as r:
-            assert "Done: quota." in await r.text()
+            assert "The quota was set." in await r.text()
         assert (await stack.db.users.get(pat.user_id)).daily_quota == 0  # type: ignore[union-attr]
         response = await submit_form(
             user, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}

@@ -83,3 +83,36 @@ async def test_the_accounts_language_choice_wins_and_is_the_chats_setting(db, fa
             page = await response.text()
         assert '<html lang="es" dir="ltr">' in page and "<h1>Ajustes</h1>" in page
         assert "language" not in await db.users.settings(account.user_id)
+
+
+async def test_admin_pages_and_form_labels_in_the_admins_language(db, fake_comfy) -> None:
+    """The admin pages, their plurals and the form labels of the shipped workflows follow
+    the reader's language like every other page."""
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(admin=True), "olga")
+        async with client() as other:
+            await sign_up(other, await stack.invite(), "pat")
+        _, page = await get_text(session, stack.url + "/admin")
+        assert "<p>2 web accounts. 0 jobs waiting in the queue.</p>" in page
+        async with session.post(
+            stack.url + "/settings",
+            data={"csrf": csrf_of(page), "steps": "", "seed": "", "language": "ru"},
+        ) as response:
+            assert response.status == 200
+        _, page = await get_text(session, stack.url + "/admin")
+        assert '<html lang="ru" dir="ltr">' in page and "<h1>Администрирование</h1>" in page
+        assert "2 веб-учётные записи." in page and "В очереди 0 заданий." in page
+        assert 'href="/admin/users">Пользователи</a>' in page
+        _, users = await get_text(session, stack.url + "/admin/users")
+        pat = await stack.store.account_by_name("pat")
+        assert pat is not None
+        assert "Заблокировать <bdi>pat</bdi>" in users and "Ban" not in users
+        async with session.post(
+            stack.url + "/admin/users/quota",
+            data={"csrf": csrf_of(users), "account": str(pat.id), "quota": "3"},
+        ) as response:
+            assert "Квота установлена." in await response.text()
+        _, form = await get_text(session, stack.url + "/c/f")
+        assert '<label for="f-steps">Шаги</label>' in form
+        _, qwen = await get_text(session, stack.url + "/c/qwen")
+        assert '<label for="f-negative">Негативный промпт</label>' in qwen

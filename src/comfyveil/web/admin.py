@@ -14,10 +14,28 @@ from aiohttp import web
 
 from comfyveil import errors
 from comfyveil.comfy import workflow
+from comfyveil.i18n import N_, _
 from comfyveil.store import commands as commands_store
+from comfyveil.telegram.admin import ROLE_WORDS, SOURCE_WORDS
 from comfyveil.web.app import render, require_admin, services
 
 MAX_WORKFLOW_BYTES = 2 * 1024 * 1024  # a TOML or an API-format graph JSON
+# What the users page says after each action (the action is the redirect's ?done=).
+DONE = {
+    "quota": N_("The quota was set."),
+    "ban": N_("The account was banned and its sessions ended."),
+    "unban": N_("The account was unbanned."),
+    "make-admin": N_("The account may now use the admin pages."),
+    "revoke-admin": N_("The account may no longer use the admin pages."),
+}
+
+
+def role_word(role: str) -> str:
+    return _(ROLE_WORDS[role]) if role in ROLE_WORDS else role
+
+
+def source_word(source: str) -> str:
+    return _(SOURCE_WORDS[source]) if source in SOURCE_WORDS else source
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -39,7 +57,8 @@ async def users(request: web.Request) -> web.Response:
         "admin/users.html",
         rows=await svc.web.accounts(),
         default_quota=svc.settings.limits.daily_quota,
-        message=request.query.get("done"),
+        message=_(DONE[done]) if (done := request.query.get("done", "")) in DONE else None,
+        role_word=role_word,
     )
 
 
@@ -66,12 +85,12 @@ async def user_action(request: web.Request) -> web.Response:
                 request,
                 "error.html",
                 status=400,
-                message="A quota is a whole number of jobs a day, or empty.",
+                message=_("A quota is a whole number of jobs a day, or empty."),
             )
         await svc.db.users.set_daily_quota(account.user_id, int(raw) if raw else None)
     elif action in ("ban", "unban"):
         if account.id == admin.id:
-            return render(request, "error.html", status=400, message="You cannot ban yourself.")
+            return render(request, "error.html", status=400, message=_("You cannot ban yourself."))
         banned = action == "ban"
         await svc.web.set_disabled(account.id, banned)
         await svc.db.users.set_role(account.user_id, "banned" if banned else "user")
@@ -81,7 +100,7 @@ async def user_action(request: web.Request) -> web.Response:
                 request,
                 "error.html",
                 status=400,
-                message="You cannot change your own admin rights.",
+                message=_("You cannot change your own admin rights."),
             )
         await svc.web.set_admin(account.id, action == "make-admin")
     else:
@@ -154,6 +173,7 @@ async def workflows(request: web.Request) -> web.Response:
         commands=await svc.db.commands.list(),
         error=None,
         added=request.query.get("added"),
+        source_word=source_word,
     )
 
 
@@ -177,11 +197,13 @@ def _upload_text(form: object, name: str) -> str | None:
         return None
     data = field.file.read(MAX_WORKFLOW_BYTES + 1)
     if len(data) > MAX_WORKFLOW_BYTES:
-        raise errors.UsageError(f"{field.filename} is larger than 2 MB.")
+        raise errors.UsageError(
+            _("{file} is larger than 2 MB.").format(file=field.filename[:100]))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise errors.UsageError(f"{field.filename} is not UTF-8 text.") from None
+        raise errors.UsageError(
+            _("{file} is not UTF-8 text.").format(file=field.filename[:100])) from None
 
 
 async def workflow_add(request: web.Request) -> web.Response:
@@ -194,7 +216,8 @@ async def workflow_add(request: web.Request) -> web.Response:
         toml_text = _upload_text(form, "toml")
         graph_text = _upload_text(form, "graph")
         if toml_text is None or graph_text is None:
-            raise errors.UsageError("Choose both files: the NAME.toml and its NAME.json.")
+            raise errors.UsageError(
+                _("Choose both files: the NAME.toml and its NAME.json."))
         toml_field = form.get("toml")
         assert isinstance(toml_field, web.FileField)
         stem = toml_field.filename.rsplit("/", 1)[-1].removesuffix(".toml") or "workflow"
@@ -209,6 +232,7 @@ async def workflow_add(request: web.Request) -> web.Response:
             commands=await svc.db.commands.list(),
             error=str(exc),
             added=None,
+            source_word=source_word,
         )
     added = await svc.db.commands.add(
         wf, toml_text, graph_text, enabled=form.get("enable") == "yes"

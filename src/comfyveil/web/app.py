@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 import jinja2
+import markupsafe
 from aiohttp import web
 
 from comfyveil import config, i18n
@@ -73,6 +74,11 @@ class WebServices:
             i18n.gettext, i18n.ngettext, newstyle=True
         )
         self.templates.globals["status_word"] = status_word
+        # Inside a right-to-left page: commands and ids keep their order (``ltr``, Unicode
+        # isolates, fit for attributes and titles too); a name or prompt takes its own
+        # direction (``bdi``).
+        self.templates.globals["ltr"] = i18n.ltr
+        self.templates.globals["bdi"] = bdi
         self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
 
     @property
@@ -121,6 +127,11 @@ _STATUS_WORDS = {
     "failed": N_("failed"),
     "cancelled": N_("cancelled"),
 }
+
+
+def bdi(text: object) -> markupsafe.Markup:
+    """`text` (escaped) in its own direction, whatever the page's."""
+    return markupsafe.Markup("<bdi>%s</bdi>") % str(text)
 
 
 def status_word(status: str) -> str:

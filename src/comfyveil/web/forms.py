@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfyveil.comfy import workflow
-from comfyveil.i18n import _
+from comfyveil.i18n import N_, _
 from comfyveil.telegram import registry
 
 TEXTAREA_PARAMS = ("prompt", "negative")
@@ -46,7 +46,27 @@ def _num(value: float | int) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+# The shipped workflows' option names as field labels; an operator's own option is
+# labelled by its name.
+LABELS = {
+    "prompt": N_("Prompt"),
+    "negative": N_("Negative prompt"),
+    "steps": N_("Steps"),
+    "seed": N_("Seed"),
+    "width": N_("Width"),
+    "height": N_("Height"),
+    "cfg": N_("CFG scale"),
+    "guidance": N_("Guidance"),
+    "megapixels": N_("Megapixels"),
+    "length": N_("Length (frames)"),
+    "fps": N_("Frames per second"),
+    "image": N_("Image"),
+}
+
+
 def label_for(name: str) -> str:
+    if name in LABELS:
+        return _(LABELS[name])
     return name.replace("_", " ").capitalize()
 
 
