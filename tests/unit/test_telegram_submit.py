@@ -81,3 +81,28 @@ def test_settings_buttons_only_accept_offered_values() -> None:
     assert changes["seed_mode"] == "fixed" and isinstance(changes["seed"], int)
     with pytest.raises(Exception, match="not offered"):
         commands.settings_change("steps", "999", {})
+
+
+def test_help_gives_an_options_own_translation_then_the_catalogs() -> None:
+    from comfyveil import i18n
+
+    wf = workflow.find("f")
+    text = wf.source.read_text()  # type: ignore[union-attr]
+    steps_description = wf.params["steps"].description
+    assert steps_description
+    mine = workflow.loads("mine", text.replace(
+        f'description = "{steps_description}"',
+        f'description.default = "{steps_description}"\ndescription.tr = "adım sayısı (kendi)"',
+    ), wf.source.with_suffix(".json").read_text())  # type: ignore[union-attr]
+    row = SimpleNamespace(title=mine.title, description=mine.description)
+    own = registry.Entry("f", row, mine)  # type: ignore[arg-type]
+
+    def described(e: registry.Entry, name: str) -> str:
+        return next(o.description for o in e.help().options if o.name == name)
+
+    with i18n.using("tr"):
+        assert described(own, "steps") == "adım sayısı (kendi)"
+        # no own translation: the catalog's, for a shipped text
+        assert described(entry("f"), "steps") == i18n._(steps_description) != steps_description
+    with i18n.using("en"):
+        assert described(own, "steps") == steps_description

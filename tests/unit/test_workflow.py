@@ -511,3 +511,26 @@ def test_a_step_counts_from_the_minimum() -> None:
     assert wf.validate({"prompt": "x", "size": 128})["size"] == 128
     with pytest.raises(workflow.ParamError, match=r"size must be 32 plus a multiple of 96"):
         wf.validate({"prompt": "x", "size": 129})
+
+
+def test_an_options_label_and_description_may_carry_translations() -> None:
+    """An operator's option gets a label and translated texts (``label.fa``,
+    ``description.ru``); without them an option and the workflow's hash stay as they were."""
+    plain = toy()
+    texts = toy(BINDINGS.replace(
+        'description = "what to draw"\n',
+        'description.default = "what to draw"\ndescription.ru = "что нарисовать"\n'
+        'label.default = "Idea"\nlabel.fa = "ایده"\nlabel.zh-Hans = "想法"\n',
+    ))
+    prompt = texts.params["prompt"]
+    assert prompt.description == "what to draw" and prompt.label == "Idea"
+    assert prompt.description_in("ru-RU") == "что нарисовать"
+    assert prompt.description_in("fa") == "what to draw"
+    assert (prompt.label_in("fa"), prompt.label_in("zh"), prompt.label_in("es")) == (
+        "ایده", "想法", "Idea"
+    )
+    assert plain.params["prompt"].label_in("fa") == ""
+    assert "label" not in plain.params["prompt"].to_dict()
+    assert texts.hash != plain.hash
+    with pytest.raises(workflow.WorkflowError, match=r"params.prompt: label needs a default"):
+        toy(BINDINGS.replace('description = "what to draw"\n', 'label.fa = "ایده"\n'))

@@ -3,9 +3,14 @@ key), else the browser's Accept-Language, else English; right-to-left pages say 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import aiohttp
+
 from comfyveil.web import language
 from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
 
+DATA = Path(__file__).parents[1] / "data"
 PERSIAN_LOGIN = "ورود"  # "Log in"
 PERSIAN_SETTINGS = "تنظیمات"  # "Settings"
 
@@ -116,3 +121,32 @@ async def test_admin_pages_and_form_labels_in_the_admins_language(db, fake_comfy
         assert '<label for="f-steps">Шаги</label>' in form
         _, qwen = await get_text(session, stack.url + "/c/qwen")
         assert '<label for="f-negative">Негативный промпт</label>' in qwen
+
+
+async def test_an_operators_workflow_brings_its_own_translated_labels(db, fake_comfy) -> None:
+    """A workflow added from the admin page with ``label.fa`` and ``description.fa`` shows
+    them to a Persian reader; an English one reads the defaults."""
+    toml = (DATA / "noise_copy.toml").read_text().replace(
+        'description = "the image to copy"\n',
+        'description.default = "the image to copy"\ndescription.fa = "تصویری برای رونوشت"\n'
+        'label.default = "Source picture"\nlabel.fa = "تصویر مبدأ"\n',
+    )
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as admin:
+        await sign_up(admin, await stack.invite(admin=True), "dara")
+        _, page = await get_text(admin, stack.url + "/admin/workflows")
+        form = aiohttp.FormData()
+        form.add_field("csrf", csrf_of(page))
+        form.add_field("toml", toml.encode(), filename="noise_copy.toml")
+        form.add_field("graph", (DATA / "noise_copy.json").read_bytes(), filename="noise_copy.json")
+        form.add_field("enable", "yes")
+        async with admin.post(stack.url + "/admin/workflows/add", data=form) as response:
+            assert response.status == 200, await response.text()
+        _, english = await get_text(admin, stack.url + "/c/copy")
+        assert "<legend>Source picture (required)</legend>" in english
+        assert "the image to copy" in english
+        async with admin.get(
+            stack.url + "/c/copy", headers={"Accept-Language": "fa"}
+        ) as response:
+            persian = await response.text()
+        assert "<legend>تصویر مبدأ" in persian and "تصویری برای رونوشت" in persian
+        assert "Source picture" not in persian

@@ -42,6 +42,7 @@ _PARAM_KEYS = frozenset(
         "max_length",
         "choices",
         "description",
+        "label",
         "aliases",
         "free_text",
     }
@@ -328,6 +329,8 @@ def _parse_param(name: str, table: object, graph: Mapping[str, Any], where: str)
         raise WorkflowError(f"{where}: only a text parameter can take the free text")
     required = bool(_get(table, "required", bool, where))
 
+    description, descriptions = _texts(table, "description", where)
+    label, labels = _texts(table, "label", where)
     param = Param(
         name=name,
         type=ptype,
@@ -338,7 +341,10 @@ def _parse_param(name: str, table: object, graph: Mapping[str, Any], where: str)
         max=high,
         max_length=max_length,
         choices=tuple(choices) if choices is not None else None,
-        description=_get(table, "description", str, where) or "",
+        description=description,
+        label=label,
+        labels=tuple(sorted(labels.items())),
+        descriptions=tuple(sorted(descriptions.items())),
         step=step,
         aliases=tuple(aliases),
         free_text=free_text,

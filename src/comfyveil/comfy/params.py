@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,18 @@ class Param:
     step: int | float | None = None
     aliases: tuple[str, ...] = ()
     free_text: bool = False
+    # What a form calls the option ("" = its name), and translations of it and of the
+    # description by language code (``label.fa = "..."``), as (code, text) pairs.
+    label: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    descriptions: tuple[tuple[str, str], ...] = ()
+
+    def label_in(self, language: str | None) -> str:
+        """The label in `language`, else the default label ("" when none was given)."""
+        return translated(dict(self.labels), language) or self.label
+
+    def description_in(self, language: str | None) -> str:
+        return translated(dict(self.descriptions), language) or self.description
 
     def convert(self, value: object) -> object:
         """Return `value` coerced to this parameter's type and checked against its bounds.
@@ -87,6 +100,10 @@ class Param:
             "description": self.description,
             "aliases": list(self.aliases),
             "free_text": self.free_text,
+            # Only when set, so workflows without them keep the hash they always had.
+            **({"label": self.label} if self.label else {}),
+            **({"labels": dict(self.labels)} if self.labels else {}),
+            **({"descriptions": dict(self.descriptions)} if self.descriptions else {}),
         }
 
     def _fail(self, message: str) -> ParamError:
@@ -193,3 +210,15 @@ def clip(text: str, limit: int) -> str:
 
 def show(value: object) -> str:
     return repr(clip(value, 30)) if isinstance(value, str) else clip(repr(value), 30)
+
+
+def translated(texts: Mapping[str, str], language: str | None) -> str | None:
+    """The text of `texts` (by language code) for `language`: "pt-br" falls back to "pt",
+    and "zh" finds "zh-hans"; None when there is none."""
+    if not language or not texts:
+        return None
+    code = language.lower().replace("_", "-")
+    base = code.split("-")[0]
+    if found := texts.get(code) or texts.get(base):
+        return found
+    return next((text for key, text in texts.items() if key.split("-")[0] == base), None)

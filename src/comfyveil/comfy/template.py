@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from comfyveil.comfy.params import SEED_MAX, Param, ParamError, clip
+from comfyveil.comfy.params import SEED_MAX, Param, ParamError, clip, translated
 from comfyveil.comfy.requirements import (
     FOLDER_ALIASES,
     combo_options,
@@ -72,10 +72,10 @@ class Workflow:
 
     def title_in(self, language: str | None) -> str:
         """The title in `language` ("fa", "pt-br" falls back to "pt"), else the default."""
-        return _translated(self.titles, language) or self.title
+        return translated(self.titles, language) or self.title
 
     def description_in(self, language: str | None) -> str:
-        return _translated(self.descriptions, language) or self.description
+        return translated(self.descriptions, language) or self.description
 
     @property
     def image_params(self) -> list[str]:
@@ -231,14 +231,3 @@ def thaw(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [thaw(v) for v in value]
     return value
-
-
-def _translated(texts: Mapping[str, str], language: str | None) -> str | None:
-    if not language or not texts:
-        return None
-    code = language.lower().replace("_", "-")
-    base = code.split("-")[0]
-    if found := texts.get(code) or texts.get(base):
-        return found
-    # "zh" asked, "zh-hans" written: the same language.
-    return next((text for key, text in texts.items() if key.split("-")[0] == base), None)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from comfyveil import i18n
 from comfyveil.comfy import workflow
 from comfyveil.i18n import N_, _
 from comfyveil.telegram import registry
@@ -64,10 +65,15 @@ LABELS = {
 }
 
 
-def label_for(name: str) -> str:
-    if name in LABELS:
-        return _(LABELS[name])
-    return name.replace("_", " ").capitalize()
+def label_for(p: workflow.Param) -> str:
+    """The option's label: the TOML's own (``label``, ``label.fa``), else ours for a
+    shipped option name, else the name."""
+    own = p.label_in(i18n.current())
+    if own:
+        return own
+    if p.name in LABELS:
+        return _(LABELS[p.name])
+    return p.name.replace("_", " ").capitalize()
 
 
 def _bounds(p: workflow.Param) -> str:
@@ -125,11 +131,10 @@ def build_fields(
     for name, p in entry.workflow.params.items():
         f = Field(
             name=name,
-            label=label_for(name),
+            label=label_for(p),
             kind="text",
             required=p.required,
-            # the shipped workflows' option help is in the catalogs
-            help=_(p.description) if p.description else "",
+            help=registry.option_description(p),
             error=errors.get(name),
         )
         bounds = _bounds(p)
