@@ -188,3 +188,31 @@ def test_the_all_gpus_offline_sentence_counts_in_the_readers_language() -> None:
         assert "GPU" in said(300) and "online" not in said(300)
     with i18n.using("ar"):
         assert "دقيقتين" in said(120)  # Arabic's dual: "two minutes" in one word
+
+
+def test_a_bad_option_value_is_refused_in_the_readers_language() -> None:
+    """`/f a fox --steps 99`: the workflow's own check (bounds, types, unknown options)
+    speaks the reader's language; in Persian the option and numbers stay left to right."""
+    from comfyveil.comfy import workflow
+    from comfyveil.telegram import replies
+
+    flux = workflow.find("f")
+
+    def refusal(values: dict[str, object]) -> str:
+        with pytest.raises(workflow.ParamError) as caught:
+            flux.validate({"prompt": "a fox", **values})
+        return replies.user_message(caught.value)
+
+    assert refusal({"steps": 99}) == "Steps must be between 1 and 8 (got 99)."
+    with i18n.using("ru"):
+        assert refusal({"steps": 99}) == "Параметр steps должен быть от 1 до 8 (указано 99)."
+        assert refusal({"prompt": "x" * 2001}) == (
+            "Параметр prompt слишком длинный (2001 символ, не больше 2000)."
+        )
+    with i18n.using("es"):
+        assert refusal({"steps": "abc"}) == "Steps debe ser un número entero (se recibió 'abc')."
+    with i18n.using("fa"):
+        said = refusal({"steps": 99})
+        assert said.startswith(f"{i18n.LRI}steps{i18n.PDI} باید بین {i18n.LRI}1{i18n.PDI}")
+        assert "must" not in said
+        assert "--bogus" in refusal({"bogus": 1}) and "unknown" not in refusal({"bogus": 1})

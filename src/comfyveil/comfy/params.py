@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from comfyveil import i18n
 from comfyveil.errors import UsageError
+from comfyveil.i18n import _, ltr, n_
 
 __all__ = ["PARAM_TYPES", "SEED_MAX", "Param", "ParamError", "Target"]
 
@@ -66,6 +68,14 @@ class Param:
     def description_in(self, language: str | None) -> str:
         return translated(dict(self.descriptions), language) or self.description
 
+    def described(self) -> str:
+        """The description in the current language: the TOML's own translation, else the
+        catalog's (the shipped workflows' texts are in it; an operator's stay as written)."""
+        own = translated(dict(self.descriptions), i18n.current())
+        if own:
+            return own
+        return _(self.description) if self.description else ""
+
     def convert(self, value: object) -> object:
         """Return `value` coerced to this parameter's type and checked against its bounds.
 
@@ -109,20 +119,27 @@ class Param:
     def _fail(self, message: str) -> ParamError:
         return ParamError(message, param=self.name)
 
+    @property
+    def _shown(self) -> str:
+        # The option as users type it; kept left to right inside a right-to-left sentence.
+        return ltr(self.name)
+
     def _convert_text(self, value: object) -> str:
         if not isinstance(value, str):
-            raise self._fail(f"{self.name} must be text")
+            raise self._fail(_("{name} must be text").format(name=self._shown))
         if self.max_length is not None and len(value) > self.max_length:
-            raise self._fail(
-                f"{self.name} is too long ({len(value)} characters, at most {self.max_length})"
-            )
+            raise self._fail(n_(
+                "{name} is too long ({length} character, at most {limit})",
+                "{name} is too long ({length} characters, at most {limit})",
+                len(value),
+            ).format(name=self._shown, length=ltr(len(value)), limit=ltr(self.max_length)))
         if self.required and not value.strip():
-            raise self._fail(f"{self.name} must not be empty")
+            raise self._fail(_("{name} must not be empty").format(name=self._shown))
         return value
 
     def _to_int(self, value: object) -> int:
         if isinstance(value, bool):
-            raise self._fail(f"{self.name} must be a whole number")
+            raise self._fail(_("{name} must be a whole number").format(name=self._shown))
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -132,7 +149,8 @@ class Param:
                 return int(value.strip())
             except ValueError:
                 pass
-        raise self._fail(f"{self.name} must be a whole number (got {show(value)})")
+        raise self._fail(_("{name} must be a whole number (got {value})").format(
+            name=self._shown, value=ltr(show(value))))
 
     def _to_float(self, value: object) -> float:
         number: float | None = None
@@ -144,7 +162,8 @@ class Param:
             except ValueError:
                 number = None
         if number is None or not math.isfinite(number):
-            raise self._fail(f"{self.name} must be a number (got {show(value)})")
+            raise self._fail(_("{name} must be a number (got {value})").format(
+                name=self._shown, value=ltr(show(value))))
         return number
 
     def _check_range(self, number: int | float) -> int | float:
@@ -152,21 +171,25 @@ class Param:
         high = self.max if self.max is not None else (SEED_MAX if self.type == "seed" else None)
         if (low is not None and number < low) or (high is not None and number > high):
             if low is not None and high is not None:
-                bounds = f"between {num(low)} and {num(high)}"
+                text = _("{name} must be between {low} and {high} (got {value})")
             elif low is not None:
-                bounds = f"at least {num(low)}"
+                text = _("{name} must be at least {low} (got {value})")
             else:
-                bounds = f"at most {num(high)}"
-            raise self._fail(f"{self.name} must be {bounds} (got {num(number)})")
+                text = _("{name} must be at most {high} (got {value})")
+            raise self._fail(text.format(
+                name=self._shown, low=ltr(num(low) if low is not None else ""),
+                high=ltr(num(high) if high is not None else ""), value=ltr(num(number))))
         if self.step:
             base = low or 0
             ratio = (number - base) / self.step
             if abs(ratio - round(ratio)) > 1e-9:
                 if base % self.step == 0:
-                    rule = f"a multiple of {num(self.step)}"
+                    text = _("{name} must be a multiple of {step} (got {value})")
                 else:
-                    rule = f"{num(base)} plus a multiple of {num(self.step)}"
-                raise self._fail(f"{self.name} must be {rule} (got {num(number)})")
+                    text = _("{name} must be {base} plus a multiple of {step} (got {value})")
+                raise self._fail(text.format(
+                    name=self._shown, base=ltr(num(base)), step=ltr(num(self.step)),
+                    value=ltr(num(number))))
         return number
 
     def _to_bool(self, value: object) -> bool:
@@ -180,19 +203,21 @@ class Param:
                 return True
             if word in _FALSE:
                 return False
-        raise self._fail(f"{self.name} must be yes or no (got {show(value)})")
+        raise self._fail(_("{name} must be yes or no (got {value})").format(
+            name=self._shown, value=ltr(show(value))))
 
     def _to_choice(self, value: object) -> object:
         for choice in self.choices or ():
             if value == choice or (isinstance(value, str) and value.strip() == str(choice)):
                 return choice
         options = ", ".join(str(c) for c in self.choices or ())
-        raise self._fail(f"{self.name} must be one of: {options} (got {show(value)})")
+        raise self._fail(_("{name} must be one of: {options} (got {value})").format(
+            name=self._shown, options=ltr(options), value=ltr(show(value))))
 
     def _to_image(self, value: object) -> object:
         if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
             return value
-        raise self._fail(f"{self.name} must be an image")
+        raise self._fail(_("{name} must be an image").format(name=self._shown))
 
 
 # --- words for messages ---------------------------------------------------------

@@ -24,6 +24,7 @@ from comfyveil.comfy.requirements import (
     model_folder,
     sorted_ids,
 )
+from comfyveil.i18n import _, ltr
 
 __all__ = ["Workflow"]
 
@@ -99,9 +100,10 @@ class Workflow:
         """
         name = self._lookup.get(name_or_alias)
         if name is None:
-            options = ", ".join(sorted(self.params)) or "none"
+            options = ", ".join(sorted(self.params)) or "-"
             raise ParamError(
-                f"unknown option --{clip(name_or_alias, 40)}; options: {options}",
+                _("unknown option {option}; options: {options}").format(
+                    option=ltr(f"--{clip(name_or_alias, 40)}"), options=ltr(options)),
                 param=name_or_alias,
             )
         return self.params[name]
@@ -122,7 +124,7 @@ class Workflow:
         for key, value in values.items():
             name = self.param(key).name
             if name in given:
-                raise ParamError(f"{name} is given twice", param=name)
+                raise ParamError(_("{name} is given twice").format(name=ltr(name)), param=name)
             if value is not None:
                 given[name] = value
         draw = rng if rng is not None else random.Random()
@@ -137,8 +139,12 @@ class Workflow:
                 high = int(p.max) if p.max is not None else SEED_MAX
                 result[name] = draw.randint(low, high)
             elif p.required:
-                hint = f": {p.description}" if p.description else ""
-                raise ParamError(f"{name} is required{hint}", param=name)
+                if p.description:
+                    text = _("{name} is required: {hint}").format(
+                        name=ltr(name), hint=p.described())
+                else:
+                    text = _("{name} is required").format(name=ltr(name))
+                raise ParamError(text, param=name)
         return result
 
     def apply(self, values: Mapping[str, object]) -> dict[str, Any]:

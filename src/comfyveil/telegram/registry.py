@@ -105,7 +105,7 @@ class Entry:
 def option_description(param: workflow.Param) -> str:
     """An option's description in the current language (the TOML's own translation, else
     the catalog's for a shipped workflow, else the default text)."""
-    return local(param.description_in(i18n.current()), param.description)
+    return param.described()
 
 
 def local(own: str, default: str) -> str:
