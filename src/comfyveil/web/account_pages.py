@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from comfyveil.i18n import _
+from comfyveil.i18n import N_, _
 from comfyveil.web import auth
 from comfyveil.web import store as web_store
 from comfyveil.web.app import anon_csrf, render, services, visit
@@ -167,7 +167,7 @@ async def link(request: web.Request) -> web.Response:
             telegram_user = await svc.web.link_user(token)
             linked = await svc.web.account_of_user(telegram_user) if telegram_user else None
             if linked is None or linked.disabled:
-                raise web_store.InviteInvalid("There is no usable account to log into.")
+                raise web_store.InviteInvalid(N_("There is no usable account to log into."))
             await svc.web.use_link(token, None)
             await svc.web.logged_in(linked.id)
             return await _start_session(request, linked)

@@ -379,9 +379,10 @@ class WebStore:
             rows = await cursor.fetchall()
             mine = next((r for r in rows if r["id"] == account_id), None)
             if mine is None:
-                raise InviteInvalid("That account does not exist any more.")
+                raise InviteInvalid(N_("That account does not exist any more."))
             if any(r["id"] != account_id for r in rows):
-                raise NameTaken("Your Telegram account is already linked to another web account.")
+                raise NameTaken(
+                    N_("Your Telegram account is already linked to another web account."))
             old = int(mine["user_id"])
             if old == tg:
                 return tg
