@@ -197,6 +197,16 @@ async def test_persian_admin_pages_read_right_to_left_and_fit_a_phone(db, fake_c
             ).all():
                 field_id = await field.get_attribute("id")
                 assert field_id and await page.locator(f"label[for='{field_id}']").count() == 1
+        await page.goto(stack.url + "/admin/users")
+        # "since 2026-12-03": a date on one line (broken at a hyphen it reads backwards)
+        lines = await page.locator("time").evaluate_all(
+            "times => times.map(t => t.getClientRects().length)"
+        )
+        assert lines and set(lines) == {1}, lines
+        await page.goto(stack.url + "/c/f")
+        # what users type takes its own direction; the seed's hint is in Persian too
+        assert await page.get_attribute("#f-prompt", "dir") == "auto"
+        assert await page.get_attribute("#f-seed", "placeholder") == "تصادفی"
         await page.goto(stack.url + "/admin/workflows")
         # "/f" inside a Persian button keeps its slash in front (a left-to-right isolate)
         buttons = await page.locator("form[action$='/disable'] button").all_inner_texts()

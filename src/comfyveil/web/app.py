@@ -8,6 +8,7 @@ rendered by Jinja2 with autoescape; no page has a script or an inline style.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class WebServices:
         # direction (``bdi``).
         self.templates.globals["ltr"] = i18n.ltr
         self.templates.globals["bdi"] = bdi
+        self.templates.globals["when"] = when
         self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
 
     @property
@@ -132,6 +134,14 @@ _STATUS_WORDS = {
 def bdi(text: object) -> markupsafe.Markup:
     """`text` (escaped) in its own direction, whatever the page's."""
     return markupsafe.Markup("<bdi>%s</bdi>") % str(text)
+
+
+def when(moment: datetime.datetime, *, date_only: bool = False) -> markupsafe.Markup:
+    """A UTC time as ``<time>``: left to right and on one line in any page (a date broken
+    at its hyphens reads backwards in a right-to-left table)."""
+    text = moment.strftime("%Y-%m-%d" if date_only else "%Y-%m-%d %H:%M")
+    return markupsafe.Markup('<time datetime="%s" dir="ltr" class="when">%s</time>') % (
+        moment.isoformat(timespec="seconds"), text)
 
 
 def status_word(status: str) -> str:

@@ -154,8 +154,12 @@ def build_fields(
             f.step = _num(p.step) if p.step else ("1" if p.type != "float" else "any")
             f.value = "" if shown is None else str(shown)
             if p.type == "seed":
-                f.placeholder = "random"
-                f.help = f"{f.help}; empty: a random seed" if f.help else "Empty: a random seed"
+                f.placeholder = _("random")
+                f.help = (
+                    _("{help}; empty: a random seed").format(help=f.help)
+                    if f.help
+                    else _("Empty: a random seed")
+                )
         elif p.type == "bool":
             f.kind = "checkbox"
             f.checked = (given.get(name) == "yes") if given else bool(shown)
