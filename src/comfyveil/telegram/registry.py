@@ -48,7 +48,7 @@ class Entry:
             if name in skip:
                 continue
             for key in (name, *param.aliases):
-                result[key] = option_description(param) or name
+                result[key] = param.described() or name
         return result
 
     @property
@@ -81,7 +81,7 @@ class Entry:
                 default = graph_value(wf, name)
             options.append(
                 render.OptionHelp(
-                    name=name, description=option_description(p) or name,
+                    name=name, description=p.described() or name,
                     minimum=p.min, maximum=p.max,
                     default=default if isinstance(default, int | float | str) else None,
                 )
@@ -95,20 +95,14 @@ class Entry:
         """The title in the current language: the workflow's own translation, else the
         catalog's (shipped workflows), else the default text."""
         wf = self.workflow
-        return local(wf.title_in(i18n.current()), self.command.title or wf.title)
+        return _local(wf.title_in(i18n.current()), self.command.title or wf.title)
 
     def description(self) -> str:
         wf = self.workflow
-        return local(wf.description_in(i18n.current()), self.command.description)
+        return _local(wf.description_in(i18n.current()), self.command.description)
 
 
-def option_description(param: workflow.Param) -> str:
-    """An option's description in the current language (the TOML's own translation, else
-    the catalog's for a shipped workflow, else the default text)."""
-    return param.described()
-
-
-def local(own: str, default: str) -> str:
+def _local(own: str, default: str) -> str:
     """`own` when the workflow translated the text itself, else the catalog's translation
     of `default` (the shipped workflows' texts are in it; an operator's are not and stay)."""
     if own and own != default:

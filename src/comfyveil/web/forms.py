@@ -134,7 +134,7 @@ def build_fields(
             label=label_for(p),
             kind="text",
             required=p.required,
-            help=registry.option_description(p),
+            help=p.described(),
             error=errors.get(name),
         )
         bounds = _bounds(p)
