@@ -64,6 +64,10 @@ async def job_page(request: web.Request) -> web.Response:
     if job.status is jobs.Status.QUEUED:
         ahead, eta = await svc.db.jobs.position_and_eta(job.id, parallel=svc.parallel())
         position = None if ahead is None else ahead + 1
+        if ahead is None:
+            # claimed between the two reads: show it running (its elapsed time), not as a
+            # queued job with no place in the queue
+            job = await svc.db.jobs.get(job.id) or job
     elif job.status is jobs.Status.RUNNING:
         eta = await svc.db.jobs.eta(job.id, parallel=svc.parallel())
     outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
