@@ -150,3 +150,63 @@ async def test_an_operators_workflow_brings_its_own_translated_labels(db, fake_c
             persian = await response.text()
         assert "<legend>تصویر مبدأ" in persian and "تصویری برای رونوشت" in persian
         assert "Source picture" not in persian
+
+
+def _template_texts() -> dict[str, str]:
+    """The page templates' English texts long enough to spot (msgid -> msgid)."""
+    from comfyveil.locale import catalogs
+
+    found = {}
+    for message in catalogs.extract():
+        if not isinstance(message.id, str) or "%(" in message.id or len(message.id) < 5:
+            continue
+        if any("/templates/" in path for path, _line in message.locations):
+            found[message.id] = message.id
+    return found
+
+
+async def test_no_english_is_left_on_any_page_in_any_language(db, fake_comfy) -> None:
+    """Every page a signed-in admin can open, in each shipped language: no text of the
+    templates shows in English unless the language keeps it so on purpose (a product
+    name, NAME.toml)."""
+    import html
+    import re
+    import uuid
+
+    from comfyveil import i18n
+    from tests.web.test_web_jobs import JOB_URL, finished, submit_form
+
+    english = _template_texts()
+    assert len(english) > 50
+    async with web_stack(db, [fake_comfy]) as stack, client() as session:
+        await sign_up(session, await stack.invite(admin=True), "nour")
+        response = await submit_form(
+            session, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
+        await finished(stack, job_id)
+        pages = ["/", "/history", "/gallery", "/settings", "/c/f", "/c/qwen", f"/jobs/{job_id}",
+                 "/forget", "/admin", "/admin/users", "/admin/invites", "/admin/backends",
+                 "/admin/workflows"]
+        for language in i18n.LANGUAGES:
+            if language == i18n.DEFAULT:
+                continue
+            with i18n.using(language):
+                kept = {text for text in english if i18n._(text) == text}
+            _, page = await get_text(session, stack.url + "/settings")
+            async with session.post(
+                stack.url + "/settings",
+                data={"csrf": csrf_of(page), "steps": "", "seed": "", "language": language},
+            ) as response:
+                assert response.status == 200
+            for path in pages:
+                status, page = await get_text(session, stack.url + path)
+                assert status == 200, (language, path)
+                assert f'<html lang="{language}"' in page, (language, path)
+                shown = html.unescape(re.sub(r"<[^>]+>", " ", page))
+                left = [
+                    text for text in english
+                    if text not in kept
+                    and re.search(rf"(?<!\w){re.escape(text)}(?!\w)", shown)
+                ]
+                assert not left, (language, path, left)
