@@ -305,7 +305,8 @@ def _whole_words(head: str, names: Sequence[str], limit: int = 70) -> str:
     return text
 
 
-_STATUS_WORDS = {
+# A job's status in a word, for /history and the web pages.
+STATUS_WORDS = {
     "queued": N_("queued"),
     "running": N_("running"),
     "succeeded": N_("done"),
@@ -324,7 +325,7 @@ def history_text(entries: Sequence[HistoryEntry], *, prompt_chars: int = 60) -> 
         prompt = " ".join(entry.prompt.split())
         if len(prompt) > prompt_chars:
             prompt = prompt[: prompt_chars - 1].rstrip() + "…"
-        details = [ltr(i18n.date_time(entry.created_at)), _(_STATUS_WORDS[entry.status])]
+        details = [ltr(i18n.date_time(entry.created_at)), _(STATUS_WORDS[entry.status])]
         if entry.seed is not None:
             details.append(_("seed {seed}").format(seed=ltr(entry.seed)))
         if entry.elapsed_s is not None:

@@ -45,7 +45,7 @@ async def overview(request: web.Request) -> web.Response:
         request,
         "admin/index.html",
         queued=await svc.db.jobs.queue_length(),
-        accounts=len(await svc.web.accounts(limit=10_000)),
+        accounts=await svc.web.account_count(),
     )
 
 

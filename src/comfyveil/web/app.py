@@ -21,10 +21,11 @@ from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil.comfy import pool as pool_mod
-from comfyveil.i18n import N_, _
+from comfyveil.i18n import _
 from comfyveil.store import database
 from comfyveil.telegram import access as access_mod
 from comfyveil.telegram import registry as registry_mod
+from comfyveil.telegram import render as render_mod
 from comfyveil.web import auth
 from comfyveil.web import language as language_mod
 from comfyveil.web import store as web_store
@@ -121,16 +122,6 @@ def services(request: web.Request) -> WebServices:
 
 # -- rendering ---------------------------------------------------------------------------
 
-# A job's status as the pages show it (the chat's words, so the catalogs have them).
-_STATUS_WORDS = {
-    "queued": N_("queued"),
-    "running": N_("running"),
-    "succeeded": N_("done"),
-    "failed": N_("failed"),
-    "cancelled": N_("cancelled"),
-}
-
-
 def bdi(text: object) -> markupsafe.Markup:
     """`text` (escaped) in its own direction, whatever the page's."""
     return markupsafe.Markup("<bdi>%s</bdi>") % str(text)
@@ -145,7 +136,7 @@ def when(moment: datetime.datetime, *, date_only: bool = False) -> markupsafe.Ma
 
 
 def status_word(status: str) -> str:
-    word = _STATUS_WORDS.get(status)
+    word = render_mod.STATUS_WORDS.get(status)
     return _(word) if word else status
 
 

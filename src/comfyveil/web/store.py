@@ -242,6 +242,10 @@ class WebStore:
         )
         return Account.from_row(row) if row else None
 
+    async def account_count(self) -> int:
+        row = await self._one("SELECT count(*) AS n FROM web_accounts")
+        return int(row["n"]) if row is not None else 0
+
     async def accounts(self, *, limit: int = 200) -> list[Row]:
         """Accounts for the admin page, with the store's role, quota and jobs today."""
         return await self._all(
