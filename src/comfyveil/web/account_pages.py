@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from comfyveil.i18n import N_, _
+from comfyveil.store import accounts as web_store
 from comfyveil.web import auth
-from comfyveil.web import store as web_store
 from comfyveil.web.app import anon_csrf, render, services, visit
 
 

@@ -21,14 +21,14 @@ from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil.comfy import pool as pool_mod
+from comfyveil.desk import access as access_mod
+from comfyveil.desk import language as language_mod
+from comfyveil.desk import registry as registry_mod
+from comfyveil.desk.words import status_word
 from comfyveil.i18n import _
+from comfyveil.store import accounts as web_store
 from comfyveil.store import database
-from comfyveil.telegram import access as access_mod
-from comfyveil.telegram import registry as registry_mod
-from comfyveil.telegram import render as render_mod
 from comfyveil.web import auth
-from comfyveil.web import language as language_mod
-from comfyveil.web import store as web_store
 
 logger = logging.getLogger(__name__)
 
@@ -133,11 +133,6 @@ def when(moment: datetime.datetime, *, date_only: bool = False) -> markupsafe.Ma
     text = moment.strftime("%Y-%m-%d" if date_only else "%Y-%m-%d %H:%M")
     return markupsafe.Markup('<time datetime="%s" dir="ltr" class="when">%s</time>') % (
         moment.isoformat(timespec="seconds"), text)
-
-
-def status_word(status: str) -> str:
-    word = render_mod.STATUS_WORDS.get(status)
-    return _(word) if word else status
 
 
 def render(
