@@ -1,7 +1,7 @@
 """The command pages: the list of commands, one form each, and queueing a job from it.
 
 Queueing goes through the store exactly as a chat command does (`JobStore.enqueue` with
-the user's queue limit and daily quota, the same cooldown of `telegram.access`), with a
+the user's queue limit and daily quota, the same cooldown of `desk.access`), with a
 one-time key in the form as the idempotency key: sending a form twice (reload, back)
 never makes a second job.
 """
