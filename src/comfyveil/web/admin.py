@@ -17,7 +17,7 @@ from comfyveil.comfy import workflow
 from comfyveil.desk.words import role_word, source_word
 from comfyveil.i18n import N_, _
 from comfyveil.store import commands as commands_store
-from comfyveil.web.app import render, require_admin, services
+from comfyveil.web.page import render, require_admin, services
 
 MAX_WORKFLOW_BYTES = 2 * 1024 * 1024  # a TOML or an API-format graph JSON
 # What the users page says after each action (the action is the redirect's ?done=).

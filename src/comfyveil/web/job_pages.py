@@ -29,7 +29,7 @@ from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
 from comfyveil.store import jobs
 from comfyveil.web import auth
-from comfyveil.web.app import WebServices, render, require_account, services
+from comfyveil.web.page import WebServices, render, require_account, services
 
 REFRESH_SECONDS = 2
 PAGE_SIZE = 24  # history rows per page

@@ -25,7 +25,7 @@ from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
 from comfyveil.store import jobs
 from comfyveil.web import forms
-from comfyveil.web.app import WebServices, error_page, render, require_account, services
+from comfyveil.web.page import WebServices, error_page, render, require_account, services
 
 logger = logging.getLogger(__name__)
 
