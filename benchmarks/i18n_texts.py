@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from comfyveil import i18n
 from comfyveil.comfy import workflow
-from comfyveil.telegram import registry, render, replies
+from comfyveil.desk import registry
+from comfyveil.telegram import render, replies
 
 
 def _entries() -> list[registry.Entry]:

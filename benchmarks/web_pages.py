@@ -45,10 +45,10 @@ from PIL import Image
 from tests.fixtures.database import open_for_the_database_user
 
 from comfyveil import config
+from comfyveil.store import accounts as web_store
 from comfyveil.store import database, embedded
 from comfyveil.web import app as web_app
 from comfyveil.web import auth
-from comfyveil.web import store as web_store
 
 RESULTS = 50
 WARM_UP = 20  # rounds not counted (templates compiled, plans cached)

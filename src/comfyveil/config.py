@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import policy as policy_mod
-from comfyveil.comfy import limits as comfy_limits
 from comfyveil.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("comfyveil.toml")
@@ -32,8 +31,8 @@ DEFAULT_COOLDOWN = 0.0  # seconds between two jobs of one user
 DEFAULT_MAX_PROMPT_LENGTH = 2000  # characters
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
-DEFAULT_MAX_OUTPUT_BYTES = comfy_limits.DEFAULT_MAX_OUTPUT_BYTES  # from a backend, per job
-DEFAULT_MAX_OUTPUTS = comfy_limits.DEFAULT_MAX_OUTPUTS  # files one job may bring back
+DEFAULT_MAX_OUTPUT_BYTES = 512 * 1024 * 1024  # from a backend, per job: each file and all
+DEFAULT_MAX_OUTPUTS = 64  # files one job may bring back (list)
 MAX_OUTPUT_BYTES_CEILING = 1 << 30  # PostgreSQL stores an output in one bytea: 1 GiB at most
 DEFAULT_JOB_RETENTION_DAYS = 7.0  # prompts, images and job rows are deleted after this
 DEFAULT_LEASE_SECONDS = 30.0
@@ -118,11 +117,6 @@ class LimitsConfig:
     # and how many files. A compromised GPU host can cost the bot this much, no more.
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     max_outputs: int = DEFAULT_MAX_OUTPUTS
-
-    @property
-    def outputs(self) -> comfy_limits.Limits:
-        """The caps a ComfyUI client applies to one job's outputs."""
-        return comfy_limits.Limits(self.max_output_bytes, self.max_outputs)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from comfyveil import errors, metadata
 from comfyveil.i18n import N_, _, ltr
 
 ACCEPTED_FORMATS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+# The images a result may be shown as or sent again as an input, and their file endings.
+MIMES = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "webp"}
 ASK = N_("Send a JPEG, PNG or WebP photo.")  # translated where it is said
 _ORIENTATION = 0x0112  # the EXIF tag a phone sets instead of rotating the pixels
 _JPEG_QUALITY = 95  # re-encoding a rotated JPEG: as close to the original as it gets

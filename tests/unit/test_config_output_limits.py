@@ -15,15 +15,15 @@ def test_defaults_are_512_mib_and_64_files() -> None:
     settings = config.from_mapping({}, environ={})
     assert settings.limits.max_output_bytes == 512 * 1024 * 1024
     assert settings.limits.max_outputs == 64
-    assert settings.limits.outputs == limits.Limits(512 * 1024 * 1024, 64)
+    assert limits.outputs(settings.limits) == limits.Limits(512 * 1024 * 1024, 64)
 
 
 def test_values_from_the_file_reach_the_clients_limits(tmp_path: Path) -> None:
     cfg = tmp_path / "comfyveil.toml"
     cfg.write_text("[limits]\nmax_output_bytes = 1048576\nmax_outputs = 4\n")
     settings = config.load(cfg, environ={})
-    assert settings.limits.outputs == limits.Limits(max_output_bytes=1 << 20, max_outputs=4)
-    assert settings.limits.outputs.ws_binary_bytes == (1 << 20) + limits.WS_BINARY_MARGIN
+    assert limits.outputs(settings.limits) == limits.Limits(max_output_bytes=1 << 20, max_outputs=4)
+    assert limits.outputs(settings.limits).ws_binary_bytes == (1 << 20) + limits.WS_BINARY_MARGIN
 
 
 @pytest.mark.parametrize(

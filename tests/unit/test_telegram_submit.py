@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from comfyveil.comfy import workflow
-from comfyveil.telegram import callbacks_data, commands, parse, registry, submit
+from comfyveil.desk import registry
+from comfyveil.telegram import callbacks_data, commands, parse, submit
 
 
 def entry(command: str) -> registry.Entry:

@@ -15,9 +15,9 @@ import aiohttp
 
 from comfyveil import config
 from comfyveil.comfy import pool
+from comfyveil.store import accounts as web_store
 from comfyveil.store import database
 from comfyveil.web import server
-from comfyveil.web import store as web_store
 from comfyveil.worker import Worker, WorkerOptions
 from tests.fakes.comfyui import FakeComfyUI
 

@@ -97,7 +97,7 @@ async def test_failed_logins_slow_down_the_account(db, fake_comfy) -> None:
 
 async def test_site_wide_throttle_refuses_logins_after_many_failures(db) -> None:
     site = auth.SiteThrottle(per_minute=3)
-    store = __import__("comfyveil.web.store", fromlist=["WebStore"]).WebStore(db.pool)
+    store = __import__("comfyveil.store.accounts", fromlist=["WebStore"]).WebStore(db.pool)
     for _ in range(3):
         with pytest.raises(auth.LoginRefused, match="Wrong name"):
             await auth.login(store, site, f"nobody{_}", "whatever passphrase")

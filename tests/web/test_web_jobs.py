@@ -10,8 +10,7 @@ import uuid
 import aiohttp
 from PIL import Image
 
-from comfyveil.store import jobs
-from comfyveil.web import identity
+from comfyveil.store import accounts, jobs
 from tests.web.support import NONCE, client, csrf_of, get_text, sign_up, wait_for, web_stack
 
 JOB_URL = re.compile(r"/jobs/([0-9a-f-]{36})$")
@@ -93,7 +92,7 @@ async def test_generate_result_download_edit_and_owner_only(db, fake_comfy) -> N
         assert match, response.url
         job = await finished(stack, uuid.UUID(match.group(1)))
         assert job.status is jobs.Status.SUCCEEDED
-        assert identity.is_web_chat(job.chat_id) and job.user_id < 0
+        assert accounts.is_web_chat(job.chat_id) and job.user_id < 0
         status, page = await get_text(owner, f"{stack.url}/jobs/{job.id}")
         assert status == 200 and f'src="/jobs/{job.id}/out/0"' in page
         assert "http-equiv" not in page  # finished: no more refreshing

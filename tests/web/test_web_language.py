@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from comfyveil.web import language
+from comfyveil.desk import language
 from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
 
 DATA = Path(__file__).parents[1] / "data"

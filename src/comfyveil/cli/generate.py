@@ -19,6 +19,7 @@ from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import execute, workflow
+from comfyveil.comfy import limits as comfy_limits
 from comfyveil.errors import UsageError
 
 
@@ -105,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
                 backend.url,
                 name=backend.name,
                 proxy=router.proxy_for(backend),
-                limits=settings.limits.outputs,
+                limits=comfy_limits.outputs(settings.limits),
             ) as client,
         ):
             # Streamed into --out as they arrive: a huge output never sits in memory.

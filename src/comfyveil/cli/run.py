@@ -25,6 +25,7 @@ from typing import Any
 
 from comfyveil import cli, config, retention
 from comfyveil.anyone import runtime
+from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.telegram import app
@@ -84,7 +85,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             await db.commands.seed()
             backends = await stack.enter_async_context(
                 pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
-                          on_down=router.backend_down, limits=settings.limits.outputs,
+                          on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                           routing=settings.worker.routing)
             )
             bot = (

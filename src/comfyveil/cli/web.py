@@ -53,8 +53,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def invite(settings: config.Settings, *, admin: bool) -> int:
+    from comfyveil.store import accounts as store
     from comfyveil.store import database
-    from comfyveil.web import server, store
+    from comfyveil.web import server
 
     async with await database.Database.open(settings) as db:
         token = await store.WebStore(db.pool).create_invite(

@@ -19,6 +19,7 @@ from typing import Any
 
 from comfyveil import cli, config, retention, sinks
 from comfyveil.anyone import runtime
+from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.worker import Worker, WorkerOptions
@@ -67,7 +68,7 @@ async def run(args: argparse.Namespace) -> int:
         async with (
             runtime.anon_for(settings, settings.backend_list()) as router,
             pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
-                      on_down=router.backend_down, limits=settings.limits.outputs,
+                      on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                       routing=settings.worker.routing) as backends,
         ):
             worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from comfyveil import config
+
 MIB = 1024 * 1024
 
-DEFAULT_MAX_OUTPUT_BYTES = 512 * MIB  # one job's files from a backend, each and together
-DEFAULT_MAX_OUTPUTS = 64  # files one job may list
+# The defaults live in config (a lower floor, which must not import this one).
+DEFAULT_MAX_OUTPUT_BYTES = config.DEFAULT_MAX_OUTPUT_BYTES
+DEFAULT_MAX_OUTPUTS = config.DEFAULT_MAX_OUTPUTS
 # A JSON answer (history, queue, prompt, upload): a history entry holds the whole graph
 # and, for a failed node, the repr of its inputs; 16 MiB is thousands of times that.
 JSON_ANSWER_BYTES = 16 * MIB
@@ -38,6 +41,11 @@ class Limits:
     @property
     def ws_binary_bytes(self) -> int:
         return self.max_output_bytes + WS_BINARY_MARGIN
+
+
+def outputs(limits: config.LimitsConfig) -> Limits:
+    """The caps a ComfyUI client applies to one job's outputs, from `[limits]`."""
+    return Limits(limits.max_output_bytes, limits.max_outputs)
 
 
 def size_text(size: int) -> str:

@@ -8,13 +8,13 @@ from __future__ import annotations
 from telegram import Update
 
 from comfyveil import errors, i18n
-from comfyveil.i18n import N_, _, ltr
-from comfyveil.telegram import access, availability, commands, policy_view, replies
+from comfyveil.desk import access, availability
+from comfyveil.desk.words import ROLE_WORDS, SOURCE_WORDS
+from comfyveil.i18n import _, ltr
+from comfyveil.telegram import commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
 USERS_SHOWN = 40
-ROLE_WORDS = {"user": N_("user"), "admin": N_("admin"), "banned": N_("banned")}
-SOURCE_WORDS = {"shipped": N_("shipped"), "operator": N_("operator")}
 
 def _args(text: str) -> list[str]:
     return text.split()[1:]

@@ -44,22 +44,12 @@ from telegram.ext import (
 from comfyveil import config, i18n, redaction
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
+from comfyveil.desk import access, language, registry
 from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import (
-    access,
-    callbacks,
-    commands,
-    handlers,
-    language,
-    limits,
-    registry,
-    replies,
-    sink,
-    status,
-)
+from comfyveil.telegram import callbacks, commands, handlers, limits, replies, sink, status
 from comfyveil.telegram.context import BotContext, Services, attach
 from comfyveil.telegram.request import AiohttpRequest
 

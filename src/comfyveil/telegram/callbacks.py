@@ -13,18 +13,12 @@ from telegram import InputFile, ReplyParameters, Update
 from telegram.constants import ParseMode
 from telegram.error import BadRequest
 
-from comfyveil import errors, i18n, retention
+from comfyveil import errors, i18n
+from comfyveil.desk import access, language
+from comfyveil.desk import jobs as desk_jobs
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import sessions
-from comfyveil.telegram import (
-    access,
-    callbacks_data,
-    commands,
-    language,
-    replies,
-    sink,
-    submit,
-)
+from comfyveil.telegram import callbacks_data, commands, replies, sink, submit
 from comfyveil.telegram.context import BotContext
 
 logger = logging.getLogger(__name__)
@@ -94,14 +88,8 @@ async def _dispatch(
             await query.edit_message_text(_("Nothing was deleted."))
             return None, False
         services.forget_deliveries_of(who.user_id)
-        left = await retention.forget_on_backends(services.db, services.pool, who.user_id)
-        # an admin's grant, ban or quota is not the user's data: the store keeps those
-        deleted = await services.db.users.forget(who.user_id)
-        if left and services.pool is not None:
-            services.spawn(
-                retention.sweep(services.db, services.pool, left, stop_running=True),
-                name="forget-on-backends",
-            )
+        deleted = await desk_jobs.forget(services.db, services.pool, who.user_id,
+                                         services.spawn)
         await query.edit_message_text(i18n.ngettext(
             "Done: {n} job, its images and your settings were deleted.",
             "Done: {n} jobs, their images and your settings were deleted.", deleted,

@@ -23,19 +23,11 @@ from telegram import (
 from telegram.error import BadRequest
 
 from comfyveil import errors, i18n
+from comfyveil.desk import access, availability, language, registry
+from comfyveil.desk import submit as desk_submit
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import jobs
-from comfyveil.telegram import (
-    access,
-    availability,
-    callbacks_data,
-    language,
-    parse,
-    registry,
-    render,
-    replies,
-    submit,
-)
+from comfyveil.telegram import callbacks_data, parse, render, replies, submit
 from comfyveil.telegram.context import BotContext, Services
 from comfyveil.telegram.web_link import web as web_link
 
@@ -175,10 +167,10 @@ async def run_workflow(
     )
     if parsed is None:
         return
-    await submit.check_allowed(services, who, entry)
+    await desk_submit.check_allowed(services, who, entry)
     prefs = who.settings
     values, as_file = submit.build_values(entry, parsed, prefs)
-    await submit.check_policy(services, entry.name, submit.policy_texts(wf, values))
+    await desk_submit.check_policy(services, entry.name, desk_submit.policy_texts(wf, values))
     validated = wf.validate(values)
     inputs = []
     if entry.takes_image:

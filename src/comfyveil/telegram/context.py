@@ -20,8 +20,9 @@ from comfyveil import policy as policy_mod
 
 if TYPE_CHECKING:
     from comfyveil.comfy import pool as pool_mod
+    from comfyveil.desk import access, registry
     from comfyveil.store import database
-    from comfyveil.telegram import access, registry, status
+    from comfyveil.telegram import status
 
 SERVICES_KEY = "comfyveil"
 DELIVERY_MODES_KEPT = 10_000  # jobs queued here whose delivery mode is remembered

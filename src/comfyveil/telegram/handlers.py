@@ -17,8 +17,9 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from comfyveil import i18n
+from comfyveil.desk import language
 from comfyveil.i18n import N_, _, ltr
-from comfyveil.telegram import admin, commands, language, parse, replies
+from comfyveil.telegram import admin, commands, parse, replies
 from comfyveil.telegram.context import BotContext, Services
 
 logger = logging.getLogger(__name__)

@@ -10,25 +10,25 @@ can map store rows onto them without this module knowing the store.
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
 from comfyveil import i18n
+from comfyveil.desk.failures import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from comfyveil.desk.failures import plain_error as plain_error
+from comfyveil.desk.registry import CommandHelp as CommandHelp
+from comfyveil.desk.registry import OptionHelp as OptionHelp
+from comfyveil.desk.words import STATUS_WORDS
 from comfyveil.i18n import N_, _, ltr
 
 MAX_MESSAGE_CHARS = 4096
 MAX_CAPTION_CHARS = 1024
-MAX_ERROR_CHARS = 300
 SHORT_ID_CHARS = 8
 DOT = " · "
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \"", re.MULTILINE)
-
 
 @dataclass(frozen=True)
 class JobView:
@@ -56,24 +56,6 @@ class JobView:
     error: str | None = None
     waited_s: float | None = None  # from queueing to its start, for the result caption
     running_s: float | None = None  # since it started, for the status message
-
-
-@dataclass(frozen=True)
-class OptionHelp:
-    name: str
-    description: str
-    minimum: float | None = None
-    maximum: float | None = None
-    default: str | float | None = None
-
-
-@dataclass(frozen=True)
-class CommandHelp:
-    name: str
-    title: str
-    description: str = ""
-    options: Sequence[OptionHelp] = field(default_factory=tuple)
-    takes_image: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,24 +96,6 @@ def clock(seconds: float) -> str:
         return _("{seconds} s").format(seconds=whole)
     minutes, rest = divmod(whole, 60)
     return _("{minutes} min {seconds} s").format(minutes=minutes, seconds=f"{rest:02d}")
-
-
-def plain_error(error: str | None) -> str:
-    """One sentence from an error text: never a traceback, never a wall of text."""
-    text = (error or "").strip()
-    if not text or _TRACEBACK.search(text):
-        return _("The job failed.")
-    # Sentences the worker stored in English are in the catalog: said in the reader's
-    # language; any other text (a backend's own words) stays as it is.
-    first_line = " ".join(text.splitlines()[0].split())
-    sentence = _(first_line)
-    if len(sentence) > MAX_ERROR_CHARS:
-        # at a word's end: a file or node name cut in two reads as another name
-        cut = sentence[: MAX_ERROR_CHARS - 1]
-        if " " in cut:
-            cut = cut[: cut.rindex(" ")]
-        sentence = cut.rstrip(" ,;:") + "…"
-    return sentence
 
 
 def status_text(job: JobView) -> str:
@@ -303,16 +267,6 @@ def _whole_words(head: str, names: Sequence[str], limit: int = 70) -> str:
             return text + ", …" if i else text + "…"
         text += piece
     return text
-
-
-# A job's status in a word, for /history and the web pages.
-STATUS_WORDS = {
-    "queued": N_("queued"),
-    "running": N_("running"),
-    "succeeded": N_("done"),
-    "failed": N_("failed"),
-    "cancelled": N_("cancelled"),
-}
 
 
 def history_text(entries: Sequence[HistoryEntry], *, prompt_chars: int = 60) -> str:

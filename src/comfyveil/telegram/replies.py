@@ -12,29 +12,18 @@ from telegram import Message, ReplyParameters, Update
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
 
-from comfyveil import errors, i18n
+from comfyveil import errors
+from comfyveil.desk.failures import INTERNAL as INTERNAL
+from comfyveil.desk.failures import plain_sentence as sentence
 from comfyveil.i18n import N_, _
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import render
 
 logger = logging.getLogger(__name__)
 
 # Translated where they are sent, in the reader's language.
 DATABASE_DOWN = N_("The bot's database is not answering right now; try again in a minute.")
-INTERNAL = N_("Something went wrong on our side; please try again.")
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-
-def sentence(text: str | None) -> str:
-    """One plain sentence: capitalised, ending with a full stop, no traceback."""
-    plain = render.plain_error(text)
-    if not plain:
-        return _(INTERNAL)
-    plain = plain[0].upper() + plain[1:]
-    if plain.endswith((".", "!", "?", "…", "。", "！", "？", "؟")):
-        return plain
-    return plain + i18n.full_stop()
 
 
 def esc(text: str) -> str:

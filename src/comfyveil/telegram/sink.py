@@ -30,19 +30,11 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
 from comfyveil import i18n, sinks
+from comfyveil.desk import availability, language, registry
 from comfyveil.i18n import N_, _, ltr
-from comfyveil.store import jobs
-from comfyveil.telegram import (
-    availability,
-    callbacks_data,
-    language,
-    registry,
-    render,
-    replies,
-    status,
-)
+from comfyveil.store import accounts, jobs
+from comfyveil.telegram import callbacks_data, render, replies, status
 from comfyveil.telegram.context import Services
-from comfyveil.web import identity
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +201,7 @@ class TelegramSink:
     def accepts(self, job: jobs.Job) -> bool:
         """Jobs queued without a chat (`comfyveil submit`) are not Telegram's to deliver,
         nor jobs queued on the web (their page shows the result)."""
-        return job.chat_id != jobs.NO_CHAT and not identity.is_web_chat(job.chat_id)
+        return job.chat_id != jobs.NO_CHAT and not accounts.is_web_chat(job.chat_id)
 
     def delivery_detail(self, job_id: uuid.UUID) -> dict[str, Any] | None:
         """What the worker records with the delivery of `job_id` (the sent message ids),

@@ -31,10 +31,11 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
 from comfyveil import i18n
+from comfyveil.desk import failures, language
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import callbacks_data, failures, language, limits, render, replies
+from comfyveil.telegram import callbacks_data, limits, render, replies
 
 logger = logging.getLogger(__name__)
 

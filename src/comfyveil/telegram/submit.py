@@ -17,18 +17,19 @@ from telegram import Bot, Message, User
 from telegram.error import BadRequest
 
 from comfyveil import errors, i18n, images
-from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
+from comfyveil.desk import access, registry
+from comfyveil.desk import submit as desk_submit
+from comfyveil.desk.submit import IMAGE_PLACEHOLDER
 from comfyveil.i18n import _, ltr
 from comfyveil.store import jobs
-from comfyveil.telegram import access, availability, parse, registry
+from comfyveil.telegram import parse
 from comfyveil.telegram.context import DELIVERY_MODES_KEPT, Services
 from comfyveil.telegram.sink import SEND_AS_FILE_SETTING, SPOILER_SETTING
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PIXELS = 1024 * 1024
-IMAGE_PLACEHOLDER = "telegram-input"  # replaced by the uploaded file's name on the backend
 TELEGRAM_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses larger files (cloud Bot API)
 
 
@@ -121,27 +122,6 @@ def build_values(
     return values, as_file
 
 
-def policy_texts(wf: workflow.Workflow, values: Mapping[str, object]) -> list[str]:
-    """What the content policy reads of a job's values: the texts the workflow draws from,
-    not the negative prompt (``--no gore`` asks for less) nor input image names."""
-    skip = {"negative", *wf.image_params}
-    return [v for k, v in values.items() if k not in skip and isinstance(v, str)]
-
-
-async def check_policy(services: Services, command: str, texts: Sequence[str]) -> None:
-    """Refuse a prompt the operator's ``[policy]`` does not accept, counting the refusal
-    (never its text).
-
-    Raises:
-        PromptRefused: one plain sentence; nothing is queued.
-    """
-    if services.policy.refuses(command, texts):
-        await services.db.refusals.count(command)
-        logger.info("a prompt was refused by the content policy",
-                    extra={"action": "prompt_refused", "command": command})
-        raise policy_mod.PromptRefused()
-
-
 # --- input images -----------------------------------------------------------------------
 
 
@@ -223,20 +203,6 @@ async def find_image(
 # --- queueing ---------------------------------------------------------------------------
 
 
-async def check_allowed(services: Services, who: access.Who, entry: registry.Entry) -> None:
-    """Refuse, before anything is downloaded or decoded, a job this user may not have now:
-    a command for admins only, or one over their limits (asked again when it is queued).
-
-    Raises:
-        NotAllowed: the command is not for this user's role.
-        QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
-    """
-    if not entry.allows(who):
-        raise access.NotAllowed(_("Only the bot's admins can use {command}.").format(
-            command=ltr(f"/{entry.name}")))
-    await services.db.jobs.check_limits(who.user_id, **services.access.limits(who))
-
-
 async def submit(
     services: Services,
     bot: Bot,
@@ -306,25 +272,7 @@ async def rerun(
     Raises:
         UsageError: the command is off now, or the input image is no longer kept.
     """
-    entry = await services.commands.get(job.command)
-    if entry is None:
-        raise errors.UsageError(_("The command {command} is not available now.").format(
-            command=ltr(f"/{job.command}")))
-    await check_allowed(services, who, entry)
-    why = availability.reason(services.pool, entry.workflow)
-    if why is not None:
-        raise errors.UsageError(availability.refusal(entry, why))
-    inputs: list[jobs.InputImage] = []
-    if entry.takes_image:
-        inputs = await services.db.jobs.inputs(job.id)
-        if len(inputs) < len(entry.workflow.image_params):
-            raise errors.UsageError(
-                _("The image of that {command} job is no longer kept; send the command "
-                  "again with the image.").format(command=ltr(f"/{job.command}"))
-            )
-    values = {k: v for k, v in job.params.items() if k != "seed"}
-    await check_policy(services, entry.name, policy_texts(entry.workflow, values))
-    validated = entry.workflow.validate(values)
+    entry, validated, inputs = await desk_submit.again(services, services.commands, who, job)
     return await submit(
         services, bot, who=who, in_group=in_group, entry=entry, values=validated,
         inputs=inputs, key=key, reply_to=reply_to,

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from telegram import LinkPreviewOptions, Update
 
+from comfyveil.desk import access, links
 from comfyveil.i18n import _, ltr, n_
-from comfyveil.telegram import access, replies
+from comfyveil.telegram import replies
 from comfyveil.telegram.context import BotContext
-
-LINK_MINUTES = 15
 
 
 async def web(update: Update, context: BotContext, who: access.Who, text: str) -> None:
-    from comfyveil.web import server
-    from comfyveil.web import store as web_store
 
     settings = context.services.settings
     chat = update.effective_chat
@@ -30,16 +27,13 @@ async def web(update: Update, context: BotContext, who: access.Who, text: str) -
     if not settings.web.enabled:
         await replies.reply(update, _("The web front end is not enabled here."))
         return
-    token = await web_store.WebStore(context.services.db.pool).create_link(
-        who.user_id, minutes=LINK_MINUTES
-    )
-    url = f"{server.link_base(settings)}/link/{token}"
+    url = await links.web_link(settings, context.services.db.pool, who.user_id)
     await replies.reply(
         update,
         n_("Open this within {n} minute, once, to use the web front end with your Telegram "
            "account (one history for both):\n{url}",
            "Open this within {n} minutes, once, to use the web front end with your Telegram "
-           "account (one history for both):\n{url}", LINK_MINUTES,
-           ).format(n=ltr(LINK_MINUTES), url=ltr(replies.esc(url))),
+           "account (one history for both):\n{url}", links.LINK_MINUTES,
+           ).format(n=ltr(links.LINK_MINUTES), url=ltr(replies.esc(url))),
         link_preview_options=LinkPreviewOptions(is_disabled=True),
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from comfyveil.i18n import N_, _
+from comfyveil.store import accounts as web_store
 from comfyveil.web import auth
-from comfyveil.web import store as web_store
-from comfyveil.web.app import anon_csrf, render, services, visit
+from comfyveil.web.page import anon_csrf, render, services, visit
 
 
 def _field(form: object, name: str, limit: int = 2048) -> str:

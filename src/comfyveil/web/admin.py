@@ -14,10 +14,10 @@ from aiohttp import web
 
 from comfyveil import errors
 from comfyveil.comfy import workflow
+from comfyveil.desk.words import role_word, source_word
 from comfyveil.i18n import N_, _
 from comfyveil.store import commands as commands_store
-from comfyveil.telegram.admin import ROLE_WORDS, SOURCE_WORDS
-from comfyveil.web.app import render, require_admin, services
+from comfyveil.web.page import render, require_admin, services
 
 MAX_WORKFLOW_BYTES = 2 * 1024 * 1024  # a TOML or an API-format graph JSON
 # What the users page says after each action (the action is the redirect's ?done=).
@@ -28,14 +28,6 @@ DONE = {
     "make-admin": N_("The account may now use the admin pages."),
     "revoke-admin": N_("The account may no longer use the admin pages."),
 }
-
-
-def role_word(role: str) -> str:
-    return _(ROLE_WORDS[role]) if role in ROLE_WORDS else role
-
-
-def source_word(source: str) -> str:
-    return _(SOURCE_WORDS[source]) if source in SOURCE_WORDS else source
 
 
 async def overview(request: web.Request) -> web.Response:

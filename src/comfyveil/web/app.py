@@ -8,27 +8,22 @@ rendered by Jinja2 with autoescape; no page has a script or an inline style.
 
 from __future__ import annotations
 
-import datetime
 import hmac
 import logging
-from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
-import jinja2
-import markupsafe
 from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil.comfy import pool as pool_mod
+from comfyveil.desk import access as access_mod
+from comfyveil.desk import language as language_mod
+from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
+from comfyveil.store import accounts as web_store
 from comfyveil.store import database
-from comfyveil.telegram import access as access_mod
-from comfyveil.telegram import registry as registry_mod
-from comfyveil.telegram import render as render_mod
-from comfyveil.web import auth
-from comfyveil.web import language as language_mod
-from comfyveil.web import store as web_store
+from comfyveil.web import account_pages, admin, auth, job_pages, pages
+from comfyveil.web.page import SERVICES, WebServices, error_page, services, visit
 
 logger = logging.getLogger(__name__)
 
@@ -45,159 +40,6 @@ HEADERS = {
 }
 STATIC_PREFIX = "/static/"
 FORM_SLACK = 1024 * 1024  # a form's other fields and multipart framing beside its image
-
-
-@dataclass
-class WebServices:
-    """What the handlers share: the store, the commands, limits, templates."""
-
-    settings: config.Settings
-    db: database.Database
-    web: web_store.WebStore
-    registry: registry_mod.CommandRegistry
-    access: access_mod.Access
-    pool: pool_mod.Pool | None = None
-    forms: auth.FormTokens = field(default_factory=auth.FormTokens)
-    site: auth.SiteThrottle = field(default_factory=auth.SiteThrottle)
-    templates: jinja2.Environment = field(init=False)
-    stylesheet: bytes = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.templates = jinja2.Environment(
-            loader=jinja2.PackageLoader("comfyveil.web", "templates"),
-            autoescape=True,
-            auto_reload=False,  # templates ship with the package: no stat() per page
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=["jinja2.ext.i18n"],
-        )
-        # The callables read the request's language (a context variable) when called.
-        self.templates.install_gettext_callables(  # type: ignore[attr-defined]
-            i18n.gettext, i18n.ngettext, newstyle=True
-        )
-        self.templates.globals["status_word"] = status_word
-        # Inside a right-to-left page: commands and ids keep their order (``ltr``, Unicode
-        # isolates, fit for attributes and titles too); a name or prompt takes its own
-        # direction (``bdi``).
-        self.templates.globals["ltr"] = i18n.ltr
-        self.templates.globals["bdi"] = bdi
-        self.templates.globals["when"] = when
-        self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
-
-    @property
-    def secure_cookies(self) -> bool:
-        return (self.settings.web.public_url or "").startswith("https://")
-
-    def parallel(self) -> int:
-        """How many jobs run at once, to share out the queue ahead in an ETA."""
-        return max(1, len(self.settings.backend_list()))
-
-
-SERVICES = web.AppKey("services", WebServices)
-
-
-@dataclass
-class Visit:
-    """What one request learnt about its visitor."""
-
-    account: web_store.Account | None = None
-    csrf: str = ""  # the session's CSRF token
-    session_token: str | None = None
-    set_anon_cookie: str | None = None  # a new form cookie to set on the response
-
-
-VISIT = web.RequestKey("visit", Visit)
-
-
-def visit(request: web.Request) -> Visit:
-    found = request.get(VISIT)
-    if found is None:
-        found = request[VISIT] = Visit()
-    return found
-
-
-def services(request: web.Request) -> WebServices:
-    return request.app[SERVICES]
-
-
-# -- rendering ---------------------------------------------------------------------------
-
-def bdi(text: object) -> markupsafe.Markup:
-    """`text` (escaped) in its own direction, whatever the page's."""
-    return markupsafe.Markup("<bdi>%s</bdi>") % str(text)
-
-
-def when(moment: datetime.datetime, *, date_only: bool = False) -> markupsafe.Markup:
-    """A UTC time as ``<time>``: left to right and on one line in any page (a date broken
-    at its hyphens reads backwards in a right-to-left table)."""
-    text = moment.strftime("%Y-%m-%d" if date_only else "%Y-%m-%d %H:%M")
-    return markupsafe.Markup('<time datetime="%s" dir="ltr" class="when">%s</time>') % (
-        moment.isoformat(timespec="seconds"), text)
-
-
-def status_word(status: str) -> str:
-    word = render_mod.STATUS_WORDS.get(status)
-    return _(word) if word else status
-
-
-def render(
-    request: web.Request, template: str, *, status: int = 200, **context: Any
-) -> web.Response:
-    svc = services(request)
-    account = visit(request).account
-    csrf = visit(request).csrf
-    page = svc.templates.get_template(template).render(
-        account=account,
-        csrf=csrf,
-        path=request.path,
-        lang=i18n.current(),
-        dir="rtl" if i18n.current() in i18n.RTL else "ltr",
-        refresh=context.pop("refresh", None),
-        **context,
-    )
-    response = web.Response(text=page, status=status, content_type="text/html", charset="utf-8")
-    response.headers["Cache-Control"] = "no-store"
-    anon = visit(request).set_anon_cookie
-    if anon:
-        response.set_cookie(
-            auth.ANON_COOKIE,
-            anon,
-            httponly=True,
-            samesite="Strict",
-            path="/",
-            secure=svc.secure_cookies,
-        )
-    return response
-
-
-def error_page(request: web.Request, status: int, message: str) -> web.Response:
-    return render(request, "error.html", status=status, message=message)
-
-
-def anon_csrf(request: web.Request) -> str:
-    """The CSRF token of a logged-out form; sets the cookie it is bound to if missing."""
-    v = visit(request)
-    if v.account is not None:  # a logged-in visitor's forms carry the session's token
-        return v.csrf
-    svc = services(request)
-    cookie = request.cookies.get(auth.ANON_COOKIE) or v.set_anon_cookie
-    if not cookie:
-        cookie = v.set_anon_cookie = web_store.new_token()
-    return svc.forms.token_for(cookie)
-
-
-def require_account(request: web.Request) -> web_store.Account:
-    account = visit(request).account
-    if account is None:
-        raise web.HTTPSeeOther("/login")
-    return account
-
-
-def require_admin(request: web.Request) -> web_store.Account:
-    account = require_account(request)
-    if not account.is_admin:
-        raise web.HTTPNotFound()
-    return account
 
 
 # -- middlewares ---------------------------------------------------------------------------
@@ -281,8 +123,6 @@ def build(
     pool: pool_mod.Pool | None = None,
 ) -> web.Application:
     """The web front end as an aiohttp application."""
-    from comfyveil.web import account_pages, admin, job_pages, pages
-
     svc = WebServices(
         settings=settings,
         db=db,

@@ -21,7 +21,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from comfyveil.i18n import _
-from comfyveil.web import store as web_store
+from comfyveil.store import accounts as web_store
 
 SESSION_COOKIE = "comfyveil_session"
 ANON_COOKIE = "comfyveil_form"  # ties a logged-out form to the browser that fetched it

@@ -14,8 +14,8 @@ from typing import Any
 
 from comfyveil import i18n
 from comfyveil.comfy import workflow
+from comfyveil.desk import registry
 from comfyveil.i18n import N_, _
-from comfyveil.telegram import registry
 
 TEXTAREA_PARAMS = ("prompt", "negative")
 FROM_SUFFIX = "__from"  # the "one of my results" select beside an image upload

@@ -21,10 +21,10 @@ from pathlib import Path
 from comfyveil import config
 from comfyveil.anyone import errors as anyone_errors
 from comfyveil.anyone import hidden, install
+from comfyveil.desk.links import SERVICE_NAME
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAME = "web"
 VERSION_TIMEOUT = 10.0
 
 

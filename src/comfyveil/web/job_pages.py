@@ -18,15 +18,18 @@ from aiohttp import web
 from PIL import Image
 
 from comfyveil import errors, i18n, sinks
+from comfyveil.desk import failures
+from comfyveil.desk import language as web_language
+from comfyveil.desk.access import who_for
+from comfyveil.desk.jobs import owned_output
+from comfyveil.desk.language import CHOICE
+from comfyveil.desk.submit import queue
 from comfyveil.i18n import _
+from comfyveil.images import MIMES
+from comfyveil.store import accounts as web_store
 from comfyveil.store import jobs
-from comfyveil.telegram import failures
-from comfyveil.telegram.language import CHOICE
 from comfyveil.web import auth
-from comfyveil.web import language as web_language
-from comfyveil.web import store as web_store
-from comfyveil.web.app import WebServices, render, require_account, services
-from comfyveil.web.pages import MIMES, owned_output, queue, who_for
+from comfyveil.web.page import WebServices, render, require_account, services
 
 REFRESH_SECONDS = 2
 PAGE_SIZE = 24  # history rows per page

@@ -1,7 +1,7 @@
 """The command pages: the list of commands, one form each, and queueing a job from it.
 
 Queueing goes through the store exactly as a chat command does (`JobStore.enqueue` with
-the user's queue limit and daily quota, the same cooldown of `telegram.access`), with a
+the user's queue limit and daily quota, the same cooldown of `desk.access`), with a
 one-time key in the form as the idempotency key: sending a form twice (reload, back)
 never makes a second job.
 """
@@ -16,34 +16,20 @@ from typing import Any
 from aiohttp import web
 
 from comfyveil import errors, images
+from comfyveil.desk import registry as registry_mod
+from comfyveil.desk.access import who_for
+from comfyveil.desk.jobs import owned_output, parse_ref
+from comfyveil.desk.submit import IMAGE_PLACEHOLDER, queue
 from comfyveil.i18n import _
+from comfyveil.images import MIMES
+from comfyveil.store import accounts as web_store
 from comfyveil.store import jobs
-from comfyveil.telegram import access as access_mod
-from comfyveil.telegram import registry as registry_mod
-from comfyveil.telegram.submit import IMAGE_PLACEHOLDER
 from comfyveil.web import forms
-from comfyveil.web import store as web_store
-from comfyveil.web.app import WebServices, error_page, render, require_account, services
+from comfyveil.web.page import WebServices, error_page, render, require_account, services
 
 logger = logging.getLogger(__name__)
 
 RESULT_CHOICES = 30  # recent results offered as an edit's input
-MIMES = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "webp"}
-
-
-async def who_for(svc: WebServices, account: web_store.Account) -> access_mod.Who:
-    """The account as the shared access rules see it (role, ban, admin exemption)."""
-    user = await svc.db.users.get(account.user_id)
-    role = user.role if user is not None else "user"
-    is_admin = account.is_admin or role == "admin"
-    return access_mod.Who(
-        user_id=account.user_id,
-        chat_id=account.chat_id,
-        role=role,
-        is_admin=is_admin,
-        allowed=role != "banned" or is_admin,
-        user=user,
-    )
 
 
 async def home(request: web.Request) -> web.Response:
@@ -89,24 +75,6 @@ async def form_page(request: web.Request) -> web.Response:
     return render(
         request, "form.html", entry=entry, fields=fields, problem=None, nonce=uuid.uuid4().hex
     )
-
-
-async def owned_output(
-    svc: WebServices, account: web_store.Account, job_id: uuid.UUID, index: int
-) -> jobs.Output | None:
-    """Output `index` of job `job_id` if the job is this account's; else None."""
-    if await svc.web.output_owner(job_id) != account.user_id:
-        return None
-    return next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
-
-
-def parse_ref(ref: str) -> tuple[uuid.UUID, int] | None:
-    """A "JOBID:INDEX" reference to a result, or None when malformed."""
-    job, _, index = ref.partition(":")
-    try:
-        return uuid.UUID(job), int(index)
-    except ValueError:
-        return None
 
 
 async def _input_image(
@@ -199,41 +167,6 @@ def _key(account: web_store.Account, form: Any) -> str:
     if not isinstance(nonce, str) or not nonce.isalnum() or len(nonce) > 64:
         nonce = uuid.uuid4().hex
     return f"web:{account.id}:{nonce}"
-
-
-async def queue(
-    svc: WebServices,
-    who: access_mod.Who,
-    entry: registry_mod.Entry,
-    values: dict[str, object],
-    inputs: list[jobs.InputImage],
-    *,
-    key: str,
-) -> jobs.Job:
-    """Validate and queue a job for `who` (the chat's rules: ban, limits, cooldown).
-
-    Raises:
-        UsageError: banned, not allowed this command, a limit reached, a bad value.
-    """
-    if who.role == "banned" and not who.is_admin:
-        raise access_mod.NotAllowed(_("You are not allowed to use this service."))
-    if not entry.allows(who):
-        raise access_mod.NotAllowed(
-            _("Only the admins can use {command}.").format(command=f"/{entry.name}")
-        )
-    validated = entry.workflow.validate(values)
-    new = jobs.NewJob(
-        user_id=who.user_id,
-        chat_id=who.chat_id,
-        command=entry.name,
-        workflow_hash=entry.workflow.hash,
-        params=validated,
-        inputs=tuple(inputs),
-        idempotency_key=key,
-        max_attempts=svc.settings.worker.max_attempts,
-    )
-    # The limits, cooldown included, are checked and counted with the job in one statement.
-    return await svc.db.jobs.enqueue(new, **svc.access.limits(who))
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,10 +11,12 @@ from aiohttp import hdrs, web, web_protocol, web_server
 
 from comfyveil import config
 from comfyveil.comfy import pool as pool_mod
+from comfyveil.desk.links import link_base as link_base
+from comfyveil.desk.links import public_url
+from comfyveil.store import accounts as web_store
 from comfyveil.store import database
 from comfyveil.store import errors as store_errors
 from comfyveil.web import app as web_app
-from comfyveil.web import store as web_store
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +75,6 @@ async def _purge_forever(store: web_store.WebStore) -> None:
         await asyncio.sleep(PURGE_INTERVAL)
 
 
-def public_url(settings: config.Settings, port: int) -> str:
-    w = settings.web
-    if w.public_url:
-        return w.public_url
-    host = f"[{w.host}]" if ":" in w.host else w.host
-    return f"http://{host}:{port}"
-
-
 async def start(
     settings: config.Settings, db: database.Database, *, pool: pool_mod.Pool | None = None
 ) -> Running:
@@ -114,17 +108,3 @@ async def first_invite(settings: config.Settings, db: database.Database, url: st
         return None
     token = await store.create_invite(is_admin=True, hours=settings.web.invite_hours)
     return f"{url}/invite/{token}"
-
-
-def link_base(settings: config.Settings) -> str:
-    """The address to put in links sent elsewhere (the chat): `[web] public_url`, else
-    the hidden service's address when published, else host and port."""
-    if settings.web.public_url:
-        return settings.web.public_url
-    if settings.web.hidden_service:
-        from comfyveil.web import hidden
-
-        hostname = settings.data_dir / "anon" / "hs" / hidden.SERVICE_NAME / "hostname"
-        with contextlib.suppress(OSError):
-            return f"http://{hostname.read_text().strip()}"
-    return public_url(settings, settings.web.port)

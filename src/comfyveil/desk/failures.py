@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import re
 
+from comfyveil import i18n
 from comfyveil.i18n import N_, _, n_
-from comfyveil.telegram import render, replies
+
+MAX_ERROR_CHARS = 300
+
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \"", re.MULTILINE)
+
+# Translated where they are sent, in the reader's language.
+INTERNAL = N_("Something went wrong on our side; please try again.")
 
 # What users read, in one place (to be translated as a whole).
 OUT_OF_MEMORY = N_(
@@ -76,6 +83,35 @@ def sentence(error: str | None, *, detail: bool = False) -> str:
     for pattern, plain in _RULES:
         if pattern.search(text):
             if detail:
-                return _(DETAIL).format(sentence=_(plain), detail=render.plain_error(text))
+                return _(DETAIL).format(sentence=_(plain), detail=plain_error(text))
             return _(plain)
-    return replies.sentence(text or _("The job failed."))
+    return plain_sentence(text or _("The job failed."))
+
+
+def plain_error(error: str | None) -> str:
+    """One sentence from an error text: never a traceback, never a wall of text."""
+    text = (error or "").strip()
+    if not text or _TRACEBACK.search(text):
+        return _("The job failed.")
+    # Sentences the worker stored in English are in the catalog: said in the reader's
+    # language; any other text (a backend's own words) stays as it is.
+    first_line = " ".join(text.splitlines()[0].split())
+    sentence = _(first_line)
+    if len(sentence) > MAX_ERROR_CHARS:
+        # at a word's end: a file or node name cut in two reads as another name
+        cut = sentence[: MAX_ERROR_CHARS - 1]
+        if " " in cut:
+            cut = cut[: cut.rindex(" ")]
+        sentence = cut.rstrip(" ,;:") + "…"
+    return sentence
+
+
+def plain_sentence(text: str | None) -> str:
+    """One plain sentence: capitalised, ending with a full stop, no traceback."""
+    plain = plain_error(text)
+    if not plain:
+        return _(INTERNAL)
+    plain = plain[0].upper() + plain[1:]
+    if plain.endswith((".", "!", "?", "…", "。", "！", "？", "؟")):
+        return plain
+    return plain + i18n.full_stop()

@@ -17,11 +17,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from comfyveil import config, errors
 from comfyveil.i18n import _, ltr
-from comfyveil.store import users
+from comfyveil.store import accounts, users
+
+if TYPE_CHECKING:
+    from comfyveil.desk.services import Desk
 
 ALLOWED_KEY = "allowed"  # users.settings flag written by /allow
 
@@ -118,3 +121,18 @@ class Access:
             raise errors.UsageError(_("An admin named in the configuration cannot be banned."))
         await self.users.set_role(user_id, "banned")
         await self.users.update_settings(user_id, {}, remove=[ALLOWED_KEY])
+
+
+async def who_for(svc: Desk, account: accounts.Account) -> Who:
+    """The account as the shared access rules see it (role, ban, admin exemption)."""
+    user = await svc.db.users.get(account.user_id)
+    role = user.role if user is not None else "user"
+    is_admin = account.is_admin or role == "admin"
+    return Who(
+        user_id=account.user_id,
+        chat_id=account.chat_id,
+        role=role,
+        is_admin=is_admin,
+        allowed=role != "banned" or is_admin,
+        user=user,
+    )

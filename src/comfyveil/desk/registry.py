@@ -10,24 +10,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from comfyveil import i18n
 from comfyveil.comfy import workflow
 from comfyveil.i18n import _
 from comfyveil.store import commands as commands_store
-from comfyveil.telegram import render
 
 if TYPE_CHECKING:
-    from comfyveil.telegram.access import Who
+    from comfyveil.desk.access import Who
 
 logger = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 30.0
 NAMED_OPTIONS = ("seed", "steps", "width", "height")  # shown first in /help
 HIDDEN_OPTIONS = ("negative",)  # given with --no, explained in the /help footer
+
+
+# What help shows of a command (the chat's /help, the web's form), front end aside.
+@dataclass(frozen=True)
+class OptionHelp:
+    name: str
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    default: str | float | None = None
+
+
+@dataclass(frozen=True)
+class CommandHelp:
+    name: str
+    title: str
+    description: str = ""
+    options: Sequence[OptionHelp] = field(default_factory=tuple)
+    takes_image: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,7 +86,7 @@ class Entry:
         """Whether this user may run the command (`workflows add --admins-only`)."""
         return who.command_role in self.command.allowed_roles
 
-    def help(self) -> render.CommandHelp:
+    def help(self) -> CommandHelp:
         wf = self.workflow
         skip = {wf.prompt_param, *wf.image_params, *HIDDEN_OPTIONS}
         names = [n for n in wf.params if n not in skip]
@@ -80,13 +98,13 @@ class Entry:
             if default is None and p.type not in ("seed", "image"):
                 default = graph_value(wf, name)
             options.append(
-                render.OptionHelp(
+                OptionHelp(
                     name=name, description=p.described() or name,
                     minimum=p.min, maximum=p.max,
                     default=default if isinstance(default, int | float | str) else None,
                 )
             )
-        return render.CommandHelp(
+        return CommandHelp(
             name=self.name, title=self.title(), description=self.description(),
             options=tuple(options), takes_image=self.takes_image,
         )

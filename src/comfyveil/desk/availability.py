@@ -22,7 +22,7 @@ from comfyveil.i18n import N_, _, ltr
 
 if TYPE_CHECKING:
     from comfyveil.comfy import pool as pool_mod
-    from comfyveil.telegram import registry
+    from comfyveil.desk import registry
 
 # What users read; kept together so they can be translated as a whole.
 NO_MODEL = N_("no GPU has its model")

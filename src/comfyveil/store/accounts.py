@@ -5,6 +5,10 @@ Jobs, outputs, settings, quotas and forgetting are the shared store's (`store.jo
 listings (history and gallery pages) that the bot has no use for.
 
 Tokens (invitations, sessions) are stored as sha256 digests only.
+
+Telegram ids (users and chats alike) lie within +-2^53. A web account's own id is
+placed below -2^62, so it never collides with one; its jobs carry it as `chat_id` for
+their whole life, which tells every Telegram part that the job is not theirs to deliver.
 """
 
 from __future__ import annotations
@@ -20,7 +24,18 @@ from psycopg_pool import AsyncConnectionPool
 
 from comfyveil.i18n import N_
 from comfyveil.store import errors
-from comfyveil.web import identity
+
+WEB_ID_BASE = -(1 << 62)
+
+
+def web_user_id(account_id: int) -> int:
+    """The user id (and chat id) a new web account gets."""
+    return WEB_ID_BASE - account_id
+
+
+def is_web_chat(chat_id: int) -> bool:
+    """True for the chat id of a job queued from the web front end."""
+    return chat_id <= WEB_ID_BASE
 
 Row = dict[str, Any]
 TOKEN_BYTES = 32
@@ -205,7 +220,7 @@ class WebStore:
             row = await cursor.fetchone()
             assert row is not None
             account_id = int(row["id"])
-            user_id = identity.web_user_id(account_id)
+            user_id = web_user_id(account_id)
             cursor = await conn.execute(
                 f"INSERT INTO web_accounts (id, name, name_key, passphrase, user_id, chat_id, "
                 f"is_admin) VALUES (%(id)s, %(name)s, %(key)s, %(pw)s, %(uid)s, %(uid)s, "
@@ -456,7 +471,7 @@ class WebStore:
                     "key": name.casefold(),
                     "pw": passphrase_hash,
                     "tg": tg,
-                    "chat": identity.web_user_id(account_id),
+                    "chat": web_user_id(account_id),
                 },
             )
             created = await cursor.fetchone()

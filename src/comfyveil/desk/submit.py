@@ -1,0 +1,129 @@
+"""Validating and queueing a job, for every front end: who may run the command now, what
+the content policy reads and refuses, the job as the store takes it (the limits, cooldown
+included, counted with it in one statement; the front end's key makes a retried request
+never a second job), and the values a re-run sends again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from comfyveil import errors
+from comfyveil import policy as policy_mod
+from comfyveil.comfy import workflow
+from comfyveil.desk import access, availability, registry
+from comfyveil.desk.services import Desk, PolicyDesk, PoolDesk
+from comfyveil.i18n import _, ltr
+from comfyveil.store import jobs
+
+logger = logging.getLogger(__name__)
+
+IMAGE_PLACEHOLDER = "telegram-input"  # replaced by the uploaded file's name on the backend
+
+
+def policy_texts(wf: workflow.Workflow, values: Mapping[str, object]) -> list[str]:
+    """What the content policy reads of a job's values: the texts the workflow draws from,
+    not the negative prompt (``--no gore`` asks for less) nor input image names."""
+    skip = {"negative", *wf.image_params}
+    return [v for k, v in values.items() if k not in skip and isinstance(v, str)]
+
+
+async def check_policy(services: PolicyDesk, command: str, texts: Sequence[str]) -> None:
+    """Refuse a prompt the operator's ``[policy]`` does not accept, counting the refusal
+    (never its text).
+
+    Raises:
+        PromptRefused: one plain sentence; nothing is queued.
+    """
+    if services.policy.refuses(command, texts):
+        await services.db.refusals.count(command)
+        logger.info(
+            "a prompt was refused by the content policy",
+            extra={"action": "prompt_refused", "command": command},
+        )
+        raise policy_mod.PromptRefused()
+
+
+async def check_allowed(services: Desk, who: access.Who, entry: registry.Entry) -> None:
+    """Refuse, before anything is downloaded or decoded, a job this user may not have now:
+    a command for admins only, or one over their limits (asked again when it is queued).
+
+    Raises:
+        NotAllowed: the command is not for this user's role.
+        QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
+    """
+    if not entry.allows(who):
+        raise access.NotAllowed(
+            _("Only the bot's admins can use {command}.").format(command=ltr(f"/{entry.name}"))
+        )
+    await services.db.jobs.check_limits(who.user_id, **services.access.limits(who))
+
+
+async def queue(
+    svc: Desk,
+    who: access.Who,
+    entry: registry.Entry,
+    values: dict[str, object],
+    inputs: list[jobs.InputImage],
+    *,
+    key: str,
+) -> jobs.Job:
+    """Validate and queue a job for `who` (the chat's rules: ban, limits, cooldown).
+
+    Raises:
+        UsageError: banned, not allowed this command, a limit reached, a bad value.
+    """
+    if who.role == "banned" and not who.is_admin:
+        raise access.NotAllowed(_("You are not allowed to use this service."))
+    if not entry.allows(who):
+        raise access.NotAllowed(
+            _("Only the admins can use {command}.").format(command=f"/{entry.name}")
+        )
+    validated = entry.workflow.validate(values)
+    new = jobs.NewJob(
+        user_id=who.user_id,
+        chat_id=who.chat_id,
+        command=entry.name,
+        workflow_hash=entry.workflow.hash,
+        params=validated,
+        inputs=tuple(inputs),
+        idempotency_key=key,
+        max_attempts=svc.settings.worker.max_attempts,
+    )
+    # The limits, cooldown included, are checked and counted with the job in one statement.
+    return await svc.db.jobs.enqueue(new, **svc.access.limits(who))
+
+
+async def again(
+    services: PoolDesk, commands: registry.CommandRegistry, who: access.Who, job: jobs.Job
+) -> tuple[registry.Entry, dict[str, object], list[jobs.InputImage]]:
+    """What queueing `job` again (a new seed) takes: its command as it is now, the values
+    (checked by the policy and validated again), its input images.
+
+    Raises:
+        UsageError: the command is off now, or the input image is no longer kept.
+    """
+    entry = await commands.get(job.command)
+    if entry is None:
+        raise errors.UsageError(
+            _("The command {command} is not available now.").format(command=ltr(f"/{job.command}"))
+        )
+    await check_allowed(services, who, entry)
+    why = availability.reason(services.pool, entry.workflow)
+    if why is not None:
+        raise errors.UsageError(availability.refusal(entry, why))
+    inputs: list[jobs.InputImage] = []
+    if entry.takes_image:
+        inputs = await services.db.jobs.inputs(job.id)
+        if len(inputs) < len(entry.workflow.image_params):
+            raise errors.UsageError(
+                _(
+                    "The image of that {command} job is no longer kept; send the command "
+                    "again with the image."
+                ).format(command=ltr(f"/{job.command}"))
+            )
+    values = {k: v for k, v in job.params.items() if k != "seed"}
+    await check_policy(services, entry.name, policy_texts(entry.workflow, values))
+    validated = entry.workflow.validate(values)
+    return entry, validated, inputs

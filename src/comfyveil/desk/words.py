@@ -1,0 +1,32 @@
+"""The words a user reads about a job and an account, in any front end: a job's status,
+a role, where a command comes from. Kept as msgids (N_) and said in the reader's
+language where they are shown."""
+
+from __future__ import annotations
+
+from comfyveil.i18n import N_, _
+
+# A job's status in a word, for /history and the web pages.
+STATUS_WORDS = {
+    "queued": N_("queued"),
+    "running": N_("running"),
+    "succeeded": N_("done"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+}
+
+ROLE_WORDS = {"user": N_("user"), "admin": N_("admin"), "banned": N_("banned")}
+SOURCE_WORDS = {"shipped": N_("shipped"), "operator": N_("operator")}
+
+
+def status_word(status: str) -> str:
+    word = STATUS_WORDS.get(status)
+    return _(word) if word else status
+
+
+def role_word(role: str) -> str:
+    return _(ROLE_WORDS[role]) if role in ROLE_WORDS else role
+
+
+def source_word(source: str) -> str:
+    return _(SOURCE_WORDS[source]) if source in SOURCE_WORDS else source
