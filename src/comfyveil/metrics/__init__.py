@@ -87,7 +87,7 @@ TELEGRAM_RETRY_AFTER = Counter(
 )
 WEB_LOGINS = Counter(
     f"{PREFIX}_web_logins",
-    "Web sign-ins, by outcome (succeeded, failed).",
+    "Web sign-ins, by outcome (succeeded, failed, refused).",
     ["outcome"],
     registry=REGISTRY,
 )
@@ -170,5 +170,6 @@ def telegram_request(method: str, outcome: str) -> None:
         TELEGRAM_RETRY_AFTER.inc()
 
 
-def web_login(ok: bool) -> None:
-    WEB_LOGINS.labels(outcome="succeeded" if ok else "failed").inc()
+def web_login(outcome: str) -> None:
+    """succeeded; failed (a wrong name or passphrase); refused (throttled, locked, banned)."""
+    WEB_LOGINS.labels(outcome=outcome).inc()
