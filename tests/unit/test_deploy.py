@@ -26,7 +26,9 @@ needs_systemd = pytest.mark.skipif(
 
 def test_every_kind_of_host_has_its_unit() -> None:
     assert {u.name for u in UNITS} == {
-        "comfyveil.service", "comfyveil-worker@.service", "comfyveil-expose@.service",
+        "comfyveil.service",
+        "comfyveil-worker@.service",
+        "comfyveil-expose@.service",
         "comfyui.service",
     }
 
@@ -35,8 +37,9 @@ def _checkable(unit: Path, into: Path) -> Path:
     """The unit as systemd-analyze can check it here: its programs (installed under /opt
     on a real host) point at ones that exist, a template gets an instance name."""
     text = unit.read_text()
-    text = text.replace("/opt/comfyveil/.venv/bin/comfyveil", str(Path(sys.executable).parent
-                                                                   / "comfyveil"))
+    text = text.replace(
+        "/opt/comfyveil/.venv/bin/comfyveil", str(Path(sys.executable).parent / "comfyveil")
+    )
     text = text.replace("/opt/ComfyUI/venv/bin/python", sys.executable)
     name = unit.name.replace("@.service", "@gpu1.service")
     into.chmod(0o755)
@@ -50,8 +53,12 @@ def _checkable(unit: Path, into: Path) -> Path:
 def test_systemd_analyze_verify_accepts_the_unit(unit: Path, tmp_path: Path) -> None:
     checked = _checkable(unit, tmp_path)
     result = subprocess.run(
-        [SYSTEMD_ANALYZE, "verify", f"./{checked.name}"], cwd=tmp_path, capture_output=True,
-        text=True, timeout=60, check=False,
+        [SYSTEMD_ANALYZE, "verify", f"./{checked.name}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
@@ -62,7 +69,11 @@ def test_systemd_analyze_security_scores_the_unit_ok(unit: Path, tmp_path: Path)
     checked = _checkable(unit, tmp_path)
     result = subprocess.run(
         [SYSTEMD_ANALYZE, "security", "--offline=yes", "--no-pager", f"./{checked.name}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", result.stdout)
     assert match is not None, result.stdout + result.stderr
@@ -90,8 +101,10 @@ def exposed_sample_names() -> set[str]:
     """Every sample name the registry can expose (a labelled metric may have no sample yet)."""
     names = set()
     suffixes = {
-        "counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
-        "gauge": ("",), "info": ("_info",),
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "gauge": ("",),
+        "info": ("_info",),
     }
     for family in metrics.REGISTRY.collect():
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
@@ -106,14 +119,24 @@ def alert_rules() -> list[dict[str, object]]:
 def test_alerts_parse_and_name_only_metrics_that_exist() -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == {
-        "ComfyveilNoWorkerAlive", "ComfyveilAllBackendsDown", "ComfyveilJobFailureRatioHigh",
+        "ComfyveilNoWorkerAlive",
+        "ComfyveilAllBackendsDown",
+        "ComfyveilJobFailureRatioHigh",
         "ComfyveilTelegramFloodControl",
     }
     exposed = exposed_sample_names()
     for rule in rules:
         expr = str(rule["expr"])
         named = set(re.findall(r"\b[a-z_]+(?=[{\[)\s]|$)", expr)) - {
-            "sum", "max", "increase", "rate", "by", "and", "or", "on"}
+            "sum",
+            "max",
+            "increase",
+            "rate",
+            "by",
+            "and",
+            "or",
+            "on",
+        }
         named = {n for n in named if "_" in n}
         assert named, expr
         assert named <= exposed, named - exposed
