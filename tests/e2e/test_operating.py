@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import sys
@@ -41,8 +42,9 @@ def write_config(path: Path, db_url: str, comfy_url: str) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def started(*args: str, cwd: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """A comfyveil process and the URL of its metrics listener (read from what it prints)."""
+async def started(*args: str, cwd: Path) -> AsyncIterator[tuple[list[str], str]]:
+    """A comfyveil process' output lines (growing while it runs) and the URL of its metrics
+    listener (read from what it prints)."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -66,9 +68,9 @@ async def started(*args: str, cwd: Path) -> AsyncIterator[tuple[asyncio.subproce
                 seen.append(line)
                 if match := re.search(r"metrics at (http://\S+)/metrics", line):
                     url = match.group(1)
-        drain = asyncio.create_task(_drain(proc))
+        drain = asyncio.create_task(_drain(proc, seen))
         try:
-            yield proc, url
+            yield seen, url
         finally:
             proc.terminate()
             await asyncio.wait_for(proc.wait(), 30)
@@ -79,10 +81,10 @@ async def started(*args: str, cwd: Path) -> AsyncIterator[tuple[asyncio.subproce
             await proc.wait()
 
 
-async def _drain(proc: asyncio.subprocess.Process) -> None:
+async def _drain(proc: asyncio.subprocess.Process, seen: list[str]) -> None:
     assert proc.stdout is not None
-    while await proc.stdout.readline():
-        pass
+    while line := await proc.stdout.readline():
+        seen.append(line.decode())
 
 
 async def get(url: str) -> tuple[int, str]:
@@ -128,7 +130,17 @@ async def test_run_and_worker_metrics_match_what_happened_and_readyz_follows_the
     try:
         async with (
             started("run", "--config", str(cfg), cwd=tmp_path) as (_, run_url),
-            started("worker", "--config", str(cfg), "--id", "w1", cwd=tmp_path) as (_, w_url),
+            started(
+                "-v",
+                "--log-format",
+                "json",
+                "worker",
+                "--config",
+                str(cfg),
+                "--id",
+                "w1",
+                cwd=tmp_path,
+            ) as (worker_lines, w_url),
         ):
             for probe in ("healthz", "readyz"):
                 assert await get(f"{run_url}/{probe}") == (
@@ -208,5 +220,11 @@ async def test_run_and_worker_metrics_match_what_happened_and_readyz_follows_the
                 return all(a == (200, "ready\n") for a in answers)
 
             await wait_for(ready_again, timeout=40, interval=0.5)
+        # The worker logged one JSON object a line, with the fields of each extra=.
+        logged = [json.loads(line) for line in worker_lines if line.startswith("{")]
+        assert any(e.get("action") == "worker_started" and e.get("worker") == "w1" for e in logged)
+        assert any(e.get("action") == "job_claimed" and e.get("job_id") for e in logged)
+        assert all({"time", "level", "logger", "message"} <= set(e) for e in logged)
+        assert not any("lighthouse" in line for line in worker_lines)
     finally:
         await db.close()
