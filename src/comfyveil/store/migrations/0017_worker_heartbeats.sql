@@ -1,4 +1,4 @@
--- comfyveil schema, version 24: workers say they are alive.
+-- comfyveil schema, version 17: workers say they are alive.
 --
 -- One row per worker, rewritten every third of its lease: an operator sees which workers
 -- run (`comfyveil status`, /backends, the admin's backends page, the comfyveil_workers
