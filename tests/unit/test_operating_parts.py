@@ -166,6 +166,7 @@ def test_jobs_are_counted_at_their_end_and_a_retry_is_not_an_end() -> None:
         "cancelled": 1,
         "refused": 0,
     }
+    assert _value("comfyveil_jobs_total", command="f", outcome="queued") == 0
     assert _value("comfyveil_job_run_seconds_count", backend="gpu0", command="f") == runs + 1
     assert _value("comfyveil_job_run_seconds_sum", backend="gpu0", command="f") == run_sum + 7
     assert _value("comfyveil_job_wait_seconds_count", command="f") == waits + 1
