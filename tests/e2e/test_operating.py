@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -228,3 +229,53 @@ async def test_run_and_worker_metrics_match_what_happened_and_readyz_follows_the
         assert not any("lighthouse" in line for line in worker_lines)
     finally:
         await db.close()
+
+
+async def test_worker_tells_systemd_it_is_ready_pets_the_watchdog_and_says_it_stops(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory()
+    cfg = tmp_path / "comfyveil.toml"
+    cfg.write_text(
+        f'[database]\nurl = "{database_url}"\n\n'
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nvia = "direct"\n'
+    )
+    notify = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.setblocking(False)
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "comfyveil",
+        "worker",
+        "--config",
+        str(cfg),
+        "--id",
+        "unit-1",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        # As systemd starts a Type=notify unit with WatchdogSec=2 (pid checked by the child).
+        env={**env, "NOTIFY_SOCKET": str(notify), "WATCHDOG_USEC": "2000000"},
+    )
+    loop = asyncio.get_running_loop()
+    messages: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while "WATCHDOG=1" not in messages:
+                messages.append((await loop.sock_recv(sock, 200)).decode())
+        # Ready only once its heartbeat is in the database.
+        assert messages[0] == "READY=1\nSTATUS=running"
+        assert [b.worker_id for b in await db.heartbeats.all(30)] == ["unit-1"]
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        while "STOPPING=1" not in messages:
+            messages.append((await asyncio.wait_for(loop.sock_recv(sock, 200), 5)).decode())
+        assert await db.heartbeats.all(30) == []  # a clean stop leaves no row behind
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        sock.close()

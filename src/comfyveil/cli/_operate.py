@@ -21,25 +21,28 @@ async def operated(
     """Run the heartbeat (with a worker), the metrics listener (when enabled) and the
     watchdog for the body's duration; READY=1 once all are up, STOPPING=1 on the way out."""
     tasks: list[asyncio.Task[None]] = []
-    beat = None
-    if worker is not None:
-        beat = heartbeat_mod.Heartbeat(db, worker, lease_seconds=settings.worker.lease_seconds)
-        await beat.beat()  # the row exists before anyone is told we are ready
-        tasks.append(beat.start())
     listener = None
-    if settings.metrics.enabled:
-        listener = metrics_server.MetricsServer(
-            settings.metrics.host,
-            settings.metrics.port,
-            metrics_server.Parts(
-                db=db, pool=pool, heartbeat=beat, lease_seconds=settings.worker.lease_seconds
-            ),
-        )
-        url = await listener.start()
-        print(f"comfyveil: metrics at {url}/metrics", flush=True)
-    tasks.append(asyncio.create_task(sdnotify.watchdog(), name="systemd-watchdog"))
-    sdnotify.notify("READY=1\nSTATUS=running")
     try:
+        beat = None
+        if worker is not None:
+            beat = heartbeat_mod.Heartbeat(db, worker, lease_seconds=settings.worker.lease_seconds)
+            await beat.beat()  # the row exists before anyone is told we are ready
+            tasks.append(beat.start())
+        if settings.metrics.enabled:
+            listener = metrics_server.MetricsServer(
+                settings.metrics.host,
+                settings.metrics.port,
+                metrics_server.Parts(
+                    db=db,
+                    pool=pool,
+                    heartbeat=beat,
+                    lease_seconds=settings.worker.lease_seconds,
+                ),
+            )
+            url = await listener.start()
+            print(f"comfyveil: metrics at {url}/metrics", flush=True)
+        tasks.append(asyncio.create_task(sdnotify.watchdog(), name="systemd-watchdog"))
+        sdnotify.notify("READY=1\nSTATUS=running")
         yield listener
     finally:
         sdnotify.notify("STOPPING=1")

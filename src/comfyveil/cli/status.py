@@ -74,7 +74,7 @@ async def gather(settings: config.Settings) -> list[tuple[str, str, str, str]]:
                 )
             )
             if not status.pending:
-                commands = [c for c in await db.commands.list(enabled_only=True)]
+                commands = await db.commands.list(enabled_only=True)
         rows.extend(await _backends(settings, commands))
         if db is not None and not (await db.migration_status()).pending:
             now = dt.datetime.now(dt.UTC)

@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from comfyveil import metrics
+from comfyveil.errors import ConfigError
 from comfyveil.store import errors as store_errors
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,6 @@ class MetricsServer:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
-            from comfyveil.errors import ConfigError
-
             raise ConfigError(
                 f"[metrics] cannot listen on {self.host}:{self.port}: {exc.strerror}"
             ) from exc
