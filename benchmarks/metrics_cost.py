@@ -12,8 +12,10 @@ large enough to measure above the noise of a shared machine. Jobs finished per w
 counted too, so a window that ran fewer jobs is not mistaken for a cheaper one.
 
 Added CPU at 1 scrape/s is reported two ways: the direct difference of the 1/s windows
-against the baseline (noisy: the worker's own CPU varies by more than a scrape costs), and
-one scrape's cost from the fast windows (per scrape = added CPU / scrapes) at 1/s. The
+against the baseline (noisy: on a shared machine the worker's job rate, and with it its
+CPU, moves by more than a scrape costs), and one scrape's cost fitted over every window
+by least squares, CPU = a x jobs + b x scrapes + c x seconds, which keeps the jobs a
+window happened to run apart from its scrapes; b at 1/s is the figure held against the
 target: under 1 % of one core. Prints a table, then one JSON object as the very last line.
 """
 
@@ -42,6 +44,7 @@ if __name__ == "__main__" and not os.environ.get(_MARK):
     )
 
 import aiohttp  # noqa: E402
+import numpy  # noqa: E402
 import psutil  # noqa: E402
 from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 from tests.fixtures.database import open_for_the_database_user  # noqa: E402
@@ -195,7 +198,11 @@ async def main(window_s: float, rounds: int, fast_rate: float) -> dict[str, Any]
     once = median("scraped 1/s", "cpu_percent")
     fast_mode = f"scraped {fast_rate:g}/s"
     fast = median(fast_mode, "cpu_percent")
-    per_scrape_ms = max(0.0, (fast - base) / 100 / fast_rate) * 1000
+    windows = [r for m in modes for r in results[m]]
+    design = numpy.array([[r["jobs"], r["scrapes"], r["seconds"]] for r in windows])
+    spent = numpy.array([r["cpu_s"] for r in windows])
+    (per_job_s, per_scrape_s, idle_s), *_ = numpy.linalg.lstsq(design, spent, rcond=None)
+    per_scrape_ms = float(per_scrape_s) * 1000
     per_job = {
         m: sum(r["cpu_s"] for r in results[m]) / max(1, sum(r["jobs"] for r in results[m]))
         for m in modes
@@ -210,8 +217,9 @@ async def main(window_s: float, rounds: int, fast_rate: float) -> dict[str, Any]
     added_direct = once - base
     added_estimated = per_scrape_ms / 10  # ms per second -> % of a core, at 1 scrape/s
     print(
-        f"\none scrape of /metrics costs the worker {per_scrape_ms:.2f} ms of CPU "
-        f"(from the {fast_mode} windows)"
+        f"\none scrape of /metrics costs the worker {per_scrape_ms:.2f} ms of CPU, one job "
+        f"{per_job_s * 1000:.2f} ms, idle time {idle_s * 100:.2f} % (least squares over "
+        f"{len(windows)} windows)"
     )
     print(
         f"added at 1 scrape/s: {added_estimated:.2f} % of a core (estimated), "
@@ -229,6 +237,7 @@ async def main(window_s: float, rounds: int, fast_rate: float) -> dict[str, Any]
         "scraped_1s_cpu_percent": round(once, 3),
         f"scraped_{fast_rate:g}s_cpu_percent": round(fast, 3),
         "per_scrape_cpu_ms": round(per_scrape_ms, 3),
+        "per_job_cpu_ms_fitted": round(float(per_job_s) * 1000, 3),
         "added_cpu_percent_at_1s_estimated": round(added_estimated, 3),
         "added_cpu_percent_at_1s_direct": round(added_direct, 3),
         "added_relative_percent_at_1s_estimated": round(100 * added_estimated / base, 3),

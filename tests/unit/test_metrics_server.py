@@ -85,3 +85,93 @@ async def test_a_port_in_use_is_one_plain_sentence() -> None:
             await server.MetricsServer("127.0.0.1", port, parts()).start()
     finally:
         await first.close()
+
+
+def _count(name: str, **labels: str) -> float:
+    from comfyveil import metrics
+
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_bot_api_answers_are_counted_by_method_and_outcome_429s_apart() -> None:
+    from aiohttp import web
+
+    from comfyveil.telegram.request import AiohttpRequest
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.match_info["method"] == "sendMessage":
+            return web.json_response(
+                {"ok": False, "error_code": 429, "parameters": {"retry_after": 1}}, status=429
+            )
+        return web.json_response({"ok": True, "result": True})
+
+    app = web.Application()
+    app.router.add_post("/bot{token}/{method}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    before = (
+        _count("comfyveil_telegram_requests_total", method="getMe", outcome="ok"),
+        _count("comfyveil_telegram_requests_total", method="sendMessage", outcome="retry_after"),
+        _count("comfyveil_telegram_retry_after_total"),
+    )
+    request = AiohttpRequest()
+    await request.initialize()
+    try:
+        base = f"http://127.0.0.1:{port}/bot123456:secret-token"
+        assert (await request.do_request(f"{base}/getMe", "POST"))[0] == 200
+        assert (await request.do_request(f"{base}/sendMessage", "POST"))[0] == 429
+    finally:
+        await request.shutdown()
+        await runner.cleanup()
+    after = (
+        _count("comfyveil_telegram_requests_total", method="getMe", outcome="ok"),
+        _count("comfyveil_telegram_requests_total", method="sendMessage", outcome="retry_after"),
+        _count("comfyveil_telegram_retry_after_total"),
+    )
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
+
+
+async def test_web_sign_ins_are_counted_by_outcome() -> None:
+    import datetime as dt
+
+    from comfyveil.web import auth
+
+    class Accounts:
+        def __init__(self, account: object) -> None:
+            self.account = account
+
+        async def account_by_name(self, name: str) -> object:
+            return self.account if name == "ada" else None
+
+        async def failed_login(self, account_id: int, **_: object) -> None:
+            pass
+
+        async def logged_in(self, account_id: int) -> None:
+            pass
+
+    account = SimpleNamespace(
+        id=1,
+        passphrase=await auth.hash_passphrase("correct horse battery"),
+        disabled=False,
+        locked_until=None,
+        created_at=dt.datetime.now(dt.UTC),
+    )
+    store = Accounts(account)
+    outcomes = ("succeeded", "failed", "refused")
+    before = {o: _count("comfyveil_web_logins_total", outcome=o) for o in outcomes}
+    await auth.login(store, auth.SiteThrottle(), "ada", "correct horse battery")  # type: ignore[arg-type]
+    with pytest.raises(auth.LoginRefused):
+        await auth.login(store, auth.SiteThrottle(), "ada", "wrong")  # type: ignore[arg-type]
+    throttled = auth.SiteThrottle(per_minute=1)
+    throttled.failed()  # the site's one failure a minute is spent: refused before checking
+    with pytest.raises(auth.LoginRefused):
+        await auth.login(store, throttled, "ada", "correct horse battery")  # type: ignore[arg-type]
+    after = {o: _count("comfyveil_web_logins_total", outcome=o) for o in outcomes}
+    assert {o: after[o] - before[o] for o in outcomes} == {
+        "succeeded": 1,
+        "failed": 1,
+        "refused": 1,
+    }
