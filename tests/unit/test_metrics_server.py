@@ -23,8 +23,8 @@ class Heartbeats:
             raise store_errors.DatabaseUnreachable("the database does not answer")
         return {"queued": 3, "running": 1}
 
-    async def alive(self, lease_seconds: float) -> int:
-        return 2
+    async def scrape_counts(self, lease_seconds: float) -> dict[str, int]:
+        return {**await self.queue_counts(), "alive": 2}
 
 
 def parts(*, db_down: bool = False, healthy: bool = True, quiet: float = 0.0) -> server.Parts:

@@ -109,14 +109,13 @@ class MetricsServer:
             return
         try:
             async with asyncio.timeout(DB_TIMEOUT):
-                counts = await db.heartbeats.queue_counts()
-                alive = await db.heartbeats.alive(self.parts.lease_seconds)
+                counts = await db.heartbeats.scrape_counts(self.parts.lease_seconds)
         except (TimeoutError, store_errors.StoreError) as exc:
             logger.info("metrics: the database did not answer: %s", type(exc).__name__)
             return
         for state in ("queued", "running"):
             metrics.QUEUE.labels(state=state).set(counts.get(state, 0))
-        metrics.WORKERS.set(alive)
+        metrics.WORKERS.set(counts.get("alive", 0))
 
     async def not_ready(self) -> str | None:
         """Why this process is not ready (None: it is)."""

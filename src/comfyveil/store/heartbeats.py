@@ -61,6 +61,11 @@ class HeartbeatStore:
         row = await self.db.one("workers_alive", lease_seconds=lease_seconds)
         return int(row["alive"]) if row else 0
 
+    async def scrape_counts(self, lease_seconds: float) -> dict[str, int]:
+        """Jobs queued and running, and workers alive: one round trip for a scrape."""
+        row = await self.db.one("scrape_counts", lease_seconds=lease_seconds)
+        return {key: int(value) for key, value in row.items()} if row else {}
+
     async def queue_counts(self) -> dict[str, int]:
         """Jobs queued and running now (all workers together)."""
         row = await self.db.one("queue_counts")

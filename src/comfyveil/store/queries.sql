@@ -255,6 +255,13 @@ SELECT count(*) FILTER (WHERE status = 'queued') AS queued,
        count(*) FILTER (WHERE status = 'running') AS running
 FROM jobs WHERE status IN ('queued', 'running');
 
+-- scrape_counts --
+-- What a metrics scrape reads, in one round trip: jobs queued and running, workers alive
+SELECT (SELECT count(*) FROM jobs WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM jobs WHERE status = 'running') AS running,
+       (SELECT count(*) FROM worker_heartbeats
+        WHERE last_seen > now() - make_interval(secs => %(lease_seconds)s)) AS alive;
+
 -- beat --
 -- A worker is alive: write (or rewrite) its heartbeat row
 INSERT INTO worker_heartbeats (worker_id, host, version, started_at, last_seen, jobs_running)
