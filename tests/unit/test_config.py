@@ -103,6 +103,8 @@ def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
     assert settings.anyone == defaults.anyone
     assert settings.web == defaults.web
     assert settings.policy == defaults.policy
+    assert settings.metrics == defaults.metrics
+    assert settings.log == defaults.log
 
 
 def test_web_section_is_read_and_checked() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from comfyveil import i18n
+from comfyveil import i18n, metrics
 from comfyveil.store import errors
 from comfyveil.store.connector import Connector, Row
 
@@ -312,6 +312,7 @@ class JobStore:
             return None
         job = Job.from_row(row)
         logger.info("job claimed", extra={"action": "job_claimed", "job_id": str(job.id)})
+        metrics.job_claimed(job)
         return job
 
     async def _held(self, query: str, job: Job, **params: Any) -> Job:
@@ -370,7 +371,9 @@ class JobStore:
         if row is None:
             raise errors.LeaseLost()
         logger.info("job succeeded", extra={"action": "job_succeeded", "job_id": str(job.id)})
-        return Job.from_row(row)
+        done = Job.from_row(row)
+        metrics.job_ended(done)
+        return done
 
     async def fail(
         self, job: Job, error: str, *, transient: bool, backoff: dt.timedelta | float = 0.0
@@ -390,6 +393,7 @@ class JobStore:
             "job attempt failed",
             extra={"action": "job_failed", "job_id": str(job.id), "status": str(result.status)},
         )
+        metrics.job_ended(result)  # counted only when it is an end, not a retry
         return result
 
     async def refund_quota(self, job_id: uuid.UUID) -> bool:
@@ -399,7 +403,9 @@ class JobStore:
 
     async def mark_cancelled(self, job: Job) -> Job:
         """The worker stopped a running job after a cancel request."""
-        return await self._held("mark_cancelled", job)
+        cancelled = await self._held("mark_cancelled", job)
+        metrics.job_ended(cancelled)
+        return cancelled
 
     async def release(self, job: Job) -> Job:
         """Hand a running job back on a clean shutdown; the attempt does not count."""
@@ -417,7 +423,10 @@ class JobStore:
                 "job lease expired",
                 extra={"action": "job_recovered", "job_id": str(row["id"])},
             )
-        return [Job.from_row(row) for row in rows]
+        recovered = [Job.from_row(row) for row in rows]
+        for job in recovered:
+            metrics.job_ended(job)  # out of attempts or cancelled: an end; requeued: not
+        return recovered
 
     # -- the front end's side ----------------------------------------------------------
 
@@ -433,7 +442,10 @@ class JobStore:
         """
         row = await self.db.one("cancel_job", job_id=job_id, user_id=by_user)
         if row is not None:
-            return Job.from_row(row)
+            job = Job.from_row(row)
+            if job.status is Status.CANCELLED:  # it was queued; a running one ends later
+                metrics.job_ended(job)
+            return job
         job = await self.get(job_id)
         if job is None or (by_user is not None and job.user_id != by_user):
             return None

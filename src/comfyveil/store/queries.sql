@@ -249,6 +249,48 @@ LIMIT %(limit)s;
 -- How many jobs wait in the queue
 SELECT count(*) AS queued FROM jobs WHERE status = 'queued';
 
+-- queue_counts --
+-- Jobs queued and running now, for the metrics
+SELECT count(*) FILTER (WHERE status = 'queued') AS queued,
+       count(*) FILTER (WHERE status = 'running') AS running
+FROM jobs WHERE status IN ('queued', 'running');
+
+-- scrape_counts --
+-- What a metrics scrape reads, in one round trip: jobs queued and running, workers alive
+SELECT (SELECT count(*) FROM jobs WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM jobs WHERE status = 'running') AS running,
+       (SELECT count(*) FROM worker_heartbeats
+        WHERE last_seen > now() - make_interval(secs => %(lease_seconds)s)) AS alive;
+
+-- beat --
+-- A worker is alive: write (or rewrite) its heartbeat row
+INSERT INTO worker_heartbeats (worker_id, host, version, started_at, last_seen, jobs_running)
+VALUES (%(worker_id)s, %(host)s, %(version)s, %(started_at)s, now(), %(jobs_running)s)
+ON CONFLICT (worker_id) DO UPDATE
+SET host = EXCLUDED.host, version = EXCLUDED.version, started_at = EXCLUDED.started_at,
+    last_seen = now(), jobs_running = EXCLUDED.jobs_running;
+
+-- stop_beating --
+-- A worker stopped cleanly: its row goes (a worker that dies keeps it, shown as gone)
+DELETE FROM worker_heartbeats WHERE worker_id = %(worker_id)s;
+
+-- heartbeats --
+-- Every worker's heartbeat, newest first, with whether it spoke within the lease
+SELECT worker_id, host, version, started_at, last_seen, jobs_running,
+       last_seen > now() - make_interval(secs => %(lease_seconds)s) AS alive
+FROM worker_heartbeats
+ORDER BY alive DESC, last_seen DESC
+LIMIT %(limit)s;
+
+-- workers_alive --
+-- How many workers spoke within the lease
+SELECT count(*) AS alive FROM worker_heartbeats
+WHERE last_seen > now() - make_interval(secs => %(lease_seconds)s);
+
+-- forget_heartbeats --
+-- Rows of workers gone for longer than a day are of no more use to anyone
+DELETE FROM worker_heartbeats WHERE last_seen < now() - interval '1 day';
+
 -- set_status_message --
 -- Remember the Telegram message that shows a job's status (and the one that asked for it)
 UPDATE jobs SET status_message_id = %(message_id)s,

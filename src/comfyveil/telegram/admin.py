@@ -128,6 +128,15 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
                 lines.append("  " + _("{workflow}: {seconds} s a run{cold} ({n} measured)").format(
                     workflow=ltr(replies.esc(estimate.workflow)),
                     seconds=ltr(f"{estimate.run:.1f}"), cold=cold, n=ltr(estimate.samples)))
+    lines.append(_("<b>Workers</b>"))
+    beats = await context.services.db.heartbeats.all(context.services.settings.worker.lease_seconds)
+    for beat in beats:
+        running = i18n.ngettext("{n} job running", "{n} jobs running", beat.jobs_running)
+        state = _("alive") if beat.alive else _("gone")
+        lines.append(f"{ltr(replies.esc(beat.worker_id))} ({ltr(replies.esc(beat.host))}): "
+                     f"{state} · {running.format(n=ltr(beat.jobs_running))}")
+    if not beats:
+        lines.append(_("No worker has written a heartbeat yet."))
     await replies.reply(update, "\n".join(lines))
 
 

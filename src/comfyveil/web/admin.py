@@ -153,6 +153,7 @@ async def backends(request: web.Request) -> web.Response:
         rows=rows,
         pool=svc.pool,
         queued=await svc.db.jobs.queue_length(),
+        workers=await svc.db.heartbeats.all(svc.settings.worker.lease_seconds),
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from comfyveil import metrics
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 
@@ -137,6 +138,7 @@ async def login(
     """
     wait = site.wait_seconds()
     if wait > 0:
+        metrics.web_login("refused")
         raise LoginRefused(
             _("Too many failed logins on this site; try again in {n} seconds.").format(
                 n=int(wait) + 1
@@ -146,6 +148,7 @@ async def login(
     if account is not None and account.locked_until is not None:
         left = (account.locked_until - dt.datetime.now(dt.UTC)).total_seconds()
         if left > 0:
+            metrics.web_login("refused")
             raise LoginRefused(
                 _("Too many failed logins for this account; try again in {n} seconds.").format(
                     n=int(left) + 1
@@ -156,8 +159,11 @@ async def login(
         site.failed()
         if account is not None:
             await web.failed_login(account.id, free=FREE_FAILURES, max_delay=MAX_LOCK_SECONDS)
+        metrics.web_login("failed")
         raise LoginRefused(_("Wrong name or passphrase."))
     if account.disabled:
+        metrics.web_login("refused")
         raise LoginRefused(_("This account is banned."))
     await web.logged_in(account.id)
+    metrics.web_login("succeeded")
     return account
