@@ -144,9 +144,9 @@ async def test_expired_lease_returns_the_job_with_submitted_and_backend(db: Data
     claimed = await db.jobs.claim("dying-worker", lease_seconds=0.05)
     assert claimed is not None
     await db.jobs.mark_submitted(claimed, "gpu1")
-    assert await db.jobs.recover_expired() == []  # lease still valid
+    assert await db.jobs.recover_expired(0.05) == []  # lease still valid
     await asyncio.sleep(0.1)
-    recovered = await db.jobs.recover_expired()
+    recovered = await db.jobs.recover_expired(0.05)
     assert [j.id for j in recovered] == [job.id]
     assert recovered[0].status is jobs.Status.QUEUED
     assert recovered[0].submitted and recovered[0].backend == "gpu1"
@@ -428,8 +428,9 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
         assert setting is not None
         return setting["synchronous_commit"] != "off"
 
-    for relaxed in ("claim_job", "mark_submitted", "renew_lease", "record_progress"):
+    for relaxed in ("claim_job", "renew_lease", "record_progress"):
         assert not await commit_waits(relaxed, params), relaxed
     assert await commit_waits("enqueue_job", enqueue_params)
-    for durable in ("complete_job", "record_delivery"):
+    # mark_submitted too: an immediate stop of PostgreSQL must not forget a sent prompt.
+    for durable in ("mark_submitted", "complete_job", "record_delivery"):
         assert await commit_waits(durable, params), durable

@@ -329,8 +329,25 @@ class JobStore:
         return await self._held("renew_lease", job, lease_seconds=lease_seconds)
 
     async def mark_submitted(self, job: Job, backend: str) -> Job:
-        """Record that `backend` accepted the prompt (so a successor re-attaches to it)."""
-        return await self._held("mark_submitted", job, backend=backend)
+        """Record that the prompt goes to `backend` (so a successor re-attaches to it);
+        written to disk before the prompt is posted.
+
+        Raises:
+            CancelRequested: a cancel was asked for first; the prompt must not be sent.
+            LeaseLost: this worker no longer holds the job.
+        """
+        try:
+            return await self._held("mark_submitted", job, backend=backend)
+        except errors.LeaseLost:
+            now = await self.get(job.id)
+            if (
+                now is not None
+                and now.status is Status.RUNNING
+                and now.lease_owner == job.lease_owner
+                and now.cancel_requested
+            ):
+                raise errors.CancelRequested() from None
+            raise
 
     async def record_progress(self, job: Job, data: Mapping[str, Any]) -> bool:
         """Store the latest progress and notify listeners; True when a cancel was requested.
@@ -405,16 +422,30 @@ class JobStore:
         """Hand a running job back on a clean shutdown; the attempt does not count."""
         return await self._held("release_job", job)
 
-    async def recover_expired(self) -> list[Job]:
+    async def recover_expired(self, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> list[Job]:
         """Requeue running jobs whose lease expired (their worker died or hung).
 
         `submitted` and `backend` are kept so the next worker re-attaches to the prompt.
         A job out of attempts fails instead; one with a cancel request is cancelled.
+        Nothing is recovered until the database server has been up for `lease_seconds`
+        (the workers' lease): a lease that ran out while nobody could write to the
+        database says nothing about its worker.
         """
-        rows = await self.db.all("recover_expired")
+        rows = await self.db.all("recover_expired", lease_seconds=lease_seconds)
         for row in rows:
             logger.warning(
                 "job lease expired",
+                extra={"action": "job_recovered", "job_id": str(row["id"])},
+            )
+        return [Job.from_row(row) for row in rows]
+
+    async def requeue_own(self, worker_id: str) -> list[Job]:
+        """Give back the running jobs a worker of this id held, at its start: the process
+        that held them is gone, so their successor need not wait out the lease."""
+        rows = await self.db.all("requeue_own", worker_id=worker_id)
+        for row in rows:
+            logger.info(
+                "job of an earlier run of this worker taken back",
                 extra={"action": "job_recovered", "job_id": str(row["id"])},
             )
         return [Job.from_row(row) for row in rows]

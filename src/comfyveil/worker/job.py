@@ -22,6 +22,7 @@ from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
 from comfyveil.store.traces import JobTraces
 from comfyveil.worker.options import (
+    DB_RETRY_DELAY,
     MAX_ORPHANS,
     OFFLINE_CHECK,
     PROGRESS_INTERVAL,
@@ -51,6 +52,10 @@ class Running:
     progress_next: dict[str, Any] | None = None  # the newest progress not yet written
     progress_task: asyncio.Task[None] | None = None
     progress_closed: bool = False  # the job left the backend: no more progress writes
+    # What the job left on its backend (no trace), removed once its final status is
+    # written: until then a successor can still fetch its images.
+    cleanup: list[execute.Cleanup] = field(default_factory=list)
+    cleanup_on: pool.Backend | None = None
 
 
 class AllGpusOffline(comfy_errors.ComfyError):
@@ -99,12 +104,19 @@ class JobRunner:
                 await self._settle(running, lambda: self._hand_back(running))
                 raise
             return
+        except store_errors.CancelRequested:
+            running.cancel_requested = True  # asked for before its prompt was sent: never sent
+            await self._settle(running, lambda: self._mark_cancelled(running))
+            return
         except comfy_errors.Interrupted as exc:
             message = str(exc)
             if running.cancel_requested:
                 await self._settle(running, lambda: self._mark_cancelled(running))
             else:
-                await self._settle(running, lambda: self._fail(running, message, transient=False))
+                ended = await self._settle(
+                    running, lambda: self._fail(running, message, transient=False)
+                )
+                await self._clean_up(running, ended)
             return
         except store_errors.LeaseLost:
             logger.warning(
@@ -125,9 +137,10 @@ class JobRunner:
                     if isinstance(exc, comfy_errors.BackendUnreachable | comfy_errors.JobLost):
                         await self.pool.mark_down(backend, str(exc))
             refund = not_users_fault(exc)
-            await self._settle(
+            ended = await self._settle(
                 running, lambda: self._fail(running, message, transient=transient, refund=refund)
             )
+            await self._clean_up(running, ended)
             return
         except store_errors.StoreError as exc:
             logger.warning(
@@ -156,8 +169,24 @@ class JobRunner:
             return
         if done is not None:
             self._avoid.pop(job.id, None)
+            await self._clean_up(running, done)
             # Shielded: a result half sent to the user must not be sent again later.
             await asyncio.shield(self._deliver(done, outputs, claimed=True))
+
+    async def _clean_up(self, running: Running, ended: jobs.Job | None) -> None:
+        """Remove what the job left on its backend, now that its final status is written
+        (`ended`). Not before: a worker that dies between the end of the prompt and that
+        write leaves its successor the prompt's history entry and images to fetch, so the
+        prompt is not run again. Not when the job goes back to the queue either (its retry
+        re-attaches to the prompt), nor when the write failed (a successor takes over)."""
+        left, running.cleanup = running.cleanup, []
+        backend = running.cleanup_on
+        if not left or backend is None or ended is None or not ended.status.finished:
+            return
+        traces = JobTraces(self.db.traces, running.job.id)
+        for item in left:
+            # Shielded: a stop must not leave half of it done; the sweep finishes the rest.
+            await asyncio.shield(execute.clean_up(backend.client, item, traces))
 
     async def _workflow(self, job: jobs.Job) -> workflow.Workflow:
         """The job's workflow: the exact one it was queued with when the database keeps
@@ -242,7 +271,10 @@ class JobRunner:
             else:
                 # Recorded before the prompt is posted: a successor then looks for it there
                 # first, and submits it again only if that backend never got it (JobLost).
-                running.job = await self.store.mark_submitted(running.job, backend.name)
+                # A cancel asked for before this stops the job here (CancelRequested).
+                running.job = await self._while_db_away(
+                    lambda: self.store.mark_submitted(running.job, backend.name)
+                )
                 outcome = await self._run_on(running, wf, values, backend, attach=False)
         return [
             jobs.Output(
@@ -254,6 +286,18 @@ class JobRunner:
             )
             for index, item in enumerate(outcome.files)
         ]
+
+    async def _while_db_away(self, write: Callable[[], Awaitable[jobs.Job]]) -> jobs.Job:
+        """`write`, tried again while the database cannot be reached (a restart), for up
+        to twice the lease; then the error, and the lease runs out (a successor)."""
+        deadline = time.monotonic() + self.options.lease_seconds * 2
+        while True:
+            try:
+                return await write()
+            except store_errors.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(DB_RETRY_DELAY)
 
     async def _reattach(
         self,
@@ -402,6 +446,7 @@ class JobRunner:
             self._record_progress(running, submitted, force=True)
         slot = running.slot
         no_trace = backend.config.no_trace
+        running.cleanup_on = backend
         left: tuple[notrace.Trace, ...] = ()
         if no_trace and (attach or job.attempts > 1):
             # What an earlier attempt (or worker) left there, to be cleaned with this one's.
@@ -419,6 +464,7 @@ class JobRunner:
             no_trace=no_trace,
             traces=JobTraces(self.db.traces, job.id) if no_trace else None,
             left=left,
+            cleanup=running.cleanup,
         )
         if slot is not None and not attach:  # a re-attached run's start is not ours to time
             self.pool.learn(slot, outcome.result.timings)

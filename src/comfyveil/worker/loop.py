@@ -101,6 +101,7 @@ class Worker(JobRunner, Settling):
             extra={"action": "worker_started", "worker": self.worker_id},
         )
         opts = self.options
+        await self._take_back_own()
         self._side = [
             asyncio.create_task(self._renew_loop(), name=f"{self.worker_id}-leases"),
             asyncio.create_task(self._recover_loop(), name=f"{self.worker_id}-recover"),
@@ -252,10 +253,38 @@ class Worker(JobRunner, Settling):
 
     # --- side tasks ----------------------------------------------------------------
 
+    async def _take_back_own(self) -> None:
+        """Jobs an earlier run under this worker id held when it died go back to the queue
+        at once (keeping the backend their prompt went to, to re-attach to it), instead of
+        waiting for their leases to run out: no other process holds them."""
+        if not self.options.worker_id:
+            return  # a generated id is new: no earlier run had it
+        try:
+            taken = await self.store.requeue_own(self.worker_id)
+        except store_errors.StoreError as exc:
+            logger.warning(
+                "cannot take back this worker's earlier jobs now: %s",
+                exc,
+                extra={"action": "take_back_failed"},
+            )
+            return
+        if taken:
+            logger.info(
+                "took back %d job(s) of this worker's earlier run",
+                len(taken),
+                extra={"action": "jobs_taken_back", "worker": self.worker_id},
+            )
+            self._queue_changed()
+
     async def _renew_loop(self) -> None:
+        """Renew the leases every third of a lease; while the database cannot be reached,
+        try again every DB_RETRY_DELAY, so that they are renewed as soon as it is back."""
         interval = self.options.lease_seconds / 3
+        delay = interval
+        unreachable = False
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = interval
             for running in list(self._running.values()):
                 if running.settled:
                     continue
@@ -273,8 +302,16 @@ class Worker(JobRunner, Settling):
                         running.task.cancel()
                     continue
                 except store_errors.StoreError as exc:
-                    logger.warning("cannot renew leases: %s", exc, extra={"action": "renew_failed"})
+                    if not unreachable:
+                        logger.warning(
+                            "cannot renew leases: %s", exc, extra={"action": "renew_failed"}
+                        )
+                    unreachable = True
+                    delay = DB_RETRY_DELAY
                     break
+                if unreachable:
+                    unreachable = False
+                    logger.info("leases renewed again", extra={"action": "renew_resumed"})
                 if renewed.cancel_requested and not running.settled:
                     self._request_cancel(running)
 
@@ -310,10 +347,11 @@ class Worker(JobRunner, Settling):
                 await asyncio.sleep(self.options.poll_interval)
 
     async def _recover_loop(self) -> None:
-        interval = self.options.recover_interval or self.options.lease_seconds / 2
+        # A sixth: a dead worker's job is taken over at most a sixth of a lease after it ran out.
+        interval = self.options.recover_interval or self.options.lease_seconds / 6
         while True:
             try:
-                recovered = await self.store.recover_expired()
+                recovered = await self.store.recover_expired(self.options.lease_seconds)
             except store_errors.StoreError as exc:
                 logger.info("cannot recover expired leases now: %s", exc)
                 recovered = []
