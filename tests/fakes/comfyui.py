@@ -234,6 +234,8 @@ class FakeComfyUI:
         self.interrupts: list[dict[str, Any]] = []
         self._failures: list[_Failure] = []
         self._troubled: list[str] = []  # routes whose next request answers 500 (see fail_requests)
+        self._holds: dict[str, asyncio.Event] = {}  # routes whose requests wait (see hold)
+        self.held: Counter[str] = Counter()  # requests that waited at each held route
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._reset_memory()
@@ -358,6 +360,17 @@ class FakeComfyUI:
         text/plain, "Server got itself in trouble". The server itself keeps running."""
         self._troubled.extend([path.rstrip("/")] * times)
 
+    def hold(self, path: str, method: str = "GET") -> None:
+        """Keep every `method` request to `path` (with or without /api) waiting before the
+        server reads it, until `release(path)`: a test stops a client at that moment. A
+        request whose client is gone by then is dropped unread, as it never arrived."""
+        self._holds[f"{method} {path}"] = asyncio.Event()
+
+    def release(self, path: str, method: str = "GET") -> None:
+        gate = self._holds.pop(f"{method} {path}", None)
+        if gate is not None:
+            gate.set()
+
     def set_delay(self, class_type: str, seconds: float) -> None:
         self.delays[class_type] = seconds
 
@@ -400,6 +413,12 @@ class FakeComfyUI:
             if route == troubled or route.startswith(troubled + "/"):
                 del self._troubled[index]
                 return _server_error()
+        gate = self._holds.get(f"{request.method} {route}")
+        if gate is not None:
+            self.held[f"{request.method} {route}"] += 1
+            await gate.wait()
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=400)  # its client is gone: never handled
         return await handler(request)
 
     def _routes(self, app: web.Application, p: str) -> None:
