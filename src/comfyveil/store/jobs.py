@@ -10,6 +10,7 @@ a `job_events` row, and a trigger on that table sends NOTIFY on `comfyveil_job_u
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import logging
@@ -18,12 +19,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import i18n
 from comfyveil.store import errors
-from comfyveil.store.connector import Connector, Row
+from comfyveil.store.connector import Connector, Row, Session
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +214,48 @@ def _queued_eta(row: Row, parallel: int) -> float | None:
         return None
     waiting = float(row["waiting_seconds"] or 0.0)
     return waiting / max(parallel, 1) + float(own)
+
+
+class LeaseLine:
+    """A connection of a worker's own for renewing its leases.
+
+    The pool reconnects after an outage with growing delays (1, 2, 4, 8 s...), so it may
+    come back long after the database did; meanwhile other workers, whose pools came back
+    sooner, would find the leases run out. This line connects again at each try, so the
+    leases are renewed as soon as the database answers.
+    """
+
+    CONNECT_TIMEOUT = 2  # seconds (libpq's smallest)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def renew(self, job: Job, lease_seconds: float) -> Job:
+        """As `JobStore.renew_lease`."""
+        try:
+            async with errors.wrap_exceptions():
+                if self._conn is None or self._conn.closed:
+                    self._conn = await psycopg.AsyncConnection.connect(
+                        self.url, autocommit=True, row_factory=dict_row,
+                        connect_timeout=self.CONNECT_TIMEOUT,
+                    )
+                row = await Session(self._conn).one(
+                    "renew_lease", job_id=job.id, worker_id=job.lease_owner,
+                    lease_seconds=lease_seconds,
+                )
+        except errors.DatabaseUnreachable:
+            await self.close()
+            raise
+        if row is None:
+            raise errors.LeaseLost()
+        return Job.from_row(row)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
 
 
 class JobStore:

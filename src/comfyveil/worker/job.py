@@ -11,7 +11,7 @@ import math
 import mimetypes
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,28 @@ class Running:
     cleanup_on: pool.Backend | None = None
 
 
+class _Patient:
+    """A job's trace log whose strike-outs wait a while for a database that restarts:
+    the backend is clean by then, and its record should say so."""
+
+    def __init__(self, log: notrace.TraceLog, lease_seconds: float) -> None:
+        self.log = log
+        self.seconds = lease_seconds * 2
+
+    async def left(self, backend: str, traces: Sequence[notrace.Trace]) -> None:
+        await self.log.left(backend, traces)
+
+    async def gone(self, backend: str, traces: Sequence[notrace.Trace]) -> None:
+        deadline = time.monotonic() + self.seconds
+        while True:
+            try:
+                return await self.log.gone(backend, traces)
+            except store_errors.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise  # the retention sweep strikes them out later
+                await asyncio.sleep(DB_RETRY_DELAY)
+
+
 class AllGpusOffline(comfy_errors.ComfyError):
     """Every GPU stayed offline for as long as a job may wait for one."""
 
@@ -92,7 +114,7 @@ class JobRunner:
         log_extra = {"job_id": str(job.id), "worker": self.worker_id}
         try:
             try:
-                outputs = await self._execute(running)
+                outputs = await self._execute_while_db_away(running)
             finally:
                 running.progress_closed = True
                 await self._release_slot(running)
@@ -183,7 +205,7 @@ class JobRunner:
         backend = running.cleanup_on
         if not left or backend is None or ended is None or not ended.status.finished:
             return
-        traces = JobTraces(self.db.traces, running.job.id)
+        traces = _Patient(JobTraces(self.db.traces, running.job.id), self.options.lease_seconds)
         for item in left:
             # Shielded: a stop must not leave half of it done; the sweep finishes the rest.
             await asyncio.shield(execute.clean_up(backend.client, item, traces))
@@ -286,6 +308,22 @@ class JobRunner:
             )
             for index, item in enumerate(outcome.files)
         ]
+
+    async def _execute_while_db_away(self, running: Running) -> list[jobs.Output]:
+        """`_execute`, run again when the database could not be reached on the way (a
+        restart): that happens only before the prompt is posted (following it needs no
+        database), so running it again posts it once, or re-attaches to it. Meanwhile the
+        lease is renewed as soon as the database is back: the job stays with this worker."""
+        deadline = time.monotonic() + self.options.lease_seconds * 10
+        while True:
+            try:
+                return await self._execute(running)
+            except store_errors.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                running.cleanup.clear()  # nothing was left there: it had not been posted
+                await self._release_slot(running)
+                await asyncio.sleep(DB_RETRY_DELAY)
 
     async def _while_db_away(self, write: Callable[[], Awaitable[jobs.Job]]) -> jobs.Job:
         """`write`, tried again while the database cannot be reached (a restart), for up

@@ -282,38 +282,54 @@ class Worker(JobRunner, Settling):
         interval = self.options.lease_seconds / 3
         delay = interval
         unreachable = False
-        while True:
-            await asyncio.sleep(delay)
-            delay = interval
-            for running in list(self._running.values()):
-                if running.settled:
-                    continue
-                try:
-                    renewed = await self.store.renew_lease(running.job, self.options.lease_seconds)
-                except store_errors.LeaseLost:
-                    if running.settled:
-                        continue  # the final status landed while the renewal was in flight
-                    logger.warning(
-                        "lease lost; dropping the job here",
-                        extra={"action": "lease_lost", "job_id": str(running.job.id)},
-                    )
-                    running.cancelling = True
-                    if running.task is not None:
-                        running.task.cancel()
-                    continue
-                except store_errors.StoreError as exc:
-                    if not unreachable:
-                        logger.warning(
-                            "cannot renew leases: %s", exc, extra={"action": "renew_failed"}
-                        )
-                    unreachable = True
-                    delay = DB_RETRY_DELAY
-                    break
+        url = getattr(self.db, "url", None)
+        line = jobs.LeaseLine(url) if isinstance(url, str) else None
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                delay = interval
+                unreachable = await self._renew_all(line, unreachable)
                 if unreachable:
-                    unreachable = False
-                    logger.info("leases renewed again", extra={"action": "renew_resumed"})
-                if renewed.cancel_requested and not running.settled:
-                    self._request_cancel(running)
+                    delay = DB_RETRY_DELAY
+        finally:
+            if line is not None:
+                await line.close()
+
+    async def _renew_all(self, line: jobs.LeaseLine | None, unreachable: bool) -> bool:
+        """One round of renewals; whether the database could not be reached."""
+        # Jobs whose final status is being written are renewed too: the write may wait
+        # for the database to come back, and must not find the job taken over then.
+        for running in list(self._running.values()):
+            try:
+                if line is not None:
+                    renewed = await line.renew(running.job, self.options.lease_seconds)
+                else:
+                    renewed = await self.store.renew_lease(
+                        running.job, self.options.lease_seconds
+                    )
+            except store_errors.LeaseLost:
+                if running.settled:
+                    continue  # the final status landed while the renewal was in flight
+                logger.warning(
+                    "lease lost; dropping the job here",
+                    extra={"action": "lease_lost", "job_id": str(running.job.id)},
+                )
+                running.cancelling = True
+                if running.task is not None:
+                    running.task.cancel()
+                continue
+            except store_errors.StoreError as exc:
+                if not unreachable:
+                    logger.warning(
+                        "cannot renew leases: %s", exc, extra={"action": "renew_failed"}
+                    )
+                return True
+            if unreachable:
+                unreachable = False
+                logger.info("leases renewed again", extra={"action": "renew_resumed"})
+            if renewed.cancel_requested and not running.settled:
+                self._request_cancel(running)
+        return False
 
     async def _listen_loop(self) -> None:
         while True:
