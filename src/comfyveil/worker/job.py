@@ -191,9 +191,13 @@ class JobRunner:
             return
         if done is not None:
             self._avoid.pop(job.id, None)
-            await self._clean_up(running, done)
-            # Shielded: a result half sent to the user must not be sent again later.
-            await asyncio.shield(self._deliver(done, outputs, claimed=True))
+            # The GPU host is cleaned while the result goes out: neither waits for the other.
+            cleaning = asyncio.ensure_future(self._clean_up(running, done))
+            try:
+                # Shielded: a result half sent to the user must not be sent again later.
+                await asyncio.shield(self._deliver(done, outputs, claimed=True))
+            finally:
+                await asyncio.shield(cleaning)
 
     async def _clean_up(self, running: Running, ended: jobs.Job | None) -> None:
         """Remove what the job left on its backend, now that its final status is written
