@@ -154,3 +154,25 @@ async def test_a_deaf_socket_loses_one_job_and_is_replaced(
         outcome = await execute.execute(client, wf, {}, image, no_trace="memory")
         assert client.client_id != deaf and len(outcome.files) == 1
     assert fake.history_entries == {}
+
+
+async def test_the_same_prompt_twice_brings_a_real_image_both_times(
+    fake_comfy_factory: FakeFactory,
+) -> None:
+    """ComfyUI's cache would answer the second run with the first run's file name, whose
+    file is a 1x1 image by then: each run's savers carry a fresh input of their own."""
+    from comfyveil.comfy import workflow
+
+    fake = await fake_comfy_factory()
+    wf = workflow.find("f")
+    values = wf.validate({"prompt": "a fox", "steps": 1, "seed": 7, "width": 256, "height": 256})
+    async with comfy_client.ComfyClient(fake.url, name="gpu0") as client:
+        for _ in range(2):
+            outcome = await execute.execute(client, wf, values, no_trace=True)
+            (result,) = outcome.files
+            with Image.open(io.BytesIO(result.data)) as image:
+                assert image.size == (256, 256)
+    first, second = (p["prompt"] for p in fake.prompts)
+    assert {k for k in first if first[k] != second[k]} == {
+        k for k, n in first.items() if n["class_type"] == "PreviewImage"
+    }
