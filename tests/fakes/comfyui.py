@@ -250,6 +250,7 @@ class FakeComfyUI:
         self.sockets: dict[str, web.WebSocketResponse] = {}
         self.socket_flags: dict[str, dict[str, Any]] = {}
         self._cache: dict[str, tuple[list[Any], dict[str, Any] | None]] = {}
+        self._preview_suffixes: dict[str, str] = {}  # PreviewImage node id -> its prefix
         self._interrupt = False
         self._last_node: str | None = None
         self._client_id: str | None = None
@@ -1216,7 +1217,12 @@ class FakeComfyUI:
         return [], {"images": images}
 
     async def _node_PreviewImage(self, i: dict[str, Any], ctx: _NodeContext) -> Any:
-        suffix = "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+        # Drawn when the node object is made, and ComfyUI keeps node objects per node id
+        # until it restarts: the same node of later prompts writes under the same prefix,
+        # with the next free counter.
+        suffix = self._preview_suffixes.setdefault(
+            ctx.node_id, "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+        )
         images = await self._save_images(i["images"], f"ComfyUI_temp_{suffix}", "temp", ctx)
         return [], {"images": images}
 
