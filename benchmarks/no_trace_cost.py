@@ -119,9 +119,7 @@ async def one_job(
         }
     )
     started = time.perf_counter()
-    outcome = await execute.execute(
-        client, wf, values, {"image": image}, no_trace=SETTING[mode]
-    )
+    outcome = await execute.execute(client, wf, values, {"image": image}, no_trace=SETTING[mode])
     elapsed = time.perf_counter() - started
     assert len(outcome.files) == 1
     return elapsed

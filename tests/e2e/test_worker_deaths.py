@@ -47,7 +47,13 @@ async def _start_doomed(
 ) -> tuple[asyncio.subprocess.Process, Path]:
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], lease=lease)
     proc = await cli(
-        "worker", "--config", str(cfg), "--id", "doomed", "--out", str(tmp_path / "first"),
+        "worker",
+        "--config",
+        str(cfg),
+        "--id",
+        "doomed",
+        "--out",
+        str(tmp_path / "first"),
         cwd=tmp_path,
     )
     return proc, cfg
@@ -237,6 +243,7 @@ async def test_on_a_real_comfyui_a_killed_worker_leaves_nothing_and_pays_once(
     job_id = stdout.strip()
     proc = await cli("worker", "--config", str(cfg), "--id", "doomed", cwd=tmp_path)
     try:
+
         async def running_there() -> bool:
             current = await db.jobs.get(uuid.UUID(job_id))
             return bool(current and current.submitted)
@@ -287,14 +294,22 @@ def _slow_model_free_workflow(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     graph: dict[str, Any] = {
         "1": {"class_type": "LoadImage", "inputs": {"image": "example.png"}},
-        "2": {"class_type": "ImageBlur",
-              "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 10.0}},
-        "3": {"class_type": "ImageBlur",
-              "inputs": {"image": ["2", 0], "blur_radius": 31, "sigma": 10.0}},
-        "4": {"class_type": "ImageBlur",
-              "inputs": {"image": ["3", 0], "blur_radius": 31, "sigma": 10.0}},
-        "5": {"class_type": "SaveImage",
-              "inputs": {"images": ["4", 0], "filename_prefix": "comfyveil/slow"}},
+        "2": {
+            "class_type": "ImageBlur",
+            "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 10.0},
+        },
+        "3": {
+            "class_type": "ImageBlur",
+            "inputs": {"image": ["2", 0], "blur_radius": 31, "sigma": 10.0},
+        },
+        "4": {
+            "class_type": "ImageBlur",
+            "inputs": {"image": ["3", 0], "blur_radius": 31, "sigma": 10.0},
+        },
+        "5": {
+            "class_type": "SaveImage",
+            "inputs": {"images": ["4", 0], "filename_prefix": "comfyveil/slow"},
+        },
     }
     (folder / "slow.json").write_text(json.dumps(graph))
     (folder / "slow.toml").write_text(
