@@ -23,13 +23,15 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from comfyveil import sinks
+from comfyveil import config, retention, sinks
 from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import pool
 from comfyveil.store import database, jobs
 from tests.e2e.test_worker_cli import cli, run_cli, write_config
 from tests.fakes.comfyui import FakeComfyUI
 from tests.integration.test_worker_no_trace import nothing_left
 from tests.integration.worker_support import (
+    backend_configs,
     enqueue,
     never,
     running_worker,
@@ -182,6 +184,30 @@ async def test_killed_after_its_prompt_ended_before_the_images_came_home(
     assert str(job.id) in fake.history_entries and fake.running is None
     assert list(fake.dirs["temp"].glob("ComfyUI_temp_*.png"))  # the image, not yet home
     await _finished_once_by_a_stranger(db, fake, job, tmp_path)
+
+
+async def test_killed_after_the_result_was_stored_before_the_gpu_host_was_cleaned(
+    db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
+) -> None:
+    fake = await fake_comfy_factory(step_delay=0.05)
+    fake.hold("/upload/image", method="POST")  # the overwrite of its image, once stored
+    proc, _ = await _start_doomed(tmp_path, database_url, fake)
+    try:
+        job = await enqueue(db, steps=4)
+        await wait_for(lambda: _true(fake.held["POST /upload/image"] >= 1), timeout=30)
+        await wait_for(lambda: _true(len(list((tmp_path / "first").glob("*.png"))) == 1), 10)
+    finally:
+        await _kill(proc)
+    fake.release("/upload/image", method="POST")
+    done = await db.jobs.get(job.id)
+    assert done is not None and done.status is jobs.Status.SUCCEEDED
+    assert str(job.id) in fake.history_entries  # left behind, and written down
+    # The hourly retention purge of any worker or bot sweeps what the dead one left.
+    async with pool.Pool(backend_configs([fake.url]), probe_interval=0.2) as backends:
+        await retention.purge_once(db, config.PrivacyConfig(), backends)
+    assert await nothing_left(fake) and await db.traces.settled() == []
+    assert _posted(fake, job) == 1 and fake.executions[str(job.id)] == 1
+    assert len(list((tmp_path / "first").iterdir())) == 1  # delivered once, by the dead one
 
 
 async def test_a_worker_restarted_under_its_id_takes_its_job_back_at_once(
