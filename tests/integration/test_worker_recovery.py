@@ -115,6 +115,8 @@ async def test_postgres_restarted_twice_under_running_prompts_costs_no_job_and_p
             await wait_for(lambda: _true(len(sink.delivered) >= len(queued)), timeout=20)
             for fake in fakes:
                 await wait_for(lambda f=fake: nothing_left(f), timeout=20)  # type: ignore[misc]
+            # ... and struck out: the record of what is on a GPU host waited for the database.
+            await wait_for(lambda: _true_async(db.traces.settled(), []), timeout=20)
             await never(lambda: _true(len(sink.delivered) > len(queued)), within=1.0)
         ran = fakes[0].executions + fakes[1].executions
         assert set(ran) == {str(j.id) for j in queued}
@@ -169,3 +171,7 @@ def _start_again(server: Any) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _true_async(found: Any, wanted: object) -> bool:
+    return bool(await found == wanted)

@@ -64,7 +64,7 @@ class _Patient:
 
     def __init__(self, log: notrace.TraceLog, lease_seconds: float) -> None:
         self.log = log
-        self.seconds = lease_seconds * 2
+        self.seconds = lease_seconds * 10  # as long as a final status waits for it
 
     async def left(self, backend: str, traces: Sequence[notrace.Trace]) -> None:
         await self.log.left(backend, traces)
