@@ -75,9 +75,11 @@ class BackendConfig:
     tags: tuple[str, ...] = ()
     max_waiting: int = 1  # jobs queued on the backend beside the running one
     bench: Path | None = None  # a `comfyveil bench` results.json: seeds the run-time estimates
-    # Leave nothing of a job on the GPU host: images over the WebSocket instead of files,
-    # inputs in its temp folder and overwritten, the history entry deleted.
-    no_trace: bool = True
+    # Leave nothing of a job on the GPU host (comfy/notrace.py): inputs and outputs in its
+    # temp folder under random names, overwritten once the result is stored, the history
+    # entry deleted. True is "temp"; "memory": images over the WebSocket, never on any
+    # disk, but a prompt that ends while no worker holds its socket runs again.
+    no_trace: bool | str = True
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -285,7 +287,8 @@ class Rule:
                 return f"{what} {'>' if self.above else '>='} {_num(self.low)}"
             return what
         return {
-            "bool": "true or false",
+            "bool": "true or false" if not self.choices else
+                    "true, false, " + ", ".join(f'"{c}"' for c in self.choices),
             "text": "a text in quotes" if not self.choices else
                     "one of " + ", ".join(self.choices),
             "ids": "a list of numeric Telegram ids",
@@ -308,7 +311,7 @@ class Rule:
                 ok = math.isfinite(value)
                 value = float(value)
         elif self.kind == "bool":
-            ok = isinstance(value, bool)
+            ok = isinstance(value, bool) or (isinstance(value, str) and value in self.choices)
         elif self.kind == "text":
             ok = isinstance(value, str) and (not self.choices or value in self.choices)
         elif self.kind == "ids":
@@ -378,7 +381,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "name": _TEXT, "url": _TEXT, "via": Rule("text", choices=("auto", "direct", "anyone")),
         "auth_key_file": _TEXT, "tags": Rule("texts"),
         "max_waiting": Rule("int", low=0, high=1000), "bench": _TEXT,
-        "no_trace": _BOOL,
+        "no_trace": Rule("bool", choices=("temp", "memory")),
     },
     "limits": {
         "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
@@ -501,7 +504,7 @@ def from_mapping(
                 tags=b.get("tags", ()),
                 max_waiting=b.get("max_waiting", 1),
                 bench=_path(b["bench"], base) if "bench" in b else None,
-                no_trace=b.get("no_trace", True),
+                no_trace=True if b.get("no_trace", True) == "temp" else b.get("no_trace", True),
             )
         )
     names = [b.name for b in backends]
