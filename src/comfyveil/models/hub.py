@@ -35,6 +35,7 @@ import httpx2
 import huggingface_hub
 from huggingface_hub import errors as hf_errors
 from huggingface_hub import file_download
+from huggingface_hub import utils as hf_utils
 
 from comfyveil import redaction
 from comfyveil.comfy.manifest import ModelFile
@@ -282,7 +283,7 @@ def download(
             f"{model.sha256}; nothing was downloaded"
         )
     location = meta.location or url
-    get_headers = huggingface_hub.utils.build_hf_headers(token=token or False, headers=headers)
+    get_headers = hf_utils.build_hf_headers(token=token or False, headers=headers)
     if _origin(location) != _origin(url):
         get_headers.pop("authorization", None)  # a signed CDN address needs no token
 
