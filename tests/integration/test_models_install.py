@@ -324,3 +324,22 @@ async def test_hf_hub_download_itself_accepts_the_fake_hub(hub: FakeHub, tmp_pat
         local_dir=tmp_path / "plain", endpoint=hub.url, token=False,
     )
     assert Path(path).read_bytes() == item.data
+
+
+async def test_check_against_a_running_comfyui_names_what_it_lacks(
+    fake_comfy_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = await fake_comfy_factory(models={
+        "checkpoints": ["sd3.5_large_fp8_scaled.safetensors"],
+        "diffusion_models": ["flux1-schnell.safetensors"],
+        "text_encoders": ["clip_l.safetensors"],
+    })
+
+    assert await run("check", "sd3", "f", "--server", fake.url) == 1
+
+    out = capsys.readouterr().out
+    assert "present    checkpoints/sd3.5_large_fp8_scaled.safetensors" in out
+    assert "present    diffusion_models/flux1-schnell.safetensors" in out
+    assert "missing    vae/ae.safetensors" in out
+    assert "2 missing; on the GPU host: comfyveil models install f --comfyui-dir DIR" in out
+    assert await run("check", "sd3", "--server", fake.url) == 0
