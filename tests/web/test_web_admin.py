@@ -110,6 +110,8 @@ async def test_backends_page_names_missing_models(db, fake_comfy_factory) -> Non
         await wait_for(probed)
         _, page = await get_text(admin, stack.url + "/admin/backends")
         assert "gpu0" in page and "flux1-schnell.safetensors" in page
+        # and the one command that installs them on the GPU host
+        assert "<code dir=\"ltr\">comfyveil models install f --comfyui-dir DIR</code>" in page
 
 
 async def test_workflows_enable_disable_and_add_from_uploads(db, fake_comfy) -> None:

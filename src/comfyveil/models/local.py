@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from comfyveil.comfy import bindings
 from comfyveil.comfy.manifest import ModelFile
 from comfyveil.comfy.requirements import FOLDER_ALIASES
+from comfyveil.comfy.template import Workflow
 from comfyveil.errors import ComfyveilError, UsageError
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "hash_file",
     "inspect",
     "install_command",
+    "install_hint",
     "models_dir",
     "partial_path",
     "space_problem",
@@ -186,3 +190,21 @@ def install_command(commands: Sequence[str], comfyui_dir: str | os.PathLike[str]
     line = shlex.join(words)
     line += " " + (shlex.quote(os.fspath(comfyui_dir)) if comfyui_dir is not None else "DIR")
     return line + (" --via-anon" if via_anon else "")
+
+
+_MISSING_MODEL = re.compile(r"^model file (?P<name>.+) \((?P<folder>[^)]*)\) is not installed$")
+
+
+def install_hint(wf: Workflow, problems: Sequence[str]) -> str | None:
+    """The one command that installs what a backend lacks of `wf`, for admin pages:
+    when a problem (`Workflow.check`'s words) is a model file its [[models]] tables
+    list; else None. A shipped workflow is named by its command, another by its
+    NAME.toml, which the GPU host needs a copy of."""
+    listed = {m.filename for m in wf.models}
+    if not any((found := _MISSING_MODEL.match(p)) and found["name"] in listed
+               for p in problems):
+        return None
+    shipped = bindings.shipped().get(wf.name)
+    word = wf.command if shipped is not None and shipped.hash == wf.hash else (
+        f"{wf.name}.toml")
+    return install_command([word])
