@@ -26,6 +26,7 @@ __all__ = [
     "inspect",
     "install_command",
     "install_hint",
+    "missing_names",
     "models_dir",
     "partial_path",
     "space_problem",
@@ -208,3 +209,8 @@ def install_hint(wf: Workflow, problems: Sequence[str]) -> str | None:
     word = wf.command if shipped is not None and shipped.hash == wf.hash else (
         f"{wf.name}.toml")
     return install_command([word])
+
+
+def missing_names(problems: Sequence[str]) -> list[str]:
+    """The file names of the model files `Workflow.check`'s problems say are missing."""
+    return [found["name"] for p in problems if (found := _MISSING_MODEL.match(p))]
