@@ -150,7 +150,8 @@ async def check_models(args: argparse.Namespace) -> int:
             print(f"  {files} to install ({size}): "
                   + local.install_command([_command_word(wf)], args.comfyui_dir))
         else:
-            print(f"  all {len(states)} files in place")
+            print("  the file is in place" if len(states) == 1
+                  else f"  all {len(states)} files in place")
     return worst
 
 
@@ -223,8 +224,10 @@ async def install_models(args: argparse.Namespace) -> int:
     if not missing:
         if not args.quiet:
             total = local.human_size(sum(s.model.size for s in states))
-            print(f"nothing to do: the {len(states)} model files of {names} are in place "
-                  f"({total})")
+            what = ("the model file" if len(states) == 1
+                    else f"the {len(states)} model files")
+            print(f"nothing to do: {what} of {names} {'is' if len(states) == 1 else 'are'} "
+                  f"in place ({total})")
         return 0
     problem = local.space_problem(missing)
     if problem:
@@ -238,11 +241,14 @@ async def install_models(args: argparse.Namespace) -> int:
             await _download_all(missing, token, quiet=args.quiet)
     if not args.quiet:
         size = local.human_size(sum(s.model.size for s in missing))
-        print(f"installed {len(missing)} of {len(states)} model files of {names} "
-              f"({size}) in {time.monotonic() - started:.0f} s; the rest were in place"
-              if len(missing) < len(states) else
-              f"installed the {len(states)} model files of {names} ({size}) in "
-              f"{time.monotonic() - started:.0f} s")
+        seconds = f"{time.monotonic() - started:.0f} s"
+        if len(missing) < len(states):
+            print(f"installed {len(missing)} of the {len(states)} model files of {names} "
+                  f"({size}) in {seconds}; the others were in place")
+        else:
+            what = ("the model file" if len(states) == 1
+                    else f"the {len(states)} model files")
+            print(f"installed {what} of {names} ({size}) in {seconds}")
     return 0
 
 
