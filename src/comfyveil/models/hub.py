@@ -31,12 +31,14 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore2
 import httpx2
 import huggingface_hub
 from huggingface_hub import errors as hf_errors
 from huggingface_hub import file_download
 from huggingface_hub import utils as hf_utils
 
+from comfyveil import proxy as comfy_proxy
 from comfyveil import redaction
 from comfyveil.comfy.manifest import ModelFile
 from comfyveil.errors import ComfyveilError
@@ -127,16 +129,18 @@ def read_token() -> str | None:
 
 @contextmanager
 def session(proxy: str | None) -> Iterator[None]:
-    """huggingface_hub's HTTP client for the block: through `proxy` (socks5h://, the
-    host name resolved by the proxy) when given, and then deaf to HTTP(S)_PROXY and
-    NO_PROXY, which could route around it; else the environment's proxies, as usual."""
-    if proxy is not None and not proxy.startswith(("socks5h://", "socks5://", "http://")):
-        raise HubError(
-            "downloads can go through a SOCKS port on IP:PORT only, not a unix socket; "
-            "set [anyone] socks to a TCP port"
-        )
+    """huggingface_hub's HTTP client for the block: through `proxy` (a socks5h:// URL,
+    the host name resolved by the proxy; on a Unix socket as `comfyveil.proxy` writes
+    it, which is how our own anon listens) when given, and then deaf to HTTP(S)_PROXY
+    and NO_PROXY, which could route around it; else the environment's proxies."""
+    socks = comfy_proxy.Socks.parse(proxy) if proxy is not None else None
 
     def factory() -> httpx2.Client:
+        if socks is not None and socks.unix_path is not None:
+            return httpx2.Client(
+                follow_redirects=True, timeout=None, trust_env=False,
+                transport=_UnixSocksTransport(socks),
+            )
         return httpx2.Client(
             follow_redirects=True, timeout=None, proxy=proxy, trust_env=proxy is None
         )
@@ -150,6 +154,32 @@ def session(proxy: str | None) -> Iterator[None]:
 
 def _direct_client() -> httpx2.Client:
     return httpx2.Client(follow_redirects=True, timeout=None)
+
+
+class _UnixBackend(httpcore2.SyncBackend):
+    """Every TCP connection httpcore asks for goes to the SOCKS proxy's Unix socket."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore2.NetworkStream:
+        return self.connect_unix_socket(self._path, timeout)
+
+
+class _UnixSocksTransport(httpx2.HTTPTransport):
+    """httpx2's transport with its pool swapped for a SOCKS pool that dials a Unix
+    socket: httpx2 takes SOCKS proxies on TCP only, httpcore2's SOCKS pool takes any
+    network backend (`_pool` is httpx2's own attribute; the version is pinned)."""
+
+    def __init__(self, socks: comfy_proxy.Socks) -> None:
+        super().__init__()
+        auth = (socks.username or "", socks.password or "") if socks.username else None
+        self._pool = httpcore2.SOCKSProxy(
+            proxy_url=httpcore2.URL("socks5://localhost:1080/"), proxy_auth=auth,
+            network_backend=_UnixBackend(socks.unix_path or ""),
+        )
 
 
 class _NoBar:
