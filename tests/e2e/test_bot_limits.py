@@ -148,3 +148,21 @@ async def test_backends_shows_each_gpus_measured_run_time(
         after = await stack.reply_text(1, count=sent + 1)
         assert "flux_schnell_full_text_to_image: " in after
         assert "s a run" in after and "(1 measured)" in after
+
+
+async def test_backends_names_missing_model_files_and_the_command_that_installs_them(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    import asyncio
+
+    comfy = await fake_comfy_factory(models={"checkpoints": []})
+    async with running_bot(fake_telegram, db, [comfy], admins=(1,), open=True) as stack:
+        for attempt in range(1, 40):  # until the pool has read the GPU's models
+            stack.send(1, "/backends")
+            text = await stack.reply_text(1, count=attempt)
+            if "comfyveil models install" in text:
+                break
+            await asyncio.sleep(0.25)
+        assert "/f: flux1-schnell.safetensors, ae.safetensors" in text
+        assert "comfyveil models install f --comfyui-dir DIR" in text
+        assert "comfyveil models install sd3 --comfyui-dir DIR" in text

@@ -117,6 +117,8 @@ async def test_backends_page_names_missing_models(db, fake_comfy_factory) -> Non
         workers = page[page.index("<h2>Workers</h2>"):]
         assert workers.index("gpu-host-1") < workers.index(">alive<") < workers.index("old-host")
         assert ">gone<" in workers and "1 job running" in workers
+        # and the one command that installs them on the GPU host
+        assert "<code dir=\"ltr\">comfyveil models install f --comfyui-dir DIR</code>" in page
 
 
 async def test_workflows_enable_disable_and_add_from_uploads(db, fake_comfy) -> None:

@@ -34,6 +34,7 @@ SUBCOMMANDS = {
     "jobs": "list, show and cancel queued jobs",
     "worker": "run queued jobs on the configured ComfyUI backends",
     "workflows": "list, add, enable, disable and check chat commands",
+    "models": "check and install the model files of commands on a GPU host",
     "bench": "benchmark workflows on one or more ComfyUI backends",
     "anon": "the Anyone Network client (anon)",
     "db": "database schema: migrate, status",
