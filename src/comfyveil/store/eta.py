@@ -83,6 +83,19 @@ class Wait:
         return self.ahead + 1 if self.queued else None
 
 
+def runs_from(spans: Iterable[tuple[str, str, float, float]]) -> list[Run]:
+    """Runs from (backend, command, started, finished) spans (any clock, in seconds),
+    oldest first. A job is started when claimed, and may then wait on its backend behind
+    another (`max_waiting`): its run starts when the one before it there finished."""
+    runs: list[Run] = []
+    last_end: dict[str, float] = {}
+    for backend, command, started, finished in sorted(spans, key=lambda s: s[3]):
+        begun = max(started, last_end.get(backend, started))
+        last_end[backend] = finished
+        runs.append(Run(backend, command, max(0.0, finished - begun)))
+    return runs
+
+
 def estimator_from(runs: Iterable[Run]) -> Estimator:
     """The routing estimator, taught the runs (oldest first)."""
     estimator = Estimator()

@@ -646,10 +646,10 @@ class JobStore:
             for command, allowed in row["ahead"]
         ]
         commands = sorted({row["command"], *(a.command for a in ahead), *(b.command for b in busy)})
-        runs = [
-            eta_mod.Run(r["backend"], r["command"], float(r["seconds"]))
+        runs = eta_mod.runs_from(
+            (r["backend"], r["command"], r["started"], r["finished"])
             for r in await self.db.all("eta_runs", commands=commands, limit=ETA_RUNS)
-        ]
+        )
         last = {run.backend: run.command for run in runs}
         names = list(backends) if backends is not None else list(dict.fromkeys(last))
         on = elapsed = None

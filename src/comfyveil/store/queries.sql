@@ -837,12 +837,12 @@ FROM mine m;
 
 -- eta_runs --
 -- The last successful runs of each of these commands (by jobs_recent_runs_idx), oldest
--- first across them, for the run-time estimator behind an ETA.
-SELECT r.backend, c.command, r.seconds
+-- first across them, for the run-time estimator behind an ETA (store/eta.py runs_from).
+SELECT r.backend, c.command, extract(epoch FROM r.started_at)::float8 AS started,
+       extract(epoch FROM r.finished_at)::float8 AS finished
 FROM unnest(%(commands)s::text[]) AS c(command)
 CROSS JOIN LATERAL (
-    SELECT backend, finished_at,
-           extract(epoch FROM finished_at - started_at)::float8 AS seconds
+    SELECT backend, started_at, finished_at
     FROM jobs
     WHERE status = 'succeeded' AND started_at IS NOT NULL AND command = c.command
     ORDER BY finished_at DESC
