@@ -86,3 +86,33 @@ def test_the_place_shown_never_goes_back() -> None:
     for _ in range(2):
         memory.place(uuid.uuid4(), 5)
     assert memory.place(job, 3) == 3  # forgotten beyond `size` jobs: shown as it is
+
+
+def test_the_eta_shown_does_not_jump_back_up_but_follows_good_news_at_once() -> None:
+    memory = eta.EtaMemory()
+    job = uuid.uuid4()
+    assert memory.seconds(job, 20.0, now=100.0) == 20.0
+    # 5 s later it would be 15 s; a new estimate of 30 s is let in a fifth at a time.
+    assert memory.seconds(job, 30.0, now=105.0) == pytest.approx(15.0 * 1.2)
+    assert memory.seconds(job, 30.0, now=106.0) == pytest.approx(17.0 * 1.2)
+    assert memory.seconds(job, 4.0, now=107.0) == 4.0  # sooner: shown at once
+    assert memory.seconds(job, None, now=108.0) is None  # nothing known: nothing shown
+
+
+def test_a_first_run_on_a_backend_of_unknown_warmth_counts_only_without_better() -> None:
+    # gpu0's first run in the window (45 s, a cold start most likely) is left out once
+    # warm runs of /f there are known; gpu1 has nothing else: it is all there is.
+    estimator = taught(("gpu0", "f", 45.0), ("gpu0", "f", 10.0), ("gpu1", "f", 12.0))
+    assert estimator.run_seconds("gpu0", "f") == pytest.approx(10.0)
+    assert estimator.run_seconds("gpu1", "f") == pytest.approx(12.0)
+
+
+def test_a_run_starts_when_the_one_before_it_on_its_backend_ended() -> None:
+    runs = eta.runs_from(
+        [("gpu0", "f", 0.0, 10.0), ("gpu0", "f", 1.0, 20.0), ("gpu1", "f", 5.0, 15.0)]
+    )
+    assert [(r.backend, r.seconds) for r in runs] == [
+        ("gpu0", 10.0),
+        ("gpu1", 10.0),
+        ("gpu0", 10.0),
+    ]

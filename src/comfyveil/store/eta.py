@@ -101,12 +101,19 @@ def estimator_from(runs: Iterable[Run]) -> Estimator:
     estimator = Estimator()
     previous: dict[str, str] = {}
     cold: list[Run] = []
+    unsure: list[Run] = []
     for run in runs:
         before = previous.get(run.backend)
         previous[run.backend] = run.command
-        if before is not None and before != run.command:
+        if before is None:
+            unsure.append(run)  # what ran before it there is not known: warm or cold?
+        elif before != run.command:
             cold.append(run)  # the models were switched: learnt once the warm runs are
         else:
+            estimator.learn(run.backend, run.command, run.seconds)
+    for run in unsure:  # only where nothing surer was measured
+        measured = estimator.estimates(run.backend)
+        if not any(e.workflow == run.command and e.run is not None for e in measured):
             estimator.learn(run.backend, run.command, run.seconds)
     for run in cold:
         warm = estimator.run_seconds(run.backend, run.command)
@@ -216,6 +223,40 @@ def backends_up(pool: Any, configured: Sequence[Any]) -> list[str] | None:
     if pool is not None and getattr(pool, "backends", None):
         return [name for name, backend in pool.backends.items() if backend.healthy]
     return [backend.name for backend in configured] or None
+
+
+class EtaMemory:
+    """What was last shown of each job's ETA, so that it does not jump back up.
+
+    A new estimate later than the last one shown (counted down since) by more than
+    RISE is shown as that much later only: the next looks bring it the rest of the way
+    if it holds, and it never climbs by more than a fifth at once. Sooner is shown at
+    once. Per process, for the most recent `size` jobs.
+    """
+
+    RISE = 1.2
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._size = size
+        self._shown: collections.OrderedDict[uuid.UUID, tuple[float, float]] = (
+            collections.OrderedDict()
+        )
+
+    def seconds(self, job_id: uuid.UUID, seconds: float | None, now: float) -> float | None:
+        """The ETA to show at `now` (monotonic seconds) for the estimate `seconds`."""
+        if seconds is None:
+            return None
+        before = self._shown.get(job_id)
+        if before is not None:
+            at, shown = before
+            left = shown - (now - at)
+            if left > 0:
+                seconds = min(seconds, left * self.RISE)
+        self._shown[job_id] = (now, seconds)
+        self._shown.move_to_end(job_id)
+        while len(self._shown) > self._size:
+            self._shown.popitem(last=False)
+        return seconds
 
 
 class PlaceMemory:

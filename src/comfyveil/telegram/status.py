@@ -105,6 +105,7 @@ class StatusTracker:
         self.parallel = parallel
         self.backends = backends
         self.places = eta.PlaceMemory()
+        self.etas = eta.EtaMemory()
         self.offline = offline
         self.is_admin = is_admin
         self.room = room
@@ -285,13 +286,16 @@ class StatusTracker:
             return replies.esc(_(ALL_OFFLINE).format(cancel=ltr("/cancel")))
         if job.status is jobs.Status.QUEUED:
             # The one ETA every front end shows (store/eta.py): the running jobs and the
-            # queue ahead, backend by backend; the place only ever moves forward.
+            # queue ahead, backend by backend; the place only moves forward, the ETA does not
+            # jump back up.
             wait = await self.db.jobs.wait(job.id, backends=self.backends())
             place = wait.place if wait is not None else None
             view = render.JobView(
                 id=str(job.id), command=job.command, status="queued",
                 position=None if place is None else self.places.place(job.id, place),
-                eta_s=wait.seconds if wait is not None else None,
+                eta_s=self.etas.seconds(
+                    job.id, wait.seconds if wait is not None else None, time.monotonic()
+                ),
             )
             return render.status_text(view)
         if job.status is jobs.Status.RUNNING:

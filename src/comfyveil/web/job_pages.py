@@ -11,6 +11,7 @@ import asyncio
 import collections
 import datetime as dt
 import io
+import time
 import uuid
 from typing import Any
 
@@ -65,9 +66,10 @@ async def job_page(request: web.Request) -> web.Response:
     svc = services(request)
     position = eta = None
     if job.status in (jobs.Status.QUEUED, jobs.Status.RUNNING):
-        # The one ETA every front end shows (store/eta.py); the place only moves forward.
+        # The one ETA every front end shows (store/eta.py); the place only moves forward,
+        # the ETA does not jump back up.
         wait = await svc.db.jobs.wait(job.id, backends=svc.backends_up())
-        eta = wait.seconds if wait is not None else None
+        eta = svc.etas.seconds(job.id, wait.seconds if wait else None, time.monotonic())
         if wait is not None and wait.place is not None:
             position = svc.places.place(job.id, wait.place)
         elif job.status is jobs.Status.QUEUED:

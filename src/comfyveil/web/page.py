@@ -38,6 +38,7 @@ class WebServices:
     forms: auth.FormTokens = field(default_factory=auth.FormTokens)
     site: auth.SiteThrottle = field(default_factory=auth.SiteThrottle)
     places: eta.PlaceMemory = field(default_factory=eta.PlaceMemory)  # shown, per job
+    etas: eta.EtaMemory = field(default_factory=eta.EtaMemory)  # shown, per job
     templates: jinja2.Environment = field(init=False)
     stylesheet: bytes = field(init=False)
 
