@@ -39,7 +39,7 @@ def _refused_after_learning(fake: FakeTelegram, method: str) -> list[float]:
     if not fake.limited:
         return []
     deletions = [c.at for c in fake.limited if c.method == "deleteMessage"]
-    learned = max(fake.limited[0].at, *deletions[:1]) + LEARNING
+    learned = max([fake.limited[0].at, *deletions[:1]]) + LEARNING
     return [c.at for c in fake.limited if c.method == method and c.at >= learned]
 
 

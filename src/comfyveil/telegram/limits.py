@@ -25,8 +25,8 @@ count (from then on they wait, after results, for room in the overall window); a
 refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is the chat's own
 limit (its gap becomes the time since that message plus ``retry_after``, its burst one
 smaller); any other 429 is the overall limit, which becomes the messages the server
-took, or may have, in the second before (an upper bound, so a few 429s may come before
-it settles), and one less than ours when that is no fewer. The model only narrows.
+accepted in the second before (counted once the earlier requests are answered), and
+one less than ours when that is no fewer. The model only narrows.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ MAX_PRIVATE_GAP = 60.0  # the most a learned private chat's gap may grow to, in 
 # message is put down to the chat's own limit; one to a chat quiet longer, to the overall.
 CHAT_SUSPECT = 1.5
 CHAT_SUSPECT_SECONDS = 2.0
+ACCEPTED_MEMORY = 10.0  # seconds accepted messages are remembered, to learn from a 429
 
 
 class Shed(TelegramError):
@@ -113,6 +114,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._leaving: dict[int, tuple[float, bool]] = {}  # in flight: (sent at, deletion)
         self._keys = itertools.count()
         self._last_taken: dict[int, float] = {}
+        self._pending: collections.deque[tuple[float, bool]] = collections.deque()  # 429s
         self._overall_learned = self._private_learned = -1e9  # when the last lessons were
         self.shed = 0  # status requests refused (for tests and benchmarks)
         self.sent = 0
@@ -193,23 +195,19 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             if counted:
                 self._inflight -= 1
                 self._sent.append(self._clock())  # answered: counts for a second from now
+            self._settle()
 
     # --- learning from Telegram's answers -----------------------------------------
 
     def _window(self, at: float, *, deletions: bool) -> int:
-        """Messages the server took, or may have, in the second up to `at`: those it
-        accepted and those still in flight (an upper bound on what it counted)."""
+        """Messages the server accepted that left in the second before `at`."""
         start = at - 1.0
-        taken = sum(1 for t, d in self._accepted if start < t <= at and (deletions or not d))
-        leaving = sum(
-            1 for t, d in self._leaving.values() if start < t < at and (deletions or not d)
-        )
-        return taken + leaving
+        return sum(1 for t, d in self._accepted if start < t < at and (deletions or not d))
 
     def _taken(self, chat_id: int | None, sent_at: float, deletion: bool) -> None:
         accepted = self._accepted
         accepted.append((sent_at, deletion))
-        while accepted and accepted[0][0] <= self._clock() - 2.0:
+        while accepted and accepted[0][0] <= self._clock() - ACCEPTED_MEMORY:
             accepted.popleft()
         if chat_id is not None and not deletion:
             self._last_taken[chat_id] = sent_at
@@ -236,20 +234,32 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                     self._lesson(f"a group takes {self.group_per_minute} messages a minute")
                 window.append(now + delay)  # its next message waits at least `delay`
                 return
-        # An edit, a deletion, or a chat that had been quiet: the overall limit.
-        # The server had taken its limit when this one arrived: at most `taken` (what it
-        # took, or may have, in the second before). Our windows count a message until a
-        # second after its answer, later than the server does, so that many is kept to;
-        # a 429 at our own limit or above it means one less.
-        taken = self._window(sent_at, deletions=self.count_deletions)
-        overall = max(1, min(taken, self.overall - 1))
-        # A request that left before the last lesson was sent under the old model: its
-        # 429 says nothing that lesson did not (a burst answered 429 at once is one).
-        if overall < self.overall and (news or sent_at >= self._overall_learned):
-            self._overall_learned = now
-            self.overall = overall
-            self._lesson(f"{self.overall} messages a second overall")
+        # An edit, a deletion, or a chat that had been quiet: the overall limit. Everything
+        # waits as long as Telegram asked; how many it took in the second before is known
+        # once the requests that left before this one are answered (`_settle`).
         self._pause_until = max(self._pause_until, now + delay)
+        self._pending.append((sent_at, news))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Learn the overall limit from the 429s whose earlier requests are answered."""
+        while self._pending:
+            sent_at, news = self._pending[0]
+            if any(t < sent_at for t, _ in self._leaving.values()):
+                return
+            self._pending.popleft()
+            # The server had taken its limit when this one arrived: `taken`, the ones it
+            # accepted that left in the second before. Our windows count a message until
+            # a second after its answer, later than the server does, so that many is kept
+            # to; a 429 at our own limit or above means one less.
+            taken = self._window(sent_at, deletions=self.count_deletions)
+            overall = max(1, min(taken, self.overall - 1))
+            # A request that left before the last lesson was sent under the old model:
+            # its 429 says nothing that lesson did not (a burst answered 429 at once is one).
+            if overall < self.overall and (news or sent_at >= self._overall_learned):
+                self._overall_learned = self._clock()
+                self.overall = overall
+                self._lesson(f"{self.overall} messages a second overall")
 
     def _learn_private(
         self, chat_id: int, sent_at: float, since_last: float, delay: float, now: float
