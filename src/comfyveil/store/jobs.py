@@ -630,7 +630,7 @@ class JobStore:
             backends: the backends that can take jobs now (a GPU down is left out);
                 None: those that ran recently, and those with jobs now.
         """
-        row = await self.db.one("eta_state", job_id=job_id)
+        row = await self.db.one("eta_state", job_id=job_id, runs=ETA_RUNS)
         if row is None or row["status"] not in (Status.QUEUED.value, Status.RUNNING.value):
             return None
         ahead: list[eta_mod.Ahead] = []
@@ -645,11 +645,7 @@ class JobStore:
             eta_mod.Ahead(command, tuple(allowed) if allowed else None)
             for command, allowed in row["ahead"]
         ]
-        commands = sorted({row["command"], *(a.command for a in ahead), *(b.command for b in busy)})
-        runs = eta_mod.runs_from(
-            (r["backend"], r["command"], r["started"], r["finished"])
-            for r in await self.db.all("eta_runs", commands=commands, limit=ETA_RUNS)
-        )
+        runs = eta_mod.runs_from(tuple(r) for r in row["runs"])
         last = {run.backend: run.command for run in runs}
         names = list(backends) if backends is not None else list(dict.fromkeys(last))
         on = elapsed = None

@@ -784,10 +784,10 @@ GROUP BY command
 ORDER BY total DESC, command;
 
 -- eta_state --
--- What a job's ETA (store/eta.py) needs of the queue, in one pass: the job itself; the
--- jobs to be claimed before it, in claim order (claimed ones still waiting for a GPU
--- first), with the backends each may use; and the other jobs on the backends now, with
--- how long each has run (NULL: waiting on its backend). The order is position_and_eta's.
+-- What a job's ETA (store/eta.py) needs, in one round trip: the job itself; the jobs to
+-- be claimed before it, in claim order, with the backends each may use; the other jobs
+-- on the backends now, with how long each has run (NULL: waiting on its backend); and
+-- the last runs of each command among them. The order is position_and_eta's.
 WITH queued AS (
     SELECT j.id, j.command, j.priority, j.created_at, j.backends,
            row_number() OVER (PARTITION BY j.user_id
@@ -832,21 +832,18 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed,
                                                        THEN NULL ELSE g.elapsed END,
                                                   g.state)
                                  ORDER BY g.started_at)
-                 FROM on_gpus g), '[]'::json) AS busy
+                 FROM on_gpus g), '[]'::json) AS busy,
+       -- the last runs of each command involved, as eta_runs reads them
+       coalesce((SELECT json_agg(json_build_array(r.backend, c.command,
+                                                  extract(epoch FROM r.started_at)::float8,
+                                                  extract(epoch FROM r.finished_at)::float8)
+                                 ORDER BY r.finished_at)
+                 FROM (SELECT command FROM mine UNION SELECT command FROM ahead
+                       UNION SELECT command FROM on_gpus) c
+                 CROSS JOIN LATERAL (
+                     SELECT backend, started_at, finished_at FROM jobs
+                     WHERE status = 'succeeded' AND started_at IS NOT NULL
+                       AND command = c.command
+                     ORDER BY finished_at DESC LIMIT %(runs)s) r
+                 WHERE r.backend IS NOT NULL), '[]'::json) AS runs
 FROM mine m;
-
--- eta_runs --
--- The last successful runs of each of these commands (by jobs_recent_runs_idx), oldest
--- first across them, for the run-time estimator behind an ETA (store/eta.py runs_from).
-SELECT r.backend, c.command, extract(epoch FROM r.started_at)::float8 AS started,
-       extract(epoch FROM r.finished_at)::float8 AS finished
-FROM unnest(%(commands)s::text[]) AS c(command)
-CROSS JOIN LATERAL (
-    SELECT backend, started_at, finished_at
-    FROM jobs
-    WHERE status = 'succeeded' AND started_at IS NOT NULL AND command = c.command
-    ORDER BY finished_at DESC
-    LIMIT %(limit)s
-) r
-WHERE r.backend IS NOT NULL
-ORDER BY r.finished_at;
