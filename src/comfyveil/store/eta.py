@@ -18,6 +18,8 @@ far, as README promises states only move forward.
 from __future__ import annotations
 
 import collections
+import heapq
+import statistics
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from typing import Any
 from comfyveil.comfy.routing import Estimator
 
 OVERRUN_SHARE = 0.1  # of its estimate, what a job running (near or) past it still needs
+SIMULATED = 64  # jobs ahead placed one by one; those beyond are spread evenly
+CANDIDATES = 8  # backends soonest free a job ahead is weighed on (model switches differ)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
 
 
@@ -111,9 +115,9 @@ def estimator_from(runs: Iterable[Run]) -> Estimator:
             cold.append(run)  # the models were switched: learnt once the warm runs are
         else:
             estimator.learn(run.backend, run.command, run.seconds)
+    measured = {(e.backend, e.workflow) for e in estimator.estimates() if e.run is not None}
     for run in unsure:  # only where nothing surer was measured
-        measured = estimator.estimates(run.backend)
-        if not any(e.workflow == run.command and e.run is not None for e in measured):
+        if (run.backend, run.command) not in measured:
             estimator.learn(run.backend, run.command, run.seconds)
     for run in cold:
         warm = estimator.run_seconds(run.backend, run.command)
@@ -157,25 +161,29 @@ def estimate(
     if not names:
         return Wait(None, ahead=len(ahead))
 
-    def run_on(backend: str, cmd: str) -> float | None:
-        seconds = estimator.run_seconds(backend, cmd)
-        if seconds is None:
-            seconds = estimator.run_seconds(names[0], cmd) if backend != names[0] else None
-        return seconds
+    order = {b: i for i, b in enumerate(names)}
+    table = _Table(estimator)
+    warm: dict[tuple[str, str], float] = {}
+    anywhere: dict[str, float | None] = {}
 
     def runs_of(cmd: str) -> float | None:
-        found = [s for b in names if (s := run_on(b, cmd)) is not None]
-        return min(found) if found else None
+        if cmd not in anywhere:
+            found = [s for b in names if (s := table.run(b, cmd)) is not None]
+            anywhere[cmd] = min(found) if found else None
+        return anywhere[cmd]
+
+    def cost(backend: str, cmd: str) -> float:
+        key = (backend, cmd)
+        if key not in warm:
+            warm[key] = table.run(backend, cmd) or runs_of(cmd) or table.typical(backend)
+        seconds = warm[key]
+        if loaded[backend] not in (None, cmd):
+            seconds += table.cold(backend, cmd)
+        return seconds
 
     free_at = dict.fromkeys(names, 0.0)
     loaded: dict[str, str | None] = {b: (last_command or {}).get(b) for b in names}
     running: collections.Counter[str] = collections.Counter()
-
-    def cost(backend: str, cmd: str) -> float:
-        seconds = run_on(backend, cmd) or runs_of(cmd) or estimator.typical(backend) or 0.0
-        if loaded[backend] not in (None, cmd):
-            seconds += estimator.cold_seconds(backend, cmd)
-        return seconds
 
     def take(backend: str, cmd: str, elapsed_s: float | None) -> None:
         seconds = cost(backend, cmd)
@@ -183,21 +191,42 @@ def estimate(
             seconds = max(seconds - elapsed_s, seconds * OVERRUN_SHARE)
         free_at[backend] += seconds
         loaded[backend] = cmd
+        heapq.heappush(free, (free_at[backend], order[backend], backend))
 
+    # The backends by when they are free (stale entries skipped): a job ahead looks at
+    # the CANDIDATES soonest free, not at every one of a large pool.
+    free: list[tuple[float, int, str]] = [(0.0, i, b) for i, b in enumerate(names)]
     # Running first (they are the oldest on each backend), then those waiting there.
     for job in sorted(busy, key=lambda j: j.elapsed is None):
         running[job.backend] += 1
         take(job.backend, job.command, job.elapsed)
 
     def place(cmd: str, allowed: tuple[str, ...] | None) -> str:
-        able = [b for b in names if allowed is None or b in allowed] or names
-        return min(able, key=lambda b: (free_at[b] + cost(b, cmd), names.index(b)))
+        if allowed is not None:
+            able = [b for b in names if b in allowed] or names
+        else:
+            able, seen = [], set()
+            while free and len(able) < CANDIDATES:
+                at, _, b = heapq.heappop(free)
+                if at == free_at[b] and b not in seen:
+                    seen.add(b)
+                    able.append(b)
+            for b in able:  # back in, as they were
+                heapq.heappush(free, (free_at[b], order[b], b))
+        return min(able, key=lambda b: (free_at[b] + cost(b, cmd), order[b]))
 
     where: collections.Counter[str] = collections.Counter()
-    for job in ahead:
+    for job in ahead[:SIMULATED]:
         backend = place(job.command, job.backends)
         where[backend] += 1
         take(backend, job.command, None)
+    if len(ahead) > SIMULATED:
+        # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
+        # would cost more than the precision is worth to a wait of that length.
+        rest = sum(runs_of(job.command) or 0.0 for job in ahead[SIMULATED:])
+        for backend in names:
+            free_at[backend] += rest / len(names)
+            heapq.heappush(free, (free_at[backend], order[backend], backend))
     known = runs_of(command) is not None
     if on is not None and on in free_at and elapsed is not None:
         ours = on  # running: only what it still needs
@@ -214,6 +243,44 @@ def estimate(
         ahead_by_backend=dict(where),
         backend=ours,
     )
+
+
+class _Table:
+    """The estimator's answers (`Estimator.run_seconds`, `cold_seconds`, `typical`, same
+    rules) read from one pass over its estimates: a queue of hundreds of jobs on a pool
+    of many backends asks them thousands of times."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        self._run: dict[tuple[str, str], float] = {}
+        self._cold: dict[tuple[str, str], float] = {}
+        runs: dict[str, list[float]] = collections.defaultdict(list)
+        colds: dict[str, list[float]] = collections.defaultdict(list)
+        own: dict[str, list[float]] = collections.defaultdict(list)
+        for e in estimator.estimates():
+            if e.run is not None:
+                self._run[(e.backend, e.workflow)] = e.run
+                runs[e.workflow].append(e.run)
+                own[e.backend].append(e.run)
+            if e.cold_extra is not None:
+                self._cold[(e.backend, e.workflow)] = e.cold_extra
+                colds[e.workflow].append(e.cold_extra)
+        self._ran = {e.backend for e in estimator.estimates()}
+        self._others = {w: statistics.median(v) for w, v in runs.items()}
+        self._cold_others = {w: statistics.median(v) for w, v in colds.items()}
+        self._typical = {b: statistics.median(v) for b, v in own.items()}
+
+    def run(self, backend: str, workflow: str) -> float | None:
+        found = self._run.get((backend, workflow))
+        if found is not None or backend not in self._ran:
+            return found
+        return self._others.get(workflow)
+
+    def cold(self, backend: str, workflow: str) -> float:
+        found = self._cold.get((backend, workflow))
+        return found if found is not None else self._cold_others.get(workflow, 0.0)
+
+    def typical(self, backend: str) -> float:
+        return self._typical.get(backend, 0.0)
 
 
 def backends_up(pool: Any, configured: Sequence[Any]) -> list[str] | None:
