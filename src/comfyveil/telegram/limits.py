@@ -61,6 +61,7 @@ MAX_PRIVATE_GAP = 60.0  # the most a learned private chat's gap may grow to, in 
 # message is put down to the chat's own limit; one to a chat quiet longer, to the overall.
 CHAT_SUSPECT = 1.5
 CHAT_SUSPECT_SECONDS = 2.0
+MIN_EVIDENCE = 3  # messages taken in the second before a 429, for it to teach the overall
 ACCEPTED_MEMORY = 10.0  # seconds accepted messages are remembered, to learn from a 429
 
 
@@ -135,7 +136,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         sent = self._sent
         while sent and sent[0] <= now - 1.0:
             sent.popleft()
-        limit = self.overall - (RESERVE_OVERALL if spare else 0)
+        # (A model narrowed to a few a second keeps one for status traffic, not none.)
+        limit = max(1, self.overall - (RESERVE_OVERALL if spare else 0))
         waits = [self._pause_until - now]
         # Telegram counts a request when it arrives, which is after it left and before its
         # answer came back: requests in flight count, and done ones until a second after
@@ -253,6 +255,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             # a second after its answer, later than the server does, so that many is kept
             # to; a 429 at our own limit or above means one less.
             taken = self._window(sent_at, deletions=self.count_deletions)
+            if taken < MIN_EVIDENCE:
+                continue  # not the overall window (a method's own flood control): wait only
             overall = max(1, min(taken, self.overall - 1))
             # A request that left before the last lesson was sent under the old model:
             # its 429 says nothing that lesson did not (a burst answered 429 at once is one).
