@@ -26,7 +26,9 @@ N`` with ``parameters.retry_after`` N in whole seconds, as the real API sends it
 Every send* call (not sendChatAction) and edit* call counts toward the overall limit;
 toward a chat's own limit only new messages (send*) do, as Telegram's per-chat limits are
 on messages sent to that chat. Deleting, answering button presses, getFile and the like
-are not counted.
+are not counted. Telegram publishes none of this and changes it, so `Limits` also models
+other rules: a lower overall rate, deletions counted toward it (``count_deletions``), a
+slower private chat (``private=0.5``: one message every 2 s) or a smaller burst.
 
 Deliberate simplifications: one bot per server; HTML parse mode is parsed into text and
 entities like the real server (MarkdownV2 text is kept as sent); inline messages,
@@ -117,9 +119,10 @@ class Limits:
     """Telegram's limits on a bot's messages (see FakeTelegram.enforce_limits)."""
 
     overall: int = 30  # messages a second, all chats together
-    private: int = 1  # messages a second to one private chat, on average
+    private: float = 1.0  # messages a second to one private chat, on average
     private_burst: int = 3  # ... of which this many may come at once
     group: int = 20  # messages a minute to one group
+    count_deletions: bool = False  # deleteMessage(s) count toward `overall` too
 
 
 def _window_wait(window: collections.deque[float], now: float, limit: int,
@@ -459,7 +462,10 @@ class FakeTelegram:
         """429 when this message would break a limit, else None (and it is counted)."""
         limits = self._limits
         name = method.lower()
-        if limits is None or not name.startswith(("send", "edit")) or name == "sendchataction":
+        if limits is None or name == "sendchataction":
+            return None
+        deletion = name.startswith("delete") and limits.count_deletions
+        if not (deletion or name.startswith(("send", "edit"))):
             return None
         now = time.monotonic()
         waits = [_window_wait(self._overall, now, limits.overall, 1.0)]

@@ -18,6 +18,7 @@ from comfyveil import cli, config
 from comfyveil.cli.submit import CLI_USER_ID, describe_progress
 from comfyveil.errors import UsageError
 from comfyveil.store import database, jobs
+from comfyveil.store import eta as eta_mod
 
 
 def register(subparsers: Any) -> None:
@@ -86,11 +87,16 @@ async def list_jobs(args: argparse.Namespace) -> int:
 
 async def show_job(args: argparse.Namespace) -> int:
     job_id = parse_id(args.job_id)
-    async with await _open(args) as db:
+    settings = config.load(args.config)
+    async with await database.Database.open(settings) as db:
         job = await db.jobs.get(job_id)
         if job is None:
             raise UsageError(f"there is no job {job_id}")
-        position, eta = await db.jobs.position_and_eta(job_id)
+        # The one ETA every front end shows (store/eta.py), for the configured backends.
+        up = eta_mod.backends_up(None, settings.backend_list())
+        wait = await db.jobs.wait(job_id, backends=up)
+        position = wait.ahead if wait is not None and wait.queued else None
+        eta = wait.seconds if wait is not None else None
         history = await db.jobs.events(job_id)
         outputs = await db.jobs.outputs(job_id)
     print(f"job      {job.id}")
@@ -100,6 +106,13 @@ async def show_job(args: argparse.Namespace) -> int:
     print(f"created  {_time(job.created_at)}   finished {_time(job.finished_at)}")
     if eta is not None:
         print(f"eta      about {eta:.0f} s")
+    if wait is not None and (wait.running or wait.ahead_by_backend):
+        names = sorted({*wait.running, *wait.ahead_by_backend})
+        split = ", ".join(
+            f"{n}: {wait.running.get(n, 0)} running, {wait.ahead_by_backend.get(n, 0)} ahead"
+            for n in names
+        )
+        print(f"gpus     {split}")
     expected = job.progress.get("expected_seconds") if job.progress else None
     if isinstance(expected, int | float):
         print(f"routed   expected done {expected:.1f} s after it was placed on {job.backend}")

@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import i18n, metrics
 from comfyveil.store import errors
+from comfyveil.store import eta as eta_mod
 from comfyveil.store.connector import Connector, Row, Session
 
 logger = logging.getLogger(__name__)
@@ -203,6 +204,9 @@ def _queued(row: Row | None) -> Row:
     if row["refusal"] == "cooldown":
         raise errors.CoolingDown(row["refusal_limit"])
     return row
+
+
+ETA_RUNS = 50  # recent runs of each command an ETA's estimator learns from
 
 
 def _queued_eta(row: Row, parallel: int) -> float | None:
@@ -615,6 +619,61 @@ class JobStore:
         if row is None or not row["queued"]:  # claimed meanwhile
             return await self.eta(job_id, parallel=parallel)
         return _queued_eta(row, parallel)
+
+    async def wait(
+        self, job_id: uuid.UUID, *, backends: Sequence[str] | None = None
+    ) -> eta_mod.Wait | None:
+        """What the user of a queued or running job waits for (store/eta.py): the one ETA
+        every front end shows. None when the job is not there or has ended.
+
+        Args:
+            backends: the backends that can take jobs now (a GPU down is left out);
+                None: those that ran recently, and those with jobs now.
+        """
+        row = await self.db.one("eta_state", job_id=job_id, runs=ETA_RUNS)
+        if row is None or row["status"] not in (Status.QUEUED.value, Status.RUNNING.value):
+            return None
+        ahead: list[eta_mod.Ahead] = []
+        busy: list[eta_mod.Busy] = []
+        for command, allowed, backend, elapsed, state in row["busy"]:
+            if backend is None or state == "waiting":  # claimed, waiting for a GPU: ahead
+                if row["queued"]:
+                    ahead.append(eta_mod.Ahead(command, tuple(allowed) if allowed else None))
+                continue
+            busy.append(eta_mod.Busy(backend, command, elapsed))
+        ahead += [
+            eta_mod.Ahead(command, tuple(allowed) if allowed else None)
+            for command, allowed in row["ahead"]
+        ]
+        runs = eta_mod.runs_from(tuple(r) for r in row["runs"])
+        last = {run.backend: run.command for run in runs}
+        names = list(backends) if backends is not None else list(dict.fromkeys(last))
+        on = elapsed = None
+        if not row["queued"] and row["status"] == Status.RUNNING.value and row["backend"]:
+            on = row["backend"]
+            if row["state"] not in ("waiting", "queued_on_backend"):
+                elapsed = max(0.0, float(row["elapsed"] or 0.0))
+        found = eta_mod.estimate(
+            eta_mod.estimator_from(runs),
+            command=row["command"],
+            backends=names,
+            busy=busy,
+            ahead=ahead,
+            own_backends=tuple(row["backends"]) if row["backends"] else None,
+            on=on,
+            elapsed=elapsed,
+            last_command=last,
+        )
+        if not row["queued"]:  # only queued jobs have a place in the queue
+            return eta_mod.Wait(found.seconds, 0, found.running, {}, found.backend)
+        return eta_mod.Wait(
+            found.seconds,
+            int(row["ahead_count"]) + (len(ahead) - len(row["ahead"])),
+            found.running,
+            found.ahead_by_backend,
+            found.backend,
+            queued=True,
+        )
 
     async def position_and_eta(
         self, job_id: uuid.UUID, *, parallel: int = 1

@@ -782,3 +782,68 @@ SELECT command,
 FROM policy_refusals
 GROUP BY command
 ORDER BY total DESC, command;
+
+-- eta_state --
+-- What a job's ETA (store/eta.py) needs, in one round trip: the job itself; the jobs to
+-- be claimed before it, in claim order, with the backends each may use; the other jobs
+-- on the backends now, with how long each has run (NULL: waiting on its backend); and
+-- the last runs of each command among them. The order is position_and_eta's.
+WITH queued AS (
+    SELECT j.id, j.command, j.priority, j.created_at, j.backends,
+           row_number() OVER (PARTITION BY j.user_id
+                              ORDER BY j.priority DESC, j.created_at, j.id) AS round,
+           coalesce(t.turn, -1) AS turn
+    FROM jobs j
+    LEFT JOIN queue_turns t ON t.user_id = j.user_id
+    WHERE j.status = 'queued'
+), mine AS (
+    SELECT j.id, j.command, j.status, j.backends,
+           coalesce(j.backend, j.progress->>'backend') AS backend,
+           j.progress->>'state' AS state,
+           extract(epoch FROM now() - j.started_at)::float8 AS elapsed
+    FROM jobs j WHERE j.id = %(job_id)s
+), me AS (
+    SELECT * FROM queued WHERE id = %(job_id)s
+), ahead AS (
+    SELECT q.command, q.backends, q.priority, q.round, q.turn, q.created_at, q.id
+    FROM queued q, me
+    WHERE q.id <> me.id
+      AND (q.backends IS NULL OR me.backends IS NULL OR q.backends && me.backends)
+      AND (-q.priority, q.round, q.turn, q.created_at, q.id)
+          < (-me.priority, me.round, me.turn, me.created_at, me.id)
+), on_gpus AS (
+    SELECT r.command, r.backends, r.started_at,
+           coalesce(r.backend, r.progress->>'backend') AS backend,
+           r.progress->>'state' AS state,
+           extract(epoch FROM now() - r.started_at)::float8 AS elapsed
+    FROM jobs r
+    WHERE r.status = 'running' AND r.id <> %(job_id)s
+)
+SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed,
+       EXISTS (SELECT 1 FROM me) AS queued,
+       (SELECT count(*) FROM ahead)::int AS ahead_count,
+       coalesce((SELECT json_agg(json_build_array(a.command, a.backends)
+                                 ORDER BY -a.priority, a.round, a.turn, a.created_at, a.id)
+                 FROM (SELECT * FROM ahead
+                       ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a),
+                '[]'::json) AS ahead,
+       coalesce((SELECT json_agg(json_build_array(g.command, g.backends, g.backend,
+                                                  CASE WHEN g.state = 'queued_on_backend'
+                                                       THEN NULL ELSE g.elapsed END,
+                                                  g.state)
+                                 ORDER BY g.started_at)
+                 FROM on_gpus g), '[]'::json) AS busy,
+       -- the last runs of each command involved, as eta_runs reads them
+       coalesce((SELECT json_agg(json_build_array(r.backend, c.command,
+                                                  extract(epoch FROM r.started_at)::float8,
+                                                  extract(epoch FROM r.finished_at)::float8)
+                                 ORDER BY r.finished_at)
+                 FROM (SELECT command FROM mine UNION SELECT command FROM ahead
+                       UNION SELECT command FROM on_gpus) c
+                 CROSS JOIN LATERAL (
+                     SELECT backend, started_at, finished_at FROM jobs
+                     WHERE status = 'succeeded' AND started_at IS NOT NULL
+                       AND command = c.command
+                     ORDER BY finished_at DESC LIMIT %(runs)s) r
+                 WHERE r.backend IS NOT NULL), '[]'::json) AS runs
+FROM mine m;

@@ -47,7 +47,7 @@ from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access, language, registry
 from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
-from comfyveil.store import database
+from comfyveil.store import database, eta
 from comfyveil.store import errors as store_errors
 from comfyveil.telegram import callbacks, commands, handlers, limits, replies, sink, status
 from comfyveil.telegram.context import BotContext, Services, attach
@@ -181,6 +181,7 @@ class TelegramBot:
         room = limiter.has_room if isinstance(limiter, limits.ChatRateLimiter) else None
         self.tracker = status.StatusTracker(
             self.application.bot, db, parallel=self._parallel, offline=self._all_offline,
+            backends=lambda: eta.backends_up(self.services.pool, settings.backend_list()),
             is_admin=lambda user: user in settings.telegram.admins,
             room=room or (lambda: True),
             private_interval=status_interval, group_interval=status_interval * 3,

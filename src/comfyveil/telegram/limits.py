@@ -18,12 +18,22 @@ Sends and edits count toward the overall limit, only sends toward a chat's own (
 change a message the chat has; Telegram's per-chat limits are on messages sent to it).
 Deleting messages, answering button presses and reading (getUpdates, getFile) are not
 counted, as Telegram does not count them as messages.
+
+Telegram publishes none of these numbers and changes them, so the model learns from the
+429s it gets (:meth:`ChatRateLimiter._learn`): a deletion answered 429 means deletions
+count (from then on they wait, after results, for room in the overall window); a send
+refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is the chat's own
+limit (its gap becomes the time since that message plus ``retry_after``, its burst one
+smaller); any other 429 is the overall limit, which becomes the messages the server
+accepted in the second before (counted once the earlier requests are answered), and
+one less than ours when that is no fewer. The model only narrows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -46,6 +56,13 @@ RESERVE_OVERALL = 4  # of the overall window, kept for results
 RESERVE_GROUP = 5  # of a group's minute, kept for results and replies
 INFLIGHT_POLL = 0.02  # seconds between looks while the whole window is in flight
 MAX_RETRIES = 3  # RetryAfter answers a normal request waits out before giving up
+MAX_PRIVATE_GAP = 60.0  # the most a learned private chat's gap may grow to, in seconds
+# A send refused within this many gaps (or seconds, the more) of the chat's last accepted
+# message is put down to the chat's own limit; one to a chat quiet longer, to the overall.
+CHAT_SUSPECT = 1.5
+CHAT_SUSPECT_SECONDS = 2.0
+MIN_EVIDENCE = 3  # messages taken in the second before a 429, for it to teach the overall
+ACCEPTED_MEMORY = 10.0  # seconds accepted messages are remembered, to learn from a 429
 
 
 class Shed(TelegramError):
@@ -60,6 +77,10 @@ def _counted(endpoint: str) -> bool:
     return name.startswith(("send", "edit", "copy", "forward")) and name != "sendchataction"
 
 
+def _deletion(endpoint: str) -> bool:
+    return endpoint.lower().startswith("delete") and endpoint.lower() != "deletewebhook"
+
+
 class ChatRateLimiter(BaseRateLimiter[str]):
     """PTB's rate limiter for comfyveil (see the module docstring)."""
 
@@ -68,13 +89,18 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         *,
         overall: int = OVERALL_PER_SECOND,
         private_gap: float = PRIVATE_GAP,
+        private_burst: int = PRIVATE_BURST,
         group_per_minute: int = GROUP_PER_MINUTE,
         max_retries: int = MAX_RETRIES,
+        count_deletions: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # The model of Telegram's limits; `_learn` narrows it on each 429.
         self.overall = overall
         self.private_gap = private_gap
+        self.private_burst = private_burst
         self.group_per_minute = group_per_minute
+        self.count_deletions = count_deletions
         self.max_retries = max_retries
         self._clock = clock
         self._sent: collections.deque[float] = collections.deque()  # the last second
@@ -82,10 +108,19 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._private: dict[int, tuple[float, float]] = {}  # private chats' (tokens, when)
         self._waiting = 0  # normal requests waiting for room
         self._inflight = 0  # counted requests sent and not answered yet
-        self._pause_until = 0.0  # after a RetryAfter without a chat, everything waits
+        self._pause_until = 0.0  # after an overall 429, everything waits
+        # What the server took: send times of accepted messages (the last seconds) and
+        # each chat's last accepted one.
+        self._accepted: collections.deque[tuple[float, bool]] = collections.deque()
+        self._leaving: dict[int, tuple[float, bool]] = {}  # in flight: (sent at, deletion)
+        self._keys = itertools.count()
+        self._last_taken: dict[int, float] = {}
+        self._pending: collections.deque[tuple[float, bool]] = collections.deque()  # 429s
+        self._overall_learned = self._private_learned = -1e9  # when the last lessons were
         self.shed = 0  # status requests refused (for tests and benchmarks)
         self.sent = 0
         self.retried = 0
+        self.lessons: list[str] = []  # what the 429s taught, in order (logs, benchmarks)
 
     async def initialize(self) -> None:
         pass
@@ -101,7 +136,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         sent = self._sent
         while sent and sent[0] <= now - 1.0:
             sent.popleft()
-        limit = self.overall - (RESERVE_OVERALL if spare else 0)
+        # (A model narrowed to a few a second keeps one for status traffic, not none.)
+        limit = max(1, self.overall - (RESERVE_OVERALL if spare else 0))
         waits = [self._pause_until - now]
         # Telegram counts a request when it arrives, which is after it left and before its
         # answer came back: requests in flight count, and done ones until a second after
@@ -111,7 +147,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         elif len(sent) + self._inflight >= limit:
             waits.append(sent[len(sent) + self._inflight - limit] + 1.0 - now)
         if chat_id is not None and chat_id > 0:  # private (users' ids > 0, groups' < 0)
-            need = 1.0 + (RESERVE_PRIVATE if spare else 0)
+            # (A burst learned down to one leaves no reserve: status posts still go.)
+            reserve = RESERVE_PRIVATE if spare and self.private_burst > RESERVE_PRIVATE else 0
+            need = 1.0 + reserve
             tokens = self._tokens(chat_id, now)
             if tokens < need:
                 waits.append((need - tokens) * self.private_gap)
@@ -124,8 +162,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         return max(0.0, *waits)
 
     def _tokens(self, chat_id: int, now: float) -> float:
-        held, at = self._private.get(chat_id, (float(PRIVATE_BURST), now))
-        return min(float(PRIVATE_BURST), held + (now - at) / self.private_gap)
+        burst = float(self.private_burst)
+        held, at = self._private.get(chat_id, (burst, now))
+        return min(burst, held + (now - at) / self.private_gap)
 
     async def _send(
         self,
@@ -133,14 +172,121 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         callback: Callable[..., Coroutine[Any, Any, Any]],
         args: Any,
         kwargs: dict[str, Any],
+        *,
+        deletion: bool = False,
+        counted: bool = True,
     ) -> Any:
-        self._record(chat_id, self._clock())
-        self._inflight += 1
+        """Send one request; an uncounted one (a deletion while deletions are thought
+        free) only has its answer watched, to learn when that is wrong."""
+        now = self._clock()
+        if counted:
+            self._record(chat_id, now)
+            self._inflight += 1
+        key = next(self._keys)
+        self._leaving[key] = (now, deletion)
         try:
-            return await callback(*args, **kwargs)
+            result = await callback(*args, **kwargs)
+        except RetryAfter as exc:
+            self._learn(chat_id, now, _seconds(exc), deletion=deletion)
+            raise
+        else:
+            self._taken(chat_id, now, deletion)
+            return result
         finally:
-            self._inflight -= 1
-            self._sent.append(self._clock())  # answered: counts for a second from now
+            del self._leaving[key]
+            if counted:
+                self._inflight -= 1
+                self._sent.append(self._clock())  # answered: counts for a second from now
+            self._settle()
+
+    # --- learning from Telegram's answers -----------------------------------------
+
+    def _window(self, at: float, *, deletions: bool) -> int:
+        """Messages the server accepted that left in the second before `at`."""
+        start = at - 1.0
+        return sum(1 for t, d in self._accepted if start < t < at and (deletions or not d))
+
+    def _taken(self, chat_id: int | None, sent_at: float, deletion: bool) -> None:
+        accepted = self._accepted
+        accepted.append((sent_at, deletion))
+        while accepted and accepted[0][0] <= self._clock() - ACCEPTED_MEMORY:
+            accepted.popleft()
+        if chat_id is not None and not deletion:
+            self._last_taken[chat_id] = sent_at
+
+    def _learn(self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool) -> None:
+        """Narrow the model after a 429 for a request sent at `sent_at` (see the module
+        docstring for the reasoning)."""
+        now = self._clock()
+        news = deletion and not self.count_deletions
+        if news:
+            self.count_deletions = True
+            self._lesson("deletions count toward the overall limit")
+        last = self._last_taken.get(chat_id) if chat_id is not None else None
+        if chat_id is not None and chat_id > 0 and not deletion and last is not None:
+            if sent_at - last < max(CHAT_SUSPECT * self.private_gap, CHAT_SUSPECT_SECONDS):
+                self._learn_private(chat_id, sent_at, sent_at - last, delay, now)
+                return
+        elif chat_id is not None and not deletion and last is not None:
+            window = self._chats.get(chat_id)
+            recent = sum(1 for t in window or () if t > sent_at - 60.0)
+            if window is not None and recent >= self.group_per_minute // 2:
+                if recent - 1 < self.group_per_minute:
+                    self.group_per_minute = max(1, recent - 1)
+                    self._lesson(f"a group takes {self.group_per_minute} messages a minute")
+                window.append(now + delay)  # its next message waits at least `delay`
+                return
+        # An edit, a deletion, or a chat that had been quiet: the overall limit. Everything
+        # waits as long as Telegram asked; how many it took in the second before is known
+        # once the requests that left before this one are answered (`_settle`).
+        self._pause_until = max(self._pause_until, now + delay)
+        self._pending.append((sent_at, news))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Learn the overall limit from the 429s whose earlier requests are answered."""
+        while self._pending:
+            sent_at, news = self._pending[0]
+            if any(t < sent_at for t, _ in self._leaving.values()):
+                return
+            self._pending.popleft()
+            # The server had taken its limit when this one arrived: `taken`, the ones it
+            # accepted that left in the second before. Our windows count a message until
+            # a second after its answer, later than the server does, so that many is kept
+            # to; a 429 at our own limit or above means one less.
+            taken = self._window(sent_at, deletions=self.count_deletions)
+            if taken < MIN_EVIDENCE:
+                continue  # not the overall window (a method's own flood control): wait only
+            overall = max(1, min(taken, self.overall - 1))
+            # A request that left before the last lesson was sent under the old model:
+            # its 429 says nothing that lesson did not (a burst answered 429 at once is one).
+            if overall < self.overall and (news or sent_at >= self._overall_learned):
+                self._overall_learned = self._clock()
+                self.overall = overall
+                self._lesson(f"{self.overall} messages a second overall")
+
+    def _learn_private(
+        self, chat_id: int, sent_at: float, since_last: float, delay: float, now: float
+    ) -> None:
+        # Refused `since_last` s after its last message, to be taken `delay` s later (in
+        # whole seconds, rounded up): its gap is at most their sum, and more than the
+        # first; its burst was smaller than we thought.
+        gap = min(MAX_PRIVATE_GAP, max(self.private_gap, since_last + delay))
+        fresh = sent_at >= self._private_learned  # see the overall limit's lessons
+        if fresh and (gap > self.private_gap + 0.05 or self.private_burst > 1):
+            self._private_learned = now
+            self.private_gap = gap
+            self.private_burst = max(1, self.private_burst - 1)
+            self._lesson(
+                f"a private chat takes one message every {gap:.1f} s "
+                f"after a burst of {self.private_burst}"
+            )
+        # Empty its bucket so that it fills again when Telegram said it would.
+        self._private[chat_id] = (1.0 - delay / self.private_gap, now)
+
+    def _lesson(self, what: str) -> None:
+        self.lessons.append(what)
+        logger.info("Telegram's limits: %s", what, extra={"action": "telegram_limits_learned"})
 
     def _record(self, chat_id: int | None, now: float) -> None:
         self.sent += 1
@@ -148,12 +294,16 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             self._private[chat_id] = (self._tokens(chat_id, now) - 1.0, now)
         elif chat_id is not None:
             self._chats.setdefault(chat_id, collections.deque()).append(now)
-        if len(self._private) + len(self._chats) > 50_000:  # forget chats quiet for a minute
+        if (
+            len(self._private) + len(self._chats) + len(self._last_taken) > 50_000
+        ):  # forget chats quiet for a minute
             cutoff = now - 60.0
             for key in [k for k, w in self._chats.items() if not w or w[-1] < cutoff]:
                 del self._chats[key]
             for key in [k for k, (_, at) in self._private.items() if at < cutoff]:
                 del self._private[key]
+            for key in [k for k, at in self._last_taken.items() if at < cutoff]:
+                del self._last_taken[key]
 
     def has_room(self) -> bool:
         """Whether a status edit would go out now (no result waits, room to spare)."""
@@ -170,6 +320,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         data: dict[str, Any],
         rate_limit_args: str | None,
     ) -> bool | dict[str, Any] | list[dict[str, Any]]:
+        if _deletion(endpoint):
+            return await self._delete(callback, args, kwargs)
         if not _counted(endpoint):
             return await callback(*args, **kwargs)
         chat_id: int | None = None
@@ -200,14 +352,42 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 if attempt == self.max_retries:
                     raise
                 self.retried += 1
-                delay = _seconds(exc)
+                # `_learn` has paused everything, or emptied the chat's window, for as
+                # long as Telegram asked: the next look at the windows waits it out.
                 logger.info(
-                    "Telegram asked to wait %.0f s", delay, extra={"action": "telegram_retry_after"}
+                    "Telegram asked to wait %.0f s",
+                    _seconds(exc),
+                    extra={"action": "telegram_retry_after"},
                 )
-                if chat_id is None:
-                    self._pause_until = self._clock() + delay
-                else:  # that chat's window is fuller than we counted: wait it out
-                    await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _deletion_wait(self) -> float:
+        if self._waiting:  # a result waits: it goes first
+            return INFLIGHT_POLL
+        return self._wait(None, self._clock(), spare=True)
+
+    async def _delete(
+        self,
+        callback: Callable[..., Coroutine[Any, Any, Any]],
+        args: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A deletion: sent at once while deletions are thought free; once a 429 said
+        they count, it waits until no result does and the window has room to spare."""
+        for attempt in range(self.max_retries + 1):
+            if self.count_deletions:
+                wait = self._deletion_wait()
+                while wait > 0:
+                    await asyncio.sleep(wait)
+                    wait = self._deletion_wait()
+            try:
+                return await self._send(
+                    None, callback, args, kwargs, deletion=True, counted=self.count_deletions
+                )
+            except RetryAfter:
+                if attempt == self.max_retries:
+                    raise
+                self.retried += 1
         raise AssertionError("unreachable")  # pragma: no cover
 
 

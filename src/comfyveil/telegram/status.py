@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 from comfyveil import i18n
 from comfyveil.desk import failures, language
 from comfyveil.i18n import N_, _, ltr
-from comfyveil.store import database, jobs
+from comfyveil.store import database, eta, jobs
 from comfyveil.store import errors as store_errors
 from comfyveil.telegram import callbacks_data, limits, render, replies
 
@@ -79,7 +79,8 @@ class StatusTracker:
     Args:
         bot: the Telegram bot that sent the messages.
         db: the store (job rows and NOTIFY).
-        parallel: how many jobs run at once right now (for queue ETAs).
+        parallel: how many jobs run at once right now.
+        backends: the backends that can take jobs now (for queue ETAs; None: unknown).
         offline: whether every GPU is offline now (waiting jobs then say so).
         room: whether Telegram's limits have room for a status edit now.
     """
@@ -90,6 +91,7 @@ class StatusTracker:
         db: database.Database,
         *,
         parallel: Callable[[], int] = lambda: 1,
+        backends: Callable[[], Sequence[str] | None] = lambda: None,
         offline: Callable[[], bool] = lambda: False,
         is_admin: Callable[[int], bool] = lambda _user: False,
         room: Callable[[], bool] = lambda: True,
@@ -101,6 +103,9 @@ class StatusTracker:
         self.bot = bot
         self.db = db
         self.parallel = parallel
+        self.backends = backends
+        self.places = eta.PlaceMemory()
+        self.etas = eta.EtaMemory()
         self.offline = offline
         self.is_admin = is_admin
         self.room = room
@@ -280,14 +285,17 @@ class StatusTracker:
         if waiting and self.offline():
             return replies.esc(_(ALL_OFFLINE).format(cancel=ltr("/cancel")))
         if job.status is jobs.Status.QUEUED:
-            parallel = max(1, self.parallel())
-            ahead, eta = await self.db.jobs.position_and_eta(job.id, parallel=parallel)
-            if eta is not None:
-                # the jobs running now are ahead of it too, for what they still need
-                eta += await self.db.jobs.running_remaining() / parallel
+            # The one ETA every front end shows (store/eta.py): the running jobs and the
+            # queue ahead, backend by backend; the place only moves forward, the ETA does not
+            # jump back up.
+            wait = await self.db.jobs.wait(job.id, backends=self.backends())
+            place = wait.place if wait is not None else None
             view = render.JobView(
                 id=str(job.id), command=job.command, status="queued",
-                position=None if ahead is None else ahead + 1, eta_s=eta,
+                position=None if place is None else self.places.place(job.id, place),
+                eta_s=self.etas.seconds(
+                    job.id, wait.seconds if wait is not None else None, time.monotonic()
+                ),
             )
             return render.status_text(view)
         if job.status is jobs.Status.RUNNING:

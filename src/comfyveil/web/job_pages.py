@@ -11,6 +11,7 @@ import asyncio
 import collections
 import datetime as dt
 import io
+import time
 import uuid
 from typing import Any
 
@@ -64,15 +65,17 @@ async def job_page(request: web.Request) -> web.Response:
     account, job = await owned_job(request)
     svc = services(request)
     position = eta = None
-    if job.status is jobs.Status.QUEUED:
-        ahead, eta = await svc.db.jobs.position_and_eta(job.id, parallel=svc.parallel())
-        position = None if ahead is None else ahead + 1
-        if ahead is None:
+    if job.status in (jobs.Status.QUEUED, jobs.Status.RUNNING):
+        # The one ETA every front end shows (store/eta.py); the place only moves forward,
+        # the ETA does not jump back up.
+        wait = await svc.db.jobs.wait(job.id, backends=svc.backends_up())
+        eta = svc.etas.seconds(job.id, wait.seconds if wait else None, time.monotonic())
+        if wait is not None and wait.place is not None:
+            position = svc.places.place(job.id, wait.place)
+        elif job.status is jobs.Status.QUEUED:
             # claimed between the two reads: show it running (its elapsed time), not as a
             # queued job with no place in the queue
             job = await svc.db.jobs.get(job.id) or job
-    elif job.status is jobs.Status.RUNNING:
-        eta = await svc.db.jobs.eta(job.id, parallel=svc.parallel())
     outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
     edits = [e for e in await svc.registry.all() if e.takes_image]
     inputs = await svc.web.input_list(job.id)

@@ -21,7 +21,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.words import status_word
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database
+from comfyveil.store import database, eta
 from comfyveil.web import auth
 
 
@@ -37,6 +37,8 @@ class WebServices:
     pool: pool_mod.Pool | None = None
     forms: auth.FormTokens = field(default_factory=auth.FormTokens)
     site: auth.SiteThrottle = field(default_factory=auth.SiteThrottle)
+    places: eta.PlaceMemory = field(default_factory=eta.PlaceMemory)  # shown, per job
+    etas: eta.EtaMemory = field(default_factory=eta.EtaMemory)  # shown, per job
     templates: jinja2.Environment = field(init=False)
     stylesheet: bytes = field(init=False)
 
@@ -69,6 +71,10 @@ class WebServices:
     def parallel(self) -> int:
         """How many jobs run at once, to share out the queue ahead in an ETA."""
         return max(1, len(self.settings.backend_list()))
+
+    def backends_up(self) -> list[str] | None:
+        """The backends that can take jobs now, for an ETA."""
+        return eta.backends_up(self.pool, self.settings.backend_list())
 
 
 SERVICES = web.AppKey("services", WebServices)

@@ -1,0 +1,148 @@
+"""The chat rate limiter learns Telegram's limits from its 429s, whatever they are.
+
+python-telegram-bot's ExtBot with our ChatRateLimiter, against the fake Bot API
+enforcing limits other than the limiter's model (a lower overall rate, deletions
+counted, a slower private chat): after the first 429s, no result is refused again and
+results go out near the rate the server allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from telegram.ext import ExtBot
+from telegram.request import HTTPXRequest
+
+from comfyveil.telegram import limits
+from tests.fakes.telegram import FakeTelegram, Limits
+
+LEARNING = 3.0  # seconds after the first 429 the limiter may spend learning
+
+
+async def _bot(fake: FakeTelegram, limiter: limits.ChatRateLimiter) -> ExtBot:
+    bot = ExtBot(
+        fake.token,
+        base_url=fake.base_url,
+        base_file_url=fake.base_file_url,
+        request=HTTPXRequest(connection_pool_size=64),
+        rate_limiter=limiter,
+    )
+    await bot.initialize()
+    return bot
+
+
+def _refused_after_learning(fake: FakeTelegram, method: str) -> list[float]:
+    """When `method` calls were refused from LEARNING s after the first 429 on (after the
+    first 429 to a deletion, when one came: only then can deletions be seen to count)."""
+    if not fake.limited:
+        return []
+    deletions = [c.at for c in fake.limited if c.method == "deleteMessage"]
+    learned = max([fake.limited[0].at, *deletions[:1]]) + LEARNING
+    return [c.at for c in fake.limited if c.method == method and c.at >= learned]
+
+
+def _rate(times: list[float]) -> float:
+    times = sorted(times)
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+async def _results(bot: ExtBot, chats: list[int], each: int) -> None:
+    async def one(chat: int, n: int) -> None:
+        await bot.send_message(chat, f"result {n}")
+
+    await asyncio.gather(*(one(chat, n) for n in range(each) for chat in chats))
+
+
+async def test_a_lower_overall_rate_is_learned_and_then_kept(
+    fake_telegram: FakeTelegram,
+) -> None:
+    fake_telegram.enforce_limits(Limits(overall=10))
+    chats = list(range(5000, 5080))
+    for chat in chats:
+        fake_telegram.open_chat(chat)
+    limiter = limits.ChatRateLimiter()
+    bot = await _bot(fake_telegram, limiter)
+    try:
+        await _results(bot, chats, 1)
+    finally:
+        await bot.shutdown()
+    sent = [c for c in fake_telegram.calls("sendMessage") if c.ok]
+    assert len(sent) == 80  # every result, none given up on
+    assert fake_telegram.limited  # the model was wrong: Telegram said so
+    assert _refused_after_learning(fake_telegram, "sendMessage") == []
+    assert 8 <= limiter.overall <= 10, limiter.lessons
+    learned = fake_telegram.limited[0].at + LEARNING
+    # At most 10 a second is allowed; a CPU shared with other tests may cost some.
+    assert _rate([c.at for c in sent if c.at >= learned]) >= 0.75 * 10
+
+
+async def test_deletions_counted_by_the_server_are_learned_and_wait_for_results(
+    fake_telegram: FakeTelegram,
+) -> None:
+    fake_telegram.enforce_limits(Limits(overall=12, count_deletions=True))
+    chats = list(range(6000, 6060))
+    for chat in chats:
+        fake_telegram.open_chat(chat)
+    limiter = limits.ChatRateLimiter()
+    bot = await _bot(fake_telegram, limiter)
+
+    async def result_then_delete_status(chat: int) -> None:
+        status = await bot.send_message(chat, "Queued")
+        await bot.send_message(chat, "result")
+        await bot.delete_message(chat, status.message_id)
+
+    try:
+        await asyncio.gather(*(result_then_delete_status(chat) for chat in chats))
+    finally:
+        await bot.shutdown()
+    assert limiter.count_deletions, limiter.lessons
+    for chat in chats:  # each got its result, and its status message went away
+        assert [m["text"] for m in fake_telegram.messages(chat)] == ["result"]
+    first = fake_telegram.limited[0].at
+    timeline = [(round(c.at - first, 2), c.method) for c in fake_telegram.limited]
+    assert _refused_after_learning(fake_telegram, "sendMessage") == [], (limiter.lessons, timeline)
+    assert _refused_after_learning(fake_telegram, "deleteMessage") == [], timeline
+
+
+async def test_a_slower_private_chat_is_learned_without_slowing_the_others(
+    fake_telegram: FakeTelegram,
+) -> None:
+    fake_telegram.enforce_limits(Limits(private=0.5, private_burst=1))  # 1 every 2 s
+    chats = list(range(7000, 7020))
+    for chat in chats:
+        fake_telegram.open_chat(chat)
+    limiter = limits.ChatRateLimiter()
+    bot = await _bot(fake_telegram, limiter)
+    started = time.monotonic()
+    try:
+        await _results(bot, chats, 4)
+    finally:
+        await bot.shutdown()
+    took = time.monotonic() - started
+    sent = [c for c in fake_telegram.calls("sendMessage") if c.ok]
+    assert len(sent) == 80
+    assert _refused_after_learning(fake_telegram, "sendMessage") == []
+    assert limiter.private_gap >= 2.0 and limiter.private_burst == 1, limiter.lessons
+    assert limiter.overall == limits.OVERALL_PER_SECOND  # the other chats were not slowed
+    # Four results a chat, 2 s apart at best, with the learning: not much more than 6 s.
+    assert took < 6 + LEARNING + 4, took
+
+
+@pytest.mark.parametrize("count_deletions", [False, True])
+async def test_under_the_limits_it_was_built_for_nothing_is_learned(
+    fake_telegram: FakeTelegram, count_deletions: bool
+) -> None:
+    """Telegram's documented limits: no 429, so the model stays as it was."""
+    fake_telegram.enforce_limits(Limits())
+    chats = list(range(8000, 8040))
+    for chat in chats:
+        fake_telegram.open_chat(chat)
+    limiter = limits.ChatRateLimiter(count_deletions=count_deletions)
+    bot = await _bot(fake_telegram, limiter)
+    try:
+        await _results(bot, chats, 2)
+    finally:
+        await bot.shutdown()
+    assert fake_telegram.limited == [] and limiter.lessons == []

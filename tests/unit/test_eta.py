@@ -1,0 +1,118 @@
+"""The one ETA every front end shows (store/eta.py): the routing estimator, the jobs
+running now and the queue ahead, backend by backend."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from comfyveil.comfy.routing import Estimator
+from comfyveil.store import eta
+
+
+def taught(*runs: tuple[str, str, float]) -> Estimator:
+    return eta.estimator_from(eta.Run(b, c, s) for b, c, s in runs)
+
+
+WARM = [("gpu0", "f", 10.0), ("gpu0", "f", 10.0), ("gpu1", "f", 10.0), ("gpu1", "f", 10.0)]
+
+
+def test_the_jobs_running_now_count_for_what_they_still_need() -> None:
+    estimator = taught(*WARM)
+    busy = [eta.Busy("gpu0", "f", 4.0), eta.Busy("gpu1", "f", 8.0)]
+    wait = eta.estimate(estimator, command="f", backends=["gpu0", "gpu1"], busy=busy)
+    # gpu1 is free in 2 s, then ours takes 10: not 10 s as if both GPUs were idle.
+    assert wait.seconds == pytest.approx(12.0)
+    assert wait.backend == "gpu1" and wait.running == {"gpu0": 1, "gpu1": 1}
+
+
+def test_a_job_running_past_its_estimate_still_holds_its_gpu() -> None:
+    estimator = taught(*WARM)
+    busy = [eta.Busy("gpu0", "f", 30.0)]  # 20 s past its 10 s estimate
+    wait = eta.estimate(estimator, command="f", backends=["gpu0"], busy=busy)
+    assert wait.seconds == pytest.approx(10.0 + 10.0 * eta.OVERRUN_SHARE)
+    running = eta.estimate(estimator, command="f", backends=["gpu0"], on="gpu0", elapsed=30.0)
+    assert running.seconds is not None and running.seconds > 0  # never "0 s" while it runs
+
+
+def test_the_queue_ahead_is_split_by_backend_as_the_pool_would_send_it() -> None:
+    estimator = taught(*WARM)
+    ahead = [eta.Ahead("f"), eta.Ahead("f"), eta.Ahead("f", ("gpu0",))]
+    busy = [eta.Busy("gpu0", "f", 9.0)]
+    wait = eta.estimate(estimator, command="f", backends=["gpu0", "gpu1"], busy=busy, ahead=ahead)
+    # gpu1 idle takes the first (done at 10), gpu0 free at 1 takes the second (done at
+    # 11), the third may only use gpu0 (done at 21); ours then goes to gpu1 (done at 20).
+    assert wait.ahead == 3
+    assert wait.ahead_by_backend == {"gpu0": 2, "gpu1": 1}
+    assert wait.seconds == pytest.approx(20.0) and wait.backend == "gpu1"
+
+
+def test_a_model_switch_costs_what_the_cold_runs_measured() -> None:
+    # On gpu0, /f warm takes 10 s; its runs after /sd took 14: a switch costs 4 s.
+    estimator = taught(
+        ("gpu0", "f", 10.0),
+        ("gpu0", "f", 10.0),
+        ("gpu0", "sd", 5.0),
+        ("gpu0", "f", 14.0),
+        ("gpu0", "f", 10.0),
+    )
+    assert estimator.run_seconds("gpu0", "f") == pytest.approx(10.0)
+    assert estimator.cold_seconds("gpu0", "f") == pytest.approx(4.0)
+    warm = eta.estimate(estimator, command="f", backends=["gpu0"], last_command={"gpu0": "f"})
+    cold = eta.estimate(estimator, command="f", backends=["gpu0"], last_command={"gpu0": "sd"})
+    assert warm.seconds == pytest.approx(10.0) and cold.seconds == pytest.approx(14.0)
+
+
+def test_nothing_measured_of_the_command_gives_no_eta() -> None:
+    wait = eta.estimate(taught(*WARM), command="new", backends=["gpu0"])
+    assert wait.seconds is None
+
+
+def test_a_gpu_down_is_left_out_and_the_eta_grows() -> None:
+    estimator = taught(*WARM)
+    ahead = [eta.Ahead("f")]
+    both = eta.estimate(estimator, command="f", backends=["gpu0", "gpu1"], ahead=ahead)
+    one = eta.estimate(estimator, command="f", backends=["gpu0"], ahead=ahead)
+    assert both.seconds == pytest.approx(10.0) and one.seconds == pytest.approx(20.0)
+
+
+def test_the_place_shown_never_goes_back() -> None:
+    memory = eta.PlaceMemory(size=2)
+    job = uuid.uuid4()
+    assert memory.place(job, 2) == 2
+    assert memory.place(job, 1) == 1
+    assert memory.place(job, 2) == 1  # another user's job went ahead: still "#1"
+    for _ in range(2):
+        memory.place(uuid.uuid4(), 5)
+    assert memory.place(job, 3) == 3  # forgotten beyond `size` jobs: shown as it is
+
+
+def test_the_eta_shown_does_not_jump_back_up_but_follows_good_news_at_once() -> None:
+    memory = eta.EtaMemory()
+    job = uuid.uuid4()
+    assert memory.seconds(job, 20.0, now=100.0) == 20.0
+    # 5 s later it would be 15 s; a new estimate of 30 s is let in a fifth at a time.
+    assert memory.seconds(job, 30.0, now=105.0) == pytest.approx(15.0 * 1.2)
+    assert memory.seconds(job, 30.0, now=106.0) == pytest.approx(17.0 * 1.2)
+    assert memory.seconds(job, 4.0, now=107.0) == 4.0  # sooner: shown at once
+    assert memory.seconds(job, None, now=108.0) is None  # nothing known: nothing shown
+
+
+def test_a_first_run_on_a_backend_of_unknown_warmth_counts_only_without_better() -> None:
+    # gpu0's first run in the window (45 s, a cold start most likely) is left out once
+    # warm runs of /f there are known; gpu1 has nothing else: it is all there is.
+    estimator = taught(("gpu0", "f", 45.0), ("gpu0", "f", 10.0), ("gpu1", "f", 12.0))
+    assert estimator.run_seconds("gpu0", "f") == pytest.approx(10.0)
+    assert estimator.run_seconds("gpu1", "f") == pytest.approx(12.0)
+
+
+def test_a_run_starts_when_the_one_before_it_on_its_backend_ended() -> None:
+    runs = eta.runs_from(
+        [("gpu0", "f", 0.0, 10.0), ("gpu0", "f", 1.0, 20.0), ("gpu1", "f", 5.0, 15.0)]
+    )
+    assert [(r.backend, r.seconds) for r in runs] == [
+        ("gpu0", 10.0),
+        ("gpu1", 10.0),
+        ("gpu0", 10.0),
+    ]
