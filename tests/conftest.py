@@ -17,6 +17,23 @@ pytest_plugins = [
 ]
 
 DATA_DIR = Path(__file__).parent / "data"
+
+# Tests that must share one pytest-xdist worker (`make test` runs with --dist loadgroup):
+# every test on the private Anyone network (a session fixture of ten anon processes,
+# started once, not once per worker) and every browser test (chromium is the heaviest
+# process the suite starts; side by side they starve the timing of the tests around).
+ANYONE_FIXTURES = {"anyone_network", "anon_pair"}
+BROWSER_FILES = {"test_web_browser.py", "test_web_hidden_service.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if ANYONE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("anyone"))
+        elif item.path.name in BROWSER_FILES:
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 
 
@@ -28,7 +45,9 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     keep = {"COMFYVEIL_ANON_DIR"}  # where `make test` installed the anon binary
     for name in list(os.environ):
         if (name.startswith("COMFYVEIL_") and name not in keep) or name in {
-            "DATABASE_URL", "ANON_BINARY"
+            "DATABASE_URL",
+            "ANON_BINARY",
+            "TESTS_PG_SERVER_URL",
         }:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COMFYVEIL_DATA_DIR", str(tmp_path / "comfyveil-data"))
