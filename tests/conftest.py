@@ -26,6 +26,14 @@ ANYONE_FIXTURES = {"anyone_network", "anon_pair"}
 BROWSER_FILES = {"test_web_browser.py", "test_web_hidden_service.py"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # `pytest -n N` alone would spread the groups below over every worker (each starting
+    # its own Anyone network); only --dist loadgroup keeps them together.
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if ANYONE_FIXTURES & set(getattr(item, "fixturenames", ())):
