@@ -17,6 +17,7 @@ pytest_plugins = [
 ]
 
 DATA_DIR = Path(__file__).parent / "data"
+OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 
 # Tests that must share one pytest-xdist worker (`make test` runs with --dist loadgroup):
 # every test on the private Anyone network (a session fixture of ten anon processes,
@@ -40,9 +41,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("anyone"))
         elif item.path.name in BROWSER_FILES:
             item.add_marker(pytest.mark.xdist_group("browser"))
-
-
-OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 
 
 @pytest.fixture(autouse=True)

@@ -97,9 +97,8 @@ async def test_address_persists_across_restart(
     assert after == before
     await host.wait_published(service_id, after=uploads)
     await anon_pair.client.new_identity()
-    reply = await helpers.get_json(
-        _proxy(anon_pair, "open", after), f"http://{after}/hello", anon=anon_pair.client, within=150
-    )
+    reply = await helpers.get_json(_proxy(anon_pair, "open", after), f"http://{after}/hello",
+                                   anon=anon_pair.client, within=150)
     assert reply["backend"] == "gpu-open"
 
 
@@ -124,12 +123,8 @@ async def test_killed_anon_is_restarted(anon_pair: AnonPair) -> None:
 
 
 async def test_expose_command_publishes_with_client_authorization(
-    anon_pair: AnonPair,
-    anyone_network: PrivateAnyoneNetwork,
-    hidden_backend: HiddenBackend,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    anon_pair: AnonPair, anyone_network: PrivateAnyoneNetwork, hidden_backend: HiddenBackend,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The operator's flow: `anon expose --client bot` on the GPU host, the key on the bot."""
     assert anyone_network.network is not None
@@ -137,16 +132,8 @@ async def test_expose_command_publishes_with_client_authorization(
     net_file.write_text(anyone_network.network.to_file_text())
     monkeypatch.setenv("ANON_BINARY", str(anyone_network.binary))
     args = anon_cli.argparse.Namespace(
-        target=hidden_backend.target,
-        name="comfyui",
-        port=80,
-        client=["bot"],
-        revoke=[],
-        no_auth=False,
-        private_network=net_file,
-        once=False,
-        config=None,
-    )
+        target=hidden_backend.target, name="comfyui", port=80, client=["bot"], revoke=[],
+        no_auth=False, private_network=net_file, once=False, config=None)
     task = asyncio.create_task(anon_cli._expose(args))
     out = ""
     try:
@@ -237,8 +224,7 @@ def _traversable_up_to(folder: Path) -> Iterator[None]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
 async def test_managed_anon_listens_only_on_private_unix_sockets(
-    anon_pair: AnonPair,
-    tmp_path: Path,
+    anon_pair: AnonPair, tmp_path: Path,
 ) -> None:
     client = anon_pair.client
     assert client.pid is not None and client.socks_path is not None
@@ -282,32 +268,28 @@ def _checksum(suffix: str, key: bytes, version: bytes) -> bytes:
 
 def _unpublished_service_id(suffix: str) -> str:
     """A well-formed address that nobody publishes."""
-    key = (
-        ed25519.Ed25519PrivateKey.generate()
-        .public_key()
-        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    )
+    key = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b32encode(key + _checksum(suffix, key, b"\x03") + b"\x03").decode().lower()
 
 
 async def test_the_address_encoding_is_anons(anon_pair: AnonPair) -> None:
-    service_id, suffix = hidden.split_address(anon_pair.gpu_host.address_of(anon_pair.open_service))
+    service_id, suffix = hidden.split_address(
+        anon_pair.gpu_host.address_of(anon_pair.open_service))
     raw = base64.b32decode(service_id.upper())
     key, checksum, version = raw[:32], raw[32:34], raw[34:]
     assert _checksum(suffix, key, version) == checksum
 
 
 async def test_refusals_of_hidden_backends_say_why(
-    anon_pair: AnonPair,
-    hidden_backend: HiddenBackend,
+    anon_pair: AnonPair, hidden_backend: HiddenBackend,
 ) -> None:
     """anon's extended SOCKS errors reach the user as the backend's error."""
     client = anon_pair.client
     # A service with client authorization for a key this client was never given.
     _, public = hidden.generate_keypair()
     private = await anon_pair.gpu_host.add_ephemeral(
-        hidden_backend.target, client_auth_v3=[hidden.public_key_b32(public)]
-    )
+        hidden_backend.target, client_auth_v3=[hidden.public_key_b32(public)])
     service_id, suffix = hidden.split_address(private)
     unpublished = _unpublished_service_id(suffix) + suffix
     broken = ("b" if service_id[0] != "b" else "c") + service_id[1:] + suffix  # bad checksum
@@ -320,9 +302,7 @@ async def test_refusals_of_hidden_backends_say_why(
         for name, (address, words) in cases.items():
             backend = config.BackendConfig(name, f"http://{address}")
             async with comfy_client.ComfyClient(
-                backend.url,
-                name=name,
-                proxy=routing.proxy_url_for(backend, client),
+                backend.url, name=name, proxy=routing.proxy_url_for(backend, client),
                 timeout=60,
             ) as comfy:
                 with pytest.raises(comfy_errors.BackendUnreachable) as http:
@@ -333,8 +313,7 @@ async def test_refusals_of_hidden_backends_say_why(
 
 
 async def test_a_suffix_anon_does_not_serve_is_refused_never_resolved(
-    anon_pair: AnonPair,
-    monkeypatch: pytest.MonkeyPatch,
+    anon_pair: AnonPair, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """anon 0.4.9 serves .anon: a .anyone backend (or the other way round with 0.4.10) is
     refused in words when the pool starts, and its name is never looked up."""
@@ -352,21 +331,16 @@ async def test_a_suffix_anon_does_not_serve_is_refused_never_resolved(
     monkeypatch.setattr(socket, "getaddrinfo", recording_getaddrinfo)
     backend = config.BackendConfig("cloud", f"http://{service_id}{other}")
     router = runtime.Router(client, config.from_mapping({}, environ={}))
-    with pytest.raises(
-        errors.AnonError,
-        match=(
+    with pytest.raises(errors.AnonError, match=(
             rf"backend cloud has a \{other} address, but the running anon "
-            rf"{re.escape(client.version or '')} serves \{client.suffix} addresses only"
-        ),
-    ):
+            rf"{re.escape(client.version or '')} serves \{client.suffix} addresses only")):
         async with pool.Pool([backend], proxy_for=router.proxy_for, probe_interval=60):
             pass
     assert not [h for h in lookups if str(h).endswith(other)]
 
 
 async def test_bot_api_requests_go_through_anons_unix_socket(
-    anon_pair: AnonPair,
-    fake_telegram: FakeTelegram,
+    anon_pair: AnonPair, fake_telegram: FakeTelegram,
 ) -> None:
     """[anyone] telegram: PTB's requests reach the Bot API through anon (an exit that may
     connect to 127.0.0.1), dialled over the Unix socket."""
@@ -375,11 +349,9 @@ async def test_bot_api_requests_go_through_anons_unix_socket(
     assert proxy is not None and proxy.endswith(f"@localhost{anon_pair.client.socks_path}")
     deadline = asyncio.get_running_loop().time() + 90
     while True:
-        bot = telegram.Bot(
-            fake_telegram.token,
-            base_url=fake_telegram.base_url,
-            request=AiohttpRequest(proxy=proxy, read_timeout=30, connect_timeout=30),
-        )
+        bot = telegram.Bot(fake_telegram.token, base_url=fake_telegram.base_url,
+                           request=AiohttpRequest(proxy=proxy, read_timeout=30,
+                                                  connect_timeout=30))
         try:
             async with bot:  # getMe
                 me = await bot.get_me()

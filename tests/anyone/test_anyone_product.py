@@ -89,15 +89,8 @@ def _pixels(data: bytes) -> bytes:
 
 async def _generate(*args: str, cwd: Path, timeout: float = 240) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "generate",
-        *args,
-        cwd=cwd,
-        env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "comfyveil", "generate", *args, cwd=cwd, env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
@@ -118,9 +111,7 @@ def _check_copy(stdout: str, noisy_png: Path) -> None:
 
 
 def _hidden_config(
-    tmp_path: Path,
-    anyone_network: PrivateAnyoneNetwork,
-    hidden: HiddenComfy,
+    tmp_path: Path, anyone_network: PrivateAnyoneNetwork, hidden: HiddenComfy,
     more: str = "",
 ) -> Path:
     """A settings file naming the hidden ComfyUI by its .anon address and client key
@@ -133,7 +124,8 @@ def _hidden_config(
         f'data_dir = "{tmp_path / "data"}"\n\n'
         f'[[backends]]\nname = "hidden"\nurl = "{hidden.url}"\n'
         f'auth_key_file = "{hidden.key_file}"\n\n'
-        f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n\n' + more
+        f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n\n'
+        + more
     )
     assert f":{hidden.fake.port}" not in cfg.read_text()  # only the .anon address
     return cfg
@@ -150,24 +142,14 @@ def _paths_seen(fake: FakeComfyUI, since: int) -> set[tuple[str, str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_generate_reaches_a_hidden_comfyui_with_its_client_key(
-    anyone_network: PrivateAnyoneNetwork,
-    hidden_comfy: HiddenComfy,
-    noisy_png: Path,
+    anyone_network: PrivateAnyoneNetwork, hidden_comfy: HiddenComfy, noisy_png: Path,
     tmp_path: Path,
 ) -> None:
     cfg = _hidden_config(tmp_path, anyone_network, hidden_comfy)
     seen = len(hidden_comfy.fake.requests)
     code, out, err = await _generate(
-        str(COPY_WORKFLOW),
-        "--image",
-        str(noisy_png),
-        "--out",
-        str(tmp_path / "out"),
-        "--config",
-        str(cfg),
-        "--timeout",
-        "120",
-        cwd=tmp_path,
+        str(COPY_WORKFLOW), "--image", str(noisy_png), "--out", str(tmp_path / "out"),
+        "--config", str(cfg), "--timeout", "120", cwd=tmp_path,
     )
     assert code == 0, err[-2000:]
     assert "anon: 100%" in err
@@ -175,12 +157,8 @@ async def test_generate_reaches_a_hidden_comfyui_with_its_client_key(
     # HTTP (upload, submit, the history deletion) and the WebSocket (which also brought
     # the image back: no trace) all reached the fake via anon.
     paths = _paths_seen(hidden_comfy.fake, seen)
-    assert {
-        ("POST", "/upload/image"),
-        ("POST", "/prompt"),
-        ("GET", "/ws"),
-        ("POST", "/history"),
-    } <= paths
+    assert {("POST", "/upload/image"), ("POST", "/prompt"), ("GET", "/ws"),
+            ("POST", "/history")} <= paths
     # Our anon ran in the command's own state directory and is gone with it.
     assert (tmp_path / "data" / "anon" / "state" / "anonrc").is_file()
     assert "TestingTorNetwork 1" in (tmp_path / "data" / "anon" / "state" / "anonrc").read_text()
@@ -263,10 +241,7 @@ class RecordingRelay:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_generate_sends_the_hidden_name_to_socks_never_resolving_it(
-    anon_pair: AnonPair,
-    hidden_comfy: HiddenComfy,
-    noisy_png: Path,
-    tmp_path: Path,
+    anon_pair: AnonPair, hidden_comfy: HiddenComfy, noisy_png: Path, tmp_path: Path,
 ) -> None:
     """[anyone] socks: the operator's daemon (the session client behind a recording relay)."""
     client = anon_pair.client
@@ -282,17 +257,8 @@ async def test_generate_sends_the_hidden_name_to_socks_never_resolving_it(
     )
     try:
         code, out, err = await _generate(
-            str(COPY_WORKFLOW),
-            "--image",
-            str(noisy_png),
-            "--out",
-            str(tmp_path / "out"),
-            "--server",
-            hidden_comfy.url,
-            "--config",
-            str(cfg),
-            "--timeout",
-            "120",
+            str(COPY_WORKFLOW), "--image", str(noisy_png), "--out", str(tmp_path / "out"),
+            "--server", hidden_comfy.url, "--config", str(cfg), "--timeout", "120",
             cwd=tmp_path,
         )
     finally:
@@ -314,27 +280,26 @@ async def test_generate_sends_the_hidden_name_to_socks_never_resolving_it(
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_worker_job_through_anon_survives_anon_being_killed(
-    anyone_network: PrivateAnyoneNetwork,
-    hidden_comfy: HiddenComfy,
-    db: database.Database,
-    tmp_path: Path,
+    anyone_network: PrivateAnyoneNetwork, hidden_comfy: HiddenComfy,
+    db: database.Database, tmp_path: Path,
 ) -> None:
     settings = config.from_mapping(
-        {"data_dir": str(tmp_path / "data"), "anyone": {"binary": str(anyone_network.binary)}},
-        environ={},
+        {"data_dir": str(tmp_path / "data"),
+         "anyone": {"binary": str(anyone_network.binary)}}, environ={},
     )
-    backend = config.BackendConfig("hidden", hidden_comfy.url, auth_key_file=hidden_comfy.key_file)
+    backend = config.BackendConfig("hidden", hidden_comfy.url,
+                                   auth_key_file=hidden_comfy.key_file)
     fake = hidden_comfy.fake
     sink = sinks.FileSink(tmp_path / "out")
     try:
-        async with runtime.anon_for(settings, [backend], network=anyone_network.network) as router:
+        async with runtime.anon_for(settings, [backend],
+                                    network=anyone_network.network) as router:
             anon = router.anon
             assert isinstance(anon, runtime.process.ManagedAnon)
             proxy = router.proxy_for(backend)
             assert proxy is not None and proxy.startswith("socks5h://")
-            async with pool.Pool(
-                [backend], proxy_for=router.proxy_for, probe_interval=0.5
-            ) as backends:
+            async with pool.Pool([backend], proxy_for=router.proxy_for,
+                                 probe_interval=0.5) as backends:
                 worker = Worker(db, backends, sinks=[sink], options=FAST)
                 task = asyncio.create_task(worker.run(), name="anyone-worker")
                 try:
@@ -350,9 +315,8 @@ async def test_worker_job_through_anon_survives_anon_being_killed(
                     old_pid = anon.pid
                     assert old_pid is not None
                     os.kill(old_pid, signal.SIGKILL)
-                    done = await wait_status(
-                        db, job.id, jobs.Status.SUCCEEDED, jobs.Status.FAILED, timeout=240
-                    )
+                    done = await wait_status(db, job.id, jobs.Status.SUCCEEDED,
+                                             jobs.Status.FAILED, timeout=240)
                 finally:
                     worker.stop()
                     await asyncio.wait_for(task, 60)
@@ -372,40 +336,26 @@ async def test_worker_job_through_anon_survives_anon_being_killed(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
-    anyone_network: PrivateAnyoneNetwork,
-    hidden_comfy: HiddenComfy,
-    db: database.Database,
-    database_url: str,
-    tmp_path: Path,
+    anyone_network: PrivateAnyoneNetwork, hidden_comfy: HiddenComfy,
+    db: database.Database, database_url: str, tmp_path: Path,
 ) -> None:
     """The deployment the README describes: the worker knows the GPU host only by its
     .anon address and client key, starts its own anon, and stops cleanly on SIGTERM."""
     cfg = _hidden_config(
-        tmp_path,
-        anyone_network,
-        hidden_comfy,
+        tmp_path, anyone_network, hidden_comfy,
         f'[database]\nurl = "{database_url}"\n\n[worker]\npoll_interval = 0.5\n',
     )
     seen = len(hidden_comfy.fake.requests)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "worker",
-        "--config",
-        str(cfg),
-        "--out",
-        str(out),
-        cwd=tmp_path,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "comfyveil", "worker", "--config", str(cfg), "--out", str(out),
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
         job = await enqueue(db, steps=2, prompt="a fox behind seven proxies")
-        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, jobs.Status.FAILED, timeout=180)
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, jobs.Status.FAILED,
+                                 timeout=180)
         assert done.status is jobs.Status.SUCCEEDED, done.error
         assert done.backend == "hidden"
 
@@ -433,7 +383,8 @@ async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
 
 
 def _settings(tmp_path: Path, **anyone: object) -> config.Settings:
-    return config.from_mapping({"data_dir": str(tmp_path / "data"), "anyone": anyone}, environ={})
+    return config.from_mapping({"data_dir": str(tmp_path / "data"), "anyone": anyone},
+                               environ={})
 
 
 async def test_direct_backends_start_no_anon(tmp_path: Path) -> None:
@@ -481,7 +432,8 @@ def test_telegram_alone_needs_anon_only_for_the_bot(tmp_path: Path) -> None:
     settings = _settings(tmp_path, telegram=True)
     local = config.BackendConfig("local", "http://127.0.0.1:8188")
     assert runtime.needs_anon(settings, [local]) == []
-    assert runtime.needs_anon(settings, [local], telegram=True) == ["Telegram ([anyone] telegram)"]
+    assert runtime.needs_anon(settings, [local], telegram=True) == [
+        "Telegram ([anyone] telegram)"]
 
 
 def test_two_processes_get_two_state_directories(tmp_path: Path) -> None:
@@ -531,13 +483,9 @@ async def test_a_failing_hidden_backend_gets_fresh_circuits_before_the_next_try(
 
         system_stats = object_info = queue
 
-    async with pool.Pool(
-        [hidden_backend, local],
-        proxy_for=router.proxy_for,
-        client_factory=Down,
-        on_down=router.backend_down,
-        probe_interval=60,
-    ) as backends:
+    async with pool.Pool([hidden_backend, local], proxy_for=router.proxy_for,
+                         client_factory=Down, on_down=router.backend_down,
+                         probe_interval=60) as backends:
         # Both failed their first probe; only the hidden one is anon's business.
         assert not backends.get("cloud").healthy and not backends.get("gpu0").healthy
         assert anon.newnyms == 1

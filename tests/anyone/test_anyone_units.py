@@ -51,13 +51,11 @@ async def test_manager_refuses_public_network_when_forbidden(tmp_path: Path) -> 
     binary = _fake_anon(tmp_path)
     assert os.environ[network_mod.FORBID_PUBLIC_ENV] == "1"  # set for the whole session
     with pytest.raises(errors.PublicNetworkForbidden, match="forbidden"):
-        process.ManagedAnon(
-            network=network_mod.PublicNetwork(), binary=binary, data_dir=tmp_path / "state"
-        )
+        process.ManagedAnon(network=network_mod.PublicNetwork(), binary=binary,
+                            data_dir=tmp_path / "state")
     # Allowed when built, forbidden by the time it starts: still refused, nothing runs.
-    allowed = process.ManagedAnon(
-        network=network_mod.PublicNetwork(), binary=binary, data_dir=tmp_path / "state", environ={}
-    )
+    allowed = process.ManagedAnon(network=network_mod.PublicNetwork(), binary=binary,
+                                  data_dir=tmp_path / "state", environ={})
     allowed._environ = {network_mod.FORBID_PUBLIC_ENV: "1"}
     with pytest.raises(errors.PublicNetworkForbidden):
         await allowed.start()
@@ -72,21 +70,14 @@ def test_private_network_must_name_loopback_authorities() -> None:
     with pytest.raises(errors.NetworkNotChosen, match="cannot be overridden"):
         network_mod.PrivateNetwork(AUTH, extra=("OutboundBindAddress 0.0.0.0",))
     lines = network_mod.PrivateNetwork(AUTH).anonrc_lines()
-    for required in (
-        "TestingTorNetwork 1",
-        "UseDefaultFallbackDirs 0",
-        "OutboundBindAddress 127.0.0.1",
-        f"DirAuthority {AUTH[0]}",
-    ):
+    for required in ("TestingTorNetwork 1", "UseDefaultFallbackDirs 0",
+                     "OutboundBindAddress 127.0.0.1", f"DirAuthority {AUTH[0]}"):
         assert required in lines
 
 
 def test_written_anonrc_is_private(tmp_path: Path) -> None:
-    anon = process.ManagedAnon(
-        network=network_mod.PrivateNetwork(AUTH),
-        binary=_fake_anon(tmp_path),
-        data_dir=tmp_path / "state",
-    )
+    anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                               binary=_fake_anon(tmp_path), data_dir=tmp_path / "state")
     text = anon._anonrc()
     network_mod.check_anonrc(text)  # passes
     # Unix sockets in the private state directory, never a TCP port: no flag that
@@ -105,9 +96,8 @@ async def test_a_deep_state_directory_gets_private_sockets_elsewhere(tmp_path: P
     """A socket path holds about 100 bytes: a deeper state directory gets its sockets in
     a private folder of the temporary directory, removed when anon is closed."""
     deep = tmp_path / ("d" * 60) / "state"
-    anon = process.ManagedAnon(
-        network=network_mod.PrivateNetwork(AUTH), binary=_fake_anon(tmp_path), data_dir=deep
-    )
+    anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                               binary=_fake_anon(tmp_path), data_dir=deep)
     assert anon.socks_path is None
     anon._prepare()
     assert anon.socks_path is not None and anon.control_path is not None
@@ -137,9 +127,8 @@ def test_linux_arm64_is_refused_plainly() -> None:
     assert install.platform_dir("Linux", "x86_64") == "linux/x64"
 
 
-async def test_install_without_npm_says_what_to_do(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_install_without_npm_says_what_to_do(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(errors.AnonNotInstalled, match=r"install Node\.js with npm"):
         await install.install(tmp_path / "anon")
@@ -165,9 +154,7 @@ async def test_install_refuses_a_tampered_package(tmp_path: Path) -> None:
 
 
 async def test_install_checks_hashes_of_the_installed_copy(
-    tmp_path: Path,
-    anon_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, anon_dir: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     target = tmp_path / "anon"
@@ -176,9 +163,8 @@ async def test_install_checks_hashes_of_the_installed_copy(
         shutil.copy2(anon_dir / name, target / name)
     monkeypatch.setenv("PATH", str(tmp_path / "no-npm-here"))  # a download would fail
     assert await asyncio.to_thread(install.mismatched_files, target) == []
-    code = await anon_cli._install(
-        anon_cli.argparse.Namespace(dir=target, tarball=None, force=False, config=None)
-    )
+    code = await anon_cli._install(anon_cli.argparse.Namespace(
+        dir=target, tarball=None, force=False, config=None))
     assert code == 0
     assert "0.4.9" in capsys.readouterr().out
     with (target / "geoip6").open("ab") as handle:
@@ -227,16 +213,8 @@ def test_client_key_files(tmp_path: Path) -> None:
 
 async def test_expose_requires_client_authorization_by_default(tmp_path: Path) -> None:
     args = anon_cli.argparse.Namespace(
-        target="127.0.0.1:8188",
-        name="comfyui",
-        port=80,
-        client=[],
-        revoke=[],
-        no_auth=False,
-        private_network=None,
-        once=True,
-        config=None,
-    )
+        target="127.0.0.1:8188", name="comfyui", port=80, client=[], revoke=[], no_auth=False,
+        private_network=None, once=True, config=None)
     with pytest.raises(anon_cli.UsageError, match="--client NAME"):
         await anon_cli._expose(args)
 
@@ -268,10 +246,8 @@ def test_routing_rules() -> None:
         routing.proxy_url_for(onion, None)
     # A newer daemon serves .anyone.
     newer = _Attached(9999, ".anyone")
-    assert (
-        routing.proxy_url_for(config.BackendConfig("n", f"http://{SERVICE_ID}.anyone"), newer)
-        is not None
-    )
+    assert routing.proxy_url_for(config.BackendConfig("n", f"http://{SERVICE_ID}.anyone"),
+                                 newer) is not None
 
 
 def test_no_hidden_name_ever_goes_to_the_system_resolver() -> None:
@@ -281,21 +257,14 @@ def test_no_hidden_name_ever_goes_to_the_system_resolver() -> None:
     older.version = "0.4.9.11-live"
     anyone = config.BackendConfig("cloud", f"http://{SERVICE_ID}.anyone")
     anon = config.BackendConfig("cloud", f"http://{SERVICE_ID}.ANON.")
-    with pytest.raises(
-        errors.AnonError,
-        match=(
+    with pytest.raises(errors.AnonError, match=(
             r"backend cloud has a \.anyone address, but the running anon 0\.4\.9\.11-live "
-            r"serves \.anon addresses only"
-        ),
-    ):
+            r"serves \.anon addresses only")):
         routing.proxy_url_for(anyone, older)
     with pytest.raises(errors.AnonError, match=r"has a \.anon address.* \.anyone addresses only"):
         routing.proxy_url_for(anon, newer)
-    managed = process.ManagedAnon(
-        network=network_mod.PrivateNetwork(AUTH),
-        binary=Path("/nonexistent/anon"),
-        data_dir=Path("/tmp/x"),
-    )
+    managed = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                                  binary=Path("/nonexistent/anon"), data_dir=Path("/tmp/x"))
     managed.suffix = ".anon"
     onion = config.BackendConfig("tor", f"http://{SERVICE_ID}.onion")
     with pytest.raises(errors.AnonError, match=r"has a \.onion address"):
@@ -387,26 +356,18 @@ async def test_socks_request_carries_the_hostname_not_an_address() -> None:
                 await client.system_stats()
             with pytest.raises(comfy_errors.BackendUnreachable):
                 await client.run({})  # opens the WebSocket first
-        bot = telegram.Bot(
-            "1:test",
-            base_url=f"http://api.{host}/bot",
-            request=AiohttpRequest(proxy=telegram_proxy),
-        )
+        bot = telegram.Bot("1:test", base_url=f"http://api.{host}/bot",
+                           request=AiohttpRequest(proxy=telegram_proxy))
         with pytest.raises(telegram.error.NetworkError):
             async with bot:  # getMe
                 pass
     finally:
         await socks.stop()
     assert [r[:3] for r in socks.requests] == [
-        ("domain", host, 80),
-        ("domain", host, 80),
-        ("domain", f"api.{host}", 80),
-    ]
+        ("domain", host, 80), ("domain", host, 80), ("domain", f"api.{host}", 80)]
     assert [r[3] for r in socks.requests] == [
-        "comfyveil-backend-gpu0",
-        "comfyveil-backend-gpu0",
-        "comfyveil-telegram",
-    ]
+        "comfyveil-backend-gpu0", "comfyveil-backend-gpu0", "comfyveil-telegram"]
+
 
 
 async def test_every_consumer_dials_a_socks_proxy_on_a_unix_socket(tmp_path: Path) -> None:
@@ -427,11 +388,8 @@ async def test_every_consumer_dials_a_socks_proxy_on_a_unix_socket(tmp_path: Pat
                 await client.system_stats()
             with pytest.raises(comfy_errors.BackendUnreachable):
                 await client.run({})  # opens the WebSocket first
-        bot = telegram.Bot(
-            "1:test",
-            base_url=f"http://api.{host}/bot",
-            request=AiohttpRequest(proxy=anon.socks_url("telegram")),
-        )
+        bot = telegram.Bot("1:test", base_url=f"http://api.{host}/bot",
+                           request=AiohttpRequest(proxy=anon.socks_url("telegram")))
         with pytest.raises(telegram.error.NetworkError):
             async with bot:  # getMe
                 pass
@@ -456,16 +414,13 @@ async def test_a_missing_unix_socket_is_an_unreachable_backend(tmp_path: Path) -
             await client.run({})
 
 
-@pytest.mark.parametrize(
-    ("code", "words"),
-    [
-        (0xF0, "gpu0 is not published: its hidden-service descriptor was not found"),
-        (0xF4, "gpu0 needs a client key (auth_key_file)"),
-        (0xF5, "gpu0 refused our client key (auth_key_file): it is wrong or was revoked"),
-        (0xF6, "gpu0 has an invalid hidden-service address"),
-        (0xF7, "gpu0 did not answer: the introduction to its hidden service timed out"),
-    ],
-)
+@pytest.mark.parametrize(("code", "words"), [
+    (0xF0, "gpu0 is not published: its hidden-service descriptor was not found"),
+    (0xF4, "gpu0 needs a client key (auth_key_file)"),
+    (0xF5, "gpu0 refused our client key (auth_key_file): it is wrong or was revoked"),
+    (0xF6, "gpu0 has an invalid hidden-service address"),
+    (0xF7, "gpu0 did not answer: the introduction to its hidden service timed out"),
+])
 async def test_a_refusing_hidden_backend_says_why(tmp_path: Path, code: int, words: str) -> None:
     """anon's ExtendedErrors reply codes become the backend's error, over HTTP and the
     WebSocket alike."""
@@ -489,23 +444,15 @@ async def test_a_refusing_hidden_backend_says_why(tmp_path: Path, code: int, wor
 
 
 async def test_supervisor_keeps_restarting_after_any_error(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A restart that fails with something other than an AnonError (a full disk, a
     control connection that hangs up) is retried, not the end of supervision."""
     monkeypatch.setattr(process, "RESTART_BACKOFF", (0.01, 0.05))
-    anon = process.ManagedAnon(
-        network=network_mod.PrivateNetwork(AUTH),
-        binary=_fake_anon(tmp_path),
-        data_dir=tmp_path / "state",
-    )
-    failures = [
-        OSError(28, "No space left on device"),
-        ConnectionResetError("hung up"),
-        KeyError("version"),
-    ]
+    anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
+                               binary=_fake_anon(tmp_path), data_dir=tmp_path / "state")
+    failures = [OSError(28, "No space left on device"), ConnectionResetError("hung up"),
+                KeyError("version")]
     launches = 0
 
     async def launch() -> None:  # stands in for starting anon and waiting for bootstrap
@@ -545,8 +492,7 @@ def test_an_operators_daemon_on_a_unix_socket(tmp_path: Path) -> None:
 
 
 def test_client_keys_never_reach_a_log_line(
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     private, _ = hidden.generate_keypair()
     key_file = tmp_path / "bot.auth_private"

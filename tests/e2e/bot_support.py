@@ -21,13 +21,8 @@ from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import BotCall, FakeTelegram
 
 WORKER = WorkerOptions(
-    lease_seconds=5.0,
-    poll_interval=0.5,
-    shutdown_grace=5.0,
-    retry_backoff=0.05,
-    recover_interval=0.5,
-    delivery_grace=1.0,
-    job_timeout=60.0,
+    lease_seconds=5.0, poll_interval=0.5, shutdown_grace=5.0, retry_backoff=0.05,
+    recover_interval=0.5, delivery_grace=1.0, job_timeout=60.0,
 )
 SMALL = "--width 256 --height 256"  # keeps the fake's images (and the test) small
 
@@ -38,9 +33,7 @@ def settings_for(
     limits = telegram_options.pop("limits", config.LimitsConfig())
     content_policy = telegram_options.pop("policy", policy.PolicyConfig())
     tg = config.TelegramConfig(
-        token=telegram.token,
-        api_url=telegram.url,
-        poll_timeout=1.0,
+        token=telegram.token, api_url=telegram.url, poll_timeout=1.0,
         # Most tests follow the status message from the start; the delay has its own.
         **({"open": True, "status_delay": 0.0} | telegram_options),
     )
@@ -62,15 +55,14 @@ class Stack:
     def send(self, user: int, text: str | None = None, **kwargs: Any) -> dict[str, Any]:
         return self.telegram.user_sends(user, text, **kwargs)
 
-    async def result(
-        self, chat: int, count: int = 1, timeout: float = 15.0, method: str = "sendPhoto"
-    ) -> BotCall:
-        return await self.telegram.wait_for_call(method, chat_id=chat, count=count, timeout=timeout)
+    async def result(self, chat: int, count: int = 1, timeout: float = 15.0,
+                     method: str = "sendPhoto") -> BotCall:
+        return await self.telegram.wait_for_call(method, chat_id=chat, count=count,
+                                                 timeout=timeout)
 
     async def reply_text(self, chat: int, count: int = 1, timeout: float = 5.0) -> str:
-        call = await self.telegram.wait_for_call(
-            "sendMessage", chat_id=chat, count=count, timeout=timeout
-        )
+        call = await self.telegram.wait_for_call("sendMessage", chat_id=chat, count=count,
+                                                 timeout=timeout)
         return str(call.result["text"])
 
     async def queued_count(self) -> int:
@@ -83,12 +75,8 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    telegram: FakeTelegram,
-    db: database.Database,
-    comfy: Sequence[FakeComfyUI],
-    *,
-    worker: bool = True,
-    **telegram_options: Any,
+    telegram: FakeTelegram, db: database.Database, comfy: Sequence[FakeComfyUI],
+    *, worker: bool = True, **telegram_options: Any,
 ) -> AsyncIterator[Stack]:
     """Bot and worker running against the fakes until the block ends."""
     settings = settings_for(telegram, comfy, **telegram_options)

@@ -40,9 +40,8 @@ async def _last_text(telegram: FakeTelegram, chat: int, wanted: str, timeout: fl
 async def test_a_job_that_fails_on_the_gpu_ends_in_one_plain_sentence(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
 ) -> None:
-    fake_comfy.fail_next_execution(
-        "KSampler", message="CUDA out of memory", exception_type="torch.OutOfMemoryError"
-    )
+    fake_comfy.fail_next_execution("KSampler", message="CUDA out of memory",
+                                   exception_type="torch.OutOfMemoryError")
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
         stack.send(40, f"/f a fox {SMALL}")
         text = await _last_text(fake_telegram, 40, "failed")
@@ -61,9 +60,8 @@ async def test_a_job_that_fails_on_the_gpu_ends_in_one_plain_sentence(
 async def test_no_gpu_with_the_model_is_said_at_once_and_nothing_waits(
     fake_telegram: FakeTelegram, fake_comfy_factory, db
 ) -> None:
-    models = {
-        folder: [f for f in files if "schnell" not in f] for folder, files in DEFAULT_MODELS.items()
-    }
+    models = {folder: [f for f in files if "schnell" not in f]
+              for folder, files in DEFAULT_MODELS.items()}
     fake = await fake_comfy_factory(models=models)
     async with running_bot(fake_telegram, db, [fake]) as stack:
         await wait_for(lambda: _now(stack.pool.get("gpu0").object_info is not None))

@@ -29,10 +29,7 @@ async def test_f_sends_a_photo_and_removes_the_status(
         assert len(fake_comfy.prompts) == 1
         job = (await db.jobs.list_for_user(10, limit=1))[0]
         assert sent_values(fake_comfy, job.id) == {
-            "prompt": "a red fox in snow",
-            "seed": 42,
-            "steps": 4,
-            "width": 256,
+            "prompt": "a red fox in snow", "seed": 42, "steps": 4, "width": 256,
             "height": 256,
         }
 
@@ -82,21 +79,13 @@ async def test_plain_text_gets_a_hint_and_groups_stay_quiet(
         stack.send(13, f"/f@ComfyveilTestBot a fox {SMALL}", chat_id=-500, chat_type="group")
         await stack.result(-500, count=2)
         # A third photo or a hint in the group would come now; neither may.
-        await no_call(
-            fake_telegram,
-            lambda c: (
-                c.method == "sendPhoto"
-                or (str(c.params.get("chat_id")) == "-500" and "/help" in str(c.params.get("text")))
-            ),
-            within=1.5,
-        )
+        await no_call(fake_telegram, lambda c: c.method == "sendPhoto" or (
+            str(c.params.get("chat_id")) == "-500" and "/help" in str(c.params.get("text"))
+        ), within=1.5)
         photos = fake_telegram.calls("sendPhoto")
         assert len(photos) == 2  # "/f" and "/f@ComfyveilTestBot"; not "/f@OtherBot"
-        texts = [
-            c.params.get("text")
-            for c in fake_telegram.calls("sendMessage")
-            if str(c.params.get("chat_id")) == "-500"
-        ]
+        texts = [c.params.get("text") for c in fake_telegram.calls("sendMessage")
+                 if str(c.params.get("chat_id")) == "-500"]
         assert not any("/help" in str(t) for t in texts)
 
 

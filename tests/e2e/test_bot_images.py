@@ -42,9 +42,8 @@ async def test_reply_to_a_photo_edits_that_photo(
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
         photo_message = stack.send(21, photo=png(80, 60))
         assert "caption" in await stack.reply_text(21)  # the hint on what to do with it
-        stack.send(
-            21, "/qwen make it night --steps 2", reply_to_message_id=photo_message["message_id"]
-        )
+        stack.send(21, "/qwen make it night --steps 2",
+                   reply_to_message_id=photo_message["message_id"])
         await stack.result(21)
         largest = photo_message["photo"][-1]["file_id"]
         assert last_upload(fake_comfy) == fake_telegram.file_bytes(largest)
@@ -57,7 +56,8 @@ async def test_photo_with_the_command_as_caption(
         # Even with an earlier result in the chat, the photo sent with the command wins.
         stack.send(22, f"/f a cat {SMALL}")
         await stack.result(22)
-        sent = stack.send(22, photo=png(90, 70, (10, 200, 10)), caption="/qwen add a hat --steps 2")
+        sent = stack.send(22, photo=png(90, 70, (10, 200, 10)),
+                          caption="/qwen add a hat --steps 2")
         await stack.result(22, count=2)
         assert last_upload(fake_comfy) == fake_telegram.file_bytes(sent["photo"][-1]["file_id"])
     # The graph loads that upload, with the user's words and steps.
@@ -74,15 +74,11 @@ async def test_a_pdf_is_refused_in_one_sentence_and_nothing_is_queued(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
-        stack.send(
-            23,
-            document=(b"%PDF-1.7\n1 0 obj\n<<>>\nendobj\n", "scan.pdf", "application/pdf"),
-            caption="/qwen make it blue",
-        )
+        stack.send(23, document=(b"%PDF-1.7\n1 0 obj\n<<>>\nendobj\n", "scan.pdf",
+                                 "application/pdf"), caption="/qwen make it blue")
         text = await stack.reply_text(23)
-        assert text == (
-            "That file is not an image (looks like a PDF). Send a JPEG, PNG or WebP photo."
-        )
+        assert text == ("That file is not an image (looks like a PDF). "
+                        "Send a JPEG, PNG or WebP photo.")
         assert await stack.queued_count() == 0
         assert fake_comfy.uploads == []
 
@@ -106,7 +102,8 @@ async def test_edit_this_button_then_qwen_edits_that_result(
         stack.send(25, f"/f two {SMALL} --seed 2")
         await stack.result(25, count=2)
         button = first.result["reply_markup"]["inline_keyboard"][0][1]
-        query = fake_telegram.user_presses(25, first.result["message_id"], button["callback_data"])
+        query = fake_telegram.user_presses(25, first.result["message_id"],
+                                           button["callback_data"])
         await fake_telegram.wait_for(lambda _: query in fake_telegram.callback_answers)
         assert "/qwen" in fake_telegram.callback_answers[query]["text"]
         stack.send(25, "/qwen make it night --steps 2")
@@ -156,25 +153,18 @@ async def test_image_limits_are_exact_for_a_file_sent_to_the_bot(
         await stack.result(27)
         assert last_upload(fake_comfy) == data
     for limits, refusal in (
-        (
-            config.LimitsConfig(max_image_bytes=len(data) - 1, max_image_pixels=40 * 30),
-            "That file is 0.0 MB; the limit is",
-        ),
-        (
-            config.LimitsConfig(max_image_bytes=len(data), max_image_pixels=40 * 30 - 1),
-            "That image is 0.0 MP; the limit is 0.0 MP.",
-        ),
+        (config.LimitsConfig(max_image_bytes=len(data) - 1, max_image_pixels=40 * 30),
+         "That file is 0.0 MB; the limit is"),
+        (config.LimitsConfig(max_image_bytes=len(data), max_image_pixels=40 * 30 - 1),
+         "That image is 0.0 MP; the limit is 0.0 MP."),
     ):
         async with running_bot(fake_telegram, db, [fake_comfy], limits=limits) as stack:
-            before = len(
-                [
-                    c
-                    for c in fake_telegram.calls("sendMessage")
-                    if str(c.params.get("chat_id")) == "28"
-                ]
-            )
-            stack.send(28, document=(data, "in.png", "image/png"), caption="/qwen a hat --steps 2")
-            reply = await fake_telegram.wait_for_call("sendMessage", chat_id=28, count=1 + before)
+            before = len([c for c in fake_telegram.calls("sendMessage")
+                          if str(c.params.get("chat_id")) == "28"])
+            stack.send(28, document=(data, "in.png", "image/png"),
+                       caption="/qwen a hat --steps 2")
+            reply = await fake_telegram.wait_for_call("sendMessage", chat_id=28,
+                                                      count=1 + before)
             assert str(reply.result["text"]).startswith(refusal)
     assert len(user_uploads(fake_comfy)) == 1
     assert len(await db.jobs.list_for_user(28, limit=5)) == 0

@@ -24,7 +24,9 @@ async def test_cancel_a_queued_job(fake_telegram: FakeTelegram, fake_comfy, db) 
         assert reply.startswith("Cancelled job #")
         job = (await db.jobs.list_for_user(30, limit=1))[0]
         assert job.status is jobs.Status.CANCELLED
-        await fake_telegram.wait_for(lambda _: "Cancelled." in texts_of(fake_telegram, 30))
+        await fake_telegram.wait_for(
+            lambda _: "Cancelled." in texts_of(fake_telegram, 30)
+        )
         assert fake_telegram.calls("sendPhoto") == []
 
 
@@ -43,11 +45,9 @@ async def test_cancel_a_running_job_by_its_id(
         stack.send(31, f"/cancel #{job.id.hex[:8]}")
         assert (await stack.reply_text(31, count=2)).startswith("Stopping job #")
         await fake_telegram.wait_for(
-            lambda _: any(
-                m["message_id"] == status.result["message_id"] and m.get("text") == "Cancelled."
-                for m in fake_telegram.bot_messages(31)
-            ),
-            timeout=10,
+            lambda _: any(m["message_id"] == status.result["message_id"]
+                          and m.get("text") == "Cancelled." for m in
+                          fake_telegram.bot_messages(31)), timeout=10,
         )
         assert (await db.jobs.get(job.id)).status is jobs.Status.CANCELLED
         assert slow.interrupts, "the GPU was told to stop"

@@ -58,11 +58,8 @@ async def test_the_language_comes_from_telegram_and_settings_override_it(
         assert settings.get("language") == "es" and settings.get("tg_language") == "fa"
         # The answer and the settings message speak the new language at once.
         assert fake_telegram.callback_answers[query].get("text") == "Guardado."
-        shown = next(
-            m
-            for m in fake_telegram.bot_messages(90)
-            if m["message_id"] == call.result["message_id"]
-        )
+        shown = next(m for m in fake_telegram.bot_messages(90)
+                     if m["message_id"] == call.result["message_id"])
         assert "Idioma: Español" in shown["text"]
         stack.send(90, "/history", language_code="fa")
         assert await stack.reply_text(90, count=2) == "Todavía no tienes trabajos."

@@ -26,13 +26,13 @@ HELP = {
 REFUSAL = {
     "en": "You already have 2 jobs waiting or running; wait for one to finish or cancel one.",
     "ru": "У вас уже 2 задания в очереди или в работе; дождитесь окончания одного или "
-    "отмените одно.",
+          "отмените одно.",
     "fa": f"شما همین حالا {LRI}2{PDI} کار در صف یا در حال اجرا دارید؛ صبر کنید یکی تمام شود "
-    "یا یکی را لغو کنید.",
+          "یا یکی را لغو کنید.",
     "zh": "您已有 2 个任务在排队或运行；请等待完成或取消一个。",
     "ar": "لديك بالفعل مهمتان منتظرتان أو قيد التشغيل؛ انتظر انتهاء إحداهما أو ألغِ واحدة.",
     "tr": "Zaten bekleyen veya çalışan 2 işiniz var; birinin bitmesini bekleyin ya da birini "
-    "iptal edin.",
+          "iptal edin.",
     "es": "Ya tienes 2 trabajos en espera o en curso; espera a que termine uno o cancela uno.",
 }
 QUEUED = {
@@ -52,15 +52,14 @@ async def test_help_a_plural_refusal_and_a_status_in_each_language(
 ) -> None:
     user = 300 + list(HELP).index(language)
     limits = config.LimitsConfig(max_queued=2)
-    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, limits=limits) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False,
+                           limits=limits) as stack:
         stack.send(user, "/help", language_code=language)
         shown = await stack.reply_text(user)
         assert shown.splitlines()[0] == HELP[language]
         if language in ("fa", "ar"):
-            assert (
-                f"{LRI}--steps{PDI}" in shown
-                or f"{LRI}<code>--steps" in shown
-                or (f"{LRI}--steps" in shown)
+            assert f"{LRI}--steps{PDI}" in shown or f"{LRI}<code>--steps" in shown or (
+                f"{LRI}--steps" in shown
             )
         stack.send(user, f"/f a fox {SMALL}", language_code=language)
         status = await fake_telegram.wait_for_call("sendMessage", chat_id=user, count=2)

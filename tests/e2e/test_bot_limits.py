@@ -15,9 +15,8 @@ from tests.integration.worker_support import sent_values
 async def test_allow_list_refuses_strangers_until_an_admin_allows_them(
     fake_telegram: FakeTelegram, fake_comfy, db
 ) -> None:
-    async with running_bot(
-        fake_telegram, db, [fake_comfy], open=False, admins=(1,), allow=(40,)
-    ) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], open=False, admins=(1,),
+                           allow=(40,)) as stack:
         stack.send(41, f"/f a fox {SMALL}")
         assert await stack.reply_text(41) == (
             "This bot is private. Ask its operator to allow your id 41."
@@ -37,7 +36,8 @@ async def test_allow_list_refuses_strangers_until_an_admin_allows_them(
 
 async def test_daily_quota_reached(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
     limits = config.LimitsConfig(daily_quota=1)
-    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits, admins=(1,)) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], limits=limits,
+                           admins=(1,)) as stack:
         stack.send(42, f"/f one {SMALL}")
         await stack.result(42)
         stack.send(42, f"/f two {SMALL}")
@@ -52,7 +52,8 @@ async def test_daily_quota_reached(fake_telegram: FakeTelegram, fake_comfy, db) 
 
 async def test_queue_limit_and_cooldown(fake_telegram: FakeTelegram, fake_comfy, db) -> None:
     limits = config.LimitsConfig(max_queued=1)
-    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, limits=limits) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False,
+                           limits=limits) as stack:
         stack.send(43, f"/f one {SMALL}")
         await fake_telegram.wait_for_call("sendMessage", chat_id=43)
         stack.send(43, f"/f two {SMALL}")
@@ -60,7 +61,8 @@ async def test_queue_limit_and_cooldown(fake_telegram: FakeTelegram, fake_comfy,
         assert text.startswith("You already have 1 job waiting or running")
         assert await stack.queued_count() == 1
     limits = config.LimitsConfig(cooldown=60)
-    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, limits=limits) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False,
+                           limits=limits) as stack:
         stack.send(44, f"/f one {SMALL}")
         await fake_telegram.wait_for_call("sendMessage", chat_id=44)
         stack.send(44, f"/f two {SMALL}")
@@ -72,18 +74,15 @@ async def test_queue_limit_and_cooldown(fake_telegram: FakeTelegram, fake_comfy,
     [
         ("/f", "Write a prompt after /f, for example: /f a red fox."),
         ("/f " + "fox " * 2500, "The prompt is 9999 characters long; the limit is 2000."),
-        (
-            "/f a fox --sampler euler",
-            "/f has no option --sampler. Allowed: --ar, --file, --height, --seed, --steps, "
-            "--width.",
-        ),
+        ("/f a fox --sampler euler",
+         "/f has no option --sampler. Allowed: --ar, --file, --height, --seed, --steps, "
+         "--width."),
         ("/f a fox --steps 50", "Steps must be between 1 and 8 (got 50)."),
-        (
-            "/f a fox --ar 10:1",
-            "The aspect ratio 10:1 is too extreme; use one between 1:4 and 4:1.",
-        ),
+        ("/f a fox --ar 10:1", "The aspect ratio 10:1 is too extreme; use one between 1:4 "
+                               "and 4:1."),
         ("/f a fox --no blurry", "/f has no negative prompt, so --no cannot be used."),
-        ("/qwen make it night --ar 16:9", "/qwen has no width and height, so --ar cannot be used."),
+        ("/qwen make it night --ar 16:9", "/qwen has no width and height, so --ar cannot be "
+                                          "used."),
     ],
 )
 async def test_bad_inputs_get_one_sentence_and_queue_nothing(
@@ -103,7 +102,9 @@ async def test_the_prompt_length_limit_is_exact_and_the_gpu_gets_the_whole_promp
     prompt = ("a fox in deep snow under the northern li" + "ght")[:40]
     async with running_bot(fake_telegram, db, [fake_comfy], limits=limits) as stack:
         stack.send(46, f"/f {prompt}x {SMALL}")
-        assert await stack.reply_text(46) == ("The prompt is 41 characters long; the limit is 40.")
+        assert await stack.reply_text(46) == (
+            "The prompt is 41 characters long; the limit is 40."
+        )
         stack.send(46, f"/f {prompt} {SMALL}")
         await stack.result(46)
     job = (await db.jobs.list_for_user(46, limit=1))[0]
@@ -113,9 +114,8 @@ async def test_the_prompt_length_limit_is_exact_and_the_gpu_gets_the_whole_promp
 async def test_admin_overviews_of_users_and_backends(
     fake_telegram: FakeTelegram, fake_comfy, db
 ) -> None:
-    async with running_bot(
-        fake_telegram, db, [fake_comfy], worker=False, admins=(1,), open=True
-    ) as stack:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, admins=(1,),
+                           open=True) as stack:
         stack.send(45, f"/f a fox {SMALL}")
         await fake_telegram.wait_for_call("sendMessage", chat_id=45)  # queued, no worker
         stack.send(1, "/users")

@@ -29,18 +29,12 @@ async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
         f'[database]\nurl = "{database_url}"\n'
         f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
         f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
-        "[web]\nport = 0\n"
+        '[web]\nport = 0\n'
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "run",
-        "--config",
-        str(conf),
+        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
         env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
@@ -61,17 +55,10 @@ async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
 
 async def test_run_without_a_token_says_where_it_must_come_from(tmp_path: Path) -> None:
     conf = tmp_path / "comfyveil.toml"
-    conf.write_text("[telegram]\nopen = true\n[web]\nenabled = false\n")
+    conf.write_text('[telegram]\nopen = true\n[web]\nenabled = false\n')
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "run",
-        "--config",
-        str(conf),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "comfyveil", "run", "--config", str(conf), env=_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2

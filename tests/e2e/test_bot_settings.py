@@ -23,9 +23,8 @@ async def test_settings_apply_to_the_next_job_and_files_come_uncompressed(
         call = await fake_telegram.wait_for_call("sendMessage", chat_id=70)
         message_id = call.result["message_id"]
         for label in ("16:9", "4", "files"):
-            keyboard = next(
-                m for m in fake_telegram.bot_messages(70) if m["message_id"] == message_id
-            )
+            keyboard = next(m for m in fake_telegram.bot_messages(70)
+                            if m["message_id"] == message_id)
             query = fake_telegram.user_presses(70, message_id, _button(keyboard, label))
             await fake_telegram.wait_for(lambda _, q=query: q in fake_telegram.callback_answers)
         shown = next(m for m in fake_telegram.bot_messages(70) if m["message_id"] == message_id)
@@ -53,11 +52,9 @@ async def test_forget_deletes_everything_after_confirmation(
         ask = await fake_telegram.wait_for_call("sendMessage", chat_id=71, count=2)
         assert "Are you sure?" in ask.result["text"]
         fake_telegram.user_presses(71, ask.result["message_id"], "forget:yes")
-        await fake_telegram.wait_for(
-            lambda _: any(
-                m.get("text", "").startswith("Done: 1 job") for m in fake_telegram.bot_messages(71)
-            )
-        )
+        await fake_telegram.wait_for(lambda _: any(
+            m.get("text", "").startswith("Done: 1 job") for m in fake_telegram.bot_messages(71)
+        ))
         assert await db.jobs.list_for_user(71) == []
         assert await db.users.get(71) is None
         assert await db.sessions.last_outputs(71) is None

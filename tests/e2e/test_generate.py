@@ -27,14 +27,9 @@ async def comfyveil(*args: str, cwd: Path) -> Run:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
     env["COMFYVEIL_DATA_DIR"] = str(cwd / "data")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        *args,
-        cwd=cwd,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "comfyveil", *args,
+        cwd=cwd, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
@@ -61,21 +56,8 @@ async def test_flux_prompt_saves_a_real_image_and_prints_its_path(
 ) -> None:
     out = tmp_path / "out"
     run = await comfyveil(
-        "generate",
-        "f",
-        "an",
-        "astronaut",
-        "--set",
-        "steps=2",
-        "--set",
-        "width=512",
-        "--set",
-        "height=256",
-        "--server",
-        fake_comfy.url,
-        "--out",
-        str(out),
-        cwd=tmp_path,
+        "generate", "f", "an", "astronaut", "--set", "steps=2", "--set", "width=512",
+        "--set", "height=256", "--server", fake_comfy.url, "--out", str(out), cwd=tmp_path,
     )
     assert run.code == 0, run.stderr
     paths = [Path(line) for line in run.stdout.splitlines()]
@@ -95,18 +77,8 @@ async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
     photo = tmp_path / "my holiday photo.png"
     photo.write_bytes(png(96, 64))
     run = await comfyveil(
-        "generate",
-        "qwen",
-        "put a hat on it",
-        "--image",
-        str(photo),
-        "--set",
-        "steps=1",
-        "--server",
-        fake_comfy.url,
-        "--out",
-        str(tmp_path / "out"),
-        cwd=tmp_path,
+        "generate", "qwen", "put a hat on it", "--image", str(photo), "--set", "steps=1",
+        "--server", fake_comfy.url, "--out", str(tmp_path / "out"), cwd=tmp_path,
     )
     assert run.code == 0, run.stderr
     upload, overwrite = fake_comfy.uploads  # the photo, then a 1x1 image in its place
@@ -145,15 +117,8 @@ async def test_usage_errors_exit_2_with_one_plain_line(
 async def test_missing_model_is_named_with_the_backend_and_exits_1(
     fake_comfy_factory, tmp_path: Path
 ) -> None:
-    fake = await fake_comfy_factory(
-        models={
-            "diffusion_models": [],
-            "text_encoders": [],
-            "vae": [],
-            "checkpoints": [],
-            "loras": [],
-        }
-    )
+    fake = await fake_comfy_factory(models={"diffusion_models": [], "text_encoders": [],
+                                            "vae": [], "checkpoints": [], "loras": []})
     run = await comfyveil("generate", "f", "a fox", "--server", fake.url, cwd=tmp_path)
     assert run.code == 1
     line = assert_one_plain_line(run)
@@ -177,18 +142,15 @@ async def test_unreachable_server_exits_1(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        run = await comfyveil(
-            "generate", "f", "a fox", "--server", f"http://127.0.0.1:{port}", cwd=tmp_path
-        )
+        run = await comfyveil("generate", "f", "a fox", "--server",
+                              f"http://127.0.0.1:{port}", cwd=tmp_path)
     assert run.code == 1
     assert "cannot be reached" in assert_one_plain_line(run)
 
 
 def _files(fake: FakeComfyUI) -> dict[str, list[str]]:
-    return {
-        kind: sorted(p.name for p in folder.rglob("*") if p.is_file())
-        for kind, folder in fake.dirs.items()
-    }
+    return {kind: sorted(p.name for p in folder.rglob("*") if p.is_file())
+            for kind, folder in fake.dirs.items()}
 
 
 def _photo_with_exif(path: Path) -> None:
@@ -204,18 +166,8 @@ async def test_generate_leaves_nothing_on_the_gpu_host_and_no_metadata_in_the_fi
     photo = tmp_path / "photo.jpg"
     _photo_with_exif(photo)
     run = await comfyveil(
-        "generate",
-        "qwen",
-        "put a hat on it",
-        "--image",
-        str(photo),
-        "--set",
-        "steps=1",
-        "--server",
-        fake_comfy.url,
-        "--out",
-        str(tmp_path / "out"),
-        cwd=tmp_path,
+        "generate", "qwen", "put a hat on it", "--image", str(photo), "--set", "steps=1",
+        "--server", fake_comfy.url, "--out", str(tmp_path / "out"), cwd=tmp_path,
     )
     assert run.code == 0, run.stderr
     assert fake_comfy.history_entries == {}
@@ -238,21 +190,9 @@ async def test_generate_keep_metadata_keeps_the_prompt_in_the_file(
     fake_comfy: FakeComfyUI, tmp_path: Path
 ) -> None:
     run = await comfyveil(
-        "generate",
-        "f",
-        "a red fox",
-        "--set",
-        "steps=1",
-        "--set",
-        "width=256",
-        "--set",
-        "height=256",
-        "--keep-metadata",
-        "--server",
-        fake_comfy.url,
-        "--out",
-        str(tmp_path / "out"),
-        cwd=tmp_path,
+        "generate", "f", "a red fox", "--set", "steps=1", "--set", "width=256",
+        "--set", "height=256", "--keep-metadata", "--server", fake_comfy.url,
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
     )
     assert run.code == 0, run.stderr
     with Image.open(Path(run.stdout.strip())) as image:
@@ -268,21 +208,12 @@ async def test_generate_with_no_trace_off_leaves_the_job_where_comfyui_puts_it(
     fake_comfy: FakeComfyUI, tmp_path: Path
 ) -> None:
     config = tmp_path / "comfyveil.toml"
-    config.write_text(f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nno_trace = false\n')
+    config.write_text(
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nno_trace = false\n'
+    )
     run = await comfyveil(
-        "generate",
-        "f",
-        "a red fox",
-        "--set",
-        "steps=1",
-        "--set",
-        "width=256",
-        "--set",
-        "height=256",
-        "--config",
-        str(config),
-        "--out",
-        str(tmp_path / "out"),
+        "generate", "f", "a red fox", "--set", "steps=1", "--set", "width=256",
+        "--set", "height=256", "--config", str(config), "--out", str(tmp_path / "out"),
         cwd=tmp_path,
     )
     assert run.code == 0, run.stderr

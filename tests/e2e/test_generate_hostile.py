@@ -52,14 +52,12 @@ FILE_CASES = {"endless view", "trickling view", "huge ws text", "20000 outputs"}
 EXPECTED = {
     "endless view": (1, "backend gpu0 sent a file larger than 64 MiB"),
     "trickling view": (
-        1,
-        f"backend gpu0 was too slow sending the results; the job was stopped after {DEADLINE} s",
+        1, f"backend gpu0 was too slow sending the results; the job was stopped after {DEADLINE} s"
     ),
     "huge ws text": (0, None),  # the socket closes, the job is followed by polling and ends
     # ... and with no trace the image was to come over that socket: the job fails, plainly.
     "huge ws text, no trace": (
-        1,
-        "the images of the job on backend gpu0 were lost on the way back",
+        1, "the images of the job on backend gpu0 were lost on the way back"
     ),
     "20000 outputs": (1, "backend gpu0 listed 20000 files for one job, more than the 64 allowed"),
     "stalled upload": (1, "backend gpu0 stopped answering during the upload"),
@@ -76,16 +74,8 @@ async def measured(*args: str, cwd: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
     env["COMFYVEIL_DATA_DIR"] = str(cwd / "data")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        WRAPPER,
-        sys.executable,
-        "-m",
-        "comfyveil",
-        *args,
-        cwd=cwd,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-c", WRAPPER, sys.executable, "-m", "comfyveil", *args,
+        cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
     return json.loads(out)
@@ -111,18 +101,8 @@ async def test_a_tampering_backend_ends_the_job_in_time_and_in_bounded_memory(
         else:
             run_args = ["f", "a fox", "--set", "width=256", "--set", "height=256"]
         run = await measured(
-            "generate",
-            *run_args,
-            "--set",
-            "steps=1",
-            "--server",
-            fake.url,
-            "--timeout",
-            str(DEADLINE),
-            "--config",
-            "comfyveil.toml",
-            "--out",
-            "out",
+            "generate", *run_args, "--set", "steps=1", "--server", fake.url,
+            "--timeout", str(DEADLINE), "--config", "comfyveil.toml", "--out", "out",
             cwd=tmp_path,
         )
     finally:

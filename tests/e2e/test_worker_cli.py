@@ -43,14 +43,8 @@ def write_config(
 async def cli(*args: str, cwd: Path) -> asyncio.subprocess.Process:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        *args,
-        cwd=cwd,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "comfyveil", *args, cwd=cwd, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
 
 
@@ -69,9 +63,8 @@ async def test_worker_killed_with_sigkill_mid_job_loses_nothing_and_pays_once(
     # trace its images would have gone to the dead worker (the next test covers that case).
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], no_trace=False)
     first_out = tmp_path / "first"
-    proc = await cli(
-        "worker", "--config", str(cfg), "--id", "doomed", "--out", str(first_out), cwd=tmp_path
-    )
+    proc = await cli("worker", "--config", str(cfg), "--id", "doomed", "--out", str(first_out),
+                     cwd=tmp_path)
     try:
         job = await enqueue(db, steps=8)
 
@@ -152,21 +145,8 @@ async def test_submit_wait_prints_saved_paths_and_jobs_shows_it(
     out = tmp_path / "out"
     async with running_worker(db, [fake.url]):
         code, stdout, stderr = await run_cli(
-            "submit",
-            "f",
-            "a",
-            "lighthouse",
-            "--set",
-            "steps=2",
-            "--set",
-            "width=256",
-            "--set",
-            "height=256",
-            "--wait",
-            "--out",
-            str(out),
-            "--config",
-            str(cfg),
+            "submit", "f", "a", "lighthouse", "--set", "steps=2", "--set", "width=256",
+            "--set", "height=256", "--wait", "--out", str(out), "--config", str(cfg),
             cwd=tmp_path,
         )
     assert code == 0, stderr
@@ -188,16 +168,8 @@ async def test_jobs_cancel_a_queued_job_from_the_command_line(
     fake = await fake_comfy_factory()
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
     code, stdout, stderr = await run_cli(
-        "submit",
-        "f",
-        "a cat",
-        "--set",
-        "width=256",
-        "--set",
-        "height=256",
-        "--config",
-        str(cfg),
-        cwd=tmp_path,
+        "submit", "f", "a cat", "--set", "width=256", "--set", "height=256",
+        "--config", str(cfg), cwd=tmp_path,
     )
     assert code == 0, stderr
     job_id = stdout.strip()
@@ -205,7 +177,8 @@ async def test_jobs_cancel_a_queued_job_from_the_command_line(
     assert code == 0 and "cancelled" in stdout
     job = await db.jobs.get(__import__("uuid").UUID(job_id))
     assert job is not None and job.status is jobs.Status.CANCELLED
-    code, _, stderr = await run_cli("jobs", "show", "not-an-id", "--config", str(cfg), cwd=tmp_path)
+    code, _, stderr = await run_cli("jobs", "show", "not-an-id", "--config", str(cfg),
+                                    cwd=tmp_path)
     assert code == 2 and "is not a job id" in stderr and "Traceback" not in stderr
 
 
@@ -237,7 +210,8 @@ async def test_jobs_list_all_shows_chat_users_jobs_too(
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
     code, mine, _ = await run_cli("jobs", "list", "--config", str(cfg), cwd=tmp_path)
     assert code == 0 and str(chat_job.id) not in mine  # the default is the CLI's own jobs
-    code, everyone, _ = await run_cli("jobs", "list", "--all", "--config", str(cfg), cwd=tmp_path)
+    code, everyone, _ = await run_cli("jobs", "list", "--all", "--config", str(cfg),
+                                      cwd=tmp_path)
     assert code == 0 and str(chat_job.id) in everyone and "queued" in everyone
 
 
@@ -260,11 +234,8 @@ def _own_workflow(folder: Path, name: str, command: str, prefix: str) -> Path:
 
 def _prefixes(fake: Any, prompt_id: str) -> set[str]:
     graph = next(p["prompt"] for p in fake.prompts if p["prompt_id"] == prompt_id)
-    return {
-        str(node["inputs"]["filename_prefix"])
-        for node in graph.values()
-        if "filename_prefix" in node.get("inputs", {})
-    }
+    return {str(node["inputs"]["filename_prefix"]) for node in graph.values()
+            if "filename_prefix" in node.get("inputs", {})}
 
 
 async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
@@ -281,13 +252,11 @@ async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
     _own_workflow(submitter / "flows", "mine", "mine", "mine/m")  # run as flows/mine.toml
     size = ["--set", "steps=2", "--set", "width=256", "--set", "height=256"]
     code, stdout, stderr = await run_cli(
-        "submit", str(variant), "a", "lighthouse", *size, "--config", str(cfg), cwd=submitter
-    )
+        "submit", str(variant), "a", "lighthouse", *size, "--config", str(cfg), cwd=submitter)
     assert code == 0, stderr
     variant_id = stdout.strip()
     code, stdout, stderr = await run_cli(
-        "submit", "flows/mine.toml", "a", "fox", *size, "--config", str(cfg), cwd=submitter
-    )
+        "submit", "flows/mine.toml", "a", "fox", *size, "--config", str(cfg), cwd=submitter)
     assert code == 0, stderr
     mine_id = stdout.strip()
     for path in (submitter / "flows").iterdir():
@@ -311,13 +280,10 @@ async def test_submit_a_path_that_is_not_a_workflow_is_refused(
 ) -> None:
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
     (tmp_path / "broken.toml").write_text('command = "broken"\n')  # no broken.json beside it
-    for path, message in (
-        ("missing.toml", "cannot read workflow file missing.toml"),
-        ("broken.toml", "cannot read"),
-    ):
-        code, stdout, stderr = await run_cli(
-            "submit", path, "a cat", "--config", str(cfg), cwd=tmp_path
-        )
+    for path, message in (("missing.toml", "cannot read workflow file missing.toml"),
+                          ("broken.toml", "cannot read")):
+        code, stdout, stderr = await run_cli("submit", path, "a cat", "--config", str(cfg),
+                                             cwd=tmp_path)
         assert code == 2, stderr
         assert message in stderr and "Traceback" not in stderr and stdout == ""
     assert await db.jobs.list_for_user(0) == []

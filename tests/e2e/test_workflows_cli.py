@@ -62,13 +62,8 @@ async def test_check_names_what_a_backend_lacks(
     tmp_path: Path, database_url: str, fake_comfy_factory
 ) -> None:
     bare: FakeComfyUI = await fake_comfy_factory(
-        models={
-            "diffusion_models": ["flux1-schnell.safetensors"],
-            "text_encoders": [],
-            "vae": [],
-            "checkpoints": [],
-            "loras": [],
-        }
+        models={"diffusion_models": ["flux1-schnell.safetensors"], "text_encoders": [],
+                "vae": [], "checkpoints": [], "loras": []}
     )
     run = await cli(tmp_path, database_url, "check", "--server", bare.url)
     assert run.code == 1

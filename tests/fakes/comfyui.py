@@ -62,31 +62,14 @@ MODEL_INPUTS = {
 }
 
 MODEL_FOLDERS = [  # GET /models of 0.3.64, in its order
-    "checkpoints",
-    "configs",
-    "loras",
-    "vae",
-    "text_encoders",
-    "diffusion_models",
-    "clip_vision",
-    "style_models",
-    "embeddings",
-    "diffusers",
-    "vae_approx",
-    "controlnet",
-    "gligen",
-    "upscale_models",
-    "custom_nodes",
-    "hypernetworks",
-    "photomaker",
-    "classifiers",
-    "model_patches",
-    "audio_encoders",
+    "checkpoints", "configs", "loras", "vae", "text_encoders", "diffusion_models",
+    "clip_vision", "style_models", "embeddings", "diffusers", "vae_approx", "controlnet",
+    "gligen", "upscale_models", "custom_nodes", "hypernetworks", "photomaker", "classifiers",
+    "model_patches", "audio_encoders",
 ]
 
 # Classes whose IS_CHANGED returns the time: the real server never reuses their output.
 NEVER_CACHED = frozenset({"SaveImageWebsocket"})
-
 
 # ImageInvert as 0.3.64 computes it: x/255 in float32, 1 - x, 255 * x, truncated to uint8
 # (one less than 255 - v for many v). Pure-Python float32 rounding via struct.
@@ -94,26 +77,24 @@ def _f32(x: float) -> float:
     return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
-_INVERT_LUT = [min(255, max(0, int(_f32(255.0 * _f32(1.0 - _f32(v / 255.0)))))) for v in range(256)]
+_INVERT_LUT = [
+    min(255, max(0, int(_f32(255.0 * _f32(1.0 - _f32(v / 255.0)))))) for v in range(256)
+]
 
 # What models=None "has": every file the shipped workflows name (notes §11).
 DEFAULT_MODELS: dict[str, list[str]] = {
     "checkpoints": [
-        "sd3.5_large_fp8_scaled.safetensors",
-        "flux1-dev-fp8.safetensors",
+        "sd3.5_large_fp8_scaled.safetensors", "flux1-dev-fp8.safetensors",
         "flux1-schnell-fp8.safetensors",
     ],
     "diffusion_models": [
-        "flux1-schnell.safetensors",
-        "flux1-dev.safetensors",
+        "flux1-schnell.safetensors", "flux1-dev.safetensors",
         "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
         "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
         "qwen_image_edit_2509_fp8_e4m3fn.safetensors",
     ],
     "text_encoders": [
-        "clip_l.safetensors",
-        "t5xxl_fp16.safetensors",
-        "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+        "clip_l.safetensors", "t5xxl_fp16.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
         "qwen_2.5_vl_7b_fp8_scaled.safetensors",
     ],
     "vae": ["ae.safetensors", "wan_2.1_vae.safetensors", "qwen_image_vae.safetensors"],
@@ -284,9 +265,8 @@ class FakeComfyUI:
         # Like the real server: aiohttp's client_max_size counts the bytes of every request
         # body as they are read (a chunked body has no Content-Length to trust) and answers
         # 413 "Maximum request body size N exceeded." past it.
-        app = web.Application(
-            middlewares=[self._middleware], client_max_size=int(self.max_upload_size)
-        )
+        app = web.Application(middlewares=[self._middleware],
+                              client_max_size=int(self.max_upload_size))
         for prefix in ("", "/api"):
             self._routes(app, prefix)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -408,9 +388,8 @@ class FakeComfyUI:
         if request.transport is not None:
             self._transports.add(request.transport)
         self.requests.append(
-            RecordedRequest(
-                request.method, request.path, dict(request.query), dict(request.headers)
-            )
+            RecordedRequest(request.method, request.path, dict(request.query),
+                            dict(request.headers))
         )
         if request.method == "OPTIONS":
             return web.Response(status=200)
@@ -487,20 +466,16 @@ class FakeComfyUI:
 
     async def _send(self, event: str, data: dict[str, Any], sid: str | None) -> None:
         message = json.dumps({"type": event, "data": data})
-        targets = (
-            list(self.sockets.values())
-            if sid is None
-            else ([self.sockets[sid]] if sid in self.sockets else [])
+        targets = list(self.sockets.values()) if sid is None else (
+            [self.sockets[sid]] if sid in self.sockets else []
         )
         for ws in targets:
             with contextlib.suppress(Exception):
                 await ws.send_str(message)
 
     async def _send_bytes(self, frame: bytes, sid: str | None) -> None:
-        targets = (
-            list(self.sockets.values())
-            if sid is None
-            else ([self.sockets[sid]] if sid in self.sockets else [])
+        targets = list(self.sockets.values()) if sid is None else (
+            [self.sockets[sid]] if sid in self.sockets else []
         )
         for ws in targets:
             with contextlib.suppress(Exception):
@@ -524,34 +499,21 @@ class FakeComfyUI:
         return _json(self._feature_data())
 
     async def _system_stats(self, _request: web.Request) -> web.Response:
-        return _json(
-            {
-                "system": {
-                    "os": "posix",
-                    "ram_total": 25276502016,
-                    "ram_free": 24193929216,
-                    "comfyui_version": "0.3.64",
-                    "required_frontend_version": "1.27.10",
-                    "installed_templates_version": "0.1.95",
-                    "required_templates_version": "0.1.95",
-                    "python_version": "3.11.7 (main) [GCC 12.2.0]",
-                    "pytorch_version": "2.13.0+cpu",
-                    "embedded_python": False,
-                    "argv": ["main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port)],
-                },
-                "devices": [
-                    {
-                        "name": "cpu",
-                        "type": "cpu",
-                        "index": None,
-                        "vram_total": 25276502016,
-                        "vram_free": 24193929216,
-                        "torch_vram_total": 25276502016,
-                        "torch_vram_free": 24193929216,
-                    }
-                ],
-            }
-        )
+        return _json({
+            "system": {
+                "os": "posix", "ram_total": 25276502016, "ram_free": 24193929216,
+                "comfyui_version": "0.3.64", "required_frontend_version": "1.27.10",
+                "installed_templates_version": "0.1.95", "required_templates_version": "0.1.95",
+                "python_version": "3.11.7 (main) [GCC 12.2.0]", "pytorch_version": "2.13.0+cpu",
+                "embedded_python": False,
+                "argv": ["main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port)],
+            },
+            "devices": [{
+                "name": "cpu", "type": "cpu", "index": None, "vram_total": 25276502016,
+                "vram_free": 24193929216, "torch_vram_total": 25276502016,
+                "torch_vram_free": 24193929216,
+            }],
+        })
 
     async def _embeddings(self, _request: web.Request) -> web.Response:
         return _json([])
@@ -593,10 +555,9 @@ class FakeComfyUI:
         """LoadImage's list: image files directly in input/ (no subfolders), sorted."""
         base = self.dirs["input"]
         return sorted(
-            p.name
-            for p in base.iterdir()
-            if p.is_file()
-            and (mimetypes.guess_type(p.name, strict=False)[0] or "").startswith("image/")
+            p.name for p in base.iterdir()
+            if p.is_file() and (mimetypes.guess_type(p.name, strict=False)[0] or "")
+            .startswith("image/")
         )
 
     def _refresh_load_image(self) -> None:
@@ -629,12 +590,8 @@ class FakeComfyUI:
             if "prompt" in body:
                 return _server_error()
             self.number += 1
-            error = {
-                "type": "no_prompt",
-                "message": "No prompt provided",
-                "details": "No prompt provided",
-                "extra_info": {},
-            }
+            error = {"type": "no_prompt", "message": "No prompt provided",
+                     "details": "No prompt provided", "extra_info": {}}
             return _json({"error": error, "node_errors": {}}, status=400)
         if not isinstance(body, dict):
             return _server_error()
@@ -644,12 +601,8 @@ class FakeComfyUI:
             number = -self.number if body.get("front") else self.number
             self.number += 1
         if "prompt" not in body:
-            error = {
-                "type": "no_prompt",
-                "message": "No prompt provided",
-                "details": "No prompt provided",
-                "extra_info": {},
-            }
+            error = {"type": "no_prompt", "message": "No prompt provided",
+                     "details": "No prompt provided", "extra_info": {}}
             return _json({"error": error, "node_errors": {}}, status=400)
         prompt = body["prompt"]
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
@@ -666,27 +619,18 @@ class FakeComfyUI:
             return _json({"error": error, "node_errors": node_errors}, status=400)
         for key in SENSITIVE_EXTRA_DATA_KEYS:
             extra.pop(key, None)
-        self.prompts.append(
-            {
-                "prompt_id": prompt_id,
-                "number": number,
-                "prompt": prompt,
-                "extra_data": extra,
-                "outputs": outputs,
-            }
-        )
+        self.prompts.append({"prompt_id": prompt_id, "number": number, "prompt": prompt,
+                             "extra_data": extra, "outputs": outputs})
         heapq.heappush(self.pending, _Job(number, prompt_id, prompt, extra, outputs))
         self._wakeup.set()
         await self._broadcast_status()
         return _json({"prompt_id": prompt_id, "number": number, "node_errors": node_errors})
 
     async def _get_queue(self, _request: web.Request) -> web.Response:
-        return _json(
-            {
-                "queue_running": [self.running.item()] if self.running else [],
-                "queue_pending": [job.item() for job in self.pending],
-            }
-        )
+        return _json({
+            "queue_running": [self.running.item()] if self.running else [],
+            "queue_pending": [job.item() for job in self.pending],
+        })
 
     async def _post_queue(self, request: web.Request) -> web.Response:
         try:
@@ -777,8 +721,7 @@ class FakeComfyUI:
         if preview or channel:
             data, content_type = await asyncio.to_thread(_recode, data, preview, channel)
         return web.Response(
-            body=data,
-            content_type=content_type,
+            body=data, content_type=content_type,
             headers={"Content-Disposition": f'filename="{path.name}"'},
         )
 
@@ -821,17 +764,9 @@ class FakeComfyUI:
         if not duplicate:
             path.write_bytes(data)
         # Tests look at what was sent after the file itself is gone (overwritten).
-        self.uploads.append(
-            {
-                "name": name,
-                "subfolder": subfolder,
-                "type": kind,
-                "size": len(data),
-                "duplicate": duplicate,
-                "overwrite": overwrite,
-                "data": data,
-            }
-        )
+        self.uploads.append({"name": name, "subfolder": subfolder, "type": kind,
+                             "size": len(data), "duplicate": duplicate,
+                             "overwrite": overwrite, "data": data})
         return _json({"name": name, "subfolder": subfolder, "type": kind})
 
     # --- validation (execution.validate_prompt of 0.3.64) -----------------------------
@@ -840,30 +775,22 @@ class FakeComfyUI:
         self, prompt: Any, targets: list[str] | None
     ) -> tuple[bool, dict[str, Any] | None, list[str], dict[str, Any]]:
         def invalid(kind: str, message: str, details: str) -> _Validation:
-            return (
-                False,
-                {"type": kind, "message": message, "details": details, "extra_info": {}},
-                [],
-                {},
-            )
+            return False, {"type": kind, "message": message, "details": details,
+                           "extra_info": {}}, [], {}
 
         if not isinstance(prompt, dict):
             return invalid("invalid_prompt", "Cannot execute: the prompt is not an object.", "")
         outputs: list[str] = []
         for node_id, node in prompt.items():
             if not isinstance(node, dict) or "class_type" not in node:
-                return invalid(
-                    "invalid_prompt",
-                    "Cannot execute because a node is missing the class_type property.",
-                    f"Node ID '#{node_id}'",
-                )
+                return invalid("invalid_prompt",
+                               "Cannot execute because a node is missing the class_type property.",
+                               f"Node ID '#{node_id}'")
             class_type = node["class_type"]
             if class_type not in self._node_defs:
-                return invalid(
-                    "invalid_prompt",
-                    f"Cannot execute because node {class_type} does not exist.",
-                    f"Node ID '#{node_id}'",
-                )
+                return invalid("invalid_prompt",
+                               f"Cannot execute because node {class_type} does not exist.",
+                               f"Node ID '#{node_id}'")
             if self._node_defs[class_type].get("output_node") and (
                 targets is None or node_id in targets
             ):
@@ -879,17 +806,10 @@ class FakeComfyUI:
                 ok, reasons = self._validate_node(prompt, out, validated)
             except Exception as exc:
                 ok = False
-                reasons = [
-                    {
-                        "type": "exception_during_validation",
-                        "message": "Exception when validating node",
-                        "details": str(exc),
-                        "extra_info": {
-                            "exception_type": type(exc).__name__,
-                            "traceback": ["(fake traceback)\n"],
-                        },
-                    }
-                ]
+                reasons = [{"type": "exception_during_validation",
+                            "message": "Exception when validating node", "details": str(exc),
+                            "extra_info": {"exception_type": type(exc).__name__,
+                                           "traceback": ["(fake traceback)\n"]}}]
                 validated[out] = (False, reasons)
             if ok:
                 good.append(out)
@@ -897,30 +817,21 @@ class FakeComfyUI:
             failed.append((out, reasons))
             for node_id, (valid, node_reasons) in validated.items():
                 if not valid and node_reasons:
-                    entry = node_errors.setdefault(
-                        node_id,
-                        {
-                            "errors": node_reasons,
-                            "dependent_outputs": [],
-                            "class_type": prompt[node_id]["class_type"],
-                        },
-                    )
+                    entry = node_errors.setdefault(node_id, {
+                        "errors": node_reasons, "dependent_outputs": [],
+                        "class_type": prompt[node_id]["class_type"],
+                    })
                     entry["dependent_outputs"].append(out)
         if not good:
             details = "\n".join(f"{e['message']}: {e['details']}" for _o, rs in failed for e in rs)
-            error = {
-                "type": "prompt_outputs_failed_validation",
-                "message": "Prompt outputs failed validation",
-                "details": details,
-                "extra_info": {},
-            }
+            error = {"type": "prompt_outputs_failed_validation",
+                     "message": "Prompt outputs failed validation", "details": details,
+                     "extra_info": {}}
             return False, error, [], node_errors
         return True, None, good, node_errors
 
     def _validate_node(
-        self,
-        prompt: dict[str, Any],
-        node_id: str,
+        self, prompt: dict[str, Any], node_id: str,
         validated: dict[str, tuple[bool, list[dict[str, Any]]]],
     ) -> tuple[bool, list[dict[str, Any]]]:
         if node_id in validated:
@@ -933,14 +844,9 @@ class FakeComfyUI:
         for name, spec, category in _input_specs(definition):
             if name not in inputs:
                 if category == "required":
-                    errors.append(
-                        {
-                            "type": "required_input_missing",
-                            "message": "Required input is missing",
-                            "details": name,
-                            "extra_info": {"input_name": name},
-                        }
-                    )
+                    errors.append({"type": "required_input_missing",
+                                   "message": "Required input is missing", "details": name,
+                                   "extra_info": {"input_name": name}})
                     valid = False
                 continue
             value = inputs[name]
@@ -949,19 +855,12 @@ class FakeComfyUI:
             config = spec[1] if has_config else {}
             if isinstance(value, list):
                 if len(value) != 2:
-                    errors.append(
-                        {
-                            "type": "bad_linked_input",
-                            "message": "Bad linked input, must be a length-2 list of "
-                            "[node_id, slot_index]",
-                            "details": name,
-                            "extra_info": {
-                                "input_name": name,
-                                "input_config": spec,
-                                "received_value": value,
-                            },
-                        }
-                    )
+                    errors.append({"type": "bad_linked_input",
+                                   "message": "Bad linked input, must be a length-2 list of "
+                                   "[node_id, slot_index]",
+                                   "details": name, "extra_info": {"input_name": name,
+                                                                   "input_config": spec,
+                                                                   "received_value": value}})
                     valid = False
                     continue
                 source_id = str(value[0])
@@ -971,19 +870,11 @@ class FakeComfyUI:
                 if not _types_match(received, input_type):
                     wanted = _type_name(input_type)
                     details = f"{name}, received_type({received}) mismatch input_type({wanted})"
-                    errors.append(
-                        {
-                            "type": "return_type_mismatch",
-                            "message": "Return type mismatch between linked nodes",
-                            "details": details,
-                            "extra_info": {
-                                "input_name": name,
-                                "input_config": spec,
-                                "received_type": received,
-                                "linked_node": value,
-                            },
-                        }
-                    )
+                    errors.append({"type": "return_type_mismatch",
+                                   "message": "Return type mismatch between linked nodes",
+                                   "details": details,
+                                   "extra_info": {"input_name": name, "input_config": spec,
+                                                  "received_type": received, "linked_node": value}})
                     valid = False
                     continue
                 source_ok, _ = self._validate_node(prompt, source_id, validated)
@@ -991,9 +882,8 @@ class FakeComfyUI:
                     valid = False
                 continue
             converted: dict[str, Any] = {}
-            error = self._check_value(
-                node["class_type"], name, value, input_type, config, spec, converted
-            )
+            error = self._check_value(node["class_type"], name, value, input_type, config, spec,
+                                      converted)
             if isinstance(node.get("inputs"), dict):
                 node["inputs"].update(converted)
             if error is not None:
@@ -1003,14 +893,8 @@ class FakeComfyUI:
         return valid, errors
 
     def _check_value(
-        self,
-        class_type: str,
-        name: str,
-        value: Any,
-        input_type: Any,
-        config: dict[str, Any],
-        spec: Any,
-        converted: dict[str, Any] | None = None,
+        self, class_type: str, name: str, value: Any, input_type: Any,
+        config: dict[str, Any], spec: Any, converted: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         if converted is None:
             converted = {}
@@ -1018,12 +902,10 @@ class FakeComfyUI:
         if class_type == "LoadImage" and name == "image":
             path = _annotated(self.dirs, str(value), "input")
             if path is None or not path.is_file():
-                return {
-                    "type": "custom_validation_failed",
-                    "message": "Custom validation failed for node",
-                    "details": f"{name} - Invalid image file: {value}",
-                    "extra_info": {"input_name": name},
-                }
+                return {"type": "custom_validation_failed",
+                        "message": "Custom validation failed for node",
+                        "details": f"{name} - Invalid image file: {value}",
+                        "extra_info": {"input_name": name}}
             return None
         converters = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
         if isinstance(input_type, str) and input_type in converters:
@@ -1032,27 +914,19 @@ class FakeComfyUI:
                 converted[name] = value  # the real one writes it back into the prompt
                 base = {**base, "received_value": value}
             except (TypeError, ValueError, OverflowError) as exc:
-                return {
-                    "type": "invalid_input_type",
-                    "message": f"Failed to convert an input value to a {input_type} value",
-                    "details": f"{name}, {value}, {exc}",
-                    "extra_info": {**base, "exception_message": str(exc)},
-                }
+                return {"type": "invalid_input_type",
+                        "message": f"Failed to convert an input value to a {input_type} value",
+                        "details": f"{name}, {value}, {exc}",
+                        "extra_info": {**base, "exception_message": str(exc)}}
             if input_type in ("INT", "FLOAT"):
                 if "min" in config and value < config["min"]:
-                    return {
-                        "type": "value_smaller_than_min",
-                        "message": f"Value {value} smaller than min of {config['min']}",
-                        "details": name,
-                        "extra_info": base,
-                    }
+                    return {"type": "value_smaller_than_min",
+                            "message": f"Value {value} smaller than min of {config['min']}",
+                            "details": name, "extra_info": base}
                 if "max" in config and value > config["max"]:
-                    return {
-                        "type": "value_bigger_than_max",
-                        "message": f"Value {value} bigger than max of {config['max']}",
-                        "details": name,
-                        "extra_info": base,
-                    }
+                    return {"type": "value_bigger_than_max",
+                            "message": f"Value {value} bigger than max of {config['max']}",
+                            "details": name, "extra_info": base}
             return None
         options: list[Any] | None = None
         if isinstance(input_type, list):
@@ -1069,12 +943,9 @@ class FakeComfyUI:
             list_info, shown = f"(list of length {len(options)})", None
         else:
             list_info, shown = str(options), spec
-        return {
-            "type": "value_not_in_list",
-            "message": "Value not in list",
-            "details": f"{name}: '{value}' not in {list_info}",
-            "extra_info": {"input_name": name, "input_config": shown, "received_value": value},
-        }
+        return {"type": "value_not_in_list", "message": "Value not in list",
+                "details": f"{name}: '{value}' not in {list_info}",
+                "extra_info": {"input_name": name, "input_config": shown, "received_value": value}}
 
     # --- execution ----------------------------------------------------------------------
 
@@ -1114,9 +985,8 @@ class FakeComfyUI:
         memo: dict[str, str] = {}
         signatures = {n: self._signature(job.prompt, n, memo) for n in order}
         cached = [n for n in order if self.cache_enabled and signatures[n] in self._cache]
-        await send(
-            "execution_cached", {"nodes": cached, "prompt_id": pid, "timestamp": _now_ms()}, True
-        )
+        await send("execution_cached",
+                   {"nodes": cached, "prompt_id": pid, "timestamp": _now_ms()}, True)
         values: dict[str, list[Any]] = {}
         ui_outputs: dict[str, Any] = {}
         progress: dict[str, dict[str, Any]] = {}
@@ -1124,16 +994,9 @@ class FakeComfyUI:
         status = "success"
 
         def state(node_id: str, value: float, maximum: float, st: str) -> dict[str, Any]:
-            return {
-                "value": value,
-                "max": maximum,
-                "state": st,
-                "node_id": node_id,
-                "prompt_id": pid,
-                "display_node_id": node_id,
-                "parent_node_id": None,
-                "real_node_id": node_id,
-            }
+            return {"value": value, "max": maximum, "state": st, "node_id": node_id,
+                    "prompt_id": pid, "display_node_id": node_id, "parent_node_id": None,
+                    "real_node_id": node_id}
 
         async def send_progress_state() -> None:
             # sent to the job's socket, or to every socket when it has no client_id
@@ -1150,30 +1013,20 @@ class FakeComfyUI:
                     values[node_id] = outs  # not "executed": the real list leaves it out
                     if ui is not None:
                         ui_outputs[node_id] = ui
-                        await send(
-                            "executed",
-                            {
-                                "node": node_id,
-                                "display_node": node_id,
-                                "output": ui,
-                                "prompt_id": pid,
-                            },
-                        )
+                        await send("executed", {"node": node_id, "display_node": node_id,
+                                                "output": ui, "prompt_id": pid})
                         progress[node_id] = state(node_id, 1, 1, "finished")
                         await send_progress_state()
                     continue
                 progress[node_id] = state(node_id, 0.0, 1.0, "running")
                 await send_progress_state()
                 self._last_node = node_id
-                await send(
-                    "executing", {"node": node_id, "display_node": node_id, "prompt_id": pid}
-                )
+                await send("executing", {"node": node_id, "display_node": node_id,
+                                         "prompt_id": pid})
                 if self._interrupt:
                     raise _Interrupted
-                inputs = {
-                    k: (values[str(v[0])][int(v[1])] if _is_link(v) else v)
-                    for k, v in (node.get("inputs") or {}).items()
-                }
+                inputs = {k: (values[str(v[0])][int(v[1])] if _is_link(v) else v)
+                          for k, v in (node.get("inputs") or {}).items()}
                 ctx = _NodeContext(self, job, node_id, sid, progress, state)
                 outs, ui = await self._execute_node(class_type, inputs, ctx)
                 values[node_id] = outs
@@ -1182,10 +1035,8 @@ class FakeComfyUI:
                     self._cache[signatures[node_id]] = (outs, ui)
                 if ui is not None:
                     ui_outputs[node_id] = ui
-                    await send(
-                        "executed",
-                        {"node": node_id, "display_node": node_id, "output": ui, "prompt_id": pid},
-                    )
+                    await send("executed", {"node": node_id, "display_node": node_id,
+                                            "output": ui, "prompt_id": pid})
                 # the bar ends full at its own max (2/2 after two ticks), 1/1 otherwise
                 top = float(progress[node_id]["max"])
                 progress[node_id] = state(node_id, top, top, "finished")
@@ -1194,13 +1045,8 @@ class FakeComfyUI:
         except _Interrupted:
             status = "error"
             node = job.prompt[current]
-            data = {
-                "prompt_id": pid,
-                "node_id": current,
-                "node_type": node["class_type"],
-                "executed": list(set(executed)),
-                "timestamp": _now_ms(),
-            }
+            data = {"prompt_id": pid, "node_id": current, "node_type": node["class_type"],
+                    "executed": list(set(executed)), "timestamp": _now_ms()}
             messages.append(["execution_interrupted", data])
             # broadcast when the job has no client (the real server does the same)
             await self._send("execution_interrupted", data, sid)
@@ -1208,23 +1054,14 @@ class FakeComfyUI:
         except _NodeFailed as failure:
             status = "error"
             node = job.prompt[current]
-            data = {
-                "prompt_id": pid,
-                "node_id": current,
-                "node_type": node["class_type"],
-                "executed": list(set(executed)),
-                "exception_message": str(failure),
-                "exception_type": failure.exception_type,
-                "traceback": [
-                    '  File "execution.py", line 496, in execute\n',
-                    f"    raise {failure.exception_type}(...)\n",
-                ],
-                "current_inputs": {
-                    k: [repr(v)[:200]] for k, v in (node.get("inputs") or {}).items()
-                },
-                "current_outputs": list(executed),
-                "timestamp": _now_ms(),
-            }
+            data = {"prompt_id": pid, "node_id": current, "node_type": node["class_type"],
+                    "executed": list(set(executed)), "exception_message": str(failure),
+                    "exception_type": failure.exception_type,
+                    "traceback": ['  File "execution.py", line 496, in execute\n',
+                                  f"    raise {failure.exception_type}(...)\n"],
+                    "current_inputs": {k: [repr(v)[:200]] for k, v in
+                                       (node.get("inputs") or {}).items()},
+                    "current_outputs": list(executed), "timestamp": _now_ms()}
             await send("execution_error", data, True)
             ui_outputs = {}
         if self.cache_enabled:
@@ -1233,15 +1070,10 @@ class FakeComfyUI:
         self.history_entries[pid] = {
             "prompt": job.item(),
             "outputs": ui_outputs,
-            "status": {
-                "status_str": status,
-                "completed": status == "success",
-                "messages": messages,
-            },
-            "meta": {
-                n: {"node_id": n, "display_node": n, "parent_node": None, "real_node_id": n}
-                for n in ui_outputs
-            },
+            "status": {"status_str": status, "completed": status == "success",
+                       "messages": messages},
+            "meta": {n: {"node_id": n, "display_node": n, "parent_node": None, "real_node_id": n}
+                     for n in ui_outputs},
         }
         while len(self.history_entries) > 10000:
             self.history_entries.pop(next(iter(self.history_entries)))
@@ -1325,15 +1157,15 @@ class FakeComfyUI:
         def load() -> tuple[Image.Image, Image.Image]:
             with Image.open(path) as img:
                 img = ImageOps.exif_transpose(img)
-                mask = img.getchannel("A") if "A" in img.getbands() else Image.new("L", img.size, 0)
+                mask = (img.getchannel("A") if "A" in img.getbands()
+                        else Image.new("L", img.size, 0))
                 return img.convert("RGB"), mask
 
         try:
             image, mask = await asyncio.to_thread(load)
         except OSError as exc:
-            raise _NodeFailed(
-                f"cannot identify image file '{path.name}'", "PIL.UnidentifiedImageError"
-            ) from exc
+            raise _NodeFailed(f"cannot identify image file '{path.name}'",
+                              "PIL.UnidentifiedImageError") from exc
         return [[image], [mask]], None
 
     async def _node_ImageInvert(self, i: dict[str, Any], _ctx: _NodeContext) -> Any:
@@ -1355,15 +1187,13 @@ class FakeComfyUI:
         out = []
         for img in i["image"]:
             scale = (float(i["megapixels"]) * 1024 * 1024 / (img.width * img.height)) ** 0.5
-            out.append(
-                img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
-            )
+            out.append(img.resize((max(1, round(img.width * scale)),
+                                   max(1, round(img.height * scale)))))
         return [out], None
 
     async def _node_SaveImage(self, i: dict[str, Any], ctx: _NodeContext) -> Any:
-        images = await self._save_images(
-            i["images"], str(i.get("filename_prefix", "ComfyUI")), "output", ctx
-        )
+        images = await self._save_images(i["images"], str(i.get("filename_prefix", "ComfyUI")),
+                                         "output", ctx)
         return [], {"images": images}
 
     async def _node_PreviewImage(self, i: dict[str, Any], ctx: _NodeContext) -> Any:
@@ -1402,23 +1232,16 @@ class FakeComfyUI:
         results = []
         for offset, img in enumerate(images):
             filename = f"{name}_{counter + offset:05}_.png"
-            await asyncio.to_thread(
-                img.save, folder / filename, "PNG", pnginfo=pnginfo, compress_level=1
-            )
+            await asyncio.to_thread(img.save, folder / filename, "PNG", pnginfo=pnginfo,
+                                    compress_level=1)
             results.append({"filename": filename, "subfolder": subfolder, "type": kind})
         return results
 
     # model nodes, simulated
 
     async def _empty_latent(self, i: dict[str, Any], _ctx: _NodeContext) -> Any:
-        return [
-            _Latent(
-                int(i.get("width", 512)),
-                int(i.get("height", 512)),
-                int(i.get("length", 1)),
-                int(i.get("batch_size", 1)),
-            )
-        ], None
+        return [_Latent(int(i.get("width", 512)), int(i.get("height", 512)),
+                        int(i.get("length", 1)), int(i.get("batch_size", 1)))], None
 
     async def _sampler(self, i: dict[str, Any], ctx: _NodeContext) -> Any:
         steps = int(i.get("steps", 1))
@@ -1464,52 +1287,34 @@ class FakeComfyUI:
         header = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom"
         body = struct.pack(">I", len(frames)) + b"".join(_png(f)[:64] for f in frames[:4])
         await asyncio.to_thread((folder / filename).write_bytes, header + body)
-        return [], {
-            "images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
-            "animated": [True],
-        }
+        return [], {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
+                    "animated": [True]}
 
 
 class _NodeContext:
     """What a node needs to report progress and previews."""
 
-    def __init__(
-        self,
-        fake: FakeComfyUI,
-        job: _Job,
-        node_id: str,
-        sid: str | None,
-        progress: dict[str, dict[str, Any]],
-        state: Any,
-    ) -> None:
+    def __init__(self, fake: FakeComfyUI, job: _Job, node_id: str, sid: str | None,
+                 progress: dict[str, dict[str, Any]], state: Any) -> None:
         self.fake, self.job, self.node_id, self.sid = fake, job, node_id, sid
         self.progress, self.state = progress, state
 
-    async def step(
-        self, value: int, maximum: int, image: bytes | None = None, jpeg: bool = False
-    ) -> None:
+    async def step(self, value: int, maximum: int, image: bytes | None = None,
+                   jpeg: bool = False) -> None:
         """One progress-bar tick: progress_state, then progress and a preview frame."""
         fake, pid, node = self.fake, self.job.prompt_id, self.node_id
         if fake._interrupt:
             raise _Interrupted
         self.progress[node] = self.state(node, value, maximum, "running")
         # With no client_id the real server sends these to every socket.
-        await fake._send(
-            "progress_state", {"prompt_id": pid, "nodes": dict(self.progress)}, self.sid
-        )
+        await fake._send("progress_state", {"prompt_id": pid, "nodes": dict(self.progress)},
+                         self.sid)
         progress = {"value": value, "max": maximum, "prompt_id": pid, "node": node}
         metadata = fake.socket_flags.get(self.sid, {}).get("supports_preview_metadata")
         if image is not None and metadata:
-            meta = json.dumps(
-                {
-                    "node_id": node,
-                    "prompt_id": pid,
-                    "display_node_id": node,
-                    "parent_node_id": None,
-                    "real_node_id": node,
-                    "image_type": "image/png",
-                }
-            ).encode()
+            meta = json.dumps({"node_id": node, "prompt_id": pid, "display_node_id": node,
+                               "parent_node_id": None, "real_node_id": node,
+                               "image_type": "image/png"}).encode()
             await fake._send_bytes(struct.pack(">II", 4, len(meta)) + meta + image, self.sid)
         await fake._send("progress", progress, self.sid)
         if image is not None and not metadata:

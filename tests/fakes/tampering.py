@@ -60,7 +60,9 @@ class TamperingComfyUI(FakeComfyUI):
         self.huge_ws_text = huge_ws_text
         self.listed_outputs = listed_outputs
         self.stall_upload = stall_upload
-        self.output_names = [("", item) if isinstance(item, str) else item for item in output_names]
+        self.output_names = [
+            ("", item) if isinstance(item, str) else item for item in output_names
+        ]
         self.endless_json = set(endless_json)
         self.trickle_json = set(trickle_json)
         # What the tests look at.
@@ -144,7 +146,7 @@ class TamperingComfyUI(FakeComfyUI):
         self.misbehaving.set()
         try:
             await response.write(b'{"queue_running": [], "queue_pending": [')
-            piece = b'[0, "x", {}, {}, []], ' * (CHUNK // 24)
+            piece = b"[0, \"x\", {}, {}, []], " * (CHUNK // 24)
             while not self._released.is_set():
                 if trickle:
                     await response.write(b" ")
@@ -190,12 +192,10 @@ class TamperingComfyUI(FakeComfyUI):
             self.misbehaving.set()
         if self.output_names:
             image = ui["images"][0]
-            ui = {
-                "images": [
-                    dict(image, subfolder=subfolder, filename=name)
-                    for subfolder, name in self.output_names
-                ]
-            }
+            ui = {"images": [
+                dict(image, subfolder=subfolder, filename=name)
+                for subfolder, name in self.output_names
+            ]}
         if self.listed_outputs:
             ui = {"images": ui["images"][:1] * self.listed_outputs}
         return outs, ui
@@ -203,3 +203,4 @@ class TamperingComfyUI(FakeComfyUI):
 
 async def _ok(_request: web.Request) -> web.Response:
     return web.Response(status=200)
+

@@ -122,7 +122,8 @@ class Limits:
     group: int = 20  # messages a minute to one group
 
 
-def _window_wait(window: collections.deque[float], now: float, limit: int, span: float) -> float:
+def _window_wait(window: collections.deque[float], now: float, limit: int,
+                 span: float) -> float:
     """Seconds until one more message fits in `window` (`limit` per `span` s); 0: now."""
     while window and window[0] <= now - span:
         window.popleft()
@@ -479,9 +480,8 @@ class FakeTelegram:
         wait = max(waits)
         if wait > 0:
             seconds = max(1, math.ceil(wait))  # Telegram says whole seconds
-            return ApiError(
-                429, f"Too Many Requests: retry after {seconds}", {"retry_after": seconds}
-            )
+            return ApiError(429, f"Too Many Requests: retry after {seconds}",
+                            {"retry_after": seconds})
         self._overall.append(now)
         if chat_window is not None:
             chat_window.append(now)
@@ -490,10 +490,7 @@ class FakeTelegram:
         return None
 
     def fail_next(
-        self,
-        method: str | None,
-        code: int,
-        description: str,
+        self, method: str | None, code: int, description: str,
         parameters: dict[str, Any] | None = None,
     ) -> None:
         """Answer the next call of ``method`` (any method but getUpdates if None) with

@@ -46,10 +46,7 @@ def _plan(slow: FakeComfyUI, fast: FakeComfyUI, **kw: object) -> runner.Plan:
     settings: dict[str, object] = {
         "backends": (runner.Backend("gpu_slow", slow.url), runner.Backend("gpu_fast", fast.url)),
         "workflows": tuple(workflow.find(name) for name in WORKFLOWS),
-        "runs": 3,
-        "warmup": 1,
-        "values": SMALL,
-        "timeout": 30.0,
+        "runs": 3, "warmup": 1, "values": SMALL, "timeout": 30.0,
     }
     settings.update(kw)
     return runner.Plan(**settings)  # type: ignore[arg-type]
@@ -129,26 +126,11 @@ async def test_a_backend_killed_mid_run_is_reported_and_the_command_fails(
     parser = argparse.ArgumentParser()
     bench_cli.register(parser.add_subparsers())
     out = tmp_path / "killed"
-    args = parser.parse_args(
-        [
-            "bench",
-            "--backend",
-            f"gpu_slow={slow.url}",
-            "--backend",
-            f"gpu_fast={fast.url}",
-            "--workflow",
-            WORKFLOWS[0],
-            "--runs",
-            "3",
-            "--warmup",
-            "1",
-            "--timeout",
-            "20",
-            *(arg for k, v in SMALL.items() for arg in ("--set", f"{k}={v}")),
-            "--out",
-            str(out),
-        ]
-    )
+    args = parser.parse_args([
+        "bench", "--backend", f"gpu_slow={slow.url}", "--backend", f"gpu_fast={fast.url}",
+        "--workflow", WORKFLOWS[0], "--runs", "3", "--warmup", "1", "--timeout", "20",
+        *(arg for k, v in SMALL.items() for arg in ("--set", f"{k}={v}")), "--out", str(out),
+    ])
     # gpu_fast dies during its second measured run (its third prompt, after one warm-up).
     killer = asyncio.create_task(_kill_during(fast, 3))
     code = await args.handler(args)
@@ -168,7 +150,9 @@ async def test_a_backend_killed_mid_run_is_reported_and_the_command_fails(
     jsonschema.validate(json.loads((out / "results.json").read_text()), records.schema())
 
 
-async def test_parallel_reports_outputs_per_minute(fakes: tuple[FakeComfyUI, FakeComfyUI]) -> None:
+async def test_parallel_reports_outputs_per_minute(
+    fakes: tuple[FakeComfyUI, FakeComfyUI]
+) -> None:
     slow, fast = fakes
     plan = _plan(slow, fast, workflows=(workflow.find(WORKFLOWS[1]),), runs=4, parallel=True)
     result = await runner.run(plan)
@@ -185,17 +169,11 @@ async def test_parallel_reports_outputs_per_minute(fakes: tuple[FakeComfyUI, Fak
 
 
 async def test_editing_workflow_uploads_a_generated_image(
-    fakes: tuple[FakeComfyUI, FakeComfyUI],
+    fakes: tuple[FakeComfyUI, FakeComfyUI]
 ) -> None:
     slow, fast = fakes
-    plan = _plan(
-        slow,
-        fast,
-        workflows=(workflow.find("image_qwen_image_edit_2509"),),
-        runs=1,
-        warmup=0,
-        values={"steps": "2", "megapixels": "0.25"},
-    )
+    plan = _plan(slow, fast, workflows=(workflow.find("image_qwen_image_edit_2509"),),
+                 runs=1, warmup=0, values={"steps": "2", "megapixels": "0.25"})
     result = await runner.run(plan)
     assert all(r.ok for r in result.records), [r.error for r in result.records]
     assert all(r.upload_s > 0 for r in result.records)

@@ -20,10 +20,8 @@ from tests.fixtures.comfy import FakeFactory
 
 def empty_image(width: int = 64, height: int = 48, prefix: str = "probe") -> dict[str, Any]:
     return {
-        "1": {
-            "class_type": "EmptyImage",
-            "inputs": {"width": width, "height": height, "batch_size": 1, "color": 0x123456},
-        },
+        "1": {"class_type": "EmptyImage",
+              "inputs": {"width": width, "height": height, "batch_size": 1, "color": 0x123456}},
         "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": prefix}},
     }
 
@@ -32,10 +30,8 @@ def invert(image: str) -> dict[str, Any]:
     return {
         "1": {"class_type": "LoadImage", "inputs": {"image": image}},
         "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
-        "3": {
-            "class_type": "SaveImage",
-            "inputs": {"images": ["2", 0], "filename_prefix": "inv/x"},
-        },
+        "3": {"class_type": "SaveImage",
+              "inputs": {"images": ["2", 0], "filename_prefix": "inv/x"}},
     }
 
 
@@ -43,36 +39,18 @@ def mini_model(steps: int = 4, unet: str = "flux1-schnell.safetensors") -> dict[
     """UNETLoader -> KSampler -> VAEDecode -> SaveImage, shaped like the Flux workflow."""
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet, "weight_dtype": "default"}},
-        "2": {
-            "class_type": "DualCLIPLoader",
-            "inputs": {
-                "clip_name1": "clip_l.safetensors",
-                "clip_name2": "t5xxl_fp16.safetensors",
-                "type": "flux",
-            },
-        },
+        "2": {"class_type": "DualCLIPLoader", "inputs": {
+            "clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
+            "type": "flux"}},
         "3": {"class_type": "VAELoader", "inputs": {"vae_name": "ae.safetensors"}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["2", 0], "text": "a red fox"}},
         "5": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["4", 0]}},
-        "6": {
-            "class_type": "EmptySD3LatentImage",
-            "inputs": {"width": 256, "height": 128, "batch_size": 1},
-        },
-        "7": {
-            "class_type": "KSampler",
-            "inputs": {
-                "model": ["1", 0],
-                "positive": ["4", 0],
-                "negative": ["5", 0],
-                "latent_image": ["6", 0],
-                "seed": 7,
-                "steps": steps,
-                "cfg": 1.0,
-                "sampler_name": "euler",
-                "scheduler": "simple",
-                "denoise": 1.0,
-            },
-        },
+        "6": {"class_type": "EmptySD3LatentImage",
+              "inputs": {"width": 256, "height": 128, "batch_size": 1}},
+        "7": {"class_type": "KSampler", "inputs": {
+            "model": ["1", 0], "positive": ["4", 0], "negative": ["5", 0],
+            "latent_image": ["6", 0], "seed": 7, "steps": steps, "cfg": 1.0,
+            "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["3", 0]}},
         "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "f"}},
     }
@@ -178,13 +156,10 @@ async def _features(fake: FakeComfyUI) -> dict[str, Any]:
 
 
 async def test_missing_model_is_rejected_in_plain_words(fake_comfy_factory: FakeFactory) -> None:
-    fake = await fake_comfy_factory(
-        models={
-            "diffusion_models": ["flux1-dev.safetensors"],
-            "text_encoders": ["clip_l.safetensors", "t5xxl_fp16.safetensors"],
-            "vae": ["ae.safetensors"],
-        }
-    )
+    fake = await fake_comfy_factory(models={"diffusion_models": ["flux1-dev.safetensors"],
+                                            "text_encoders": ["clip_l.safetensors",
+                                                              "t5xxl_fp16.safetensors"],
+                                            "vae": ["ae.safetensors"]})
     async with comfy_client.ComfyClient(fake.url, name="gpu0") as client:
         with pytest.raises(errors.WorkflowRejected) as info:
             await client.run(mini_model())
@@ -216,11 +191,8 @@ async def test_unknown_node_bounds_and_missing_image(fake_comfy: FakeComfyUI) ->
 async def test_partially_valid_prompt_is_rejected_and_not_left_queued(
     fake_comfy: FakeComfyUI,
 ) -> None:
-    prompt = {
-        **empty_image(),
-        "3": {"class_type": "LoadImage", "inputs": {"image": "gone.png"}},
-        "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
-    }
+    prompt = {**empty_image(), "3": {"class_type": "LoadImage", "inputs": {"image": "gone.png"}},
+              "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}}}
     fake_comfy.pause()
     async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
         with pytest.raises(errors.WorkflowRejected) as info:
@@ -304,10 +276,8 @@ async def test_follow_reattaches_to_a_prompt_submitted_elsewhere(
         if isinstance(event, events.QueuePosition):
             positions.append(event.position)
 
-    async with (
-        comfy_client.ComfyClient(fake.url, poll_interval=0.01) as submitter,
-        comfy_client.ComfyClient(fake.url, poll_interval=0.01) as worker,
-    ):
+    async with comfy_client.ComfyClient(fake.url, poll_interval=0.01) as submitter, \
+            comfy_client.ComfyClient(fake.url, poll_interval=0.01) as worker:
         first = await submitter.submit(mini_model(steps=10))
         second = await submitter.submit(empty_image())
         result = await worker.follow(second.prompt_id, on_event=on_event)
@@ -346,9 +316,8 @@ async def test_killed_backend_is_unreachable_and_restart_loses_the_job(
     fake_comfy_factory: FakeFactory,
 ) -> None:
     fake = await fake_comfy_factory(step_delay=0.05)
-    async with comfy_client.ComfyClient(
-        fake.url, name="gpu3", poll_interval=0.02, timeout=2
-    ) as client:
+    async with comfy_client.ComfyClient(fake.url, name="gpu3", poll_interval=0.02,
+                                        timeout=2) as client:
         submitted = await client.submit(mini_model(steps=50))
         job = asyncio.create_task(client.run(mini_model(steps=50, unet="flux1-dev.safetensors")))
         await asyncio.sleep(0.1)
@@ -392,12 +361,10 @@ async def test_fake_refuses_a_foreign_origin_like_comfyui(fake_comfy: FakeComfyU
 
     async with httpx.AsyncClient() as http:
         port = fake_comfy.port
-        refused = await http.get(
-            f"{fake_comfy.url}/queue", headers={"Origin": f"http://localhost:{port}"}
-        )
-        same = await http.get(
-            f"{fake_comfy.url}/api/queue", headers={"Origin": f"http://127.0.0.1:{port}"}
-        )
+        refused = await http.get(f"{fake_comfy.url}/queue",
+                                 headers={"Origin": f"http://localhost:{port}"})
+        same = await http.get(f"{fake_comfy.url}/api/queue",
+                              headers={"Origin": f"http://127.0.0.1:{port}"})
         bad_json = await http.post(f"{fake_comfy.url}/prompt", content=b"{nope")
         unknown = await http.get(f"{fake_comfy.url}/history/nope")
     assert (refused.status_code, refused.content) == (403, b"")
@@ -412,10 +379,10 @@ async def test_unreachable_port_is_backend_unreachable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        async with comfy_client.ComfyClient(
-            f"http://127.0.0.1:{port}", name="gpu9", timeout=2
-        ) as client:
-            with pytest.raises(errors.BackendUnreachable, match="backend gpu9 cannot be reached"):
+        async with comfy_client.ComfyClient(f"http://127.0.0.1:{port}", name="gpu9",
+                                            timeout=2) as client:
+            with pytest.raises(errors.BackendUnreachable,
+                               match="backend gpu9 cannot be reached"):
                 await client.system_stats()
             with pytest.raises(errors.BackendUnreachable):
                 await client.run(empty_image())
@@ -423,18 +390,14 @@ async def test_unreachable_port_is_backend_unreachable() -> None:
 
 async def test_proxy_that_hangs_up_is_backend_unreachable() -> None:
     """A dying anon accepts the SOCKS connection and closes it without a reply."""
-
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
     server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with (
-        server,
-        comfy_client.ComfyClient(
-            "http://127.0.0.1:1", name="hidden", proxy=f"socks5://127.0.0.1:{port}", timeout=2
-        ) as client,
-    ):
+    async with server, comfy_client.ComfyClient(
+        "http://127.0.0.1:1", name="hidden", proxy=f"socks5://127.0.0.1:{port}", timeout=2
+    ) as client:
         with pytest.raises(errors.BackendUnreachable, match="backend hidden cannot be reached"):
             await client.queue()
         with pytest.raises(errors.BackendUnreachable):
@@ -475,20 +438,11 @@ async def test_cached_rerun_replays_outputs_without_executing(fake_comfy: FakeCo
 
 async def test_video_outputs_are_classified_as_video(fake_comfy: FakeComfyUI) -> None:
     prompt = {
-        "1": {
-            "class_type": "EmptyImage",
-            "inputs": {"width": 32, "height": 32, "batch_size": 4, "color": 0},
-        },
+        "1": {"class_type": "EmptyImage",
+              "inputs": {"width": 32, "height": 32, "batch_size": 4, "color": 0}},
         "2": {"class_type": "CreateVideo", "inputs": {"images": ["1", 0], "fps": 16.0}},
-        "3": {
-            "class_type": "SaveVideo",
-            "inputs": {
-                "video": ["2", 0],
-                "filename_prefix": "video/clip",
-                "format": "auto",
-                "codec": "auto",
-            },
-        },
+        "3": {"class_type": "SaveVideo", "inputs": {"video": ["2", 0],
+              "filename_prefix": "video/clip", "format": "auto", "codec": "auto"}},
     }
     async with comfy_client.ComfyClient(fake_comfy.url) as client:
         result = (await client.run(prompt)).raise_for_status()
@@ -527,14 +481,10 @@ def _tag() -> int:
 def slow_blur(tag: int, prefix: str = "comfyveil_slow") -> dict[str, Any]:
     """Model-free and seconds long on a real CPU: a big image, a wide blur, a save."""
     return {
-        "1": {
-            "class_type": "EmptyImage",
-            "inputs": {"width": 1024, "height": 1024, "batch_size": 1, "color": tag},
-        },
-        "2": {
-            "class_type": "ImageBlur",
-            "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 10.0},
-        },
+        "1": {"class_type": "EmptyImage",
+              "inputs": {"width": 1024, "height": 1024, "batch_size": 1, "color": tag}},
+        "2": {"class_type": "ImageBlur",
+              "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 10.0}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": prefix}},
     }
 
@@ -553,33 +503,19 @@ async def test_model_free_run_reports_events_in_order(comfy_url: str) -> None:
     tag = _tag()
     async with comfy_client.ComfyClient(comfy_url, name="b") as client:
         result = await client.run(
-            {
-                **empty_image(40, 24, prefix="comfyveil_probe"),
-                "1": {
-                    "class_type": "EmptyImage",
-                    "inputs": {"width": 40, "height": 24, "batch_size": 1, "color": tag},
-                },
-            },
-            on_event=seen.append,
-        )
+            {**empty_image(40, 24, prefix="comfyveil_probe"),
+             "1": {"class_type": "EmptyImage",
+                   "inputs": {"width": 40, "height": 24, "batch_size": 1, "color": tag}}},
+            on_event=seen.append)
         result.raise_for_status()
         assert len(result.outputs) == 1
         assert png_size(await client.download(result.outputs[0])) == (40, 24)
         assert (await client.history("comfyveil-never-submitted")) is None
-    mine = [
-        e
-        for e in seen
-        if not isinstance(e, (events.Status, events.QueuePosition, events.ProgressState))
-    ]
+    mine = [e for e in seen if not isinstance(e, (events.Status, events.QueuePosition,
+                                                  events.ProgressState))]
     assert [type(e).__name__ for e in mine] == [
-        "ExecutionStart",
-        "ExecutionCached",
-        "Executing",
-        "Executing",
-        "Executed",
-        "ExecutionSuccess",
-        "Executing",
-    ]
+        "ExecutionStart", "ExecutionCached", "Executing", "Executing", "Executed",
+        "ExecutionSuccess", "Executing"]
     assert [e.node for e in mine if isinstance(e, events.Executing)] == ["1", "2", None]
     finished = [e for e in seen if isinstance(e, events.ProgressState)][-1]
     assert {n.state for n in finished.nodes.values()} == {"finished"}
@@ -587,16 +523,10 @@ async def test_model_free_run_reports_events_in_order(comfy_url: str) -> None:
 
 async def test_values_are_checked_like_comfyui(comfy_url: str) -> None:
     def sized(width: Any) -> dict[str, Any]:
-        return {
-            "1": {
-                "class_type": "EmptyImage",
-                "inputs": {"width": width, "height": 8, "batch_size": 1, "color": _tag()},
-            },
-            "2": {
-                "class_type": "SaveImage",
-                "inputs": {"images": ["1", 0], "filename_prefix": "comfyveil_size"},
-            },
-        }
+        return {"1": {"class_type": "EmptyImage",
+                      "inputs": {"width": width, "height": 8, "batch_size": 1, "color": _tag()}},
+                "2": {"class_type": "SaveImage",
+                      "inputs": {"images": ["1", 0], "filename_prefix": "comfyveil_size"}}}
 
     async with comfy_client.ComfyClient(comfy_url, name="b") as client:
         with pytest.raises(errors.WorkflowRejected) as small:
@@ -617,14 +547,10 @@ async def test_partially_valid_prompt_never_produces_its_valid_outputs(comfy_url
     # The valid branch starts at once on an idle server: POST /queue delete cannot stop
     # it, only an interrupt can.
     tag = _tag()
-    prompt = {
-        **slow_blur(tag, prefix="comfyveil_partial"),
-        "8": {
-            "class_type": "EmptyImage",
-            "inputs": {"width": -1, "height": 8, "batch_size": 1, "color": tag},
-        },
-        "9": {"class_type": "PreviewImage", "inputs": {"images": ["8", 0]}},
-    }
+    prompt = {**slow_blur(tag, prefix="comfyveil_partial"),
+              "8": {"class_type": "EmptyImage",
+                    "inputs": {"width": -1, "height": 8, "batch_size": 1, "color": tag}},
+              "9": {"class_type": "PreviewImage", "inputs": {"images": ["8", 0]}}}
     pid = f"comfyveil-partial-{tag}"
     async with comfy_client.ComfyClient(comfy_url, name="b") as client:
         with pytest.raises(errors.WorkflowRejected) as info:
@@ -633,14 +559,9 @@ async def test_partially_valid_prompt_never_produces_its_valid_outputs(comfy_url
         history = await _settled(client, pid)
     # Either it was taken off the queue before it started (no history at all), or it had
     # started and was interrupted; never did its valid branch save anything.
-    outcome = (
-        None
-        if history is None
-        else (
-            history["outputs"],
-            history["status"]["status_str"],
-            "execution_interrupted" in [m[0] for m in history["status"]["messages"]],
-        )
+    outcome = None if history is None else (
+        history["outputs"], history["status"]["status_str"],
+        "execution_interrupted" in [m[0] for m in history["status"]["messages"]],
     )
     assert outcome in (None, ({}, "error", True)), outcome
 
@@ -689,9 +610,8 @@ async def test_a_job_that_starts_at_once_asks_no_queue_position(
     seen: list[events.Event] = []
     async with comfy_client.ComfyClient(fake_comfy.url) as client:
         (await client.run(empty_image(), on_event=seen.append)).raise_for_status()
-    asked = [
-        r for r in fake_comfy.requests if r.method == "GET" and r.path in ("/prompt", "/queue")
-    ]
+    asked = [r for r in fake_comfy.requests
+             if r.method == "GET" and r.path in ("/prompt", "/queue")]
     assert asked == []  # an idle backend started it before the grace ran out
     assert not any(isinstance(e, events.QueuePosition) for e in seen)
 
@@ -706,10 +626,8 @@ async def test_run_reports_its_place_behind_a_busy_backend(
         if isinstance(event, events.QueuePosition):
             positions.append(event.position)
 
-    async with (
-        comfy_client.ComfyClient(fake.url) as busy,
-        comfy_client.ComfyClient(fake.url) as mine,
-    ):
+    async with comfy_client.ComfyClient(fake.url) as busy, \
+            comfy_client.ComfyClient(fake.url) as mine:
         await busy.submit(mini_model(steps=10))  # half a second of GPU work ahead of us
         result = await mine.run(empty_image(), on_event=on_event)
     assert result.status == "success"

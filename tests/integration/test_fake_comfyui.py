@@ -12,10 +12,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from tests.fakes.comfyui import FakeComfyUI
 
 PROMPT = {
-    "1": {
-        "class_type": "EmptyImage",
-        "inputs": {"width": 16, "height": 16, "batch_size": 2, "color": 0},
-    },
+    "1": {"class_type": "EmptyImage",
+          "inputs": {"width": 16, "height": 16, "batch_size": 2, "color": 0}},
     "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "p"}},
 }
 
@@ -27,11 +25,8 @@ async def _until_done(ws: ClientConnection, prompt_id: str) -> list[Any]:
         frames.append(raw if isinstance(raw, bytes) else json.loads(raw))
         if isinstance(raw, str):
             msg = frames[-1]
-            if (
-                msg["type"] == "executing"
-                and msg["data"].get("node") is None
-                and msg["data"].get("prompt_id") == prompt_id
-            ):
+            if msg["type"] == "executing" and msg["data"].get("node") is None \
+                    and msg["data"].get("prompt_id") == prompt_id:
                 return frames
 
 
@@ -43,30 +38,16 @@ async def test_event_order_of_a_fresh_and_a_cached_run(fake_comfy: FakeComfyUI) 
     ws_url = fake_comfy.url.replace("http", "ws") + "/ws?clientId=probe-1"
     async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake_comfy.url) as http:
         hello = json.loads(await ws.recv())
-        assert hello == {
-            "type": "status",
-            "data": {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "probe-1"},
-        }
+        assert hello == {"type": "status", "data": {
+            "status": {"exec_info": {"queue_remaining": 0}}, "sid": "probe-1"}}
         body = {"prompt": PROMPT, "client_id": "probe-1"}
         answer = (await http.post("/prompt", json=body)).json()
         assert answer["number"] == 0 and answer["node_errors"] == {}
         frames = await _until_done(ws, answer["prompt_id"])
         assert _kinds(frames) == [
-            "status",
-            "status",
-            "execution_start",
-            "execution_cached",
-            "progress_state",
-            "executing",
-            "progress_state",
-            "progress_state",
-            "executing",
-            "executed",
-            "progress_state",
-            "execution_success",
-            "status",
-            "executing",
-        ]
+            "status", "status", "execution_start", "execution_cached", "progress_state",
+            "executing", "progress_state", "progress_state", "executing", "executed",
+            "progress_state", "execution_success", "status", "executing"]
         executed = frames[9]["data"]["output"]["images"]
         assert [i["filename"] for i in executed] == ["p_00001_.png", "p_00002_.png"]
         assert frames[-2]["data"]["status"]["exec_info"]["queue_remaining"] == 0
@@ -74,60 +55,43 @@ async def test_event_order_of_a_fresh_and_a_cached_run(fake_comfy: FakeComfyUI) 
         again = (await http.post("/prompt", json={"prompt": PROMPT, "client_id": "probe-1"})).json()
         frames = await _until_done(ws, again["prompt_id"])
         assert _kinds(frames) == [
-            "status",
-            "status",
-            "execution_start",
-            "execution_cached",
-            "executed",
-            "progress_state",
-            "execution_success",
-            "status",
-            "executing",
-        ]
+            "status", "status", "execution_start", "execution_cached", "executed",
+            "progress_state", "execution_success", "status", "executing"]
         assert frames[3]["data"]["nodes"] == ["1", "2"]
         assert frames[4]["data"]["output"]["images"] == executed
         history = (await http.get(f"/history/{again['prompt_id']}")).json()[again["prompt_id"]]
         assert history["status"]["status_str"] == "success"
         assert [m[0] for m in history["status"]["messages"]] == [
-            "execution_start",
-            "execution_cached",
-            "execution_success",
-        ]
+            "execution_start", "execution_cached", "execution_success"]
 
 
 async def test_previews_legacy_then_with_metadata(fake_comfy: FakeComfyUI) -> None:
-    prompt = {
-        "1": PROMPT["1"],
-        "2": {"class_type": "SaveImageWebsocket", "inputs": {"images": ["1", 0]}},
-    }
+    prompt = {"1": PROMPT["1"],
+              "2": {"class_type": "SaveImageWebsocket", "inputs": {"images": ["1", 0]}}}
     base = fake_comfy.url.replace("http", "ws")
     async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
         async with connect(base + "/ws?clientId=legacy") as ws:
             await ws.recv()
-            pid = (
-                await http.post("/prompt", json={"prompt": prompt, "client_id": "legacy"})
-            ).json()["prompt_id"]
+            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "legacy"})
+                   ).json()["prompt_id"]
             kinds = _kinds(await _until_done(ws, pid))
             assert "executed" not in kinds
             assert kinds.count("<binary>") == 2
             i = kinds.index("progress")
-            assert kinds[i - 1 : i + 2] == ["progress_state", "progress", "<binary>"]
+            assert kinds[i - 1: i + 2] == ["progress_state", "progress", "<binary>"]
         async with connect(base + "/ws?clientId=modern") as ws:
             await ws.recv()
             await ws.send('{"type":"feature_flags","data":{"supports_preview_metadata":true}}')
             flags = json.loads(await ws.recv())
-            assert flags == {
-                "type": "feature_flags",
-                "data": {"supports_preview_metadata": True, "max_upload_size": 104857600},
-            }
+            assert flags == {"type": "feature_flags", "data": {
+                "supports_preview_metadata": True, "max_upload_size": 104857600}}
             prompt["1"]["inputs"]["color"] = 1  # not cached
-            pid = (
-                await http.post("/prompt", json={"prompt": prompt, "client_id": "modern"})
-            ).json()["prompt_id"]
+            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "modern"})
+                   ).json()["prompt_id"]
             frames = await _until_done(ws, pid)
             kinds = _kinds(frames)
             i = kinds.index("<binary>")
-            assert kinds[i - 1 : i + 2] == ["progress_state", "<binary>", "progress"]
+            assert kinds[i - 1: i + 2] == ["progress_state", "<binary>", "progress"]
             assert frames[i][:4] == b"\x00\x00\x00\x04"
 
 
@@ -157,44 +121,27 @@ async def test_http_quirks(fake_comfy: FakeComfyUI) -> None:
         assert no_prompt.json()["error"]["type"] == "no_prompt"
         counted = (await http.post("/prompt", json={"prompt": PROMPT, "front": True})).json()
         assert counted["number"] == -1  # the failed POST above counted too
-        partial = {
-            **PROMPT,
-            "3": {"class_type": "LoadImage", "inputs": {"image": "x.png"}},
-            "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
-        }
+        partial = {**PROMPT, "3": {"class_type": "LoadImage", "inputs": {"image": "x.png"}},
+                   "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}}}
         answer = await http.post("/prompt", json={"prompt": partial})
         assert answer.status_code == 200
         assert answer.json()["node_errors"]["3"]["errors"][0]["details"] == (
-            "image - Invalid image file: x.png"
-        )
-        mismatch = await http.post(
-            "/prompt",
-            json={
-                "prompt": {
-                    "1": {
-                        "class_type": "EmptyLatentImage",
-                        "inputs": {"width": 64, "height": 64, "batch_size": 1},
-                    },
-                    "2": {
-                        "class_type": "SaveImage",
-                        "inputs": {"images": ["1", 0], "filename_prefix": "x"},
-                    },
-                }
-            },
-        )
+            "image - Invalid image file: x.png")
+        mismatch = await http.post("/prompt", json={"prompt": {
+            "1": {"class_type": "EmptyLatentImage",
+                  "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0],
+                                                        "filename_prefix": "x"}}}})
         assert mismatch.json()["error"]["details"] == (
             "Return type mismatch between linked nodes: "
-            "images, received_type(LATENT) mismatch input_type(IMAGE)"
-        )
+            "images, received_type(LATENT) mismatch input_type(IMAGE)")
         assert (await http.post("/queue", json={"clear": True})).content == b""
         assert (await http.post("/interrupt")).content == b""
         assert (await http.get("/view", params={"filename": "../x"})).status_code == 400
-        assert (
-            await http.get("/view", params={"filename": "a.png", "subfolder": ".."})
-        ).status_code == 403
-        assert (
-            await http.get("/view", params={"filename": "a.png", "type": "bogus"})
-        ).status_code == 400
+        assert (await http.get("/view", params={"filename": "a.png",
+                                                "subfolder": ".."})).status_code == 403
+        assert (await http.get("/view", params={"filename": "a.png",
+                                                "type": "bogus"})).status_code == 400
         assert (await http.get("/view", params={"filename": "nope.png"})).status_code == 404
         assert (await http.get("/history", params={"max_items": "abc"})).status_code == 500
         assert (await http.get("/object_info/NoSuchNode")).json() == {}
@@ -204,13 +151,8 @@ async def test_http_quirks(fake_comfy: FakeComfyUI) -> None:
 async def test_cached_nodes_are_not_listed_as_executed_on_error(fake_comfy: FakeComfyUI) -> None:
     async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
         await http.post("/prompt", json={"prompt": PROMPT})
-        escape = {
-            "1": PROMPT["1"],
-            "2": {
-                "class_type": "SaveImage",
-                "inputs": {"images": ["1", 0], "filename_prefix": "../escape"},
-            },
-        }
+        escape = {"1": PROMPT["1"], "2": {"class_type": "SaveImage", "inputs": {
+            "images": ["1", 0], "filename_prefix": "../escape"}}}
         pid = (await http.post("/prompt", json={"prompt": escape})).json()["prompt_id"]
         for _ in range(100):
             entry = (await http.get(f"/history/{pid}")).json().get(pid)
@@ -225,18 +167,15 @@ async def test_cached_nodes_are_not_listed_as_executed_on_error(fake_comfy: Fake
 async def test_save_image_websocket_reruns_and_its_bar_ends_at_its_max(
     fake_comfy: FakeComfyUI,
 ) -> None:
-    prompt = {
-        "1": PROMPT["1"],
-        "2": {"class_type": "SaveImageWebsocket", "inputs": {"images": ["1", 0]}},
-    }
+    prompt = {"1": PROMPT["1"],
+              "2": {"class_type": "SaveImageWebsocket", "inputs": {"images": ["1", 0]}}}
     ws_url = fake_comfy.url.replace("http", "ws") + "/ws?clientId=sw"
     async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake_comfy.url) as http:
         await ws.recv()
         runs = []
         for _ in range(2):
-            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "sw"})).json()[
-                "prompt_id"
-            ]
+            pid = (await http.post("/prompt", json={"prompt": prompt, "client_id": "sw"})
+                   ).json()["prompt_id"]
             runs.append(await _until_done(ws, pid))
     for frames in runs:
         assert _kinds(frames).count("<binary>") == 2  # IS_CHANGED is the time: never cached
@@ -255,11 +194,8 @@ async def test_progress_of_a_prompt_without_client_id_reaches_every_socket(
         await ws.recv()
         await http.post("/prompt", json={"prompt": PROMPT})
         frames: list[Any] = []
-        while not (
-            frames
-            and frames[-1]["type"] == "status"
-            and frames[-1]["data"]["status"]["exec_info"]["queue_remaining"] == 0
-        ):
+        while not (frames and frames[-1]["type"] == "status"
+                   and frames[-1]["data"]["status"]["exec_info"]["queue_remaining"] == 0):
             frames.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
     # what a real 0.3.64 sent to a foreign socket: statuses and every progress_state
     assert _kinds(frames) == ["status", "status"] + ["progress_state"] * 4 + ["status"]
@@ -272,7 +208,6 @@ async def test_load_image_list_follows_the_input_folder(fake_comfy: FakeComfyUI)
     (fake_comfy.dirs["input"] / "sub").mkdir()
     (fake_comfy.dirs["input"] / "sub" / "deep.png").write_bytes(b"x")
     async with httpx.AsyncClient(base_url=fake_comfy.url) as http:
-
         def listed(info: dict[str, Any]) -> list[str]:
             return list(info["LoadImage"]["input"]["required"]["image"][0])
 
@@ -293,17 +228,14 @@ async def test_models_and_request_shape_quirks(fake_comfy: FakeComfyUI) -> None:
         as_list = await http.post("/prompt", json=[1, 2])
         assert as_list.status_code == 400 and as_list.json()["error"]["type"] == "no_prompt"
         assert (await http.post("/prompt", json={"prompt": [1]})).status_code == 500
-        image = {
-            "1": {"class_type": "LoadImage", "inputs": {"image": "no-such.png"}},
-            "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}},
-        }
+        image = {"1": {"class_type": "LoadImage", "inputs": {"image": "no-such.png"}},
+                 "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}}
         bad = (await http.post("/prompt", json={"prompt": image})).json()
         assert bad["node_errors"]["1"]["errors"][0]["extra_info"] == {"input_name": "image"}
 
         async def upload(name: str, data: bytes, **form: str) -> httpx.Response:
-            return await http.post(
-                "/upload/image", files={"image": (name, data, "image/png")}, data=form
-            )
+            return await http.post("/upload/image", files={"image": (name, data, "image/png")},
+                                   data=form)
 
         assert (await upload("x.png", b"one", type="bogus")).status_code == 500
         assert (await upload("", b"one")).status_code == 500
@@ -322,18 +254,13 @@ async def test_the_body_limit_counts_the_bytes_read_not_content_length(
     boundary = "fakeboundary"
 
     def multipart(data: bytes) -> bytes:
-        return (
-            (
-                f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
-                f'filename="big.png"\r\nContent-Type: image/png\r\n\r\n'
-            ).encode()
-            + data
-            + (f"\r\n--{boundary}--\r\n".encode())
-        )
+        return (f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+                f'filename="big.png"\r\nContent-Type: image/png\r\n\r\n').encode() + data + (
+                    f"\r\n--{boundary}--\r\n".encode())
 
     async def chunked(body: bytes):
         for start in range(0, len(body), 8192):
-            yield body[start : start + 8192]
+            yield body[start:start + 8192]
 
     headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
     async with httpx.AsyncClient(base_url=fake.url) as http:
@@ -341,9 +268,7 @@ async def test_the_body_limit_counts_the_bytes_read_not_content_length(
         refused = await http.post("/upload/image", content=chunked(over), headers=headers)
         assert "content-length" not in refused.request.headers
         assert (refused.status_code, refused.text) == (
-            413,
-            f"Maximum request body size {limit} exceeded.",
-        )
+            413, f"Maximum request body size {limit} exceeded.")
         big_prompt = json.dumps({"prompt": PROMPT, "pad": "y" * limit}).encode()
         refused = await http.post("/prompt", content=chunked(big_prompt))
         assert refused.status_code == 413

@@ -160,7 +160,9 @@ async def test_a_stalled_upload_ends_with_the_jobs_deadline(tamper: Tamper) -> N
     image = execute.InputImage(png(64, 64))
     values = wf.validate({"prompt": "a hat", "steps": 1, "image": image.upload_name})
     async with client_for(fake) as client:
-        error, took = await timed(execute.execute(client, wf, values, {"image": image}, timeout=2))
+        error, took = await timed(
+            execute.execute(client, wf, values, {"image": image}, timeout=2)
+        )
     assert isinstance(error, errors.BackendStopped), error
     assert str(error) == "backend gpu0 stopped answering during the upload"
     assert took < 2 + SLACK
@@ -245,16 +247,8 @@ async def test_a_trickling_json_answer_has_a_deadline(tamper: Tamper) -> None:
 
 
 NASTY_NAMES = [
-    "../../escape.png",
-    "/etc/passwd",
-    "..",
-    "",
-    ".",
-    "sub/../../../x.png",
-    "..\\..\\win.png",
-    "a\x00b.png",
-    "line\nbreak.png",
-    "x" * 300 + ".png",
+    "../../escape.png", "/etc/passwd", "..", "", ".", "sub/../../../x.png",
+    "..\\..\\win.png", "a\x00b.png", "line\nbreak.png", "x" * 300 + ".png",
 ]
 
 

@@ -44,9 +44,8 @@ async def test_one_running_plus_max_waiting_per_backend_and_idle_ones_first(
 
 
 async def test_backend_without_the_model_is_never_a_candidate(fake_comfy_factory) -> None:
-    empty = await fake_comfy_factory(
-        models={"checkpoints": [], "diffusion_models": [], "text_encoders": [], "vae": []}
-    )
+    empty = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                             "text_encoders": [], "vae": []})
     full = await fake_comfy_factory()
     async with pool.Pool(backend_configs([empty.url, full.url])) as p:
         assert [b.name for b in p.candidates(flux())] == ["gpu1"]
@@ -58,9 +57,8 @@ async def test_backend_without_the_model_is_never_a_candidate(fake_comfy_factory
 
 
 async def test_no_backend_with_the_model_fails_at_once(fake_comfy_factory) -> None:
-    empty = await fake_comfy_factory(
-        models={"checkpoints": [], "diffusion_models": [], "text_encoders": [], "vae": []}
-    )
+    empty = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                             "text_encoders": [], "vae": []})
     async with pool.Pool(backend_configs([empty.url])) as p:
         with pytest.raises(pool.NoBackendCanRun) as caught:
             await asyncio.wait_for(p.acquire(flux(), "x"), 2)

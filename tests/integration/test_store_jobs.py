@@ -19,12 +19,8 @@ def new_job(
     user: int = 1, *, chat: int | None = None, command: str = "f", **kw: object
 ) -> jobs.NewJob:
     return jobs.NewJob(
-        user_id=user,
-        chat_id=chat if chat is not None else user,
-        command=command,
-        workflow_hash="h" * 64,
-        params={"prompt": "a red fox"},
-        **kw,  # type: ignore[arg-type]
+        user_id=user, chat_id=chat if chat is not None else user, command=command,
+        workflow_hash="h" * 64, params={"prompt": "a red fox"}, **kw,  # type: ignore[arg-type]
     )
 
 
@@ -106,7 +102,8 @@ async def test_three_users_with_several_jobs_take_turns_in_the_whole_order(
     db: Database,
 ) -> None:
     """Each user in turn, the one served longest ago first; a newcomer goes next."""
-    queued = {user: [await db.jobs.enqueue(new_job(user)) for _ in range(3)] for user in (1, 2, 3)}
+    queued = {user: [await db.jobs.enqueue(new_job(user)) for _ in range(3)]
+              for user in (1, 2, 3)}
     label = {j.id: f"{user}.{i}" for user, js in queued.items() for i, j in enumerate(js)}
     order = []
     for _ in range(4):
@@ -229,8 +226,7 @@ async def test_complete_stores_outputs_and_sets_the_chat_result(db: Database) ->
     assert done.status is jobs.Status.SUCCEEDED
     stored = await db.jobs.outputs(job.id)
     assert [(o.index, o.filename, o.data, o.size) for o in stored] == [
-        (0, "a.png", b"one", 3),
-        (1, "b.png", b"two!", 4),
+        (0, "a.png", b"one", 3), (1, "b.png", b"two!", 4)
     ]
     session = await db.sessions.last_outputs(-100)
     assert session is not None and session.job_id == job.id
@@ -264,25 +260,19 @@ async def test_a_failed_delivery_waits_out_its_delay_and_is_given_up_at_the_boun
     assert [j.id for j in await db.jobs.undelivered("telegram")] == [other.id]
     tries = {"max_failures": 3, "backoff": 0.2, "backoff_max": 10.0}
     assert await db.jobs.delivery_failed(stuck.id, "telegram", "chat not found", **tries) == (
-        1,
-        False,
-    )
+        1, False)
     assert [j.id for j in await db.jobs.undelivered("telegram")] == [other.id]  # held back
     await asyncio.sleep(0.25)
     assert stuck.id in {j.id for j in await db.jobs.undelivered("telegram")}
     assert await db.jobs.claim_delivery(stuck.id, "telegram", "w2", seconds=60)
     assert await db.jobs.delivery_failed(stuck.id, "telegram", "chat not found", **tries) == (
-        2,
-        False,
-    )
+        2, False)
     await asyncio.sleep(0.25)
     assert stuck.id not in {j.id for j in await db.jobs.undelivered("telegram")}  # doubled
     await asyncio.sleep(0.2)
     assert await db.jobs.claim_delivery(stuck.id, "telegram", "w", seconds=60)
     assert await db.jobs.delivery_failed(stuck.id, "telegram", "chat not found", **tries) == (
-        3,
-        True,
-    )
+        3, True)
     assert await db.jobs.delivery_outcome(stuck.id, "telegram") == jobs.FAILED
     assert [j.id for j in await db.jobs.undelivered("telegram")] == [other.id]
     assert not await db.jobs.claim_delivery(stuck.id, "telegram", "w", seconds=60)
@@ -348,11 +338,8 @@ async def test_cancel_of_running_job_notifies_the_worker(db: Database) -> None:
         await db.jobs.cancel(claimed.id, by_user=1)
         async with asyncio.timeout(5):
             note = await anext(aiter(listener))
-    assert note.payload == {
-        "job_id": str(claimed.id),
-        "event": "cancel_requested",
-        "status": "running",
-    }
+    assert note.payload == {"job_id": str(claimed.id), "event": "cancel_requested",
+                            "status": "running"}
 
 
 async def test_listener_reconnects_after_losing_its_connection(db: Database) -> None:
@@ -416,39 +403,17 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
     job = await db.jobs.claim("w1", lease_seconds=60)
     assert job is not None
     params = {
-        "worker_id": "w1",
-        "backends": None,
-        "lease_seconds": 60,
-        "per_user": 4,
-        "job_id": job.id,
-        "backend": "gpu0",
-        "progress": Jsonb({"percent": 50}),
-        "filenames": [],
-        "kinds": [],
-        "mimes": [],
-        "datas": [],
-        "refs": Jsonb([]),
-        "sinks": [],
-        "claim_seconds": 1.0,
-        "sink": "files",
-        "detail": Jsonb({}),
+        "worker_id": "w1", "backends": None, "lease_seconds": 60, "per_user": 4,
+        "job_id": job.id, "backend": "gpu0", "progress": Jsonb({"percent": 50}),
+        "filenames": [], "kinds": [], "mimes": [], "datas": [], "refs": Jsonb([]),
+        "sinks": [], "claim_seconds": 1.0, "sink": "files", "detail": Jsonb({}),
         "outcome": "delivered",
     }
     enqueue_params = {
-        "id": uuid.uuid4(),
-        "idempotency_key": None,
-        "user_id": 3,
-        "chat_id": 3,
-        "command": "f",
-        "workflow_hash": "h" * 64,
-        "params": Jsonb({}),
-        "backends": None,
-        "max_attempts": 3,
-        "priority": 0,
-        "status_message_id": None,
-        "max_active": None,
-        "daily_quota": None,
-        "cooldown": None,
+        "id": uuid.uuid4(), "idempotency_key": None, "user_id": 3, "chat_id": 3,
+        "command": "f", "workflow_hash": "h" * 64, "params": Jsonb({}), "backends": None,
+        "max_attempts": 3, "priority": 0, "status_message_id": None, "max_active": None,
+        "daily_quota": None, "cooldown": None,
     }
 
     async def commit_waits(query: str, values: dict[str, object]) -> bool:

@@ -18,31 +18,18 @@ from comfyveil.store import database, embedded, errors, sql
 from tests.fixtures.database import open_for_the_database_user
 
 EXPECTED_TABLES = {
-    "users",
-    "commands",
-    "jobs",
-    "job_inputs",
-    "job_outputs",
-    "job_events",
-    "deliveries",
-    "chat_sessions",
-    "queue_turns",
-    "schema_migrations",
-    "delivery_claims",
-    "user_usage",
-    "workflow_versions",
-    "backend_traces",
-    "web_accounts",
-    "web_invites",
-    "web_sessions",
-    "web_links",
-    "policy_refusals",
+    "users", "commands", "jobs", "job_inputs", "job_outputs", "job_events", "deliveries",
+    "chat_sessions", "queue_turns", "schema_migrations", "delivery_claims",
+    "user_usage", "workflow_versions", "backend_traces",
+    "web_accounts", "web_invites", "web_sessions", "web_links", "policy_refusals",
 }
 
 
 async def _tables(url: str) -> set[str]:
     async with await psycopg.AsyncConnection.connect(url) as conn:
-        cursor = await conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        cursor = await conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        )
         return {row[0] for row in await cursor.fetchall()}
 
 
@@ -64,9 +51,7 @@ async def test_migrations_apply_to_an_empty_database_once(empty_database_url: st
 
 
 async def test_db_status_and_migrate_commands(
-    empty_database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)

@@ -13,10 +13,7 @@ Database = database.Database
 
 def new_job(user: int, command: str) -> jobs.NewJob:
     return jobs.NewJob(
-        user_id=user,
-        chat_id=user,
-        command=command,
-        workflow_hash="h" * 64,
+        user_id=user, chat_id=user, command=command, workflow_hash="h" * 64,
         params={"prompt": "a red fox"},
     )
 
@@ -37,8 +34,7 @@ async def test_position_and_eta_agree_with_position_and_eta(db: Database) -> Non
     assert position == 1
     assert eta == pytest.approx(measured / 2 + measured)
     assert (position, eta) == (
-        await db.jobs.position(mine.id),
-        await db.jobs.eta(mine.id, parallel=2),
+        await db.jobs.position(mine.id), await db.jobs.eta(mine.id, parallel=2)
     )
     assert await db.jobs.position_and_eta(unmeasured.id) == (0, None)
 

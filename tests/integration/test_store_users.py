@@ -34,13 +34,8 @@ async def test_settings_merge_and_remove(db: Database) -> None:
 
 async def _finished_job(db: Database, user: int, chat: int) -> jobs.Job:
     await db.jobs.enqueue(
-        jobs.NewJob(
-            user_id=user,
-            chat_id=chat,
-            command="f",
-            workflow_hash="h",
-            inputs=[jobs.InputImage("in.png", "image/png", b"in")],
-        )
+        jobs.NewJob(user_id=user, chat_id=chat, command="f", workflow_hash="h",
+                    inputs=[jobs.InputImage("in.png", "image/png", b"in")])
     )
     claimed = await db.jobs.claim("w")
     assert claimed is not None
@@ -50,20 +45,14 @@ async def _finished_job(db: Database, user: int, chat: int) -> jobs.Job:
 
 
 async def _count(url: str, table: str, user: int) -> int:
-    column = {
-        "jobs": "user_id",
-        "chat_sessions": "user_id",
-        "users": "id",
-        "queue_turns": "user_id",
-    }
+    column = {"jobs": "user_id", "chat_sessions": "user_id", "users": "id",
+              "queue_turns": "user_id"}
     async with await psycopg.AsyncConnection.connect(url) as conn:
         if table in column:
             query = f"SELECT count(*) FROM {table} WHERE {column[table]} = %s"
         else:
-            query = (
-                f"SELECT count(*) FROM {table} t JOIN jobs j ON j.id = t.job_id "
-                "WHERE j.user_id = %s"
-            )
+            query = (f"SELECT count(*) FROM {table} t JOIN jobs j ON j.id = t.job_id "
+                     "WHERE j.user_id = %s")
         cursor = await conn.execute(query, (user,))
         row = await cursor.fetchone()
         assert row is not None
@@ -79,16 +68,8 @@ async def test_forget_user_removes_everything_about_them(db: Database) -> None:
 
     assert await db.users.forget(1) == 3
 
-    for table in (
-        "jobs",
-        "job_outputs",
-        "job_events",
-        "deliveries",
-        "chat_sessions",
-        "users",
-        "queue_turns",
-        "job_inputs",
-    ):
+    for table in ("jobs", "job_outputs", "job_events", "deliveries", "chat_sessions", "users",
+                  "queue_turns", "job_inputs"):
         assert await _count(db.url, table, 1) == 0, table
     assert await db.users.get(1) is None
     # what the limits count stays, with no content: forgetting is no way round a quota
@@ -133,9 +114,8 @@ async def test_operator_command_wins_over_a_shipped_one(db: Database) -> None:
     assert wf.source is not None
     toml_text = wf.source.read_text()
     graph_text = wf.source.with_suffix(".json").read_text()
-    added = await db.commands.add(
-        wf, toml_text, graph_text, allowed_roles=["admin"], limits={"max_steps": 10}
-    )
+    added = await db.commands.add(wf, toml_text, graph_text, allowed_roles=["admin"],
+                                  limits={"max_steps": 10})
     assert added.source == "operator" and added.limits == {"max_steps": 10}
     assert not added.allows("user") and added.allows("admin")
     await db.commands.seed()
@@ -145,35 +125,24 @@ async def test_operator_command_wins_over_a_shipped_one(db: Database) -> None:
 
 
 async def test_forget_keeps_the_limits_and_an_admins_decisions(db: Database) -> None:
-    """ "Queue three, /forget, repeat" used to reset every limit of a user."""
+    """"Queue three, /forget, repeat" used to reset every limit of a user."""
     for _ in range(3):
-        await db.jobs.enqueue(
-            jobs.NewJob(user_id=7, chat_id=7, command="f", workflow_hash="h"),
-            max_active=3,
-            daily_quota=3,
-        )
+        await db.jobs.enqueue(jobs.NewJob(user_id=7, chat_id=7, command="f", workflow_hash="h"),
+                              max_active=3, daily_quota=3)
     with pytest.raises(errors.QueueLimitReached):
-        await db.jobs.enqueue(
-            jobs.NewJob(user_id=7, chat_id=7, command="f", workflow_hash="h"),
-            max_active=3,
-            daily_quota=3,
-        )
+        await db.jobs.enqueue(jobs.NewJob(user_id=7, chat_id=7, command="f",
+                                          workflow_hash="h"), max_active=3, daily_quota=3)
     assert await db.users.forget(7) == 3
     assert await _count(db.url, "jobs", 7) == 0
     with pytest.raises(errors.DailyQuotaReached):
-        await db.jobs.enqueue(
-            jobs.NewJob(user_id=7, chat_id=7, command="f", workflow_hash="h"),
-            max_active=3,
-            daily_quota=3,
-        )
-    await db.jobs.enqueue(
-        jobs.NewJob(user_id=8, chat_id=8, command="f", workflow_hash="h"), cooldown=60
-    )
+        await db.jobs.enqueue(jobs.NewJob(user_id=7, chat_id=7, command="f",
+                                          workflow_hash="h"), max_active=3, daily_quota=3)
+    await db.jobs.enqueue(jobs.NewJob(user_id=8, chat_id=8, command="f", workflow_hash="h"),
+                          cooldown=60)
     await db.users.forget(8)
     with pytest.raises(errors.CoolingDown):
-        await db.jobs.enqueue(
-            jobs.NewJob(user_id=8, chat_id=8, command="f", workflow_hash="h"), cooldown=60
-        )
+        await db.jobs.enqueue(jobs.NewJob(user_id=8, chat_id=8, command="f",
+                                          workflow_hash="h"), cooldown=60)
 
     await db.users.update_settings(9, {"steps": 8, "allowed": True})
     await db.users.set_daily_quota(9, 2)
@@ -193,25 +162,14 @@ async def test_forget_keeps_the_limits_and_an_admins_decisions(db: Database) -> 
             "WHERE table_name = 'user_usage' ORDER BY ordinal_position"
         )
         assert [r[0] for r in await cursor.fetchall()] == [
-            "user_id",
-            "day",
-            "jobs_today",
-            "last_job_at",
-        ]
+            "user_id", "day", "jobs_today", "last_job_at"]
 
 
 async def test_forget_stops_a_running_job_and_strips_it(db: Database) -> None:
-    job = await db.jobs.enqueue(
-        jobs.NewJob(
-            user_id=12,
-            chat_id=12,
-            command="f",
-            workflow_hash="h",
-            params={"prompt": "a secret"},
-            idempotency_key="tg:12:1",
-            inputs=[jobs.InputImage("in.png", "image/png", b"in")],
-        )
-    )
+    job = await db.jobs.enqueue(jobs.NewJob(
+        user_id=12, chat_id=12, command="f", workflow_hash="h",
+        params={"prompt": "a secret"}, idempotency_key="tg:12:1",
+        inputs=[jobs.InputImage("in.png", "image/png", b"in")]))
     claimed = await db.jobs.claim("w")
     assert claimed is not None and claimed.id == job.id
     assert await db.users.forget(12) == 1
@@ -229,17 +187,9 @@ async def test_concurrent_enqueues_within_the_cooldown_admit_exactly_one(db: Dat
     async def one(n: int) -> jobs.Job | None:
         try:
             return await db.jobs.enqueue(
-                jobs.NewJob(
-                    user_id=13,
-                    chat_id=13,
-                    command="f",
-                    workflow_hash="h",
-                    idempotency_key=f"tg:13:{n}",
-                ),
-                max_active=10,
-                daily_quota=100,
-                cooldown=30,
-            )
+                jobs.NewJob(user_id=13, chat_id=13, command="f", workflow_hash="h",
+                            idempotency_key=f"tg:13:{n}"),
+                max_active=10, daily_quota=100, cooldown=30)
         except errors.CoolingDown as exc:
             assert 1 <= exc.seconds <= 30
             return None
@@ -255,16 +205,14 @@ async def test_concurrent_enqueues_within_the_cooldown_admit_exactly_one(db: Dat
 
 async def test_the_daily_count_starts_again_on_a_new_utc_day(db: Database) -> None:
     for _ in range(2):
-        await db.jobs.enqueue(
-            jobs.NewJob(user_id=15, chat_id=15, command="f", workflow_hash="h"), daily_quota=2
-        )
+        await db.jobs.enqueue(jobs.NewJob(user_id=15, chat_id=15, command="f",
+                                          workflow_hash="h"), daily_quota=2)
     with pytest.raises(errors.DailyQuotaReached):
         await db.jobs.check_limits(15, daily_quota=2)
     async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
         await conn.execute("UPDATE user_usage SET day = day - 1 WHERE user_id = 15")
     assert await db.users.quota_used_today(15) == 0
     await db.jobs.check_limits(15, daily_quota=2)
-    await db.jobs.enqueue(
-        jobs.NewJob(user_id=15, chat_id=15, command="f", workflow_hash="h"), daily_quota=2
-    )
+    await db.jobs.enqueue(jobs.NewJob(user_id=15, chat_id=15, command="f", workflow_hash="h"),
+                          daily_quota=2)
     assert await db.users.quota_used_today(15) == 1

@@ -23,9 +23,8 @@ async def test_a_silent_bot_api_times_out_within_the_read_timeout() -> None:
 
     server = await asyncio.start_server(hold, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    bot = telegram.Bot(
-        TOKEN, base_url=f"http://127.0.0.1:{port}/bot", request=AiohttpRequest(read_timeout=0.3)
-    )
+    bot = telegram.Bot(TOKEN, base_url=f"http://127.0.0.1:{port}/bot",
+                       request=AiohttpRequest(read_timeout=0.3))
     started = time.monotonic()
     try:
         with pytest.raises(error.TimedOut):
@@ -45,7 +44,8 @@ async def test_an_unreachable_bot_api_is_a_network_error_without_the_token() -> 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        bot = telegram.Bot(TOKEN, base_url=f"http://127.0.0.1:{port}/bot", request=AiohttpRequest())
+        bot = telegram.Bot(TOKEN, base_url=f"http://127.0.0.1:{port}/bot",
+                           request=AiohttpRequest())
         try:
             with pytest.raises(error.NetworkError) as raised:
                 await bot.initialize()

@@ -51,17 +51,13 @@ async def test_the_gpu_gets_the_values_the_user_asked_for(
     """What reaches ComfyUI is the job's values, not the workflow's defaults or a fresh seed
     (none of these is the default of /f)."""
     fake = await fake_comfy_factory()
-    job = await enqueue(
-        db, prompt="a blue heron at dawn", seed=987_654_321, steps=3, width=320, height=448
-    )
+    job = await enqueue(db, prompt="a blue heron at dawn", seed=987_654_321, steps=3,
+                        width=320, height=448)
     async with running_worker(db, [fake.url]):
         await wait_status(db, job.id, jobs.Status.SUCCEEDED)
     assert sent_values(fake, job.id) == {
-        "prompt": "a blue heron at dawn",
-        "seed": 987_654_321,
-        "steps": 3,
-        "width": 320,
-        "height": 448,
+        "prompt": "a blue heron at dawn", "seed": 987_654_321, "steps": 3,
+        "width": 320, "height": 448,
     }
     output = (await db.jobs.outputs(job.id))[0].data
     with Image.open(io.BytesIO(output)) as image:
@@ -76,10 +72,8 @@ async def test_a_job_longer_than_its_lease_keeps_it_and_runs_once(
     fake = await fake_comfy_factory(step_delay=0.6)
     short = dataclasses.replace(FAST, lease_seconds=1.5, recover_interval=0.2)
     job = await enqueue(db, steps=8)  # about 5 s: more than three leases
-    async with (
-        running_worker(db, [fake.url], options=short),
-        running_worker(db, [fake.url], options=short),
-    ):
+    async with running_worker(db, [fake.url], options=short), \
+            running_worker(db, [fake.url], options=short):
         started = time.monotonic()
         done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
     assert time.monotonic() - started > 2 * short.lease_seconds
@@ -98,20 +92,14 @@ async def test_a_job_that_kills_its_worker_every_time_ends_failed(
     await db.commands.seed()
     wf = workflow.find("f")
     values = wf.validate({"prompt": "a fox", "steps": 2, "width": 256, "height": 256})
-    poison = await db.jobs.enqueue(
-        jobs.NewJob(
-            user_id=1,
-            chat_id=1,
-            command="f",
-            workflow_hash=wf.hash,
-            params=values,
-            backends=("doomed",),
-            max_attempts=3,  # only the dying workers may take it
-        )
-    )
+    poison = await db.jobs.enqueue(jobs.NewJob(
+        user_id=1, chat_id=1, command="f", workflow_hash=wf.hash, params=values,
+        backends=("doomed",), max_attempts=3,  # only the dying workers may take it
+    ))
     async with running_worker(db, [fake.url]):  # gpu0: recovers leases, never claims it
         for attempt in range(1, 4):
-            claimed = await db.jobs.claim(f"dies-{attempt}", backends=["doomed"], lease_seconds=0.3)
+            claimed = await db.jobs.claim(f"dies-{attempt}", backends=["doomed"],
+                                          lease_seconds=0.3)
             assert claimed is not None and claimed.id == poison.id
             assert claimed.attempts == attempt
             expected = jobs.Status.FAILED if attempt == 3 else jobs.Status.QUEUED
@@ -131,10 +119,8 @@ async def test_jobs_queued_one_after_another_start_on_their_notification(
     slow_poll = dataclasses.replace(FAST, poll_interval=30.0)
     async with running_worker(db, [fake.url], options=slow_poll):
         for round_ in range(3):
-            batch = [
-                await enqueue(db, user=round_ * 10 + i, prompt=f"fox {i}")
-                for i in range(round_ + 1)
-            ]
+            batch = [await enqueue(db, user=round_ * 10 + i, prompt=f"fox {i}")
+                     for i in range(round_ + 1)]
             for job in batch:
                 await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=10)
             await asyncio.sleep(0.3)  # the worker finds the queue empty in between
@@ -185,7 +171,9 @@ async def test_progress_is_recorded_while_running(
     assert 0 <= steps[0]["percent"] <= 100
 
 
-async def test_cancel_queued_and_running_jobs(db: database.Database, fake_comfy_factory) -> None:
+async def test_cancel_queued_and_running_jobs(
+    db: database.Database, fake_comfy_factory
+) -> None:
     fake = await fake_comfy_factory(step_delay=1.0)
     # A step of 1 s: the prompt still runs on the GPU when the worker hears that its job
     # was cancelled, which must not make it interrupt the prompt a second time.
@@ -250,9 +238,8 @@ async def test_a_backend_killed_mid_job_the_job_finishes_on_another(
 async def test_a_missing_model_fails_at_once_with_a_plain_message(
     db: database.Database, fake_comfy_factory
 ) -> None:
-    fake = await fake_comfy_factory(
-        models={"checkpoints": [], "diffusion_models": [], "text_encoders": [], "vae": []}
-    )
+    fake = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                            "text_encoders": [], "vae": []})
     job = await enqueue(db)
     async with running_worker(db, [fake.url]):
         failed = await wait_status(db, job.id, jobs.Status.FAILED, timeout=10)
@@ -269,7 +256,6 @@ async def test_all_backends_down_the_job_waits_and_says_so(
     await fake.kill()
     job = await enqueue(db)
     async with running_worker(db, [url]):
-
         async def told() -> bool:
             current = await db.jobs.get(job.id)
             assert current is not None
@@ -304,25 +290,16 @@ async def test_a_remote_workers_result_reaches_the_bot_at_once_and_once(
     await db.commands.seed()
     wf = workflow.find("f")
     values = wf.validate({"prompt": "a fox", "steps": 2, "width": 256, "height": 256})
-    async with (
-        pool.Pool(
-            [config.BackendConfig("bot-gpu", bot_gpu.url, via="direct")], probe_interval=0.2
-        ) as bot_pool,
-        running_worker(db, [remote_gpu.url]),
-    ):  # the GPU host's worker: gpu0, no sink
+    async with pool.Pool([config.BackendConfig("bot-gpu", bot_gpu.url, via="direct")],
+                         probe_interval=0.2) as bot_pool, \
+            running_worker(db, [remote_gpu.url]):  # the GPU host's worker: gpu0, no sink
         bot_worker = Worker(db, bot_pool, sinks=[bot_side], options=patient)
         bot_task = asyncio.create_task(bot_worker.run())
         try:
-            job = await db.jobs.enqueue(
-                jobs.NewJob(
-                    user_id=1,
-                    chat_id=1,
-                    command="f",
-                    workflow_hash=wf.hash,
-                    params=values,
-                    backends=("gpu0",),  # only the remote worker may run it
-                )
-            )
+            job = await db.jobs.enqueue(jobs.NewJob(
+                user_id=1, chat_id=1, command="f", workflow_hash=wf.hash, params=values,
+                backends=("gpu0",),  # only the remote worker may run it
+            ))
             await wait_status(db, job.id, jobs.Status.SUCCEEDED)
             finished = time.monotonic()
             # The catch-up scan would take delivery_grace (60 s): far more than any load adds.

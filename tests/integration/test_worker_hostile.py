@@ -40,15 +40,9 @@ async def enqueue(db: database.Database, command: str, user: int) -> jobs.Job:
     await db.commands.seed()
     wf = workflow.find(command)
     values = wf.validate({"prompt": "a fox", "steps": 1, "width": 256, "height": 256})
-    return await db.jobs.enqueue(
-        jobs.NewJob(
-            user_id=user,
-            chat_id=user,
-            command=command,
-            workflow_hash=wf.hash,
-            params=values,
-        )
-    )
+    return await db.jobs.enqueue(jobs.NewJob(
+        user_id=user, chat_id=user, command=command, workflow_hash=wf.hash, params=values,
+    ))
 
 
 @contextlib.asynccontextmanager
@@ -72,7 +66,9 @@ async def worker_on(
 async def test_other_users_are_served_while_a_backend_trickles_its_files(
     db: database.Database, tmp_path: Path
 ) -> None:
-    bad = TamperingComfyUI(FLUX_ONLY, root=tmp_path / "bad", trickle_view=True, trickle_interval=10)
+    bad = TamperingComfyUI(
+        FLUX_ONLY, root=tmp_path / "bad", trickle_view=True, trickle_interval=10
+    )
     good = FakeComfyUI(SD3_ONLY, root=tmp_path / "good")
     await bad.start()
     await good.start()

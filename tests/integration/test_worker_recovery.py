@@ -83,11 +83,8 @@ async def test_postgres_restarted_under_load_no_job_is_lost(
             await wait_status(db, queued[2].id, jobs.Status.SUCCEEDED, timeout=30)
 
             def stop() -> None:
-                _commands.pg_ctl(
-                    ["-w", "-m", "fast", "stop"],
-                    pgdata=restartable_pg.pgdata,
-                    user=restartable_pg.system_user,
-                )
+                _commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=restartable_pg.pgdata,
+                                 user=restartable_pg.system_user)
 
             await asyncio.to_thread(stop)
             await asyncio.sleep(1.5)  # workers keep running against a dead database

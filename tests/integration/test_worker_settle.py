@@ -22,11 +22,8 @@ RACY = dataclasses.replace(FAST, lease_seconds=0.9, delivery_grace=60.0)
 
 
 async def test_a_renewal_landing_after_completion_does_not_drop_the_delivery(
-    db: database.Database,
-    fake_comfy_factory,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    db: database.Database, fake_comfy_factory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = await fake_comfy_factory()
     sink = sinks.FileSink(tmp_path / "out")

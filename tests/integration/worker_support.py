@@ -29,22 +29,15 @@ def backend_configs(
     urls: Sequence[str], max_waiting: int = 1, no_trace: bool = True
 ) -> list[config.BackendConfig]:
     return [
-        config.BackendConfig(
-            name=f"gpu{i}", url=url, via="direct", max_waiting=max_waiting, no_trace=no_trace
-        )
+        config.BackendConfig(name=f"gpu{i}", url=url, via="direct", max_waiting=max_waiting,
+                             no_trace=no_trace)
         for i, url in enumerate(urls)
     ]
 
 
 async def enqueue(
-    db: database.Database,
-    *,
-    command: str = "f",
-    user: int = 1,
-    prompt: str = "a red fox",
-    seed: int | None = None,
-    steps: int = 2,
-    **extra: Any,
+    db: database.Database, *, command: str = "f", user: int = 1, prompt: str = "a red fox",
+    seed: int | None = None, steps: int = 2, **extra: Any,
 ) -> jobs.Job:
     """Queue one job of a shipped command, validated the way the front end does."""
     await db.commands.seed()
@@ -57,9 +50,8 @@ async def enqueue(
         values.setdefault("height", 256)
     validated = wf.validate(values)
     return await db.jobs.enqueue(
-        jobs.NewJob(
-            user_id=user, chat_id=user, command=wf.command, workflow_hash=wf.hash, params=validated
-        )
+        jobs.NewJob(user_id=user, chat_id=user, command=wf.command,
+                    workflow_hash=wf.hash, params=validated)
     )
 
 

@@ -13,9 +13,7 @@ from comfyveil.errors import UsageError
 def test_backends_are_name_equals_url() -> None:
     backends = bench.parse_backends(["4090=http://127.0.0.1:8188/", "http://127.0.0.1:8189"])
     assert [(b.name, b.url) for b in backends] == [
-        ("4090", "http://127.0.0.1:8188"),
-        ("gpu1", "http://127.0.0.1:8189"),
-    ]
+        ("4090", "http://127.0.0.1:8188"), ("gpu1", "http://127.0.0.1:8189")]
 
 
 @pytest.mark.parametrize("bad", ["gpu=127.0.0.1:8188", "=http://127.0.0.1:1", "ftp://x"])
@@ -39,18 +37,8 @@ def test_set_values() -> None:
 def test_bench_and_compare_parse() -> None:
     parser = argparse.ArgumentParser()
     bench.register(parser.add_subparsers())
-    args = parser.parse_args(
-        [
-            "bench",
-            "--backend",
-            "a=http://127.0.0.1:1",
-            "--runs",
-            "2",
-            "--parallel",
-            "--set",
-            "steps=2",
-        ]
-    )
+    args = parser.parse_args(["bench", "--backend", "a=http://127.0.0.1:1", "--runs", "2",
+                              "--parallel", "--set", "steps=2"])
     assert args.handler is bench.run_bench and args.runs == 2 and args.parallel
     args = parser.parse_args(["bench", "compare", "a.json", "b.json"])
     assert args.handler is bench.run_compare and args.a == Path("a.json")
@@ -65,18 +53,12 @@ def test_image_that_is_not_an_image_is_refused(tmp_path: Path) -> None:
 
 def _result(name: str, seconds: float) -> records.BenchResult:
     return records.BenchResult(
-        started_at="2026-01-01T00:00:00+00:00",
-        finished_at="2026-01-01T00:01:00+00:00",
-        mode="sequential",
-        metric="server",
-        runs=1,
-        warmup=0,
-        seed_base=42,
+        started_at="2026-01-01T00:00:00+00:00", finished_at="2026-01-01T00:01:00+00:00",
+        mode="sequential", metric="server", runs=1, warmup=0, seed_base=42,
         backends=(records.BackendEnv(name, "http://127.0.0.1:8188"),),
         workflows=(records.WorkflowInfo("sd35", "ff" * 32, "image", "seed"),),
-        records=(
-            records.RunRecord("sd35", name, 0, 42, True, wall_s=seconds, execution_s=seconds),
-        ),
+        records=(records.RunRecord("sd35", name, 0, 42, True, wall_s=seconds,
+                                   execution_s=seconds),),
     )
 
 

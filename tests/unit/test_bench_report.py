@@ -16,11 +16,7 @@ def _run(
 ) -> records.RunRecord:
     ok = seconds is not None
     return records.RunRecord(
-        workflow=workflow,
-        backend=backend,
-        run=run,
-        seed=42 + run,
-        ok=ok,
+        workflow=workflow, backend=backend, run=run, seed=42 + run, ok=ok,
         error=None if ok else "the backend stopped answering",
         wall_s=None if seconds is None else seconds + 0.05,
         execution_s=seconds,
@@ -38,35 +34,22 @@ def _result(times: dict[str, dict[str, list[float | None]]], **kw: object) -> re
     backends = sorted({b for per in times.values() for b in per}, key=lambda b: b != "gpu0")
     runs = [
         _run(wf, backend, i, t)
-        for wf, per in times.items()
-        for backend, values in per.items()
+        for wf, per in times.items() for backend, values in per.items()
         for i, t in enumerate(values)
     ]
     return records.BenchResult(
         started_at="2026-01-01T00:00:00+00:00",
         finished_at="2026-01-01T00:05:00+00:00",
-        mode="sequential",
-        metric="server",
-        runs=3,
-        warmup=1,
-        seed_base=42,
+        mode="sequential", metric="server", runs=3, warmup=1, seed_base=42,
         backends=tuple(
-            records.BackendEnv(
-                name=b,
-                url=f"http://127.0.0.1:{8188 + i}",
-                gpu="NVIDIA RTX 4090",
-                vram_bytes=24 * 2**30,
-                comfyui_version="0.3.64",
-                pytorch_version="2.8.0",
-                python_version="3.11.7 (main)",
-                os="posix",
-            )
+            records.BackendEnv(name=b, url=f"http://127.0.0.1:{8188 + i}", gpu="NVIDIA RTX 4090",
+                               vram_bytes=24 * 2**30, comfyui_version="0.3.64",
+                               pytorch_version="2.8.0", python_version="3.11.7 (main)", os="posix")
             for i, b in enumerate(backends)
         ),
         workflows=tuple(
-            records.WorkflowInfo(
-                name=wf, hash="ab" * 32, kind="image", seed_param="seed", params={"steps": 4}
-            )
+            records.WorkflowInfo(name=wf, hash="ab" * 32, kind="image", seed_param="seed",
+                                 params={"steps": 4})
             for wf in times
         ),
         records=tuple(runs),
@@ -84,13 +67,8 @@ SEED_LIKE = {
 def test_headline_is_the_seed_table() -> None:
     result = _result(SEED_LIKE)
     header, rows = report.headline(["sd35", "flux_schnell"], report.columns(result))
-    assert header == [
-        "template",
-        "gpu0 mean s",
-        "gpu1 mean s",
-        "speedup gpu1 vs gpu0",
-        "ratio gpu0/gpu1",
-    ]
+    assert header == ["template", "gpu0 mean s", "gpu1 mean s", "speedup gpu1 vs gpu0",
+                      "ratio gpu0/gpu1"]
     assert rows[0] == ["sd35", "8.96", "5.96", "33.5%", "1.50x"]
     assert rows[1] == ["flux_schnell", "4.92", "1.80", "63.4%", "2.73x"]
 
@@ -135,16 +113,10 @@ def test_csv_has_one_row_per_run() -> None:
 
 
 def test_json_round_trips_and_validates(tmp_path: Path) -> None:
-    result = _result(
-        SEED_LIKE,
-        parallel=records.ParallelSummary(
-            wall_s=30.0,
-            outputs=12,
-            outputs_per_minute=24.0,
-            runs_per_backend={"gpu0": 5, "gpu1": 7},
-            outputs_per_backend={"gpu0": 5, "gpu1": 7},
-        ),
-    )
+    result = _result(SEED_LIKE, parallel=records.ParallelSummary(
+        wall_s=30.0, outputs=12, outputs_per_minute=24.0,
+        runs_per_backend={"gpu0": 5, "gpu1": 7}, outputs_per_backend={"gpu0": 5, "gpu1": 7},
+    ))
     doc = json.loads(json.dumps(result.to_json()))
     jsonschema.validate(doc, records.schema())
     assert records.BenchResult.from_json(doc) == result
@@ -179,11 +151,7 @@ def test_load_refuses_files_that_are_not_results(tmp_path: Path) -> None:
 async def test_write_all_writes_four_files(tmp_path: Path) -> None:
     paths = await report.write_all(_result(SEED_LIKE), tmp_path / "out")
     assert {p.name for p in paths.values()} == {
-        "results.json",
-        "results.csv",
-        "results.md",
-        "results.png",
-    }
+        "results.json", "results.csv", "results.md", "results.png"}
     assert paths["png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert report.load(paths["json"]) == _result(SEED_LIKE)
 

@@ -61,18 +61,11 @@ class StubClient:
     async def system_stats(self) -> dict[str, Any]:
         if self.dead:
             raise errors.BackendUnreachable(backend=self.name)
-        return {
-            "system": {"comfyui_version": "0.3.64", "os": "posix"},
-            "devices": [{"name": f"stub {self.name}", "vram_total": 1024}],
-        }
+        return {"system": {"comfyui_version": "0.3.64", "os": "posix"},
+                "devices": [{"name": f"stub {self.name}", "vram_total": 1024}]}
 
-    async def run(
-        self,
-        prompt: dict[str, Any],
-        *,
-        prompt_id: str | None = None,
-        on_event: Callable[[Any], Any] | None = None,
-    ) -> StubResult:
+    async def run(self, prompt: dict[str, Any], *, prompt_id: str | None = None,
+                  on_event: Callable[[Any], Any] | None = None) -> StubResult:
         if self.dead or (self.fail_from is not None and len(self.prompts) >= self.fail_from):
             self.dead = True
             raise errors.BackendUnreachable(backend=self.name)
@@ -95,9 +88,8 @@ class StubClient:
 
 def factory(clients: dict[str, StubClient]) -> runner.ClientFactory:
     @asynccontextmanager
-    async def make(
-        backend: runner.Backend, proxy: str | None, _timeout: float
-    ) -> AsyncIterator[StubClient]:
+    async def make(backend: runner.Backend, proxy: str | None,
+                   _timeout: float) -> AsyncIterator[StubClient]:
         yield clients[backend.name]
 
     return make  # type: ignore[return-value]
@@ -105,13 +97,9 @@ def factory(clients: dict[str, StubClient]) -> runner.ClientFactory:
 
 def plan(**kw: Any) -> runner.Plan:
     base: dict[str, Any] = {
-        "backends": (
-            runner.Backend("a", "http://127.0.0.1:1"),
-            runner.Backend("b", "http://127.0.0.1:2"),
-        ),
-        "workflows": (tiny(),),
-        "runs": 3,
-        "warmup": 2,
+        "backends": (runner.Backend("a", "http://127.0.0.1:1"),
+                     runner.Backend("b", "http://127.0.0.1:2")),
+        "workflows": (tiny(),), "runs": 3, "warmup": 2,
     }
     return runner.Plan(**{**base, **kw})
 
@@ -137,9 +125,8 @@ async def test_warmups_run_but_are_not_recorded_and_seeds_match_across_backends(
 async def test_a_backend_that_dies_is_reported_and_not_retried() -> None:
     clients = {"a": StubClient("a"), "b": StubClient("b", fail_from=3)}
     events_seen: list[runner.Progress] = []
-    result = await runner.run(
-        plan(), client_factory=factory(clients), on_progress=events_seen.append
-    )
+    result = await runner.run(plan(), client_factory=factory(clients),
+                              on_progress=events_seen.append)
     b_runs = result.records_for("tiny", "b")
     assert [r.ok for r in b_runs] == [True, False, False]
     assert "cannot be reached" in (b_runs[1].error or "")
@@ -178,28 +165,14 @@ def test_sample_image_is_a_deterministic_png() -> None:
 
 
 def test_environment_from_system_stats() -> None:
-    stats = {
-        "system": {
-            "comfyui_version": "0.3.64",
-            "pytorch_version": "2.8.0+cu128",
-            "python_version": "3.11.7 (main)",
-            "os": "posix",
-        },
-        "devices": [
-            {"name": "cuda:0 NVIDIA GeForce RTX 5090 : cudaMallocAsync", "vram_total": 34190917632}
-        ],
-    }
+    stats = {"system": {"comfyui_version": "0.3.64", "pytorch_version": "2.8.0+cu128",
+                        "python_version": "3.11.7 (main)", "os": "posix"},
+             "devices": [{"name": "cuda:0 NVIDIA GeForce RTX 5090 : cudaMallocAsync",
+                          "vram_total": 34190917632}]}
     env = runner.environment(runner.Backend("g", "http://127.0.0.1:8188"), stats)
     assert env == records.BackendEnv(
-        "g",
-        "http://127.0.0.1:8188",
-        "cuda:0 NVIDIA GeForce RTX 5090 : cudaMallocAsync",
-        34190917632,
-        "0.3.64",
-        "2.8.0+cu128",
-        "3.11.7 (main)",
-        "posix",
-    )
+        "g", "http://127.0.0.1:8188", "cuda:0 NVIDIA GeForce RTX 5090 : cudaMallocAsync",
+        34190917632, "0.3.64", "2.8.0+cu128", "3.11.7 (main)", "posix")
 
 
 async def test_a_bad_value_is_refused_before_anything_runs() -> None:

@@ -23,9 +23,8 @@ def _modules_after(argv: list[str]) -> tuple[set[str], str]:
         "    pass\n"
         "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
     *help_lines, modules = done.stdout.strip().splitlines()
     return set(modules.split()), "\n".join(help_lines)
 

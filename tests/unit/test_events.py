@@ -36,23 +36,10 @@ def test_execution_lifecycle_messages() -> None:
     assert executing == events.Executing(PID, "1", "1")
     done = events.parse_text(f'{{"type":"executing","data":{{"node":null,"prompt_id":"{PID}"}}}}')
     assert done == events.Executing(PID, None)
-    executed = events.parse_text(
-        json.dumps(
-            {
-                "type": "executed",
-                "data": {
-                    "node": "2",
-                    "display_node": "2",
-                    "prompt_id": PID,
-                    "output": {
-                        "images": [
-                            {"filename": "probe1_00001_.png", "subfolder": "", "type": "output"}
-                        ]
-                    },
-                },
-            }
-        )
-    )
+    executed = events.parse_text(json.dumps({"type": "executed", "data": {
+        "node": "2", "display_node": "2", "prompt_id": PID,
+        "output": {"images": [{"filename": "probe1_00001_.png", "subfolder": "",
+                               "type": "output"}]}}}))
     assert isinstance(executed, events.Executed)
     assert executed.output["images"][0]["filename"] == "probe1_00001_.png"
     success = events.parse_text(
@@ -72,74 +59,34 @@ def test_progress_and_progress_state() -> None:
         '{"type":"progress","data":{"value":1,"max":2,"prompt_id":"8687","node":"2"}}'
     )
     assert progress == events.Progress("8687", "2", 1.0, 2.0)
-    state = events.parse_text(
-        json.dumps(
-            {
-                "type": "progress_state",
-                "data": {
-                    "prompt_id": PID,
-                    "nodes": {
-                        "1": {
-                            "value": 0.0,
-                            "max": 1.0,
-                            "state": "running",
-                            "node_id": "1",
-                            "prompt_id": PID,
-                            "display_node_id": "1",
-                            "parent_node_id": None,
-                            "real_node_id": "1",
-                        }
-                    },
-                },
-            }
-        )
-    )
+    state = events.parse_text(json.dumps({"type": "progress_state", "data": {
+        "prompt_id": PID, "nodes": {"1": {
+            "value": 0.0, "max": 1.0, "state": "running", "node_id": "1", "prompt_id": PID,
+            "display_node_id": "1", "parent_node_id": None, "real_node_id": "1"}}}}))
     assert isinstance(state, events.ProgressState)
     assert state.nodes["1"].state == "running" and state.nodes["1"].max == 1.0
 
 
 def test_execution_error_drops_inputs_and_keeps_the_message() -> None:
-    event = events.parse_text(
-        json.dumps(
-            {
-                "type": "execution_error",
-                "data": {
-                    "prompt_id": "7a94468d",
-                    "node_id": "2",
-                    "node_type": "SaveImage",
-                    "executed": [],
-                    "exception_message": "**** ERROR: Saving image outside the output folder is not "
-                    "allowed.\n full_output_folder: /srv/comfy\n",
-                    "exception_type": "Exception",
-                    "traceback": ['  File ".../execution.py", line 496, in execute\n'],
-                    "current_inputs": {"images": ["tensor([[[[0., 0., 0.]]]])"]},
-                    "current_outputs": ["2", "1"],
-                    "timestamp": 1796204674749,
-                },
-            }
-        )
-    )
+    event = events.parse_text(json.dumps({"type": "execution_error", "data": {
+        "prompt_id": "7a94468d", "node_id": "2", "node_type": "SaveImage", "executed": [],
+        "exception_message": "**** ERROR: Saving image outside the output folder is not "
+                             "allowed.\n full_output_folder: /srv/comfy\n",
+        "exception_type": "Exception",
+        "traceback": ['  File ".../execution.py", line 496, in execute\n'],
+        "current_inputs": {"images": ["tensor([[[[0., 0., 0.]]]])"]},
+        "current_outputs": ["2", "1"], "timestamp": 1796204674749}}))
     assert isinstance(event, events.ExecutionError)
-    assert (event.node_id, event.node_type, event.exception_type) == ("2", "SaveImage", "Exception")
+    assert (event.node_id, event.node_type, event.exception_type) == ("2", "SaveImage",
+                                                                      "Exception")
     assert event.exception_message.startswith("**** ERROR: Saving image outside")
     assert "current_inputs" not in repr(event)
 
 
 def test_execution_interrupted() -> None:
-    event = events.parse_text(
-        json.dumps(
-            {
-                "type": "execution_interrupted",
-                "data": {
-                    "prompt_id": "0e408561",
-                    "node_id": "12",
-                    "node_type": "ImageBlur",
-                    "executed": ["11", "10", "1"],
-                    "timestamp": 1796204716071,
-                },
-            }
-        )
-    )
+    event = events.parse_text(json.dumps({"type": "execution_interrupted", "data": {
+        "prompt_id": "0e408561", "node_id": "12", "node_type": "ImageBlur",
+        "executed": ["11", "10", "1"], "timestamp": 1796204716071}}))
     assert event == events.ExecutionInterrupted(
         "0e408561", "12", "ImageBlur", ("11", "10", "1"), 1796204716071
     )
@@ -174,24 +121,13 @@ def test_legacy_preview_frame() -> None:
 
 
 def test_preview_with_metadata_frame() -> None:
-    meta = json.dumps(
-        {
-            "node_id": "2",
-            "prompt_id": "784b",
-            "display_node_id": "2",
-            "parent_node_id": None,
-            "real_node_id": "2",
-            "image_type": "image/png",
-        }
-    ).encode()
+    meta = json.dumps({"node_id": "2", "prompt_id": "784b", "display_node_id": "2",
+                       "parent_node_id": None, "real_node_id": "2",
+                       "image_type": "image/png"}).encode()
     event = events.parse_binary(struct.pack(">II", 4, len(meta)) + meta + PNG)
     assert isinstance(event, events.Preview)
     assert (event.prompt_id, event.node_id, event.mime, event.image) == (
-        "784b",
-        "2",
-        "image/png",
-        PNG,
-    )
+        "784b", "2", "image/png", PNG)
 
 
 def test_text_frame() -> None:
@@ -200,9 +136,8 @@ def test_text_frame() -> None:
     assert event == events.Text(None, node_id="17", text="étape 3")
 
 
-@pytest.mark.parametrize(
-    "frame", [b"", b"\x00\x00", struct.pack(">I", 9) + b"x", struct.pack(">II", 4, 999) + b"{}"]
-)
+@pytest.mark.parametrize("frame", [b"", b"\x00\x00", struct.pack(">I", 9) + b"x",
+                                   struct.pack(">II", 4, 999) + b"{}"])
 def test_odd_binary_frames_become_unknown(frame: bytes) -> None:
     assert isinstance(events.parse_binary(frame), events.Unknown)
 
@@ -211,14 +146,10 @@ def test_iterations_per_second_counts_the_busiest_node_between_its_first_and_las
     def sample(at: float, node: str, value: int) -> results.ProgressSample:
         return results.ProgressSample(at=at, node=node, value=value, max=10)
 
-    timings = results.Timings(
-        progress=(
-            sample(10.0, "7", 1),
-            sample(10.5, "9", 1),
-            sample(10.25, "7", 2),
-            sample(11.0, "7", 5),
-        )
-    )
+    timings = results.Timings(progress=(
+        sample(10.0, "7", 1), sample(10.5, "9", 1), sample(10.25, "7", 2),
+        sample(11.0, "7", 5),
+    ))
     assert timings.iterations_per_second() == pytest.approx(4 / 1.0)  # node 7: 4 steps in 1 s
     assert timings.iterations_per_second("9") is None  # one sample: no rate
     assert results.Timings().iterations_per_second() is None

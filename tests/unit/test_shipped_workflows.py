@@ -59,53 +59,23 @@ MODELS = {
 
 # (class_type, count) of the template's active path; notes and bypassed branches dropped.
 NODES = {
-    "sd3.5_simple_example": {
-        "CheckpointLoaderSimple": 1,
-        "CLIPTextEncode": 2,
-        "EmptySD3LatentImage": 1,
-        "KSampler": 1,
-        "VAEDecode": 1,
-        "SaveImage": 1,
-    },
-    "flux_schnell_full_text_to_image": {
-        "UNETLoader": 1,
-        "DualCLIPLoader": 1,
-        "VAELoader": 1,
-        "CLIPTextEncodeFlux": 1,
-        "ConditioningZeroOut": 1,
-        "EmptySD3LatentImage": 1,
-        "KSampler": 1,
-        "VAEDecode": 1,
-        "SaveImage": 1,
-    },
-    "video_wan2_2_14B_t2v": {
-        "UNETLoader": 2,
-        "CLIPLoader": 1,
-        "VAELoader": 1,
-        "LoraLoaderModelOnly": 2,
-        "ModelSamplingSD3": 2,
-        "CLIPTextEncode": 2,
-        "EmptyHunyuanLatentVideo": 1,
-        "KSamplerAdvanced": 2,
-        "VAEDecode": 1,
-        "CreateVideo": 1,
-        "SaveVideo": 1,
-    },
-    "image_qwen_image_edit_2509": {
-        "UNETLoader": 1,
-        "CLIPLoader": 1,
-        "VAELoader": 1,
-        "LoraLoaderModelOnly": 1,
-        "ModelSamplingAuraFlow": 1,
-        "CFGNorm": 1,
-        "LoadImage": 1,
-        "ImageScaleToTotalPixels": 1,
-        "VAEEncode": 1,
-        "TextEncodeQwenImageEditPlus": 2,
-        "KSampler": 1,
-        "VAEDecode": 1,
-        "SaveImage": 1,
-    },
+    "sd3.5_simple_example": {"CheckpointLoaderSimple": 1, "CLIPTextEncode": 2,
+                             "EmptySD3LatentImage": 1, "KSampler": 1, "VAEDecode": 1,
+                             "SaveImage": 1},
+    "flux_schnell_full_text_to_image": {"UNETLoader": 1, "DualCLIPLoader": 1, "VAELoader": 1,
+                                        "CLIPTextEncodeFlux": 1, "ConditioningZeroOut": 1,
+                                        "EmptySD3LatentImage": 1, "KSampler": 1,
+                                        "VAEDecode": 1, "SaveImage": 1},
+    "video_wan2_2_14B_t2v": {"UNETLoader": 2, "CLIPLoader": 1, "VAELoader": 1,
+                             "LoraLoaderModelOnly": 2, "ModelSamplingSD3": 2,
+                             "CLIPTextEncode": 2, "EmptyHunyuanLatentVideo": 1,
+                             "KSamplerAdvanced": 2, "VAEDecode": 1, "CreateVideo": 1,
+                             "SaveVideo": 1},
+    "image_qwen_image_edit_2509": {"UNETLoader": 1, "CLIPLoader": 1, "VAELoader": 1,
+                                   "LoraLoaderModelOnly": 1, "ModelSamplingAuraFlow": 1,
+                                   "CFGNorm": 1, "LoadImage": 1, "ImageScaleToTotalPixels": 1,
+                                   "VAEEncode": 1, "TextEncodeQwenImageEditPlus": 2,
+                                   "KSampler": 1, "VAEDecode": 1, "SaveImage": 1},
 }
 NODES["flux_dev_full_text_to_image"] = NODES["flux_schnell_full_text_to_image"]
 
@@ -133,16 +103,17 @@ def graph_of(wf: workflow.Workflow) -> dict[str, Any]:
     return wf.apply({})
 
 
-def test_the_five_workflows_ship_with_their_commands(shipped: dict[str, workflow.Workflow]) -> None:
+def test_the_five_workflows_ship_with_their_commands(shipped: dict[str, workflow.Workflow]
+                                                     ) -> None:
     assert {name: wf.command for name, wf in shipped.items()} == COMMANDS
     assert shipped["video_wan2_2_14B_t2v"].kind == "video"
-    assert {wf.kind for name, wf in shipped.items() if name != "video_wan2_2_14B_t2v"} == {"image"}
+    assert {wf.kind for name, wf in shipped.items() if name != "video_wan2_2_14B_t2v"} == {
+        "image"}
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_graph_is_valid_on_comfyui_0_3_64(
-    name: str, shipped: dict[str, workflow.Workflow], object_info: dict[str, Any]
-) -> None:
+def test_graph_is_valid_on_comfyui_0_3_64(name: str, shipped: dict[str, workflow.Workflow],
+                                          object_info: dict[str, Any]) -> None:
     assert workflow.validate_graph(graph_of(shipped[name]), object_info) == []
 
 
@@ -179,9 +150,8 @@ def test_every_link_carries_the_type_its_input_wants(
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_nodes_are_the_templates_active_path(
-    name: str, shipped: dict[str, workflow.Workflow]
-) -> None:
+def test_nodes_are_the_templates_active_path(name: str,
+                                             shipped: dict[str, workflow.Workflow]) -> None:
     classes = collections.Counter(n["class_type"] for n in graph_of(shipped[name]).values())
     assert dict(classes) == NODES[name]
 
@@ -194,39 +164,29 @@ def test_model_files_are_the_ones_the_template_names(
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_sampler_settings_are_the_templates(
-    name: str, shipped: dict[str, workflow.Workflow]
-) -> None:
+def test_sampler_settings_are_the_templates(name: str,
+                                            shipped: dict[str, workflow.Workflow]) -> None:
     graph = graph_of(shipped[name])
-    samplers = [
-        n["inputs"]
-        for _id, n in sorted(graph.items(), key=lambda kv: int(kv[0]))
-        if n["class_type"] in ("KSampler", "KSamplerAdvanced")
-    ]
+    samplers = [n["inputs"] for _id, n in sorted(graph.items(), key=lambda kv: int(kv[0]))
+                if n["class_type"] in ("KSampler", "KSamplerAdvanced")]
     got = [(s["steps"], s["cfg"], s["sampler_name"], s["scheduler"]) for s in samplers]
     assert sorted(got) == sorted(SAMPLERS[name])
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_outputs_are_saved_under_comfyveil(
-    name: str, shipped: dict[str, workflow.Workflow]
-) -> None:
-    saves = [
-        n for n in graph_of(shipped[name]).values() if n["class_type"] in ("SaveImage", "SaveVideo")
-    ]
+def test_outputs_are_saved_under_comfyveil(name: str,
+                                           shipped: dict[str, workflow.Workflow]) -> None:
+    saves = [n for n in graph_of(shipped[name]).values()
+             if n["class_type"] in ("SaveImage", "SaveVideo")]
     assert [s["inputs"]["filename_prefix"] for s in saves] == [f"comfyveil/{COMMANDS[name]}"]
 
 
-def test_flux_dual_clip_and_latent_match_the_template(
-    shipped: dict[str, workflow.Workflow],
-) -> None:
+def test_flux_dual_clip_and_latent_match_the_template(shipped: dict[str, workflow.Workflow]
+                                                      ) -> None:
     graph = graph_of(shipped["flux_schnell_full_text_to_image"])
     clip = next(n for n in graph.values() if n["class_type"] == "DualCLIPLoader")["inputs"]
     assert (clip["clip_name1"], clip["clip_name2"], clip["type"]) == (
-        "clip_l.safetensors",
-        "t5xxl_fp16.safetensors",
-        "flux",
-    )
+        "clip_l.safetensors", "t5xxl_fp16.safetensors", "flux")
     latent = next(n for n in graph.values() if n["class_type"] == "EmptySD3LatentImage")
     assert (latent["inputs"]["width"], latent["inputs"]["height"]) == (1024, 1024)
     dev = graph_of(shipped["flux_dev_full_text_to_image"])
@@ -234,21 +194,21 @@ def test_flux_dual_clip_and_latent_match_the_template(
     assert encode["inputs"]["guidance"] == 3.5
 
 
-def test_wan_runs_high_then_low_noise_in_four_steps(shipped: dict[str, workflow.Workflow]) -> None:
+def test_wan_runs_high_then_low_noise_in_four_steps(shipped: dict[str, workflow.Workflow]
+                                                    ) -> None:
     graph = graph_of(shipped["video_wan2_2_14B_t2v"])
     latent = next(n for n in graph.values() if n["class_type"] == "EmptyHunyuanLatentVideo")
     assert latent["inputs"] == {"width": 640, "height": 640, "length": 81, "batch_size": 1}
     fps = next(n for n in graph.values() if n["class_type"] == "CreateVideo")["inputs"]["fps"]
     assert fps == 16
-    splits = sorted(
-        (n["inputs"]["start_at_step"], n["inputs"]["end_at_step"], n["inputs"]["add_noise"])
-        for n in graph.values()
-        if n["class_type"] == "KSamplerAdvanced"
-    )
+    splits = sorted((n["inputs"]["start_at_step"], n["inputs"]["end_at_step"],
+                     n["inputs"]["add_noise"]) for n in graph.values()
+                    if n["class_type"] == "KSamplerAdvanced")
     assert splits == [(0, 2, "enable"), (2, 4, "disable")]
 
 
-def test_qwen_takes_a_required_image_into_load_image(shipped: dict[str, workflow.Workflow]) -> None:
+def test_qwen_takes_a_required_image_into_load_image(shipped: dict[str, workflow.Workflow]
+                                                     ) -> None:
     wf = shipped["image_qwen_image_edit_2509"]
     assert wf.image_params == ["image"]
     (target,) = wf.params["image"].targets
@@ -282,15 +242,11 @@ def test_params_cover_prompt_seed_steps_and_keep_template_defaults(
     assert steps.min <= steps.default <= steps.max
 
 
-def test_negative_is_bound_where_the_template_has_one(
-    shipped: dict[str, workflow.Workflow],
-) -> None:
+def test_negative_is_bound_where_the_template_has_one(shipped: dict[str, workflow.Workflow]
+                                                      ) -> None:
     with_negative = {name for name, wf in shipped.items() if "negative" in wf.params}
-    assert with_negative == {
-        "sd3.5_simple_example",
-        "video_wan2_2_14B_t2v",
-        "image_qwen_image_edit_2509",
-    }
+    assert with_negative == {"sd3.5_simple_example", "video_wan2_2_14B_t2v",
+                             "image_qwen_image_edit_2509"}
     # Both samplers of each graph get the negative conditioning from the bound node.
     for name in with_negative:
         wf = shipped[name]
@@ -318,18 +274,11 @@ def test_applied_defaults_and_user_values_still_validate(
     assert graph[seed_target.node]["inputs"][seed_target.input] == values["seed"]
     # Every other input is the template's own: only prompt, seed and image changed.
     template = graph_of(wf)
-    changed = {
-        (node_id, key)
-        for node_id, node in graph.items()
-        for key, value in node["inputs"].items()
-        if template[node_id]["inputs"][key] != value
-    }
-    bound = {
-        (t.node, t.input)
-        for p in ("prompt", "seed", "image")
-        if p in wf.params
-        for t in wf.params[p].targets
-    }
+    changed = {(node_id, key) for node_id, node in graph.items()
+               for key, value in node["inputs"].items()
+               if template[node_id]["inputs"][key] != value}
+    bound = {(t.node, t.input) for p in ("prompt", "seed", "image") if p in wf.params
+             for t in wf.params[p].targets}
     assert changed <= bound
 
     maxed = wf.apply(wf.validate({**given, "steps": wf.params["steps"].max}))
@@ -350,9 +299,8 @@ def test_check_on_a_bare_backend_names_only_the_missing_models(
     assert shipped[name].check(object_info, installed) == []
 
 
-def test_a_broken_copy_is_caught(
-    shipped: dict[str, workflow.Workflow], object_info: dict[str, Any]
-) -> None:
+def test_a_broken_copy_is_caught(shipped: dict[str, workflow.Workflow],
+                                 object_info: dict[str, Any]) -> None:
     graph = copy.deepcopy(graph_of(shipped["flux_schnell_full_text_to_image"]))
     sampler_id = next(k for k, n in graph.items() if n["class_type"] == "KSampler")
     unet_id = next(k for k, n in graph.items() if n["class_type"] == "UNETLoader")
@@ -362,10 +310,8 @@ def test_a_broken_copy_is_caught(
     graph[unet_id]["class_type"] = "UNETLoaderGGUF"  # a custom node this backend lacks
     problems = workflow.validate_graph(graph, object_info)
     assert len(problems) == 3
-    assert (
-        f"node {sampler_id} (KSampler) input model expects MODEL but node {vae_id} "
-        "(VAELoader) output 0 gives VAE" in problems
-    )
+    assert f"node {sampler_id} (KSampler) input model expects MODEL but node {vae_id} " \
+           "(VAELoader) output 0 gives VAE" in problems
     assert f"node {sampler_id} (KSampler) input steps: 0 is below the minimum 1" in problems
     assert f"node {unet_id}: node type UNETLoaderGGUF is not installed" in problems
 
@@ -373,7 +319,5 @@ def test_a_broken_copy_is_caught(
 def test_hashes_are_distinct_and_stable(shipped: dict[str, workflow.Workflow]) -> None:
     hashes = {wf.hash for wf in shipped.values()}
     assert len(hashes) == len(COMMANDS)
-    assert (
-        workflow.shipped()["image_qwen_image_edit_2509"].hash
-        == shipped["image_qwen_image_edit_2509"].hash
-    )
+    assert workflow.shipped()["image_qwen_image_edit_2509"].hash == shipped[
+        "image_qwen_image_edit_2509"].hash

@@ -14,7 +14,8 @@ STORE_DIR = Path(sql.__file__).parent
 
 def test_parse_splits_named_queries_and_drops_descriptions() -> None:
     text = (
-        "-- preamble\n\n-- first --\n-- does one thing\nSELECT 1;\n\n-- second --\n-- x\nSELECT 2\n"
+        "-- preamble\n\n-- first --\n-- does one thing\nSELECT 1;\n\n"
+        "-- second --\n-- x\nSELECT 2\n"
     )
     assert sql.parse(text) == {"first": "SELECT 1", "second": "SELECT 2"}
 

@@ -33,11 +33,7 @@ def test_options_override_settings_which_override_defaults() -> None:
     )
     checked = f.workflow.validate(values)
     assert (checked["width"], checked["height"], checked["steps"], checked["seed"]) == (
-        1024,
-        1024,
-        2,
-        9,
-    )
+        1024, 1024, 2, 9)
     assert as_file is True
 
 
@@ -67,19 +63,14 @@ def test_help_shows_defaults_from_the_graph() -> None:
 
 def test_callback_data_round_trips_within_telegram_limits() -> None:
     job = "3f2a9c1d-0000-4000-8000-000000000001"
-    for data in (
-        callbacks_data.again(job),
-        callbacks_data.edit(job, 2),
-        callbacks_data.as_file(job, 0),
-        callbacks_data.setting("ar", "16:9"),
-    ):
+    for data in (callbacks_data.again(job), callbacks_data.edit(job, 2),
+                 callbacks_data.as_file(job, 0), callbacks_data.setting("ar", "16:9")):
         assert len(data.encode()) <= 64
         assert callbacks_data.parse(data) is not None
     press = callbacks_data.parse(callbacks_data.edit(job, 2))
     assert press is not None and str(press.job_id) == job and press.index == 2
-    assert callbacks_data.parse("set:ar:16:9") == callbacks_data.Press(
-        "set", key="ar", value="16:9"
-    )
+    assert callbacks_data.parse("set:ar:16:9") == callbacks_data.Press("set", key="ar",
+                                                                        value="16:9")
     assert callbacks_data.parse("again:not-a-uuid") is None
 
 
@@ -99,14 +90,10 @@ def test_help_gives_an_options_own_translation_then_the_catalogs() -> None:
     text = wf.source.read_text()  # type: ignore[union-attr]
     steps_description = wf.params["steps"].description
     assert steps_description
-    mine = workflow.loads(
-        "mine",
-        text.replace(
-            f'description = "{steps_description}"',
-            f'description.default = "{steps_description}"\ndescription.tr = "adım sayısı (kendi)"',
-        ),
-        wf.source.with_suffix(".json").read_text(),
-    )  # type: ignore[union-attr]
+    mine = workflow.loads("mine", text.replace(
+        f'description = "{steps_description}"',
+        f'description.default = "{steps_description}"\ndescription.tr = "adım sayısı (kendi)"',
+    ), wf.source.with_suffix(".json").read_text())  # type: ignore[union-attr]
     row = SimpleNamespace(title=mine.title, description=mine.description)
     own = registry.Entry("f", row, mine)  # type: ignore[arg-type]
 

@@ -16,33 +16,18 @@ from comfyveil.errors import UsageError
 OBJECT_INFO_PATH = Path(__file__).parent.parent / "data" / "comfyui-0.3.64-object_info.json"
 
 GRAPH: dict[str, Any] = {
-    "3": {
-        "class_type": "KSampler",
-        "inputs": {
-            "model": ["4", 0],
-            "seed": 42,
-            "steps": 4,
-            "cfg": 1.0,
-            "sampler_name": "euler",
-            "scheduler": "simple",
-            "positive": ["6", 0],
-            "negative": ["7", 0],
-            "latent_image": ["5", 0],
-            "denoise": 1.0,
-        },
-    },
+    "3": {"class_type": "KSampler", "inputs": {
+        "model": ["4", 0], "seed": 42, "steps": 4, "cfg": 1.0, "sampler_name": "euler",
+        "scheduler": "simple", "positive": ["6", 0], "negative": ["7", 0],
+        "latent_image": ["5", 0], "denoise": 1.0}},
     "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "toy.safetensors"}},
-    "5": {
-        "class_type": "EmptyLatentImage",
-        "inputs": {"width": 512, "height": 512, "batch_size": 1},
-    },
+    "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 512, "height": 512,
+                                                       "batch_size": 1}},
     "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a cat", "clip": ["4", 1]}},
     "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["4", 1]}},
     "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-    "9": {
-        "class_type": "SaveImage",
-        "inputs": {"images": ["8", 0], "filename_prefix": "comfyveil/t"},
-    },
+    "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0],
+                                                "filename_prefix": "comfyveil/t"}},
     "10": {"class_type": "LoadImage", "inputs": {"image": "example.png"}},
 }
 
@@ -123,10 +108,8 @@ def test_load_reads_toml_and_json_side_by_side(tmp_path: Path) -> None:
     wf = workflow.load(tmp_path / "toy.toml")
     assert (wf.name, wf.command, wf.title, wf.kind) == ("toy", "t", "Toy", "image")
     assert wf.source == tmp_path / "toy.toml"
-    assert wf.params["size"].targets == (
-        workflow.Target("5", "width"),
-        workflow.Target("5", "height"),
-    )
+    assert wf.params["size"].targets == (workflow.Target("5", "width"),
+                                         workflow.Target("5", "height"))
     assert wf.image_params == ["image"]
     assert wf.prompt_param == "prompt"
 
@@ -160,16 +143,14 @@ def test_load_refuses_a_missing_graph_file(tmp_path: Path) -> None:
         (('command = "t"', 'command = "T!"'), "command 'T!' must be 1 to 32"),
         (('title = "Toy"', 'titel = "Toy"'), "unknown key titel"),
         (('type = "seed"', 'type = "seeed"'), "type must be one of"),
-        (("max = 8", "max = 8\nmaximum = 9"), "params.steps: unknown key maximum"),
-        (("min = 1\n", 'min = "one"\n'), "params.steps: min must be a number"),
-        (("min = 1\n", "min = 9\n"), "params.steps: min is greater than max"),
-        (("max = 8", "max = 3"), "the graph's value does not fit: steps must be between 1 and 3"),
+        (('max = 8', 'max = 8\nmaximum = 9'), "params.steps: unknown key maximum"),
+        (('min = 1\n', 'min = "one"\n'), "params.steps: min must be a number"),
+        (('min = 1\n', 'min = 9\n'), "params.steps: min is greater than max"),
+        (('max = 8', 'max = 3'), "the graph's value does not fit: steps must be between 1 and 3"),
         (('input = "seed"', 'input = "sampler_name"'), "a seed parameter cannot set input"),
         (('input = "seed"', 'input = "model"'), "is a link to another node"),
-        (
-            ('choices = ["euler", "dpmpp_2m"]', 'choices = ["dpmpp_2m"]'),
-            "sampler must be one of: dpmpp_2m (got 'euler')",
-        ),
+        (('choices = ["euler", "dpmpp_2m"]', 'choices = ["dpmpp_2m"]'),
+         "sampler must be one of: dpmpp_2m (got 'euler')"),
         (('aliases = ["n"]', 'aliases = ["steps"]'), "the name steps is already used"),
         (('command = "t"', 'command = "t"\nfoo = ['), "is not valid TOML"),
     ],
@@ -203,9 +184,8 @@ def test_hash_follows_content_not_identity() -> None:
 
 
 def test_free_text_marker_chooses_the_prompt_param() -> None:
-    marked = BINDINGS.replace(
-        '[params.negative]\nnode = "7"', '[params.negative]\nfree_text = true\nnode = "7"'
-    )
+    marked = BINDINGS.replace('[params.negative]\nnode = "7"',
+                              '[params.negative]\nfree_text = true\nnode = "7"')
     assert toy(marked).prompt_param == "negative"
     renamed = BINDINGS.replace("[params.prompt]", "[params.text]")
     assert toy(renamed).prompt_param is None
@@ -215,17 +195,16 @@ def test_free_text_marker_chooses_the_prompt_param() -> None:
 
 
 def test_validate_coerces_strings_and_fills_the_graphs_defaults() -> None:
-    values = toy().validate(
-        {"prompt": "a dog", "steps": "6", "cfg": "2.5", "size": "768", "image": "in.png"},
-        rng=random.Random(1),
-    )
+    values = toy().validate({"prompt": "a dog", "steps": "6", "cfg": "2.5", "size": "768",
+                             "image": "in.png"}, rng=random.Random(1))
     assert values["steps"] == 6
     assert values["cfg"] == 2.5
     assert values["size"] == 768
     assert values["negative"] == "blurry"  # the template's own value is the default
     assert values["sampler"] == "euler"
     assert values["image"] == "in.png"
-    assert set(values) == {"prompt", "negative", "seed", "steps", "cfg", "size", "sampler", "image"}
+    assert set(values) == {"prompt", "negative", "seed", "steps", "cfg", "size", "sampler",
+                           "image"}
 
 
 def test_validate_keeps_the_template_default_when_not_given() -> None:
@@ -237,9 +216,8 @@ def test_validate_draws_a_seed_in_range_and_respects_a_given_one() -> None:
     seeds = {wf.validate({"prompt": "x"}, rng=random.Random(i))["seed"] for i in range(20)}
     assert len(seeds) == 20
     assert all(isinstance(s, int) and 0 <= s <= workflow.SEED_MAX for s in seeds)
-    assert wf.validate({"prompt": "x"}, rng=random.Random(7)) == wf.validate(
-        {"prompt": "x"}, rng=random.Random(7)
-    )
+    assert (wf.validate({"prompt": "x"}, rng=random.Random(7))
+            == wf.validate({"prompt": "x"}, rng=random.Random(7)))
     assert wf.validate({"prompt": "x", "n": "123"})["seed"] == 123
 
 
@@ -264,11 +242,8 @@ def test_validate_draws_within_a_seed_params_own_max() -> None:
         ({"size": "1000"}, "size must be a multiple of 64 (got 1000)"),
         ({"sampler": "heun"}, "sampler must be one of: euler, dpmpp_2m (got 'heun')"),
         ({"seed": "-1"}, "seed must be between 0 and 9007199254740991 (got -1)"),
-        (
-            {"foo": "1"},
-            "unknown option --foo; options: cfg, image, negative, prompt, "
-            "sampler, seed, size, steps",
-        ),
+        ({"foo": "1"}, "unknown option --foo; options: cfg, image, negative, prompt, "
+                       "sampler, seed, size, steps"),
         ({"prompt": "x" * 21}, "prompt is too long (21 characters, at most 20)"),
         ({"prompt": "   "}, "prompt must not be empty"),
         ({"prompt": 5}, "prompt must be text"),
@@ -276,9 +251,8 @@ def test_validate_draws_within_a_seed_params_own_max() -> None:
         ({"image": ""}, "image must be an image"),
     ],
 )
-def test_validate_refuses_bad_values_in_one_sentence(
-    values: dict[str, object], message: str
-) -> None:
+def test_validate_refuses_bad_values_in_one_sentence(values: dict[str, object],
+                                                      message: str) -> None:
     given = {"prompt": "ok", **values}
     with pytest.raises(workflow.ParamError) as caught:
         toy().validate(given)
@@ -294,14 +268,12 @@ def test_validate_never_repeats_the_prompt_text_in_an_error() -> None:
 
 
 def test_validate_requires_a_required_image() -> None:
-    required = BINDINGS.replace(
-        'input = "image"\ntype = "image"', 'input = "image"\ntype = "image"\nrequired = true'
-    )
+    required = BINDINGS.replace('input = "image"\ntype = "image"',
+                                'input = "image"\ntype = "image"\nrequired = true')
     with pytest.raises(workflow.ParamError, match="image is required"):
         toy(required).validate({"prompt": "x"})
     assert toy(required).validate({"prompt": "x", "image": Path("/tmp/a.png")})["image"] == Path(
-        "/tmp/a.png"
-    )
+        "/tmp/a.png")
 
 
 def test_validate_refuses_the_same_option_twice_by_alias() -> None:
@@ -342,10 +314,9 @@ def test_apply_sets_every_target_and_leaves_the_template_alone() -> None:
 def test_apply_leaves_params_not_given_at_the_graphs_value() -> None:
     graph = toy().apply({"prompt": "x"})
     assert graph["3"]["inputs"]["seed"] == 42
-    assert graph == {
-        **json.loads(json.dumps(GRAPH)),
-        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "x", "clip": ["4", 1]}},
-    }
+    assert graph == {**json.loads(json.dumps(GRAPH)),
+                     "6": {"class_type": "CLIPTextEncode",
+                           "inputs": {"text": "x", "clip": ["4", 1]}}}
 
 
 def test_apply_writes_a_path_image_as_text_and_refuses_unknown_names() -> None:
@@ -386,16 +357,14 @@ def test_check_uses_models_lists_as_an_extra_source(object_info: dict[str, Any])
     wf = toy()
     assert wf.check(object_info, {"checkpoints": ["toy.safetensors"]}) == []
     assert wf.check(object_info, {"checkpoints": ["other.safetensors"]}) == [
-        "model file toy.safetensors (checkpoints) is not installed"
-    ]
+        "model file toy.safetensors (checkpoints) is not installed"]
 
 
 def test_check_reports_a_bad_sampler_for_this_backend(object_info: dict[str, Any]) -> None:
     graph = copy.deepcopy(GRAPH)
     graph["3"]["inputs"]["sampler_name"] = "warp_drive"
-    problems = toy(BINDINGS.replace('["euler", "dpmpp_2m"]', '["warp_drive"]'), graph).check(
-        object_info, {"checkpoints": ["toy.safetensors"]}
-    )
+    problems = toy(BINDINGS.replace('["euler", "dpmpp_2m"]', '["warp_drive"]'),
+                   graph).check(object_info, {"checkpoints": ["toy.safetensors"]})
     assert len(problems) == 1
     assert "node 3 (KSampler) input sampler_name: 'warp_drive' is not one of" in problems[0]
 
@@ -433,34 +402,25 @@ def test_validate_graph_matches_wildcard_and_comma_types() -> None:
     info = {
         "Src": {"input": {}, "output": ["IMAGE,MASK"]},
         "Any": {"input": {}, "output": ["*"]},
-        "Sink": {
-            "input": {"required": {"a": ["MASK"], "b": ["LATENT"], "c": ["LATENT"]}},
-            "output": [],
-        },
+        "Sink": {"input": {"required": {"a": ["MASK"], "b": ["LATENT"], "c": ["LATENT"]}},
+                 "output": []},
     }
-    graph = {
-        "1": {"class_type": "Src", "inputs": {}},
-        "2": {"class_type": "Any", "inputs": {}},
-        "3": {"class_type": "Sink", "inputs": {"a": ["1", 0], "b": ["2", 0], "c": ["1", 0]}},
-    }
+    graph = {"1": {"class_type": "Src", "inputs": {}}, "2": {"class_type": "Any", "inputs": {}},
+             "3": {"class_type": "Sink", "inputs": {"a": ["1", 0], "b": ["2", 0],
+                                                    "c": ["1", 0]}}}
     assert workflow.validate_graph(graph, info) == [
-        "node 3 (Sink) input c expects LATENT but node 1 (Src) output 0 gives IMAGE,MASK"
-    ]
+        "node 3 (Sink) input c expects LATENT but node 1 (Src) output 0 gives IMAGE,MASK"]
 
 
 def test_validate_graph_reads_v3_combos(object_info: dict[str, Any]) -> None:
-    graph = {
-        "1": {
-            "class_type": "ImageScaleToTotalPixels",
-            "inputs": {"image": ["2", 0], "upscale_method": "sideways", "megapixels": 1.0},
-        },
-        "2": {"class_type": "LoadImage", "inputs": {"image": "anything.png"}},
-    }
+    graph = {"1": {"class_type": "ImageScaleToTotalPixels",
+                   "inputs": {"image": ["2", 0], "upscale_method": "sideways",
+                              "megapixels": 1.0}},
+             "2": {"class_type": "LoadImage", "inputs": {"image": "anything.png"}}}
     problems = workflow.validate_graph(graph, object_info)
     assert len(problems) == 1
     assert problems[0].startswith(
-        "node 1 (ImageScaleToTotalPixels) input upscale_method: 'sideways' is not one of"
-    )
+        "node 1 (ImageScaleToTotalPixels) input upscale_method: 'sideways' is not one of")
 
 
 # --- shipped and find ------------------------------------------------------------------------
@@ -488,8 +448,7 @@ def test_find_unknown_lists_what_exists() -> None:
 
 def test_find_prefers_an_operators_workflow_of_the_same_name(tmp_path: Path) -> None:
     (tmp_path / "flux_schnell_full_text_to_image.toml").write_text(
-        BINDINGS.replace('command = "t"', 'command = "mine"')
-    )
+        BINDINGS.replace('command = "t"', 'command = "mine"'))
     (tmp_path / "flux_schnell_full_text_to_image.json").write_text(json.dumps(GRAPH))
     assert workflow.find("flux_schnell_full_text_to_image", extra_dirs=[tmp_path]).command == "mine"
 
@@ -523,10 +482,8 @@ def test_find_a_missing_path() -> None:
         ({"seed": 0}, None),
         ({"seed": -1}, f"seed must be between 0 and {workflow.SEED_MAX} (got -1)"),
         ({"seed": workflow.SEED_MAX}, None),
-        (
-            {"seed": workflow.SEED_MAX + 1},
-            f"seed must be between 0 and {workflow.SEED_MAX} (got {workflow.SEED_MAX + 1})",
-        ),
+        ({"seed": workflow.SEED_MAX + 1},
+         f"seed must be between 0 and {workflow.SEED_MAX} (got {workflow.SEED_MAX + 1})"),
         ({"prompt": "x" * 20}, None),
         ({"prompt": "x" * 21}, "prompt is too long (21 characters, at most 20)"),
         ({"prompt": "x", "negative": "y" * 500}, None),  # no max_length: no limit
@@ -549,9 +506,8 @@ def test_every_option_bound_is_exact(values: dict[str, Any], refusal: str | None
 
 
 def test_a_step_counts_from_the_minimum() -> None:
-    wf = toy(
-        BINDINGS.replace("min = 256\nmax = 1024\nstep = 64", "min = 32\nmax = 1024\nstep = 96")
-    )
+    wf = toy(BINDINGS.replace("min = 256\nmax = 1024\nstep = 64",
+                              "min = 32\nmax = 1024\nstep = 96"))
     assert wf.validate({"prompt": "x", "size": 128})["size"] == 128
     with pytest.raises(workflow.ParamError, match=r"size must be 32 plus a multiple of 96"):
         wf.validate({"prompt": "x", "size": 129})
@@ -561,21 +517,17 @@ def test_an_options_label_and_description_may_carry_translations() -> None:
     """An operator's option gets a label and translated texts (``label.fa``,
     ``description.ru``); without them an option and the workflow's hash stay as they were."""
     plain = toy()
-    texts = toy(
-        BINDINGS.replace(
-            'description = "what to draw"\n',
-            'description.default = "what to draw"\ndescription.ru = "что нарисовать"\n'
-            'label.default = "Idea"\nlabel.fa = "ایده"\nlabel.zh-Hans = "想法"\n',
-        )
-    )
+    texts = toy(BINDINGS.replace(
+        'description = "what to draw"\n',
+        'description.default = "what to draw"\ndescription.ru = "что нарисовать"\n'
+        'label.default = "Idea"\nlabel.fa = "ایده"\nlabel.zh-Hans = "想法"\n',
+    ))
     prompt = texts.params["prompt"]
     assert prompt.description == "what to draw" and prompt.label == "Idea"
     assert prompt.description_in("ru-RU") == "что нарисовать"
     assert prompt.description_in("fa") == "what to draw"
     assert (prompt.label_in("fa"), prompt.label_in("zh"), prompt.label_in("es")) == (
-        "ایده",
-        "想法",
-        "Idea",
+        "ایده", "想法", "Idea"
     )
     assert plain.params["prompt"].label_in("fa") == ""
     assert "label" not in plain.params["prompt"].to_dict()

@@ -126,14 +126,10 @@ async def test_admin_pages_and_form_labels_in_the_admins_language(db, fake_comfy
 async def test_an_operators_workflow_brings_its_own_translated_labels(db, fake_comfy) -> None:
     """A workflow added from the admin page with ``label.fa`` and ``description.fa`` shows
     them to a Persian reader; an English one reads the defaults."""
-    toml = (
-        (DATA / "noise_copy.toml")
-        .read_text()
-        .replace(
-            'description = "the image to copy"\n',
-            'description.default = "the image to copy"\ndescription.fa = "تصویری برای رونوشت"\n'
-            'label.default = "Source picture"\nlabel.fa = "تصویر مبدأ"\n',
-        )
+    toml = (DATA / "noise_copy.toml").read_text().replace(
+        'description = "the image to copy"\n',
+        'description.default = "the image to copy"\ndescription.fa = "تصویری برای رونوشت"\n'
+        'label.default = "Source picture"\nlabel.fa = "تصویر مبدأ"\n',
     )
     async with web_stack(db, [fake_comfy], worker=False) as stack, client() as admin:
         await sign_up(admin, await stack.invite(admin=True), "dara")
@@ -148,7 +144,9 @@ async def test_an_operators_workflow_brings_its_own_translated_labels(db, fake_c
         _, english = await get_text(admin, stack.url + "/c/copy")
         assert "<legend>Source picture (required)</legend>" in english
         assert "the image to copy" in english
-        async with admin.get(stack.url + "/c/copy", headers={"Accept-Language": "fa"}) as response:
+        async with admin.get(
+            stack.url + "/c/copy", headers={"Accept-Language": "fa"}
+        ) as response:
             persian = await response.text()
         assert "<legend>تصویر مبدأ" in persian and "تصویری برای رونوشت" in persian
         assert "Source picture" not in persian
@@ -187,21 +185,9 @@ async def test_no_english_is_left_on_any_page_in_any_language(db, fake_comfy) ->
         )
         job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
         await finished(stack, job_id)
-        pages = [
-            "/",
-            "/history",
-            "/gallery",
-            "/settings",
-            "/c/f",
-            "/c/qwen",
-            f"/jobs/{job_id}",
-            "/forget",
-            "/admin",
-            "/admin/users",
-            "/admin/invites",
-            "/admin/backends",
-            "/admin/workflows",
-        ]
+        pages = ["/", "/history", "/gallery", "/settings", "/c/f", "/c/qwen", f"/jobs/{job_id}",
+                 "/forget", "/admin", "/admin/users", "/admin/invites", "/admin/backends",
+                 "/admin/workflows"]
         for language in i18n.LANGUAGES:
             if language == i18n.DEFAULT:
                 continue
@@ -219,8 +205,8 @@ async def test_no_english_is_left_on_any_page_in_any_language(db, fake_comfy) ->
                 assert f'<html lang="{language}"' in page, (language, path)
                 shown = html.unescape(re.sub(r"<[^>]+>", " ", page))
                 left = [
-                    text
-                    for text in english
-                    if text not in kept and re.search(rf"(?<!\w){re.escape(text)}(?!\w)", shown)
+                    text for text in english
+                    if text not in kept
+                    and re.search(rf"(?<!\w){re.escape(text)}(?!\w)", shown)
                 ]
                 assert not left, (language, path, left)
