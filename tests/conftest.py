@@ -19,15 +19,38 @@ pytest_plugins = [
 DATA_DIR = Path(__file__).parent / "data"
 OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 
-# Tests that must share one pytest-xdist worker (`make test` runs with --dist loadgroup):
-# every test on the private Anyone network (a session fixture of ten anon processes,
-# started once, not once per worker) and every browser test (chromium is the heaviest
-# process the suite starts; side by side they starve the timing of the tests around).
+# The kinds of test (README, Tests), each a marker set here from where a test lives and
+# what it starts, so `pytest -m KIND` runs one kind:
+#   unit         no server, no PostgreSQL, no anon network      tests/unit, tests/anyone
+#   integration  a real PostgreSQL and/or fakes, in-process     tests/integration
+#   e2e          the product's front doors: the CLI as a subprocess, the bot on the fake
+#                Bot API, the web front end over HTTP           tests/e2e, tests/web
+#   browser      the web front end in Debian's chromium, JavaScript off
+#   anyone       the real anon binary on a private Anyone network on 127.0.0.1
+KINDS = ("unit", "integration", "e2e", "browser", "anyone")
+TESTS = Path(__file__).parent
 ANYONE_FIXTURES = {"anyone_network", "anon_pair"}
 BROWSER_FILES = {"test_web_browser.py", "test_web_hidden_service.py"}
+POSTGRES_FIXTURES = {"db", "store", "database_url", "empty_database_url", "pg_server"}
+
+
+def kind_of(item: pytest.Item) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if ANYONE_FIXTURES & fixtures:
+        return "anyone"
+    if item.path.name in BROWSER_FILES:
+        return "browser"
+    top = item.path.relative_to(TESTS).parts[0]
+    if top in ("e2e", "web"):
+        return "e2e"
+    if top == "integration" or POSTGRES_FIXTURES & fixtures:
+        return "integration"
+    return "unit"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for kind in KINDS[:-1]:  # `anyone` is declared in pyproject.toml
+        config.addinivalue_line("markers", f"{kind}: a test of that kind (tests/conftest.py)")
     # `pytest -n N` alone would spread the groups below over every worker (each starting
     # its own Anyone network); only --dist loadgroup keeps them together.
     if getattr(config.option, "dist", None) == "load":
@@ -37,10 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if ANYONE_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("anyone"))
-        elif item.path.name in BROWSER_FILES:
-            item.add_marker(pytest.mark.xdist_group("browser"))
+        kind = kind_of(item)
+        item.add_marker(kind)
+        # Tests that must share one pytest-xdist worker (`make test` runs with --dist
+        # loadgroup): those on the private Anyone network (a session fixture of ten anon
+        # processes, started once, not once per worker) and those in a browser (chromium
+        # is the heaviest process the suite starts; side by side they starve the timing
+        # of the tests around them).
+        if kind in ("anyone", "browser"):
+            item.add_marker(pytest.mark.xdist_group(kind))
 
 
 @pytest.fixture(autouse=True)
