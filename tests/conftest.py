@@ -30,20 +30,30 @@ OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 KINDS = ("unit", "integration", "e2e", "browser", "anyone")
 TESTS = Path(__file__).parent
 ANYONE_FIXTURES = {"anyone_network", "anon_pair"}
-BROWSER_FILES = {"test_web_browser.py", "test_web_hidden_service.py"}
 POSTGRES_FIXTURES = {"db", "store", "database_url", "empty_database_url", "pg_server"}
+# Files whose tests share one pytest-xdist worker (`make test` runs with -n): those on the
+# private Anyone network (a session fixture of ten anon processes, started once, not once
+# per worker) and those in a browser (chromium is the heaviest process the suite starts;
+# side by side they starve the timing of the tests around them). By file, not by an
+# xdist_group mark: xdist 3.8's loadgroup loses its groups on pytest 9.2 (its issue 1386).
+GROUPED_FILES = {
+    "tests/anyone/test_anyone_network.py": "anyone",
+    "tests/anyone/test_anyone_product.py": "anyone",
+    "tests/anyone/test_web_hidden_service.py": "anyone",
+    "tests/web/test_web_browser.py": "browser",
+}
 
 
 def kind_of(item: pytest.Item) -> str:
     fixtures = set(getattr(item, "fixturenames", ()))
+    path = item.path.relative_to(TESTS)
     if ANYONE_FIXTURES & fixtures:
         return "anyone"
-    if item.path.name in BROWSER_FILES:
+    if GROUPED_FILES.get(f"tests/{path.as_posix()}") == "browser":
         return "browser"
-    top = item.path.relative_to(TESTS).parts[0]
-    if top in ("e2e", "web"):
+    if path.parts[0] in ("e2e", "web"):
         return "e2e"
-    if top == "integration" or POSTGRES_FIXTURES & fixtures:
+    if path.parts[0] == "integration" or POSTGRES_FIXTURES & fixtures:
         return "integration"
     return "unit"
 
@@ -51,24 +61,31 @@ def kind_of(item: pytest.Item) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     for kind in KINDS[:-1]:  # `anyone` is declared in pyproject.toml
         config.addinivalue_line("markers", f"{kind}: a test of that kind (tests/conftest.py)")
-    # `pytest -n N` alone would spread the groups below over every worker (each starting
-    # its own Anyone network); only --dist loadgroup keeps them together.
-    if getattr(config.option, "dist", None) == "load":
-        config.option.dist = "loadgroup"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        kind = kind_of(item)
-        item.add_marker(kind)
-        # Tests that must share one pytest-xdist worker (`make test` runs with --dist
-        # loadgroup): those on the private Anyone network (a session fixture of ten anon
-        # processes, started once, not once per worker) and those in a browser (chromium
-        # is the heaviest process the suite starts; side by side they starve the timing
-        # of the tests around them).
-        if kind in ("anyone", "browser"):
-            item.add_marker(pytest.mark.xdist_group(kind))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    kind = kind_of(item)
+    item.add_marker(kind)
+    where = f"tests/{item.path.relative_to(TESTS).as_posix()}"
+    if kind == "anyone" and GROUPED_FILES.get(where) != "anyone":
+        raise pytest.UsageError(
+            f"{item.nodeid} starts the private Anyone network: add {where} to GROUPED_FILES "
+            "in tests/conftest.py, or each xdist worker starts a network of its own"
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's load scheduling, with each file of GROUPED_FILES one unit of work."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupedFiles(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUPED_FILES.get(nodeid.split("::", 1)[0], nodeid)
+
+    return GroupedFiles(config, log)
 
 
 @pytest.fixture(autouse=True)
