@@ -19,6 +19,7 @@ import collections
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,8 +30,9 @@ FAILURE = re.compile(r"^(FAILED|ERROR) (.+?)(?: - .*)?$")
 CLOSING = re.compile(r"^=*\s*(\d+ (passed|failed)|no tests ran).* in [\d.]+s")
 
 
-def run_once(args: list[str]) -> tuple[int, list[tuple[str, str]], str, float]:
-    """pytest's exit status, its failures (kind, test id), its closing line, its seconds."""
+def run_once(args: list[str], log: Path) -> tuple[int, list[tuple[str, str]], str, float]:
+    """pytest's exit status, its failures (kind, test id), its closing line, its seconds;
+    its whole output goes to `log`."""
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-rfE", *args],
@@ -39,6 +41,7 @@ def run_once(args: list[str]) -> tuple[int, list[tuple[str, str]], str, float]:
         text=True,
     )
     seconds = time.monotonic() - started
+    log.write_text(done.stdout + done.stderr, encoding="utf-8")
     lines = (done.stdout + done.stderr).splitlines()
     failures = [(m.group(1), m.group(2)) for line in lines if (m := FAILURE.match(line))]
     closing = next((line.strip("= ") for line in reversed(lines) if CLOSING.match(line)), "")
@@ -58,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
 
     failed_in: dict[str, list[int]] = collections.defaultdict(list)
     green = 0
+    logs = Path(tempfile.mkdtemp(prefix="comfyveil-soak-"))
+    print(f"each run's whole output: {logs}/run-N.log", flush=True)
     for run in range(1, args.runs + 1):
-        code, failures, closing, seconds = run_once(pytest_args)
+        code, failures, closing, seconds = run_once(pytest_args, logs / f"run-{run}.log")
         verdict = "green" if code == 0 else "RED"
         green += code == 0
         print(f"run {run}/{args.runs}: {verdict} in {seconds:.0f} s ({closing})", flush=True)
