@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test lint bench mutants clean
+.PHONY: install anon chromium systemd-analyze run test soak lint bench mutants clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,23 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# pytest-xdist workers: more than the 2 cores of the reference machine, since most tests
+# wait on a server, a subprocess or a timer; the anon-network and browser tests keep to
+# one worker each (GROUPED_FILES in tests/conftest.py).
+TEST_WORKERS ?= 4
+PYTEST_ARGS := -q -p no:cacheprovider -n $(TEST_WORKERS)
+TEST_ENV := COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only
+# Compiled bytecode is kept (__pycache__, ignored by git): with it off, every worker and
+# every CLI subprocess a test starts compiles the sources and rewrites the tests again.
+unexport PYTHONDONTWRITEBYTECODE
+
 test: install $(VENV)/anon/anon chromium systemd-analyze
 	$(BIN)/ruff check src tests benchmarks
-	COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only $(BIN)/pytest -q -p no:cacheprovider
+	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) --durations=15
+
+# The whole suite 5 times in a row: every failure with its test id (scripts/soak.py).
+soak: install $(VENV)/anon/anon chromium systemd-analyze
+	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS)
 
 # Deliberate bugs (tests/mutants.toml), each tried in a copy of the tree: every one must
 # fail its tests. Minutes, not seconds; not part of `make test`.

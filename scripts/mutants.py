@@ -18,6 +18,7 @@ broken (a text that is not in its file, tests failing without any mutant).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import os
 import shutil
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file", type=Path, default=DEFAULT_LIST, help="the mutant list")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
     parser.add_argument(
+        "-j", "--jobs", type=int, default=3, help="mutants tried at once (default 3)"
+    )
+    parser.add_argument(
         "--no-baseline",
         action="store_true",
         help="skip running the tests on the unchanged tree first",
@@ -216,28 +220,35 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_baseline:
             tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
             print(f"baseline: {len(tests)} test targets on the unchanged tree ...", flush=True)
-            code, output = run_tests(pristine, tests, [], args.timeout * 2)
+            extra = ["-n", str(args.jobs)] if args.jobs > 1 else []
+            code, output = run_tests(pristine, tests, extra, args.timeout * 2)
             if code != 0:
                 print(output)
                 print("the named tests fail without any mutant; fix that first", file=sys.stderr)
                 return 2
-        outcomes = []
-        for mutant in mutants:
-            tree = Path(tmp) / "mutant"
-            shutil.rmtree(tree, ignore_errors=True)
+
+        def attempt(index: int, mutant: Mutant) -> Outcome:
+            tree = Path(tmp) / f"mutant-{index}"
             shutil.copytree(pristine, tree, symlinks=True)
             started = time.monotonic()
-            problem = apply(mutant, tree)
-            if problem is not None:
-                outcomes.append(Outcome(mutant, "broken (stale)", 0.0, problem))
-            else:
+            try:
+                problem = apply(mutant, tree)
+                if problem is not None:
+                    return Outcome(mutant, "broken (stale)", 0.0, problem)
                 code, output = run_tests(tree, mutant.tests, [], args.timeout)
-                outcomes.append(Outcome(mutant, verdict(code), time.monotonic() - started, output))
-            last = outcomes[-1]
-            print(f"{last.verdict:16} {mutant.name} ({last.seconds:.0f} s)", flush=True)
-            if args.verbose or not last.verdict.startswith("killed"):
-                print("    " + last.detail.replace("\n", "\n    "), flush=True)
-        shutil.rmtree(Path(tmp) / "mutant", ignore_errors=True)
+                return Outcome(mutant, verdict(code), time.monotonic() - started, output)
+            finally:
+                shutil.rmtree(tree, ignore_errors=True)
+
+        # Several mutants at once, each in its own copy: their tests mostly wait.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+            futures = [pool.submit(attempt, i, m) for i, m in enumerate(mutants)]
+            for future in concurrent.futures.as_completed(futures):
+                last = future.result()
+                print(f"{last.verdict:16} {last.mutant.name} ({last.seconds:.0f} s)", flush=True)
+                if args.verbose or not last.verdict.startswith("killed"):
+                    print("    " + last.detail.replace("\n", "\n    "), flush=True)
+            outcomes = [f.result() for f in futures]
 
     print()
     print(table(outcomes))

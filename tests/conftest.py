@@ -19,6 +19,75 @@ pytest_plugins = [
 DATA_DIR = Path(__file__).parent / "data"
 OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 
+# The kinds of test (README, Tests), each a marker set here from where a test lives and
+# what it starts, so `pytest -m KIND` runs one kind:
+#   unit         no server, no PostgreSQL, no anon network      tests/unit, tests/anyone
+#   integration  a real PostgreSQL and/or fakes, in-process     tests/integration
+#   e2e          the product's front doors: the CLI as a subprocess, the bot on the fake
+#                Bot API, the web front end over HTTP           tests/e2e, tests/web
+#   browser      the web front end in Debian's chromium, JavaScript off
+#   anyone       the real anon binary on a private Anyone network on 127.0.0.1
+KINDS = ("unit", "integration", "e2e", "browser", "anyone")
+TESTS = Path(__file__).parent
+ANYONE_FIXTURES = {"anyone_network", "anon_pair"}
+POSTGRES_FIXTURES = {"db", "store", "database_url", "empty_database_url", "pg_server"}
+# Files whose tests share one pytest-xdist worker (`make test` runs with -n): those on the
+# private Anyone network (a session fixture of ten anon processes, started once, not once
+# per worker) and those in a browser (chromium is the heaviest process the suite starts;
+# side by side they starve the timing of the tests around them). By file, not by an
+# xdist_group mark: xdist 3.8's loadgroup loses its groups on pytest 9.2 (its issue 1386).
+GROUPED_FILES = {
+    "tests/anyone/test_anyone_network.py": "anyone",
+    "tests/anyone/test_anyone_product.py": "anyone",
+    "tests/anyone/test_web_hidden_service.py": "anyone",
+    "tests/anyone/test_models_via_anon.py": "anyone",
+    "tests/web/test_web_browser.py": "browser",
+}
+
+
+def kind_of(item: pytest.Item) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    path = item.path.relative_to(TESTS)
+    if ANYONE_FIXTURES & fixtures:
+        return "anyone"
+    if GROUPED_FILES.get(f"tests/{path.as_posix()}") == "browser":
+        return "browser"
+    if path.parts[0] in ("e2e", "web"):
+        return "e2e"
+    if path.parts[0] == "integration" or POSTGRES_FIXTURES & fixtures:
+        return "integration"
+    return "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for kind in KINDS[:-1]:  # `anyone` is declared in pyproject.toml
+        config.addinivalue_line("markers", f"{kind}: a test of that kind (tests/conftest.py)")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    kind = kind_of(item)
+    item.add_marker(kind)
+    where = f"tests/{item.path.relative_to(TESTS).as_posix()}"
+    if kind == "anyone" and GROUPED_FILES.get(where) != "anyone":
+        raise pytest.UsageError(
+            f"{item.nodeid} starts the private Anyone network: add {where} to GROUPED_FILES "
+            "in tests/conftest.py, or each xdist worker starts a network of its own"
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's load scheduling, with each file of GROUPED_FILES one unit of work."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupedFiles(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUPED_FILES.get(nodeid.split("::", 1)[0], nodeid)
+
+    return GroupedFiles(config, log)
+
 
 @pytest.fixture(autouse=True)
 def _clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -28,7 +97,9 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     keep = {"COMFYVEIL_ANON_DIR"}  # where `make test` installed the anon binary
     for name in list(os.environ):
         if (name.startswith("COMFYVEIL_") and name not in keep) or name in {
-            "DATABASE_URL", "ANON_BINARY"
+            "DATABASE_URL",
+            "ANON_BINARY",
+            "TESTS_PG_SERVER_URL",
         }:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COMFYVEIL_DATA_DIR", str(tmp_path / "comfyveil-data"))

@@ -60,7 +60,7 @@ class Stack:
         return await self.telegram.wait_for_call(method, chat_id=chat, count=count,
                                                  timeout=timeout)
 
-    async def reply_text(self, chat: int, count: int = 1, timeout: float = 5.0) -> str:
+    async def reply_text(self, chat: int, count: int = 1, timeout: float = 15.0) -> str:
         call = await self.telegram.wait_for_call("sendMessage", chat_id=chat, count=count,
                                                  timeout=timeout)
         return str(call.result["text"])

@@ -74,10 +74,11 @@ async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 async def _server(handler: Handler | None) -> AsyncIterator[str]:
     """A misbehaving Bot API on 127.0.0.1 (None: a port nothing listens on)."""
     if handler is None:
+        # Bound but not listening, and held: refused, and no other test running beside
+        # this one (xdist) can take the port meanwhile.
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
         return
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     try:

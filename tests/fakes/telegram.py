@@ -528,7 +528,7 @@ class FakeTelegram:
     async def wait_for(
         self,
         predicate: Callable[[list[BotCall]], T],
-        timeout: float = 5.0,
+        timeout: float = 15.0,
     ) -> T:
         """Wait until ``predicate(self.sent)`` is truthy and return its value."""
         deadline = asyncio.get_running_loop().time() + timeout
@@ -554,7 +554,7 @@ class FakeTelegram:
         *,
         chat_id: int | None = None,
         count: int = 1,
-        timeout: float = 5.0,
+        timeout: float = 15.0,
     ) -> BotCall:
         """Wait for the ``count``-th successful call of ``method`` (to ``chat_id``)."""
 

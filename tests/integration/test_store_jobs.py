@@ -188,12 +188,13 @@ async def test_a_worker_restarted_under_its_id_gets_its_running_jobs_back_at_onc
 
 async def test_expired_lease_returns_the_job_with_submitted_and_backend(db: Database) -> None:
     job = await db.jobs.enqueue(new_job(1))
-    claimed = await db.jobs.claim("dying-worker", lease_seconds=0.05)
+    # A lease long enough that a busy machine cannot let it lapse before the first check.
+    claimed = await db.jobs.claim("dying-worker", lease_seconds=1.0)
     assert claimed is not None
     await db.jobs.mark_submitted(claimed, "gpu1")
-    assert await db.jobs.recover_expired(0.05) == []  # lease still valid
-    await asyncio.sleep(0.1)
-    recovered = await db.jobs.recover_expired(0.05)
+    assert await db.jobs.recover_expired(1.0) == []  # lease still valid
+    await asyncio.sleep(1.1)
+    recovered = await db.jobs.recover_expired(1.0)
     assert [j.id for j in recovered] == [job.id]
     assert recovered[0].status is jobs.Status.QUEUED
     assert recovered[0].submitted and recovered[0].backend == "gpu1"
