@@ -1,0 +1,83 @@
+"""Waiting for jobs to finish: one LISTEN connection per process wakes the requests whose
+job changed, with a slow re-read as a fallback for a notification lost to a reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+from comfyveil.store import database, jobs
+
+logger = logging.getLogger(__name__)
+
+FALLBACK = 2.0  # seconds between re-reads of a job when no notification arrives
+RETRY = 1.0  # seconds before listening again after the connection failed
+
+
+class Waiter:
+    def __init__(self, db: database.Database) -> None:
+        self.db = db
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.listening = asyncio.Event()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._listen(), name="api-waiter")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _wake(self, job_id: str | None) -> None:
+        targets = (
+            self._waiting.get(job_id, set())
+            if job_id is not None
+            else {e for events in self._waiting.values() for e in events}
+        )
+        for event in targets:
+            event.set()
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with self.db.listen([database.UPDATES_CHANNEL]) as listener:
+                    self.listening.set()
+                    self._wake(None)  # anything that changed before this took hold
+                    async for note in listener:
+                        job = note.payload.get("job_id")
+                        self._wake(None if note.reconnected else str(job))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the fallback re-reads meanwhile
+                logger.warning(
+                    "the API could not listen for job news: %s",
+                    type(exc).__name__,
+                    extra={"action": "api_listen_failed"},
+                )
+                await asyncio.sleep(RETRY)
+
+    async def finished(self, job_id: uuid.UUID) -> jobs.Job | None:
+        """The job once it has finished (None: it is gone, e.g. forgotten meanwhile)."""
+        key = str(job_id)
+        event = asyncio.Event()
+        self._waiting.setdefault(key, set()).add(event)
+        try:
+            while True:
+                event.clear()  # before the read: news after it wakes the wait below
+                job = await self.db.jobs.get(job_id)
+                if job is None or job.status.finished:
+                    return job
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), FALLBACK)
+        finally:
+            events = self._waiting.get(key)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiting[key]
