@@ -43,9 +43,7 @@ async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
         raise
     except Exception as exc:
         # The type only: a message or traceback could hold the request's prompt.
-        logger.error(
-            "API request failed: %s", type(exc).__name__, extra={"action": "api_error"}
-        )
+        logger.error("API request failed: %s", type(exc).__name__, extra={"action": "api_error"})
         return ApiError(
             500, _("Something went wrong on the server; try again."), type="server_error"
         ).response()
@@ -56,8 +54,7 @@ async def models(request: web.Request) -> web.Response:
     svc, who = await caller(request)
     entries = [e for e in await svc.registry.all() if e.allows(who)]
     data = [
-        {"id": e.name, "object": "model", "created": 0, "owned_by": "comfyveil"}
-        for e in entries
+        {"id": e.name, "object": "model", "created": 0, "owned_by": "comfyveil"} for e in entries
     ]
     return web.json_response({"object": "list", "data": data})
 
@@ -83,9 +80,7 @@ async def file(request: web.Request) -> web.StreamResponse:
     expires = request.query.get("expires", "")
     sig = request.query.get("sig", "")
     if not links.valid(svc.link_secret, job_id, index, expires, sig):
-        raise ApiError(
-            403, _("That link has expired or is not valid."), code="invalid_link"
-        )
+        raise ApiError(403, _("That link has expired or is not valid."), code="invalid_link")
     found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
     if found is None or found.mime not in MIMES:
         raise web.HTTPNotFound()

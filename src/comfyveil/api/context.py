@@ -37,6 +37,7 @@ class ApiServices:
 
 
 SERVICES = web.AppKey("api_services", ApiServices)
+ACCOUNT = web.RequestKey("api_account", accounts.Account)
 
 
 def services(request: web.Request) -> ApiServices:
@@ -60,5 +61,5 @@ async def caller(request: web.Request) -> tuple[ApiServices, access_mod.Who]:
         )
     who = await access_mod.who_for(svc, account)
     i18n.set_language(language_mod.choose(who.settings, request.headers.get("Accept-Language")))
-    request["account"] = account
+    request[ACCOUNT] = account
     return svc, who

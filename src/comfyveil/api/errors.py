@@ -76,12 +76,8 @@ def from_usage(exc: errors.UsageError) -> ApiError:
     if isinstance(exc, store_errors.CoolingDown):
         return ApiError(429, message, code="rate_limit_exceeded", retry_after=exc.seconds)
     if isinstance(exc, store_errors.QueueLimitReached):
-        return ApiError(
-            429, message, code="rate_limit_exceeded", retry_after=QUEUE_RETRY_SECONDS
-        )
+        return ApiError(429, message, code="rate_limit_exceeded", retry_after=QUEUE_RETRY_SECONDS)
     if isinstance(exc, store_errors.DailyQuotaReached):
-        return ApiError(
-            429, message, code="insufficient_quota", retry_after=_seconds_to_midnight()
-        )
+        return ApiError(429, message, code="insufficient_quota", retry_after=_seconds_to_midnight())
     param = getattr(exc, "param", None)
     return ApiError(400, message, param=param if isinstance(param, str) else None)

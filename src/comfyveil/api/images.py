@@ -18,7 +18,7 @@ from aiohttp import BodyPartReader, web
 from comfyveil import errors, images
 from comfyveil import policy as policy_mod
 from comfyveil.api import links
-from comfyveil.api.context import ApiServices, caller
+from comfyveil.api.context import ACCOUNT, ApiServices, caller
 from comfyveil.api.errors import ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
@@ -160,9 +160,7 @@ def _count(value: Any) -> int:
     if isinstance(value, float) and not value.is_integer():
         n = -1
     if not 1 <= n <= MAX_N:
-        raise bad_request(
-            _("n is the number of images, from 1 to {n}.").format(n=MAX_N), param="n"
-        )
+        raise bad_request(_("n is the number of images, from 1 to {n}.").format(n=MAX_N), param="n")
     return n
 
 
@@ -192,9 +190,7 @@ async def _answer(
     n = _count(ask.n)
     response_format = ask.response_format or "b64_json"
     if response_format not in FORMATS:
-        raise bad_request(
-            _("response_format is b64_json or url."), param="response_format"
-        )
+        raise bad_request(_("response_format is b64_json or url."), param="response_format")
     wf = entry.workflow
     wanted = len(wf.image_params)
     if ask.mask:
@@ -229,9 +225,7 @@ async def _answer(
         )
     why = availability.reason(svc.pool, wf)
     if why is not None:
-        raise ApiError(
-            503, availability.refusal(entry, why), type="server_error", code="no_gpu"
-        )
+        raise ApiError(503, availability.refusal(entry, why), type="server_error", code="no_gpu")
     values: dict[str, object] = {wf.prompt_param: ask.prompt, **_size(entry, ask.size)}
     for name in wf.image_params:
         values[name] = submit.IMAGE_PLACEHOLDER
@@ -240,9 +234,7 @@ async def _answer(
         await submit.check_allowed(svc, who, entry)
         await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
     except policy_mod.PromptRefused as exc:
-        raise ApiError(
-            400, _(str(exc)), param="prompt", code="content_policy_violation"
-        ) from None
+        raise ApiError(400, _(str(exc)), param="prompt", code="content_policy_violation") from None
     except errors.UsageError as exc:
         problem = from_usage(exc)
         if problem.param in ("width", "height"):
@@ -267,7 +259,7 @@ async def _queue(
 ) -> list[uuid.UUID]:
     """Queue n jobs (n seeds); a refusal part-way cancels those queued by this request.
     A client's Idempotency-Key makes a retried request wait for the same jobs."""
-    account = request["account"]
+    account = request[ACCOUNT]
     sent = request.headers.get("Idempotency-Key", "")
     token = sent if IDEMPOTENCY.match(sent) else uuid.uuid4().hex
     queued: list[uuid.UUID] = []
@@ -294,15 +286,11 @@ async def _results(
 ) -> list[dict[str, Any]]:
     job = await svc.waiter.finished(job_id)
     if job is None:
-        raise ApiError(
-            500, _("The job was deleted before it finished."), type="server_error"
-        )
+        raise ApiError(500, _("The job was deleted before it finished."), type="server_error")
     if job.status is jobs.Status.CANCELLED:
         raise ApiError(500, _("The job was cancelled."), type="server_error", code="cancelled")
     if job.status is not jobs.Status.SUCCEEDED:
-        raise ApiError(
-            500, failures.sentence(job.error), type="server_error", code="job_failed"
-        )
+        raise ApiError(500, failures.sentence(job.error), type="server_error", code="job_failed")
     outputs = [o for o in await svc.db.jobs.outputs(job_id) if o.mime in MIMES]
     if response_format == "url":
         return [{"url": base + links.path(svc.link_secret, job_id, o.index)} for o in outputs]

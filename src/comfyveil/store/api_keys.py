@@ -49,8 +49,12 @@ class ApiKeyStore:
         await self._all(
             "INSERT INTO web_api_keys (account_id, label, key_hash, hint) "
             "VALUES (%(a)s, %(l)s, %(h)s, %(hint)s)",
-            {"a": account_id, "l": label.strip()[:MAX_LABEL], "h": digest(key),
-             "hint": key[-HINT:]},
+            {
+                "a": account_id,
+                "l": label.strip()[:MAX_LABEL],
+                "h": digest(key),
+                "hint": key[-HINT:],
+            },
         )
         return key
 
