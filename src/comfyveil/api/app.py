@@ -37,7 +37,7 @@ async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
         return ApiError(413, _("That upload is too large.")).response()
     except web.HTTPException as exc:
         if exc.status == 405:
-            return ApiError(405, _("That is not something this address does.")).response()
+            return ApiError(405, _("That is not something this page does.")).response()
         if exc.status >= 400:
             return ApiError(exc.status, _("There is nothing here."), code="not_found").response()
         raise

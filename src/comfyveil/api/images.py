@@ -66,13 +66,13 @@ def job_uuid(text: str) -> uuid.UUID:
 async def generations(request: web.Request) -> web.Response:
     svc, who = await caller(request)
     if request.content_length is not None and request.content_length > MAX_JSON:
-        raise ApiError(413, _("That request is too large."))
+        raise ApiError(413, _("That upload is too large."))
     try:
         body = await request.json()
     except ValueError:
         raise bad_request(_("The request's body is not JSON.")) from None
     if not isinstance(body, dict):
-        raise bad_request(_("The request's body is not a JSON object."))
+        raise bad_request(_("The request's body is not JSON."))
     prompt = body.get("prompt")
     ask = Ask(
         model=body.get("model") if isinstance(body.get("model"), str) else "",
@@ -125,7 +125,7 @@ async def edits(request: web.Request) -> web.Response:
             continue
         raw = await _read(part, MAX_FIELD)
         if raw is None:
-            raise ApiError(413, _("That request is too large."), param=name)
+            raise ApiError(413, _("That upload is too large."), param=name)
         text = raw.decode("utf-8", "replace")
         if name == "model":
             ask.model = text
@@ -285,10 +285,13 @@ async def _results(
     svc: ApiServices, job_id: uuid.UUID, response_format: str, base: str
 ) -> list[dict[str, Any]]:
     job = await svc.waiter.finished(job_id)
-    if job is None:
-        raise ApiError(500, _("The job was deleted before it finished."), type="server_error")
-    if job.status is jobs.Status.CANCELLED:
-        raise ApiError(500, _("The job was cancelled."), type="server_error", code="cancelled")
+    if job is None or job.status is jobs.Status.CANCELLED:
+        raise ApiError(
+            500,
+            _("The job was cancelled or deleted before it finished."),
+            type="server_error",
+            code="cancelled",
+        )
     if job.status is not jobs.Status.SUCCEEDED:
         raise ApiError(500, failures.sentence(job.error), type="server_error", code="job_failed")
     outputs = [o for o in await svc.db.jobs.outputs(job_id) if o.mime in MIMES]
