@@ -72,12 +72,22 @@ def write_config(path: Path, *, root: Path, comfy: FakeComfyUI, db_url: str) -> 
 
 
 async def start_product(config_file: Path) -> tuple[asyncio.subprocess.Process, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"DATABASE_URL", "COMFYVEIL_CONFIG", "COMFYVEIL_TELEGRAM_TOKEN"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "COMFYVEIL_CONFIG", "COMFYVEIL_TELEGRAM_TOKEN"}
+    }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "run", "--config", str(config_file),
-        stdin=subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "comfyveil",
+        "run",
+        "--config",
+        str(config_file),
+        stdin=subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     url = ""
     deadline = time.monotonic() + READY_TIMEOUT
@@ -161,13 +171,18 @@ async def main(jobs: int) -> dict[str, Any]:
                     direct_ms.append(await one_direct())
                     api_ms.append(await one_api())
         draining.cancel()
-        async with await database.Database.open(url=db_url, run_migrations=False) as db:
-            async with db.pool.connection() as conn:
-                rows = await (await conn.execute(
+        async with (
+            await database.Database.open(url=db_url, run_migrations=False) as db,
+            db.pool.connection() as conn,
+        ):
+            rows = await (
+                await conn.execute(
                     "SELECT extract(epoch FROM started_at - created_at) * 1000 AS queued, "
                     "extract(epoch FROM finished_at - started_at) * 1000 AS ran "
-                    "FROM jobs ORDER BY created_at OFFSET %s", (WARMUP,)
-                )).fetchall()
+                    "FROM jobs ORDER BY created_at OFFSET %s",
+                    (WARMUP,),
+                )
+            ).fetchall()
         queued_ms = [float(r["queued"]) for r in rows]
         ran_ms = [float(r["ran"]) for r in rows]
     finally:
@@ -200,16 +215,21 @@ async def main(jobs: int) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"{'path':<34} {'p50 ms':>9} {'p90 ms':>9}")
-    print(f"{'comfyveil generate (direct)':<34} {result['generate_p50_ms']:>9.1f} "
-          f"{result['generate_p90_ms']:>9.1f}")
-    print(f"{'POST /v1/images/generations':<34} {result['api_p50_ms']:>9.1f} "
-          f"{result['api_p90_ms']:>9.1f}")
-    print(f"{'added by the API':<34} {result['added_p50_ms']:>9.1f} "
-          f"{result['added_p90_ms']:>9.1f}")
+    print(
+        f"{'comfyveil generate (direct)':<34} {result['generate_p50_ms']:>9.1f} "
+        f"{result['generate_p90_ms']:>9.1f}"
+    )
+    print(
+        f"{'POST /v1/images/generations':<34} {result['api_p50_ms']:>9.1f} "
+        f"{result['api_p90_ms']:>9.1f}"
+    )
+    print(f"{'added by the API':<34} {result['added_p50_ms']:>9.1f} {result['added_p90_ms']:>9.1f}")
     print(f"{'  of which queued (to claim)':<34} {result['queued_p50_ms']:>9.1f}")
     print(f"{'  of which the worker run':<34} {result['worker_run_p50_ms']:>9.1f}")
-    print(f"{result['jobs']} jobs each, one at a time, turns taken; target: added p50 <= "
-          f"{TARGET_P50_MS:.0f} ms; met: {result['met']}")
+    print(
+        f"{result['jobs']} jobs each, one at a time, turns taken; target: added p50 <= "
+        f"{TARGET_P50_MS:.0f} ms; met: {result['met']}"
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,15 @@ async def serving(conf: Path) -> AsyncIterator[str]:
     """`comfyveil run` (the web front end, the API and a worker) in a process of its own;
     its URL."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
-        env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "comfyveil",
+        "run",
+        "--config",
+        str(conf),
+        env=_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         lines: list[str] = []
@@ -52,9 +59,19 @@ async def serving(conf: Path) -> AsyncIterator[str]:
 
 async def _apikey(conf: Path, name: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "web", "apikey", name, "--label", "cli",
-        "--config", str(conf), env=_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "comfyveil",
+        "web",
+        "apikey",
+        name,
+        "--label",
+        "cli",
+        "--config",
+        str(conf),
+        env=_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
@@ -72,8 +89,12 @@ async def test_two_web_processes_on_one_database_serve_one_site(
         _, page = await get_text(session, f"{one}/invite/{token}")
         async with session.post(
             f"{two}/invite/{token}",
-            data={"csrf": csrf_of(page), "name": "uma", "passphrase": PASSPHRASE,
-                  "again": PASSPHRASE},
+            data={
+                "csrf": csrf_of(page),
+                "name": "uma",
+                "passphrase": PASSPHRASE,
+                "again": PASSPHRASE,
+            },
         ) as r:
             assert r.status == 200 and "Log out (uma)" in await r.text()
         _, home = await get_text(session, one + "/")
