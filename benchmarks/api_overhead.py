@@ -135,6 +135,8 @@ async def main(jobs: int) -> dict[str, Any]:
         out_dir.mkdir()
         headers = {"Authorization": f"Bearer {key}"}
         api_ms: list[float] = []
+        stamps: list[float] = []  # wall clock at each API request's start and end, to
+        ends: list[float] = []  # set beside the jobs table's times (same machine's clock)
         direct_ms: list[float] = []
         async with (
             comfy_client.ComfyClient(comfy.url, name="gpu0") as client,
@@ -142,11 +144,13 @@ async def main(jobs: int) -> dict[str, Any]:
         ):
 
             async def one_api() -> float:
+                stamps.append(time.time())
                 start = time.perf_counter()
                 async with http.post(f"{url}/v1/images/generations", json=BODY) as r:
                     answer = await r.json()
                     if r.status != 200 or len(answer.get("data", [])) != 1:
                         raise RuntimeError(f"the API answered {r.status}: {answer}")
+                ends.append(time.time())
                 return (time.perf_counter() - start) * 1000
 
             async def one_direct() -> float:
@@ -178,13 +182,21 @@ async def main(jobs: int) -> dict[str, Any]:
             rows = await (
                 await conn.execute(
                     "SELECT extract(epoch FROM started_at - created_at) * 1000 AS queued, "
-                    "extract(epoch FROM finished_at - started_at) * 1000 AS ran "
+                    "extract(epoch FROM finished_at - started_at) * 1000 AS ran, "
+                    "extract(epoch FROM created_at) AS created, "
+                    "extract(epoch FROM finished_at) AS finished "
                     "FROM jobs ORDER BY created_at OFFSET %s",
                     (WARMUP,),
                 )
             ).fetchall()
         queued_ms = [float(r["queued"]) for r in rows]
         ran_ms = [float(r["ran"]) for r in rows]
+        measured = list(zip(stamps[WARMUP:], ends[WARMUP:], rows, strict=True))
+        # the API's own share: from sending the request to the job's row (key, desk,
+        # policy, enqueue), and from the job's end to the answer read (wake-up, outputs,
+        # base64, JSON)
+        before_ms = [(float(r["created"]) - t0) * 1000 for t0, _t1, r in measured]
+        after_ms = [(t1 - float(r["finished"])) * 1000 for _t0, t1, r in measured]
     finally:
         if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -208,6 +220,8 @@ async def main(jobs: int) -> dict[str, Any]:
         # and the worker's run (claimed to finished); the rest is the request around them
         "queued_p50_ms": round(statistics.median(queued_ms), 2),
         "worker_run_p50_ms": round(statistics.median(ran_ms), 2),
+        "api_before_queue_p50_ms": round(statistics.median(before_ms), 2),
+        "api_after_finish_p50_ms": round(statistics.median(after_ms), 2),
         "target_added_p50_ms": TARGET_P50_MS,
         "met": added_p50 <= TARGET_P50_MS,
     }
@@ -226,6 +240,8 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"{'added by the API':<34} {result['added_p50_ms']:>9.1f} {result['added_p90_ms']:>9.1f}")
     print(f"{'  of which queued (to claim)':<34} {result['queued_p50_ms']:>9.1f}")
     print(f"{'  of which the worker run':<34} {result['worker_run_p50_ms']:>9.1f}")
+    print(f"{'  of which request to queued row':<34} {result['api_before_queue_p50_ms']:>9.1f}")
+    print(f"{'  of which finished to answer read':<34} {result['api_after_finish_p50_ms']:>9.1f}")
     print(
         f"{result['jobs']} jobs each, one at a time, turns taken; target: added p50 <= "
         f"{TARGET_P50_MS:.0f} ms; met: {result['met']}"

@@ -230,8 +230,9 @@ async def _answer(
     for name in wf.image_params:
         values[name] = submit.IMAGE_PLACEHOLDER
     try:
-        wf.validate(values)  # a bad size or prompt is answered before anything is queued
-        await submit.check_allowed(svc, who, entry)
+        # A bad size or prompt is answered before anything is queued; the limits are
+        # asked by the store with each job (`submit.queue`), not once more before.
+        wf.validate(values)
         await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
     except policy_mod.PromptRefused as exc:
         raise ApiError(400, _(str(exc)), param="prompt", code="content_policy_violation") from None
