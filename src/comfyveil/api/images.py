@@ -30,6 +30,7 @@ MAX_N = 10  # OpenAI's own bound on n
 MAX_JSON = 256 * 1024  # a generation request: the prompt and a few fields
 MAX_FIELD = 64 * 1024  # a text field of an edit request
 MAX_PARTS = 16  # fields and images of one edit request
+MAX_IMAGES = 4  # images of one edit request (no shipped command takes more than one)
 SIZE = re.compile(r"^\s*(\d{1,5})\s*x\s*(\d{1,5})\s*$")
 FORMATS = ("b64_json", "url")
 IDEMPOTENCY = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -108,6 +109,8 @@ async def edits(request: web.Request) -> web.Response:
             if name == "mask":
                 ask.mask = True
                 continue
+            if len(ask.images) >= MAX_IMAGES:
+                raise bad_request(_("That request has too many parts."), param="image")
             try:
                 checked = await asyncio.to_thread(
                     images.check_image,
