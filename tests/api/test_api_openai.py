@@ -226,3 +226,21 @@ async def test_a_malformed_request_never_gets_a_traceback(db, fake_comfy) -> Non
             async with raw.get(stack.url + "/v1/nothing") as r:
                 assert r.status == 404 and "error" in await r.json()
         assert await stack.job_count() == 0
+
+
+async def test_a_failed_job_is_a_500_in_one_plain_sentence(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as s:
+        await sign_up(s, await stack.invite(), "uri")
+        api = sdk(stack.url, await make_key(s, stack.url))
+        fake_comfy.fail_next_execution(
+            "KSampler", "CUDA error: an illegal memory access at 0x7f3a", "RuntimeError"
+        )
+        with pytest.raises(openai.InternalServerError) as failed:
+            await api.images.generate(model="f", prompt=PROMPT, size="256x256")
+        assert failed.value.status_code == 500 and failed.value.code == "job_failed"
+        assert "The workflow failed on the GPU" in failed.value.message
+        for secret in ("KSampler", "CUDA", "0x7f3a", "RuntimeError", "Traceback"):
+            assert secret not in str(failed.value.body), secret
+        too_many = [("in.png", png(), "image/png")] * 5
+        with pytest.raises(openai.BadRequestError, match="too many parts"):
+            await api.images.edit(model="qwen", image=too_many, prompt="x")
