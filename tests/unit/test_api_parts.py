@@ -7,6 +7,7 @@ import time
 import uuid
 
 from comfyveil.api import errors, links
+from comfyveil.desk import access
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
 
@@ -38,6 +39,8 @@ def test_limits_are_429_with_retry_after_and_other_refusals_400() -> None:
     assert 0 < (quota.retry_after or 0) <= 86_401
     queue = errors.from_usage(store_errors.QueueLimitReached(3))
     assert queue.status == 429 and (queue.retry_after or 0) > 0
+    banned = errors.from_usage(access.NotAllowed("You are not allowed to use this service."))
+    assert banned.status == 403
     plain = errors.from_usage(UsageError("steps must be between 1 and 8"))
     assert plain.status == 400 and plain.message == "Steps must be between 1 and 8."
     body = plain.response().text or ""

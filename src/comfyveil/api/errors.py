@@ -9,6 +9,7 @@ import json
 from aiohttp import web
 
 from comfyveil import errors
+from comfyveil.desk import access
 from comfyveil.i18n import _
 from comfyveil.store import errors as store_errors
 
@@ -70,8 +71,8 @@ def _seconds_to_midnight() -> int:
 
 
 def from_usage(exc: errors.UsageError) -> ApiError:
-    """The answer to a refusal of the desk: the limits are 429 with when to come back,
-    anything else a bad request in the desk's own words."""
+    """The answer to a refusal of the desk: the limits are 429 with when to come back, a
+    banned user 403, anything else a bad request in the desk's own words."""
     message = sentence(_(str(exc)))
     if isinstance(exc, store_errors.CoolingDown):
         return ApiError(429, message, code="rate_limit_exceeded", retry_after=exc.seconds)
@@ -79,5 +80,7 @@ def from_usage(exc: errors.UsageError) -> ApiError:
         return ApiError(429, message, code="rate_limit_exceeded", retry_after=QUEUE_RETRY_SECONDS)
     if isinstance(exc, store_errors.DailyQuotaReached):
         return ApiError(429, message, code="insufficient_quota", retry_after=_seconds_to_midnight())
+    if isinstance(exc, access.NotAllowed):  # banned: the key is good, its owner may not
+        return ApiError(403, message, type="permission_error", code="not_allowed")
     param = getattr(exc, "param", None)
     return ApiError(400, message, param=param if isinstance(param, str) else None)
