@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium run test lint bench mutants clean
+.PHONY: install anon chromium systemd-analyze run test lint bench mutants clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
 	  else sudo apt-get update && sudo apt-get install -y chromium; fi; }
 
+# deploy/systemd's units are checked with `systemd-analyze verify` and `security`, from
+# Debian's systemd package; installed only when missing, as chromium is.
+systemd-analyze:
+	@command -v systemd-analyze >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y systemd; \
+	  else sudo apt-get update && sudo apt-get install -y systemd; fi; }
+
 run: install anon
 	$(BIN)/comfyveil run
 
@@ -37,7 +44,7 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-test: install $(VENV)/anon/anon chromium
+test: install $(VENV)/anon/anon chromium systemd-analyze
 	$(BIN)/ruff check src tests benchmarks
 	COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only $(BIN)/pytest -q -p no:cacheprovider
 

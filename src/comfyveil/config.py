@@ -75,9 +75,11 @@ class BackendConfig:
     tags: tuple[str, ...] = ()
     max_waiting: int = 1  # jobs queued on the backend beside the running one
     bench: Path | None = None  # a `comfyveil bench` results.json: seeds the run-time estimates
-    # Leave nothing of a job on the GPU host: images over the WebSocket instead of files,
-    # inputs in its temp folder and overwritten, the history entry deleted.
-    no_trace: bool = True
+    # Leave nothing of a job on the GPU host (comfy/notrace.py): inputs and outputs in its
+    # temp folder under random names, overwritten once the result is stored, the history
+    # entry deleted. True is "temp"; "memory": images over the WebSocket, never on any
+    # disk, but a prompt that ends while no worker holds its socket runs again.
+    no_trace: bool | str = True
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -161,6 +163,24 @@ class WebConfig:
     client_auth: tuple[str, ...] = ()  # hidden-service clients (key files as `anon expose`)
 
 
+DEFAULT_METRICS_PORT = 9464  # the port Prometheus' exporter list gives comfyveil's kind
+# Names of systemd credentials (LoadCredential=NAME:FILE) read from $CREDENTIALS_DIRECTORY.
+TOKEN_CREDENTIAL = "telegram-token"
+DATABASE_URL_CREDENTIAL = "database-url"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = False  # serve /metrics, /healthz, /readyz on host:port
+    host: str = "127.0.0.1"  # never the web front end's port, never a hidden service
+    port: int = DEFAULT_METRICS_PORT
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    format: str = "text"  # text, or json: one object a line (journald, Loki)
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
@@ -174,6 +194,8 @@ class Settings:
     workflow_dirs: tuple[Path, ...] = ()
     web: WebConfig = field(default_factory=WebConfig)
     policy: policy_mod.PolicyConfig = field(default_factory=policy_mod.PolicyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def database_dir(self) -> Path:
@@ -201,6 +223,25 @@ def read_secret_file(path: Path, what: str) -> str:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"{what} file {path} is readable by others; run: chmod 600 {path}")
     return path.read_text().strip()
+
+
+def credential(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A systemd credential (`LoadCredential=NAME:FILE` in the unit), else None.
+
+    systemd puts it in $CREDENTIALS_DIRECTORY, readable by the service alone and never in
+    its environment (which other processes of the user could read in /proc).
+    """
+    env = os.environ if environ is None else environ
+    directory = env.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    path = Path(directory) / name
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {name} credential: {exc.strerror}") from exc
 
 
 def _path(value: Any, base: Path) -> Path:
@@ -246,7 +287,8 @@ class Rule:
                 return f"{what} {'>' if self.above else '>='} {_num(self.low)}"
             return what
         return {
-            "bool": "true or false",
+            "bool": "true or false" if not self.choices else
+                    "true, false, " + ", ".join(f'"{c}"' for c in self.choices),
             "text": "a text in quotes" if not self.choices else
                     "one of " + ", ".join(self.choices),
             "ids": "a list of numeric Telegram ids",
@@ -269,7 +311,7 @@ class Rule:
                 ok = math.isfinite(value)
                 value = float(value)
         elif self.kind == "bool":
-            ok = isinstance(value, bool)
+            ok = isinstance(value, bool) or (isinstance(value, str) and value in self.choices)
         elif self.kind == "text":
             ok = isinstance(value, str) and (not self.choices or value in self.choices)
         elif self.kind == "ids":
@@ -339,7 +381,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "name": _TEXT, "url": _TEXT, "via": Rule("text", choices=("auto", "direct", "anyone")),
         "auth_key_file": _TEXT, "tags": Rule("texts"),
         "max_waiting": Rule("int", low=0, high=1000), "bench": _TEXT,
-        "no_trace": _BOOL,
+        "no_trace": Rule("bool", choices=("temp", "memory")),
     },
     "limits": {
         "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
@@ -361,6 +403,10 @@ RULES: dict[str, dict[str, Rule]] = {
     },
     "privacy": {"job_retention_days": _POSITIVE_SECONDS},
     "workflows": {"dirs": Rule("texts")},
+    "metrics": {
+        "enabled": _BOOL, "host": _TEXT, "port": Rule("int", low=0, high=65535),
+    },
+    "log": {"format": Rule("text", choices=("text", "json"))},
 }
 
 
@@ -402,9 +448,10 @@ def from_mapping(
         "top level",
         {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
          "workflows", "web",
-         "policy"},
+         "policy", "metrics", "log"},
     )
-    for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows"):
+    for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows",
+                 "metrics", "log"):
         if not isinstance(top.get(name, {}), dict):
             raise ConfigError(f"{name} must be a table: [{name}]")
     top.update(_checked("top level", {k: v for k, v in top.items() if k == "data_dir"}))
@@ -412,7 +459,7 @@ def from_mapping(
 
     db = _checked("database", _take(top.get("database", {}), "database", {"url", "data_dir"}))
     database = DatabaseConfig(
-        url=env.get("DATABASE_URL") or db.get("url"),
+        url=env.get("DATABASE_URL") or credential(DATABASE_URL_CREDENTIAL, env) or db.get("url"),
         data_dir=_path(db["data_dir"], base) if "data_dir" in db else None,
     )
 
@@ -421,7 +468,7 @@ def from_mapping(
         "telegram",
         {"token_file", "api_url", "admins", "allow", "open", "poll_timeout", "status_delay"},
     ))
-    token = env.get("COMFYVEIL_TELEGRAM_TOKEN")
+    token = env.get("COMFYVEIL_TELEGRAM_TOKEN") or credential(TOKEN_CREDENTIAL, env)
     if not token and "token_file" in tg:
         token = read_secret_file(_path(tg["token_file"], base), "telegram token")
     telegram = TelegramConfig(
@@ -457,7 +504,7 @@ def from_mapping(
                 tags=b.get("tags", ()),
                 max_waiting=b.get("max_waiting", 1),
                 bench=_path(b["bench"], base) if "bench" in b else None,
-                no_trace=b.get("no_trace", True),
+                no_trace=True if b.get("no_trace", True) == "temp" else b.get("no_trace", True),
             )
         )
     names = [b.name for b in backends]
@@ -502,8 +549,27 @@ def from_mapping(
     ))
     wf = _checked("workflows", _take(top.get("workflows", {}), "workflows", {"dirs"}))
     workflow_dirs = tuple(_path(d, base) for d in wf.get("dirs", []))
+    metrics = MetricsConfig(**_checked(
+        "metrics", _take(top.get("metrics", {}), "metrics", set(MetricsConfig.__annotations__)),
+        defaults=MetricsConfig,
+    ))
+    if metrics.host.endswith((".anon", ".anyone", ".onion")):
+        raise ConfigError("[metrics] host must be a local address, never a hidden service")
+    log = LogConfig(**_checked(
+        "log", _take(top.get("log", {}), "log", set(LogConfig.__annotations__)),
+        defaults=LogConfig,
+    ))
+    web = _web(top.get("web", {}))
+    if metrics.enabled and web.enabled and metrics.port and (metrics.host, metrics.port) == (
+        web.host, web.port
+    ):
+        raise ConfigError(
+            "[metrics] port and [web] port are the same; the metrics need their own port"
+        )
     return Settings(
-        web=_web(top.get("web", {})),
+        metrics=metrics,
+        log=log,
+        web=web,
         data_dir=data_dir,
         database=database,
         telegram=telegram,

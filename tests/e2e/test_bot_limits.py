@@ -9,6 +9,7 @@ import pytest
 from comfyveil import config
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.telegram import FakeTelegram
+from tests.integration.heartbeat_support import beating
 from tests.integration.worker_support import sent_values
 
 
@@ -118,6 +119,8 @@ async def test_admin_overviews_of_users_and_backends(
                            open=True) as stack:
         stack.send(45, f"/f a fox {SMALL}")
         await fake_telegram.wait_for_call("sendMessage", chat_id=45)  # queued, no worker
+        await beating(db, "gpu-host-1", running=2)
+        await beating(db, "old-host", gone=True)
         stack.send(1, "/users")
         users = await stack.reply_text(1)
         assert "45 user · 1/100 today" in users  # (the code tag is HTML, gone in the text)
@@ -125,6 +128,8 @@ async def test_admin_overviews_of_users_and_backends(
         backends = await stack.reply_text(1, count=2)
         assert "Jobs waiting in the queue: 1" in backends
         assert "gpu0: up" in backends
+        assert "Workers\ngpu-host-1 (" in backends and "): alive · 2 jobs running" in backends
+        assert "old-host (" in backends and "): gone · 0 jobs running" in backends
         stack.send(45, "/users")  # not an admin
         assert await stack.reply_text(45, count=2) == "Only the bot's admins can do that."
 
@@ -143,3 +148,21 @@ async def test_backends_shows_each_gpus_measured_run_time(
         after = await stack.reply_text(1, count=sent + 1)
         assert "flux_schnell_full_text_to_image: " in after
         assert "s a run" in after and "(1 measured)" in after
+
+
+async def test_backends_names_missing_model_files_and_the_command_that_installs_them(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    import asyncio
+
+    comfy = await fake_comfy_factory(models={"checkpoints": []})
+    async with running_bot(fake_telegram, db, [comfy], admins=(1,), open=True) as stack:
+        for attempt in range(1, 40):  # until the pool has read the GPU's models
+            stack.send(1, "/backends")
+            text = await stack.reply_text(1, count=attempt)
+            if "comfyveil models install" in text:
+                break
+            await asyncio.sleep(0.25)
+        assert "/f: flux1-schnell.safetensors, ae.safetensors" in text
+        assert "comfyveil models install f --comfyui-dir DIR" in text
+        assert "comfyveil models install sd3 --comfyui-dir DIR" in text

@@ -81,9 +81,10 @@ async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
         "--server", fake_comfy.url, "--out", str(tmp_path / "out"), cwd=tmp_path,
     )
     assert run.code == 0, run.stderr
-    upload, overwrite = fake_comfy.uploads  # the photo, then a 1x1 image in its place
+    upload, *overwrites = fake_comfy.uploads  # the photo, then 1x1 images over it and the result
     assert "holiday" not in str(upload)  # the user's file name never reaches the GPU host
-    assert overwrite["name"] == upload["name"] and overwrite["size"] < 100
+    (overwrite,) = [o for o in overwrites if o["name"] == upload["name"]]
+    assert overwrite["size"] < 100
     (submitted,) = fake_comfy.prompts
     loads = [n for n in submitted["prompt"].values() if n["class_type"] == "LoadImage"]
     assert loads and loads[0]["inputs"]["image"] == f"{upload['name']} [temp]"
@@ -173,12 +174,13 @@ async def test_generate_leaves_nothing_on_the_gpu_host_and_no_metadata_in_the_fi
     assert fake_comfy.history_entries == {}
     files = _files(fake_comfy)
     assert files["input"] == [] and files["output"] == []
-    (left,) = files["temp"]  # the upload, now a 1x1 image
-    with Image.open(fake_comfy.dirs["temp"] / left) as placeholder:
-        assert placeholder.size == (1, 1)
+    assert len(files["temp"]) == 2  # the upload and the result, now 1x1 images
+    for left in files["temp"]:
+        with Image.open(fake_comfy.dirs["temp"] / left) as placeholder:
+            assert placeholder.size == (1, 1)
     (submitted,) = fake_comfy.prompts
     classes = {n["class_type"] for n in submitted["prompt"].values()}
-    assert "SaveImageWebsocket" in classes and "SaveImage" not in classes
+    assert "PreviewImage" in classes and "SaveImage" not in classes
     uploaded = fake_comfy.uploads[0]
     assert uploaded["type"] == "temp"
     saved = Path(run.stdout.strip())
@@ -197,9 +199,10 @@ async def test_generate_keep_metadata_keeps_the_prompt_in_the_file(
     assert run.code == 0, run.stderr
     with Image.open(Path(run.stdout.strip())) as image:
         assert "a red fox" in image.info["prompt"]
-    # The file it came from was still overwritten and the history entry deleted.
+    # The file it came from (in temp/) was still overwritten and the history entry deleted.
     assert fake_comfy.history_entries == {}
-    (written,) = (fake_comfy.dirs["output"]).rglob("*.png")
+    assert not list(fake_comfy.dirs["output"].rglob("*.png"))
+    (written,) = (fake_comfy.dirs["temp"]).rglob("*.png")
     with Image.open(written) as placeholder:
         assert placeholder.size == (1, 1)
 

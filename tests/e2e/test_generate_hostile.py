@@ -45,6 +45,7 @@ CASES: dict[str, dict[str, Any]] = {
     "trickling view": {"trickle_view": True, "trickle_interval": 10},
     "huge ws text": {"huge_ws_text": 300 * 1024 * 1024},
     "huge ws text, no trace": {"huge_ws_text": 300 * 1024 * 1024},
+    "huge ws text, memory": {"huge_ws_text": 300 * 1024 * 1024},
     "20000 outputs": {"listed_outputs": 20_000},
     "stalled upload": {"stall_upload": True},
 }
@@ -55,8 +56,10 @@ EXPECTED = {
         1, f"backend gpu0 was too slow sending the results; the job was stopped after {DEADLINE} s"
     ),
     "huge ws text": (0, None),  # the socket closes, the job is followed by polling and ends
-    # ... and with no trace the image was to come over that socket: the job fails, plainly.
-    "huge ws text, no trace": (
+    # ... and so with no trace: its image waits in temp/ and is fetched from there ...
+    "huge ws text, no trace": (0, None),
+    # ... but with no_trace = "memory" it was to come over that socket: it fails, plainly.
+    "huge ws text, memory": (
         1, "the images of the job on backend gpu0 were lost on the way back"
     ),
     "20000 outputs": (1, "backend gpu0 listed 20000 files for one job, more than the 64 allowed"),
@@ -88,9 +91,11 @@ async def test_a_tampering_backend_ends_the_job_in_time_and_in_bounded_memory(
     fake = TamperingComfyUI(root=tmp_path / "comfyui", **CASES[case])
     await fake.start()
     try:
-        # The cases about files: with no trace the image would come over the WebSocket and
-        # the tampered /view or history would never be asked.
+        # The cases about files tamper with what SaveImage writes to output/ (with no trace
+        # a PreviewImage writes to temp/); the memory case is about images over the socket.
         files = "no_trace = false\n" if case in FILE_CASES else ""
+        if case.endswith("memory"):
+            files = 'no_trace = "memory"\n'
         (tmp_path / "comfyveil.toml").write_text(
             f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\n{files}\n'
             "[limits]\nmax_output_bytes = 67108864\n"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def write_config(
-    path: Path, db_url: str, urls: list[str], *, lease: float = 2.0, no_trace: bool = True
+    path: Path, db_url: str, urls: list[str], *, lease: float = 2.0, no_trace: bool | str = True
 ) -> Path:
-    keep = "" if no_trace else "no_trace = false\n"
+    keep = "" if no_trace is True else f"no_trace = {json.dumps(no_trace)}\n"
     backends = "".join(
         f'[[backends]]\nname = "gpu{i}"\nurl = "{url}"\nvia = "direct"\n{keep}\n'
         for i, url in enumerate(urls)
@@ -59,9 +59,7 @@ async def test_worker_killed_with_sigkill_mid_job_loses_nothing_and_pays_once(
     db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
 ) -> None:
     fake = await fake_comfy_factory(step_delay=0.25)
-    # Files on the GPU host: the successor may come after the prompt finished, and with no
-    # trace its images would have gone to the dead worker (the next test covers that case).
-    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], no_trace=False)
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
     first_out = tmp_path / "first"
     proc = await cli("worker", "--config", str(cfg), "--id", "doomed", "--out", str(first_out),
                      cwd=tmp_path)
@@ -86,15 +84,18 @@ async def test_worker_killed_with_sigkill_mid_job_loses_nothing_and_pays_once(
     assert len(sink.delivered) == 1 and not first_out.exists()
     kinds = [e.kind for e in await db.jobs.events(job.id)]
     assert kinds.count("submitted") == 1 and "lease_expired" in kinds
+    assert fake.history_entries == {} and await db.traces.settled() == []
 
 
-async def test_worker_killed_mid_job_with_no_trace_its_successor_gets_the_images(
+async def test_worker_killed_mid_job_with_memory_its_successor_gets_the_frames(
     db: database.Database, database_url: str, fake_comfy_factory, tmp_path: Path
 ) -> None:
-    """The images of a no-trace prompt go to the socket id it was posted with: the
-    successor takes that id over while the prompt still runs, and pays once."""
+    """With `no_trace = "memory"` (the operator's choice this test is about) the images
+    go to the socket id the prompt was posted with: the successor takes that id over
+    while the prompt still runs, and pays once."""
     fake = await fake_comfy_factory(step_delay=0.75)  # 6 s on the GPU, a 2 s lease
-    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url],
+                       no_trace="memory")
     proc = await cli("worker", "--config", str(cfg), "--id", "doomed", cwd=tmp_path)
     try:
         job = await enqueue(db, steps=8)
@@ -107,7 +108,7 @@ async def test_worker_killed_mid_job_with_no_trace_its_successor_gets_the_images
     finally:
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-    async with running_worker(db, [fake.url]):
+    async with running_worker(db, [fake.url], no_trace="memory"):
         done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
     assert fake.executions[str(job.id)] == 1 and done.attempts == 2
     (output,) = await db.jobs.outputs(job.id)
@@ -232,10 +233,8 @@ def _own_workflow(folder: Path, name: str, command: str, prefix: str) -> Path:
     return folder / f"{name}.toml"
 
 
-def _prefixes(fake: Any, prompt_id: str) -> set[str]:
-    graph = next(p["prompt"] for p in fake.prompts if p["prompt_id"] == prompt_id)
-    return {str(node["inputs"]["filename_prefix"]) for node in graph.values()
-            if "filename_prefix" in node.get("inputs", {})}
+async def _names(db: database.Database, job_id: str) -> list[str]:
+    return [o.filename for o in await db.jobs.outputs(uuid.UUID(job_id))]
 
 
 async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
@@ -244,11 +243,9 @@ async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
     fake = await fake_comfy_factory()
     submitter, worker_host = tmp_path / "submitter", tmp_path / "worker"
     worker_host.mkdir()
-    # Files on the GPU host: SaveImage keeps the graph's filename_prefix, which tells the
-    # graphs apart (with no trace it becomes a SaveImageWebsocket, which has none).
-    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], no_trace=False)
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url])
     # a variant of /f (same command, another graph) and a command no one registered
-    variant = _own_workflow(submitter / "flows", "variant", "f", "variant/f")
+    variant = _own_workflow(submitter / "flows", "variant", "f", "variant/fv")
     _own_workflow(submitter / "flows", "mine", "mine", "mine/m")  # run as flows/mine.toml
     size = ["--set", "steps=2", "--set", "width=256", "--set", "height=256"]
     code, stdout, stderr = await run_cli(
@@ -270,8 +267,9 @@ async def test_submit_a_path_runs_that_exact_graph_on_a_worker_elsewhere(
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
-    assert _prefixes(fake, variant_id) == {"variant/f"}
-    assert _prefixes(fake, mine_id) == {"mine/m"}
+    # The graph's SaveImage prefix names the results (the GPU host saw a PreviewImage).
+    assert await _names(db, variant_id) == ["fv_00001_.png"]
+    assert await _names(db, mine_id) == ["m_00001_.png"]
     assert (await db.jobs.get(uuid.UUID(mine_id))).command == "mine"  # type: ignore[union-attr]
 
 

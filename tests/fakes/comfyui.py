@@ -234,6 +234,8 @@ class FakeComfyUI:
         self.interrupts: list[dict[str, Any]] = []
         self._failures: list[_Failure] = []
         self._troubled: list[str] = []  # routes whose next request answers 500 (see fail_requests)
+        self._holds: dict[str, asyncio.Event] = {}  # routes whose requests wait (see hold)
+        self.held: Counter[str] = Counter()  # requests that waited at each held route
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._reset_memory()
@@ -248,6 +250,7 @@ class FakeComfyUI:
         self.sockets: dict[str, web.WebSocketResponse] = {}
         self.socket_flags: dict[str, dict[str, Any]] = {}
         self._cache: dict[str, tuple[list[Any], dict[str, Any] | None]] = {}
+        self._preview_suffixes: dict[str, str] = {}  # PreviewImage node id -> its prefix
         self._interrupt = False
         self._last_node: str | None = None
         self._client_id: str | None = None
@@ -358,6 +361,17 @@ class FakeComfyUI:
         text/plain, "Server got itself in trouble". The server itself keeps running."""
         self._troubled.extend([path.rstrip("/")] * times)
 
+    def hold(self, path: str, method: str = "GET") -> None:
+        """Keep every `method` request to `path` (with or without /api) waiting before the
+        server reads it, until `release(path)`: a test stops a client at that moment. A
+        request whose client is gone by then is dropped unread, as it never arrived."""
+        self._holds[f"{method} {path}"] = asyncio.Event()
+
+    def release(self, path: str, method: str = "GET") -> None:
+        gate = self._holds.pop(f"{method} {path}", None)
+        if gate is not None:
+            gate.set()
+
     def set_delay(self, class_type: str, seconds: float) -> None:
         self.delays[class_type] = seconds
 
@@ -400,6 +414,12 @@ class FakeComfyUI:
             if route == troubled or route.startswith(troubled + "/"):
                 del self._troubled[index]
                 return _server_error()
+        gate = self._holds.get(f"{request.method} {route}")
+        if gate is not None:
+            self.held[f"{request.method} {route}"] += 1
+            await gate.wait()
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=400)  # its client is gone: never handled
         return await handler(request)
 
     def _routes(self, app: web.Application, p: str) -> None:
@@ -1197,7 +1217,12 @@ class FakeComfyUI:
         return [], {"images": images}
 
     async def _node_PreviewImage(self, i: dict[str, Any], ctx: _NodeContext) -> Any:
-        suffix = "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+        # Drawn when the node object is made, and ComfyUI keeps node objects per node id
+        # until it restarts: the same node of later prompts writes under the same prefix,
+        # with the next free counter.
+        suffix = self._preview_suffixes.setdefault(
+            ctx.node_id, "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+        )
         images = await self._save_images(i["images"], f"ComfyUI_temp_{suffix}", "temp", ctx)
         return [], {"images": images}
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
+import aiohttp
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -276,3 +278,33 @@ async def test_the_body_limit_counts_the_bytes_read_not_content_length(
         accepted = await http.post("/upload/image", content=chunked(body), headers=headers)
         assert accepted.status_code == 200 and accepted.json()["name"] == "big.png"
     assert [u["size"] for u in fake.uploads] == [1000]
+
+
+
+async def test_held_requests_wait_and_a_gone_client_is_never_handled(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    """`hold` stops a client at a chosen request; when the client died meanwhile, the
+    request is dropped unread, as one that never arrived (nothing posted)."""
+    body = {"prompt": {
+        "1": {"class_type": "EmptyImage",
+              "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "h"}},
+    }}
+    fake_comfy.hold("/prompt", method="POST")
+    async with aiohttp.ClientSession() as session:
+        gone = asyncio.create_task(session.post(f"{fake_comfy.url}/prompt", json=body))
+        while fake_comfy.held["POST /prompt"] < 1:
+            await asyncio.sleep(0.01)
+        gone.cancel()  # the client goes away while its request waits
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+        waiting = asyncio.create_task(session.post(f"{fake_comfy.url}/prompt", json=body))
+        while fake_comfy.held["POST /prompt"] < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        fake_comfy.release("/prompt", method="POST")
+        async with await waiting as answer:
+            assert answer.status == 200
+    assert len(fake_comfy.prompts) == 1  # the one whose client still waited

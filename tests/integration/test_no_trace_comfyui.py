@@ -72,6 +72,18 @@ async def test_a_model_free_job_leaves_nothing_in_history_output_or_input(
         everything = await client._call("GET", "/history")
         assert prompt_id not in everything
 
+        # Temp: the image came from there (a PreviewImage in place of the SaveImage), and
+        # is a 1x1 image now.
+        (saved,) = outcome.result.outputs
+        assert saved.type == "temp" and saved.node_id == "3"
+        gone = await client._send(
+            "GET",
+            "/view",
+            params={"filename": saved.filename, "subfolder": saved.subfolder, "type": "temp"},
+        )
+        with Image.open(io.BytesIO(gone.body)) as placeholder:
+            assert placeholder.size == (1, 1)
+
         # Output: SaveImage never ran, so the file it would have written does not exist.
         missing = await client._send(
             "GET",
@@ -111,7 +123,7 @@ async def test_without_save_image_websocket_the_files_are_overwritten_once_home(
             wf,
             {},
             {"image": execute.InputImage(photo_with_gps(1), "image/png")},
-            no_trace=True,
+            no_trace="memory",  # what the operator's choice falls back to without the node
         )
     (result,) = outcome.files
     assert result.file.type == "output"  # written by SaveImage, then downloaded
@@ -132,12 +144,35 @@ async def test_a_deaf_socket_loses_one_job_and_is_replaced(
     wf = bindings.load(DATA / "invert.toml")
     image = {"image": execute.InputImage(photo_with_gps(2), "image/png")}
     async with comfy_client.ComfyClient(fake.url, name="gpu0", check_interval=0.3) as client:
-        await execute.execute(client, wf, {}, image, no_trace=True)
+        # Sockets matter only to `no_trace = "memory"`, the operator's choice.
+        await execute.execute(client, wf, {}, image, no_trace="memory")
         deaf = client.client_id
         assert deaf is not None
         fake.sockets.pop(deaf)  # what the server does when the thief's socket closes
         with pytest.raises(notrace.FramesLost):
-            await execute.execute(client, wf, {}, image, no_trace=True)
-        outcome = await execute.execute(client, wf, {}, image, no_trace=True)
+            await execute.execute(client, wf, {}, image, no_trace="memory")
+        outcome = await execute.execute(client, wf, {}, image, no_trace="memory")
         assert client.client_id != deaf and len(outcome.files) == 1
     assert fake.history_entries == {}
+
+
+async def test_the_same_prompt_twice_brings_a_real_image_both_times(
+    fake_comfy_factory: FakeFactory,
+) -> None:
+    """ComfyUI's cache would answer the second run with the first run's file name, whose
+    file is a 1x1 image by then: each run's savers carry a fresh input of their own."""
+    from comfyveil.comfy import workflow
+
+    fake = await fake_comfy_factory()
+    wf = workflow.find("f")
+    values = wf.validate({"prompt": "a fox", "steps": 1, "seed": 7, "width": 256, "height": 256})
+    async with comfy_client.ComfyClient(fake.url, name="gpu0") as client:
+        for _ in range(2):
+            outcome = await execute.execute(client, wf, values, no_trace=True)
+            (result,) = outcome.files
+            with Image.open(io.BytesIO(result.data)) as image:
+                assert image.size == (256, 256)
+    first, second = (p["prompt"] for p in fake.prompts)
+    assert {k for k in first if first[k] != second[k]} == {
+        k for k, n in first.items() if n["class_type"] == "PreviewImage"
+    }

@@ -139,14 +139,61 @@ async def test_positions_move_as_jobs_are_claimed(db: Database) -> None:
     assert [await db.jobs.position(j.id) for j in queued[1:]] == [0, 1, 2]
 
 
+async def test_a_job_whose_cancel_came_before_its_prompt_was_sent_is_never_sent(
+    db: Database,
+) -> None:
+    await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    asked = await db.jobs.cancel(claimed.id)
+    assert asked is not None and asked.status is jobs.Status.RUNNING  # its worker must stop
+    with pytest.raises(errors.CancelRequested):
+        await db.jobs.mark_submitted(claimed, "gpu0")
+    again = await db.jobs.get(claimed.id)
+    assert again is not None and not again.submitted and again.backend is None
+
+
+async def test_no_lease_is_taken_until_the_server_has_been_up_for_a_lease(db: Database) -> None:
+    job = await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w", lease_seconds=0.05)
+    assert claimed is not None
+    await asyncio.sleep(0.1)
+    async with db.pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT extract(epoch FROM now() - pg_postmaster_start_time()) AS up"
+        )
+        up = float((await cursor.fetchone())["up"])  # type: ignore[index]
+    # Its lease ran out, but a lease longer than the server's uptime says nothing yet.
+    assert await db.jobs.recover_expired(up + 60) == []
+    assert [j.id for j in await db.jobs.recover_expired(0.05)] == [job.id]
+
+
+async def test_a_worker_restarted_under_its_id_gets_its_running_jobs_back_at_once(
+    db: Database,
+) -> None:
+    mine = await db.jobs.enqueue(new_job(1))
+    other = await db.jobs.enqueue(new_job(2))
+    first = await db.jobs.claim("me", lease_seconds=600)
+    second = await db.jobs.claim("someone else", lease_seconds=600)
+    assert first is not None and second is not None and {first.id, second.id} == {
+        mine.id, other.id}
+    await db.jobs.mark_submitted(first, "gpu1")
+    (back,) = await db.jobs.requeue_own("me")
+    assert back.id == first.id and back.status is jobs.Status.QUEUED
+    assert back.submitted and back.backend == "gpu1"  # to re-attach to its prompt
+    still = await db.jobs.get(second.id)
+    assert still is not None and still.status is jobs.Status.RUNNING
+    assert await db.jobs.requeue_own("me") == []
+
+
 async def test_expired_lease_returns_the_job_with_submitted_and_backend(db: Database) -> None:
     job = await db.jobs.enqueue(new_job(1))
     claimed = await db.jobs.claim("dying-worker", lease_seconds=0.05)
     assert claimed is not None
     await db.jobs.mark_submitted(claimed, "gpu1")
-    assert await db.jobs.recover_expired() == []  # lease still valid
+    assert await db.jobs.recover_expired(0.05) == []  # lease still valid
     await asyncio.sleep(0.1)
-    recovered = await db.jobs.recover_expired()
+    recovered = await db.jobs.recover_expired(0.05)
     assert [j.id for j in recovered] == [job.id]
     assert recovered[0].status is jobs.Status.QUEUED
     assert recovered[0].submitted and recovered[0].backend == "gpu1"
@@ -428,8 +475,9 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
         assert setting is not None
         return setting["synchronous_commit"] != "off"
 
-    for relaxed in ("claim_job", "mark_submitted", "renew_lease", "record_progress"):
+    for relaxed in ("claim_job", "renew_lease", "record_progress"):
         assert not await commit_waits(relaxed, params), relaxed
     assert await commit_waits("enqueue_job", enqueue_params)
-    for durable in ("complete_job", "record_delivery"):
+    # mark_submitted too: an immediate stop of PostgreSQL must not forget a sent prompt.
+    for durable in ("mark_submitted", "complete_job", "record_delivery"):
         assert await commit_waits(durable, params), durable

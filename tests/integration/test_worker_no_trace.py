@@ -87,9 +87,11 @@ async def test_an_edit_job_leaves_nothing_on_the_gpu_host_and_no_metadata_anywhe
     with Image.open(io.BytesIO(sent["data"])) as uploaded:
         assert not uploaded.getexif()  # no camera, no GPS
     (prompt,) = fake_comfy.prompts
-    assert {n["class_type"] for n in prompt["prompt"].values()} >= {"SaveImageWebsocket"}
+    (saver,) = [n for n in prompt["prompt"].values() if n["class_type"] == "PreviewImage"]
+    assert set(saver["inputs"]) == {"images", notrace.RUN_INPUT}  # no cache answers for it
     assert "SaveImage" not in {n["class_type"] for n in prompt["prompt"].values()}
     (output,) = await db.jobs.outputs(job.id)
+    assert output.filename.endswith("_00001_.png") and "temp" not in output.filename
     with Image.open(io.BytesIO(output.data)) as image:
         assert image.format == "PNG" and set(image.info) <= {"dpi", "icc_profile"}
     assert await db.traces.settled() == []
@@ -101,7 +103,8 @@ async def test_legacy_frames_without_metadata_are_attributed_too(
     # A client that did not negotiate preview metadata gets type-1 frames naming no node.
     monkeypatch.setattr(fake_comfy, "socket_flags", _Forgetful())
     job = await enqueue(db, steps=1, width=256, height=256)
-    async with running_worker(db, [fake_comfy.url]):
+    # Frames are what this test is about: an operator's choice, `no_trace = "memory"`.
+    async with running_worker(db, [fake_comfy.url], no_trace="memory"):
         await wait_status(db, job.id, jobs.Status.SUCCEEDED)
     (output,) = await db.jobs.outputs(job.id)
     with Image.open(io.BytesIO(output.data)) as image:
@@ -160,16 +163,37 @@ async def test_a_job_handed_back_mid_run_is_re_attached_and_its_images_still_com
     assert await db.traces.settled() == []
 
 
-async def test_images_sent_to_a_dead_socket_are_made_again_and_nothing_stays(
+async def test_a_prompt_that_ended_with_no_worker_is_fetched_not_run_again(
     db: database.Database, fake_comfy_factory
 ) -> None:
+    """The default: the images wait in the temp folder for the successor."""
     fake = await fake_comfy_factory(step_delay=0.2)
     job = await enqueue_edit(db, steps=5)
     quick_stop = dataclasses.replace(FAST, shutdown_grace=0.1)
     async with running_worker(db, [fake.url], options=quick_stop):
         await wait_for(lambda: _true(fake.running is not None), timeout=20)
     await wait_for(lambda: _true(str(job.id) in fake.history_entries), timeout=20)
+    assert user_files(fake).get("temp")  # its image waits there for a successor
     async with running_worker(db, [fake.url]):
+        await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+    assert fake.executions[str(job.id)] == 1
+    (output,) = await db.jobs.outputs(job.id)
+    assert output.data.startswith(b"\x89PNG")
+    assert await nothing_left(fake)
+    assert await db.traces.settled() == []
+
+
+async def test_with_memory_images_sent_to_a_dead_socket_are_made_again_and_nothing_stays(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    # The cost of the operator's choice `no_trace = "memory"` (README, Leaving no trace).
+    fake = await fake_comfy_factory(step_delay=0.2)
+    job = await enqueue_edit(db, steps=5)
+    quick_stop = dataclasses.replace(FAST, shutdown_grace=0.1)
+    async with running_worker(db, [fake.url], options=quick_stop, no_trace="memory"):
+        await wait_for(lambda: _true(fake.running is not None), timeout=20)
+    await wait_for(lambda: _true(str(job.id) in fake.history_entries), timeout=20)
+    async with running_worker(db, [fake.url], no_trace="memory"):
         await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
     assert fake.executions[str(job.id)] == 2  # the first run's images were lost with it
     assert await nothing_left(fake)

@@ -130,3 +130,28 @@ async def test_a_prompt_left_on_an_unreachable_backend_is_taken_back_when_it_ans
 
 async def _now(value: bool) -> bool:
     return value
+
+
+async def test_a_cancel_that_lands_just_before_the_prompt_is_sent_stops_it_unsent(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    fake = await fake_comfy_factory()
+    sink = _Recorder()
+    job = await enqueue(db, steps=2)
+    # Neither a NOTIFY nor a lease renewal brings the news first: the record of the backend
+    # the prompt goes to is what refuses it.
+    deaf = dataclasses.replace(FAST, listen=False, lease_seconds=60.0)
+    async with running_worker(db, [fake.url], delivery=[sink], options=deaf) as worker:
+        real = worker.store.mark_submitted
+
+        async def cancelled_first(held: jobs.Job, backend: str) -> jobs.Job:
+            await db.jobs.cancel(held.id)  # the user's cancel wins the race to the row
+            return await real(held, backend)
+
+        worker.store.mark_submitted = cancelled_first  # type: ignore[method-assign]
+        done = await wait_status(db, job.id, jobs.Status.CANCELLED, timeout=20)
+        await wait_for(lambda: _now(sink.delivered == [job.id]), timeout=5)
+    assert not done.submitted and done.backend is None
+    assert _posted(fake, job) == 0 and not fake.uploads and fake.history_entries == {}
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert "lease_expired" not in kinds  # its worker ended it at once, not its lease

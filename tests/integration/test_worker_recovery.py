@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 
 from comfyveil import sinks
 from comfyveil.store import database, jobs
+from tests.integration.test_worker_no_trace import nothing_left
 from tests.integration.worker_support import (
+    FAST,
     enqueue,
     never,
     running_worker,
@@ -57,9 +60,26 @@ async def restartable_pg() -> AsyncIterator[Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def test_postgres_restarted_under_load_no_job_is_lost(
+class _Recorder:
+    """A delivery sink shared by several workers: every job it was given."""
+
+    name = "chat"
+
+    def __init__(self) -> None:
+        self.delivered: list[uuid.UUID] = []
+
+    async def deliver(self, job: jobs.Job, outputs: object) -> None:
+        self.delivered.append(job.id)
+
+
+async def test_postgres_restarted_twice_under_running_prompts_costs_no_job_and_pays_once(
     restartable_pg: Any, fake_comfy_factory
 ) -> None:
+    """With the defaults (no trace): a fast restart, then an immediate stop (a crash: the
+    commits not yet on disk are lost) held down for twice the lease, while prompts run.
+    Each down time is longer than a third of the lease, so renewals are missed both times.
+    No live worker loses a job to recovery, each prompt is posted and run once, each job
+    delivered once, and nothing is left on the GPU hosts."""
     from pgserver import _commands
 
     url = restartable_pg.get_uri()
@@ -69,33 +89,53 @@ async def test_postgres_restarted_under_load_no_job_is_lost(
     finally:
         await conn.close()
     db = await database.Database.open(url=url, run_migrations=False, max_size=8)
-    fakes = [await fake_comfy_factory(step_delay=0.05) for _ in range(2)]
+    fakes = [await fake_comfy_factory(step_delay=0.1) for _ in range(2)]
     urls = [f.url for f in fakes]
+    lease = FAST.lease_seconds
+    sink = _Recorder()
     try:
-        queued = [await enqueue(db, prompt=f"job {i}", seed=i, steps=4) for i in range(16)]
-        # Files on the GPU host, not images over the WebSocket: a prompt that finishes while
-        # the database is down has no worker listening, and with no trace its images would
-        # be gone (README, Paying once); this test is about not paying twice otherwise.
+        queued = [await enqueue(db, prompt=f"job {i}", seed=i, steps=8) for i in range(12)]
         async with (
-            running_worker(db, urls, no_trace=False),
-            running_worker(db, urls, no_trace=False),
+            running_worker(db, urls, delivery=[sink]),
+            running_worker(db, urls, delivery=[sink]),
         ):
-            await wait_status(db, queued[2].id, jobs.Status.SUCCEEDED, timeout=30)
+            await wait_status(db, queued[1].id, jobs.Status.SUCCEEDED, timeout=30)
 
-            def stop() -> None:
-                _commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=restartable_pg.pgdata,
+            def pg_ctl(*args: str) -> None:
+                _commands.pg_ctl(["-w", *args], pgdata=restartable_pg.pgdata,
                                  user=restartable_pg.system_user)
 
-            await asyncio.to_thread(stop)
-            await asyncio.sleep(1.5)  # workers keep running against a dead database
-            await asyncio.to_thread(_start_again, restartable_pg)
+            for mode, down in (("fast", lease / 3 + 0.5), ("immediate", lease * 2)):
+                await _running_prompts(fakes)
+                await asyncio.to_thread(pg_ctl, "-m", mode, "stop")
+                await asyncio.sleep(down)  # workers keep running against a dead database
+                await asyncio.to_thread(_start_again, restartable_pg)
             for job in queued:
                 await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=60)
+            await wait_for(lambda: _true(len(sink.delivered) >= len(queued)), timeout=20)
+            for fake in fakes:
+                await wait_for(lambda f=fake: nothing_left(f), timeout=20)  # type: ignore[misc]
+            # ... and struck out: the record of what is on a GPU host waited for the database.
+            await wait_for(lambda: _true_async(db.traces.settled(), []), timeout=20)
+            await never(lambda: _true(len(sink.delivered) > len(queued)), within=1.0)
         ran = fakes[0].executions + fakes[1].executions
         assert set(ran) == {str(j.id) for j in queued}
         assert all(count == 1 for count in ran.values()), ran
+        posted = [p["prompt_id"] for f in fakes for p in f.prompts]
+        assert sorted(posted) == sorted(str(j.id) for j in queued)
+        assert sorted(sink.delivered) == sorted(j.id for j in queued)
+        for job in queued:
+            kinds = [e.kind for e in await db.jobs.events(job.id)]
+            assert "lease_expired" not in kinds, (job.id, kinds)
+        assert await db.traces.settled() == []
     finally:
         await db.close()
+
+
+async def _running_prompts(fakes: list[Any]) -> None:
+    """Wait until a prompt runs on a GPU, so that the outage comes in the middle of one."""
+    await wait_for(lambda: _true(any(f.running is not None for f in fakes)), timeout=20,
+                   interval=0.02)
 
 
 async def test_a_result_finished_but_never_delivered_is_delivered_once(
@@ -131,3 +171,7 @@ def _start_again(server: Any) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _true_async(found: Any, wanted: object) -> bool:
+    return bool(await found == wanted)

@@ -26,7 +26,7 @@ FAST = WorkerOptions(
 
 
 def backend_configs(
-    urls: Sequence[str], max_waiting: int = 1, no_trace: bool = True
+    urls: Sequence[str], max_waiting: int = 1, no_trace: bool | str = True
 ) -> list[config.BackendConfig]:
     return [
         config.BackendConfig(name=f"gpu{i}", url=url, via="direct", max_waiting=max_waiting,
@@ -106,7 +106,7 @@ async def running_worker(
     delivery: Sequence[sinks.DeliverySink] = (),
     max_waiting: int = 1,
     probe_interval: float = 0.2,
-    no_trace: bool = True,
+    no_trace: bool | str = True,
 ) -> AsyncIterator[Worker]:
     """A worker with its own pool, running in a task until the block ends."""
     configs = backend_configs(urls, max_waiting, no_trace)

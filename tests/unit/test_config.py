@@ -103,6 +103,8 @@ def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
     assert settings.anyone == defaults.anyone
     assert settings.web == defaults.web
     assert settings.policy == defaults.policy
+    assert settings.metrics == defaults.metrics
+    assert settings.log == defaults.log
 
 
 def test_web_section_is_read_and_checked() -> None:
@@ -143,6 +145,11 @@ def test_no_trace_is_on_for_every_backend_unless_turned_off(tmp_path: Path) -> N
     a, b = config.load(cfg, environ={}).backends
     assert a.no_trace is True and b.no_trace is False
     assert config.from_mapping({}, environ={}).backend_list()[0].no_trace is True
+    for value, held in (('"temp"', True), ('"memory"', "memory")):
+        cfg.write_text(f'[[backends]]\nurl = "http://127.0.0.1:8188"\nno_trace = {value}\n')
+        assert config.load(cfg, environ={}).backends[0].no_trace == held
     cfg.write_text('[[backends]]\nurl = "http://127.0.0.1:8188"\nno_trace = "false"\n')
-    with pytest.raises(config.ConfigError, match="no_trace must be true or false"):
+    with pytest.raises(
+        config.ConfigError, match='no_trace must be true, false, "temp", "memory", got "false"'
+    ):
         config.load(cfg, environ={})

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.integration.heartbeat_support import beating
 from tests.web.support import client, csrf_of, get_text, sign_up, wait_for, web_stack
 from tests.web.test_web_jobs import submit_form
 
@@ -108,8 +109,16 @@ async def test_backends_page_names_missing_models(db, fake_comfy_factory) -> Non
             return "is not installed" in page
 
         await wait_for(probed)
+        await beating(db, "gpu-host-1", running=1)
+        await beating(db, "old-host", gone=True)
         _, page = await get_text(admin, stack.url + "/admin/backends")
         assert "gpu0" in page and "flux1-schnell.safetensors" in page
+        assert "<bdi>gpu-host-1</bdi>" in page and "<bdi>old-host</bdi>" in page
+        workers = page[page.index("<h2>Workers</h2>"):]
+        assert workers.index("gpu-host-1") < workers.index(">alive<") < workers.index("old-host")
+        assert ">gone<" in workers and "1 job running" in workers
+        # and the one command that installs them on the GPU host
+        assert "<code dir=\"ltr\">comfyveil models install f --comfyui-dir DIR</code>" in page
 
 
 async def test_workflows_enable_disable_and_add_from_uploads(db, fake_comfy) -> None:

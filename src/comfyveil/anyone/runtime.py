@@ -146,6 +146,7 @@ async def anon_for(
     on_progress: process.ProgressCallback | None = None,
     bootstrap_timeout: float = process.BOOTSTRAP_TIMEOUT,
     hidden_services: Sequence[hidden.HiddenServiceSpec] = (),
+    also: Sequence[str] = (),
 ) -> AsyncIterator[Router]:
     """Run anon for as long as the block runs, if `backends` (or Telegram) need it.
 
@@ -156,6 +157,8 @@ async def anon_for(
         telegram: whether this command talks to the Bot API (then [anyone] telegram counts).
         on_progress: called with (percent, summary) while anon bootstraps.
         hidden_services: persistent services our anon publishes (the web front end's).
+        also: other traffic that needs anon, in words ("model downloads"); it takes its
+            own circuits with `router.anon.socks_url(name)`.
 
     Raises:
         AnonError: a backend needs anon but [anyone] enabled is false, anon is not
@@ -163,6 +166,7 @@ async def anon_for(
     """
     needs = needs_anon(settings, backends, telegram=telegram)
     needs += [f"the hidden service in {spec.directory.name}" for spec in hidden_services]
+    needs += list(also)
     if not needs:
         yield Router(None, settings)
         return

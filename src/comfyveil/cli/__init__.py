@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from comfyveil import __version__, redaction
+from comfyveil import __version__, logs
 from comfyveil.errors import ComfyveilError, ConfigError, UsageError
 
 EXIT_OK = 0
@@ -34,9 +34,11 @@ SUBCOMMANDS = {
     "jobs": "list, show and cancel queued jobs",
     "worker": "run queued jobs on the configured ComfyUI backends",
     "workflows": "list, add, enable, disable and check chat commands",
+    "models": "check and install the model files of commands on a GPU host",
     "bench": "benchmark workflows on one or more ComfyUI backends",
     "anon": "the Anyone Network client (anon)",
     "db": "database schema: migrate, status",
+    "status": "one table of the database, every backend and every worker",
 }
 
 
@@ -53,6 +55,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0,
         help="more log output; -vv also prints tracebacks",
     )
+    parser.add_argument(
+        "--log-format", choices=logs.FORMATS, default=None,
+        help="text (default) or json: one object a line, for journald or Loki "
+             "(default: [log] format)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, summary in SUBCOMMANDS.items():
         if only is None or name == only:
@@ -64,14 +71,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _subcommand(argv: Sequence[str]) -> str:
     """The subcommand named on the command line ("" when none): the first word that is
-    not an option, since the top-level options take no value."""
-    return next((arg for arg in argv if not arg.startswith("-")), "")
+    neither an option nor the value of --log-format (the one top-level option with one)."""
+    words = iter(argv)
+    for arg in words:
+        if arg == "--log-format":
+            next(words, None)
+        elif not arg.startswith("-"):
+            return arg
+    return ""
 
 
-def _configure_logging(verbosity: int) -> None:
+def _configure_logging(verbosity: int, fmt: str | None = None) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    redaction.install()  # secrets registered later (the bot token) never reach a line
+    logs.configure(level, fmt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = sys.argv[1:]
     parser = build_parser(only=_subcommand(argv))
     args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
+    _configure_logging(args.verbose, args.log_format)
     try:
         code = asyncio.run(args.handler(args))
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ import ipaddress
 import sys
 from pathlib import Path
 
-from comfyveil import cli, config
+from comfyveil import cli, config, sdnotify
 from comfyveil.anyone import hidden, install, process
 from comfyveil.anyone import network as network_mod
 from comfyveil.errors import UsageError
@@ -145,6 +145,7 @@ async def _expose(args: argparse.Namespace) -> int:
         await anon.wait_published(service_id)
         print("published; press Ctrl-C to stop" if not args.once else "published")
         sys.stdout.flush()
+        sdnotify.notify("READY=1\nSTATUS=published")  # comfyveil-expose@.service
         if not args.once:
             await asyncio.Event().wait()
     return 0

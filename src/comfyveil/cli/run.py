@@ -23,8 +23,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config, retention
+from comfyveil import cli, config, logs, retention
 from comfyveil.anyone import runtime
+from comfyveil.cli import _operate
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
@@ -63,6 +64,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     from comfyveil.web import hidden as web_hidden
     from comfyveil.web import server as web_server
 
+    logs.apply_settings(settings)
     published = (
         await asyncio.to_thread(web_hidden.prepare, settings)
         if web and settings.web.hidden_service else None
@@ -136,6 +138,9 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 name="retention",
             )
             stack.callback(purge.cancel)
+            await stack.enter_async_context(
+                _operate.operated(settings, db=db, pool=backends, worker=worker)
+            )
             worker_task = asyncio.create_task(worker.run(), name="worker")
             stopping = asyncio.create_task(stop.wait(), name="stop-signal")
             await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)

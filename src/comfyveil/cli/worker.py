@@ -17,8 +17,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config, retention, sinks
+from comfyveil import cli, config, logs, retention, sinks
 from comfyveil.anyone import runtime
+from comfyveil.cli import _operate
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
@@ -62,6 +63,7 @@ def options_from(settings: config.Settings, args: argparse.Namespace) -> WorkerO
 
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
+    logs.apply_settings(settings)
     delivery = [sinks.FileSink(args.out)] if args.out is not None else []
     async with await database.Database.open(settings) as db:
         await db.commands.seed()
@@ -80,7 +82,8 @@ async def run(args: argparse.Namespace) -> int:
                 name="retention",
             )
             try:
-                await worker.run()
+                async with _operate.operated(settings, db=db, pool=backends, worker=worker):
+                    await worker.run()
             finally:
                 purge.cancel()
                 for signum in (signal.SIGTERM, signal.SIGINT):

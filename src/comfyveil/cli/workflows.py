@@ -168,7 +168,8 @@ def _trace_note(
         "GPU host's output folder and overwritten once downloaded"
         for node, kind in notrace.file_writers(wf.graph)
     ]
-    if notrace.WEBSOCKET_SAVER not in info and notrace.to_websocket(wf.graph)[1]:
+    memory = notrace.mode(backend.no_trace) == "memory"
+    if memory and notrace.WEBSOCKET_SAVER not in info and notrace.to_websocket(wf.graph)[1]:
         notes.append(f"{notrace.WEBSOCKET_SAVER} is missing: images are written to the "
                      "GPU host's disk and overwritten once downloaded")
     return "".join(f"\n    no trace: {note}" for note in notes)

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from comfyveil.comfy import manifest
 from comfyveil.comfy.params import PARAM_TYPES, Param, ParamError, Target, clip
 from comfyveil.comfy.requirements import is_link
 from comfyveil.comfy.template import Workflow, freeze
@@ -27,7 +28,9 @@ KINDS = ("image", "video")
 COMMAND_RE = re.compile(r"^[a-z0-9_]{1,32}$")  # Telegram's rule for bot commands
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
-_TOP_KEYS = frozenset({"command", "title", "description", "kind", "params", "spoiler"})
+_TOP_KEYS = frozenset(
+    {"command", "title", "description", "kind", "params", "spoiler", "models"}
+)
 _PARAM_KEYS = frozenset(
     {
         "node",
@@ -91,6 +94,10 @@ def loads(
     description, descriptions = _texts(bindings, "description", where)
     spoiler = bool(_get(bindings, "spoiler", bool, where))
     raw_params = _get(bindings, "params", dict, where) or {}
+    try:
+        models = manifest.parse(bindings.get("models"), where)
+    except manifest.ManifestError as exc:
+        raise WorkflowError(str(exc)) from exc
 
     params: dict[str, Param] = {}
     lookup: dict[str, str] = {}
@@ -120,6 +127,7 @@ def loads(
         spoiler=spoiler,
         titles=MappingProxyType(titles),
         descriptions=MappingProxyType(descriptions),
+        models=models,
         _lookup=MappingProxyType(lookup),
     )
 

@@ -4,9 +4,11 @@ Shared by `comfyveil generate`, the worker and the benchmark so the three follow
 same path. Input images are uploaded under a name derived from their content, never
 the user's file name: the backend learns nothing from it, and the same image sent
 twice is stored once (ComfyUI deduplicates by name and hash). With `no_trace` they go
-to the backend's temp folder under a random name instead and are overwritten when the
-job ends, images come back over the WebSocket, and the history entry is deleted
-(`comfy.notrace`). Outputs lose their metadata (`comfyveil.metadata`) unless asked not to.
+to the backend's temp folder under a random name instead, so do the images (or, with
+`no_trace = "memory"`, they come back over the WebSocket), and all of them are
+overwritten and the history entry deleted when the job ends (`comfy.notrace`), or, for a
+caller that must first store the result (`cleanup`), once it says so. Outputs lose
+their metadata (`comfyveil.metadata`) unless asked not to.
 
 One deadline covers the whole job, upload, run and download, so a backend that
 trickles its answer or stops reading ends the job in time; the outputs one job may
@@ -76,6 +78,16 @@ class Outcome:
     run_seconds: float  # submit to done, as the caller saw it
     download_seconds: float
     uploaded: Mapping[str, str] = field(default_factory=dict)  # param -> name in the graph
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanup:
+    """What a no-trace job left on its backend, for the caller to remove (`clean_up`) once
+    the result is safe: until then a successor can still fetch it."""
+
+    prompt_id: str
+    pending: tuple[notrace.Trace, ...]
+    finished: bool
 
 
 class JobTimedOut(errors.ComfyError):
@@ -191,6 +203,7 @@ async def download_outputs(
     *,
     out_dir: Path | None = None,
     on_received: Callable[[int], None] | None = None,
+    every: bool = False,
 ) -> tuple[OutputData, ...]:
     """Fetch the files a finished run saved (temp previews are skipped): into memory, or
     with `out_dir` streamed into that folder (see `save_stream`).
@@ -198,8 +211,13 @@ async def download_outputs(
     One file at a time, so a job holds at most max_output_bytes, and an oversized or
     stalled file stops the rest. Raises TooManyOutputs before fetching anything when the
     run lists more than max_outputs files, OutputTooLarge past max_output_bytes.
+    `every`: fetch every file listed, temp ones included.
     """
-    wanted = [f for f in result.outputs if f.type == "output"] or list(result.outputs)
+    wanted = (
+        list(result.outputs)
+        if every
+        else [f for f in result.outputs if f.type == "output"] or list(result.outputs)
+    )
     if len(wanted) > client.limits.max_outputs:
         raise errors.TooManyOutputs(len(wanted), client.limits.max_outputs, backend=client.name)
     budget = _Budget(client)
@@ -226,10 +244,11 @@ async def execute(
     attach: bool = False,
     on_ran: RanCallback | None = None,
     out_dir: Path | None = None,
-    no_trace: bool = False,
+    no_trace: bool | str = False,
     keep_metadata: bool = False,
     traces: notrace.TraceLog | None = None,
     left: tuple[notrace.Trace, ...] = (),
+    cleanup: list[Cleanup] | None = None,
 ) -> Outcome:
     """Run `wf` with validated `values` on `client`'s backend and download the outputs.
 
@@ -246,7 +265,9 @@ async def execute(
     before it is left there (`left`: what an earlier attempt left) and removed when the
     job ends, however it ends, unless this task is cancelled or a transient error cut
     it short: the prompt may still run there, for a successor or a retry to re-attach
-    to, so its traces stay written down.
+    to, so its traces stay written down. With `cleanup`, what would be removed is
+    appended there instead, for the caller to remove with `clean_up` once the result is
+    stored: a caller that dies before that leaves a successor the images to fetch.
 
     Raises:
         ComfyError: the backend refused, failed, was interrupted or took too long.
@@ -262,11 +283,13 @@ async def execute(
     savers: dict[str, str] = {}
     collector: notrace.FrameCollector | None = None
     finished = False
+    how = notrace.mode(no_trace)
+    in_temp = False  # the images come as temp files from savers `to_temp` made
     try:
         timer = asyncio.timeout_at(deadline)
         try:
             async with timer:
-                if no_trace:
+                if how != "off":
                     todo = {} if attach else dict(inputs or {})
                     names = {p: notrace.upload_trace(image.mime) for p, image in todo.items()}
                     fresh = [notrace.Trace("history", pid), *names.values()]
@@ -281,19 +304,27 @@ async def execute(
                         else await upload_inputs(client, inputs or {}, on_sent=watch.moved)
                     )
                 graph = wf.apply({**values, **uploaded})
-                if attach:
+                if attach and how == "temp":
+                    # Posted earlier as this worker would have: its images are temp files
+                    # (FramesLost if a worker configured otherwise sent them as frames).
+                    savers = notrace.to_temp(graph, "")[1]
+                    in_temp = True
+                elif attach:
                     # Posted earlier, maybe by a worker configured otherwise: its images may
                     # come as frames or as files, whichever its savers were; both are taken.
                     savers = notrace.to_websocket(graph)[1]
+                elif how == "temp":
+                    graph, savers = notrace.to_temp(graph, uuid.uuid4().hex)
+                    in_temp = True
                 elif (
-                    no_trace
+                    how == "memory"
                     and not keep_metadata
                     and await client.has_node(notrace.WEBSOCKET_SAVER)
                 ):
                     # Kept metadata lives only in the files SaveImage writes: those are then
                     # written (and overwritten once downloaded).
                     graph, savers = notrace.to_websocket(graph)
-                if savers:
+                if savers and not in_temp:
                     collector = notrace.FrameCollector(
                         savers,
                         max_frame_bytes=client.limits.max_output_bytes,
@@ -303,7 +334,8 @@ async def execute(
                 run_started = time.perf_counter()
                 watch.enter("run")
                 if attach and prompt_id is not None:
-                    follow = client.follow_live if no_trace and savers else client.follow
+                    live = how == "memory" and savers
+                    follow = client.follow_live if live else client.follow
                     result = await follow(prompt_id, on_event=on_event)
                 else:
                     result = await client.run(graph, prompt_id=pid, on_event=on_event)
@@ -317,11 +349,14 @@ async def execute(
         upload_seconds = run_started - started
         run_seconds = time.perf_counter() - run_started
         on_disk = list(result.outputs)  # a SaveImageWebsocket writes no file, lists none
-        if no_trace:
+        if how != "off":
             pending.extend(notrace.output_traces(on_disk))
         if on_ran is not None:
             await on_ran()
         result.raise_for_status()
+        names: dict[results.OutputFile, str] = {}
+        if in_temp:
+            on_disk, names = notrace.temp_outputs(on_disk, savers, pid, client.name)
 
         download_started = time.perf_counter()
         try:
@@ -340,7 +375,11 @@ async def execute(
             async with timer:
                 downloaded = (
                     await download_outputs(
-                        client, _only(result, on_disk), out_dir=out_dir, on_received=watch.moved
+                        client,
+                        _only(result, on_disk),
+                        out_dir=out_dir,
+                        on_received=watch.moved,
+                        every=in_temp,
                     )
                     if on_disk
                     else ()
@@ -349,6 +388,15 @@ async def execute(
             if not timer.expired():
                 raise
             raise watch.timed_out(client.name, timeout) from exc
+        if names:  # delivered under the saver's prefix, not ComfyUI's temp name
+            downloaded = tuple(
+                dataclasses.replace(
+                    item, file=dataclasses.replace(item.file, filename=names[item.file])
+                )
+                if item.file in names
+                else item
+                for item in downloaded
+            )
         files = tuple(OutputData(f, d) for f, d in from_frames) + downloaded
         if not keep_metadata:
             files = tuple([await _without_metadata(f) for f in files])
@@ -361,18 +409,29 @@ async def execute(
             uploaded=uploaded,
         )
     except asyncio.CancelledError:
-        no_trace = False  # it may still run: its traces stay written down for a successor
+        how = "off"  # it may still run: its traces stay written down for a successor
         raise
     except errors.ComfyError as exc:
-        # After a transient error the prompt may still run there, and the retry re-attaches
-        # to it: its traces stay written down (the sweep removes them once the job ends).
-        # A permanent one (a refused workflow, a timeout) ends the job: clean up now.
-        if exc.transient and not finished:
-            no_trace = False
+        # After a transient error the prompt may still run there, or its images still wait
+        # there, and the retry re-attaches to it: its traces stay written down (the sweep
+        # removes them once the job ends). A permanent one (a refused workflow, a timeout)
+        # ends the job: clean up now.
+        if exc.transient and (not finished or in_temp):
+            how = "off"
         raise
     finally:
-        if no_trace:
-            await _scrub(client, pid, pending, finished=finished, traces=traces)
+        if how != "off":
+            if cleanup is not None:
+                cleanup.append(Cleanup(pid, tuple(pending), finished))
+            else:
+                await _scrub(client, pid, pending, finished=finished, traces=traces)
+
+
+async def clean_up(
+    client: comfy_client.ComfyClient, left: Cleanup, traces: notrace.TraceLog | None
+) -> None:
+    """Remove what a job left on the backend (see `execute`'s `cleanup`)."""
+    await _scrub(client, left.prompt_id, list(left.pending), finished=left.finished, traces=traces)
 
 
 def _only(result: results.RunResult, files: list[results.OutputFile]) -> results.RunResult:

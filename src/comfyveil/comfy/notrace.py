@@ -2,15 +2,31 @@
 
 Three things of a user's would stay on a ComfyUI server after a job: the output files in
 `output/` (and `temp/` for previews), the uploaded inputs in `input/`, and the prompt in
-`/history`. For a backend with `no_trace` (the default):
+`/history`. For a backend with `no_trace` (the default, `true` or `"temp"`):
 
-- **Outputs never touch its disk.** Every `SaveImage` and `PreviewImage` node becomes a
+- **Outputs go to its temp folder** and stay there only until the result is stored in
+  the database. Every `SaveImage` and `PreviewImage` node becomes a `PreviewImage`
+  (`to_temp`), which writes into `temp/` under a name ComfyUI draws at random
+  (`ComfyUI_temp_xxxxx_00001_.png`), fetched with `GET /view?type=temp` like any file.
+  A worker that dies at any moment leaves them where its successor finds them (the
+  prompt's history entry lists them), so a job is never run twice for lack of its
+  images; they are overwritten with a 1x1 image, and the history entry deleted, once
+  the result is home. Each saver also gets an input ComfyUI does not read but does hash
+  into its cache key, fresh for each prompt: a re-run of the same prompt runs its savers
+  again instead of naming the files (overwritten by then) of the earlier run.
+  The GPU-host guide puts `temp/` on a tmpfs (`--temp-directory`), so they never touch a
+  disk either.
+- **Or outputs never touch any disk** (`no_trace = "memory"`, an operator's choice): each
+  saver becomes a
   `SaveImageWebsocket` (shipped with ComfyUI in `custom_nodes/websocket_image_save.py`):
   it encodes each image as a PNG and sends it as a binary WebSocket frame, type 4
   `[u32 4][u32 json_len][json with node_id, prompt_id][png]` to a client that negotiated
   `supports_preview_metadata` (ours does), type 1 `[u32 1][u32 2][png]` to others, one
   frame per image with a `progress` event whose `max` is the batch size (notes §8). A
   type-1 frame names no node: it belongs to the node of the last `executing` event.
+  The frames go only to the socket of the worker that posted the prompt: if that worker
+  dies and no successor has taken its socket id over before the savers run, they are
+  lost and the prompt runs again (paid twice).
   Output nodes with no in-memory equivalent (video savers) still write a file; it is
   overwritten with a 1x1 image once it has been downloaded.
 - **Inputs go to `temp/`, not `input/`,** under a random name, referenced as
@@ -36,14 +52,19 @@ from typing import Any, Literal, Protocol
 from comfyveil.comfy import errors, events
 from comfyveil.comfy.results import OutputFile
 
+Mode = Literal["off", "temp", "memory"]
+
 __all__ = [
     "MAX_FRAME_BYTES",
     "FrameCollector",
     "FramesLost",
+    "Mode",
     "Trace",
     "TraceLog",
     "file_writers",
+    "mode",
     "scrub",
+    "to_temp",
     "to_websocket",
 ]
 
@@ -51,6 +72,10 @@ __all__ = [
 # `execute` passes; the socket's own cap for a binary frame sits just above it).
 MAX_FRAME_BYTES = 512 << 20
 WEBSOCKET_SAVER = "SaveImageWebsocket"
+TEMP_SAVER = "PreviewImage"
+# The input `to_temp` adds to each saver: ComfyUI ignores inputs a node does not declare
+# but includes every input in the node's cache key (comfy_execution/caching.py).
+RUN_INPUT = "comfyveil_run"
 FILE_SAVERS = frozenset({"SaveImage", "PreviewImage"})
 # Output nodes that write files and have no in-memory equivalent in ComfyUI.
 _KNOWN_WRITERS = frozenset(
@@ -119,6 +144,53 @@ def upload_trace(mime: str) -> Trace:
     """A fresh random name in temp/ for one input: nothing of its content shows in it."""
     ext = {"image/jpeg": ".jpg", "image/webp": ".webp"}.get(mime, ".png")
     return Trace("input", f"comfyveil-{uuid.uuid4().hex}{ext}", "temp")
+
+
+def mode(no_trace: bool | str) -> Mode:
+    """The no-trace mode a backend's `no_trace` setting names (True is "temp")."""
+    if no_trace is True or no_trace == "temp":
+        return "temp"
+    if no_trace == "memory":
+        return "memory"
+    return "off"
+
+
+def to_temp(graph: Mapping[str, Any], run: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The graph with every image saver made a PreviewImage (temp folder, random name),
+    marked with `run` so no cache answers for it, and for each of those nodes the file
+    name prefix its images get (`comfyveil/f` -> `f`)."""
+    out: dict[str, Any] = dict(graph)
+    replaced: dict[str, str] = {}
+    for node_id, node in graph.items():
+        if not isinstance(node, Mapping) or node.get("class_type") not in FILE_SAVERS:
+            continue
+        inputs = node.get("inputs") or {}
+        prefix = PurePosixPath(str(inputs.get("filename_prefix") or "ComfyUI")).name
+        out[node_id] = {
+            "class_type": TEMP_SAVER,
+            "inputs": {"images": inputs.get("images"), RUN_INPUT: run},
+        }
+        replaced[str(node_id)] = prefix or "ComfyUI"
+    return out, replaced
+
+
+def temp_outputs(
+    files: Sequence[OutputFile], savers: Mapping[str, str], prompt_id: str, backend: str
+) -> tuple[list[OutputFile], dict[OutputFile, str]]:
+    """The files of a run to bring home: those of the savers `to_temp` made (each with the
+    name it is delivered under) and those other output nodes wrote. FramesLost when a
+    saver listed none (the prompt was posted with its images over a WebSocket)."""
+    named: dict[OutputFile, str] = {}
+    counts: dict[str, int] = {}
+    for f in files:
+        if f.node_id in savers:
+            counts[f.node_id] = counts.get(f.node_id, 0) + 1
+            suffix = PurePosixPath(f.filename).suffix or ".png"
+            named[f] = f"{savers[f.node_id]}_{counts[f.node_id]:05}_{suffix}"
+    if any(counts.get(node, 0) == 0 for node in savers):
+        raise FramesLost(prompt_id, backend=backend)
+    wanted = [f for f in files if f in named or f.type == "output"]
+    return wanted, named
 
 
 def to_websocket(graph: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from comfyveil.comfy.manifest import ModelFile
 from comfyveil.comfy.params import SEED_MAX, Param, ParamError, clip, translated
 from comfyveil.comfy.requirements import (
     FOLDER_ALIASES,
@@ -45,6 +46,9 @@ class Workflow:
     # Translations of the title and description by language code ("fa", "zh-hans").
     titles: Mapping[str, str] = field(default_factory=dict)
     descriptions: Mapping[str, str] = field(default_factory=dict)
+    # Where its model files come from ([[models]]); not hashed: pinning a file's source
+    # does not change what the workflow does.
+    models: tuple[ModelFile, ...] = ()
     _lookup: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __hash__(self) -> int:

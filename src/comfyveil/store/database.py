@@ -31,6 +31,7 @@ from comfyveil.store import (
     commands,
     embedded,
     errors,
+    heartbeats,
     jobs,
     refusals,
     sessions,
@@ -248,6 +249,7 @@ class Database:
         self.commands = commands.CommandStore(pool)
         self.traces = traces.TraceStore(pool)
         self.refusals = refusals.RefusalStore(pool)
+        self.heartbeats = heartbeats.HeartbeatStore(pool)
 
     @staticmethod
     async def resolve_url(

@@ -53,6 +53,10 @@ class LeaseLost(StoreError):
     """This worker no longer holds the job; another worker may have taken it over."""
 
 
+class CancelRequested(StoreError):
+    """The job's cancel was asked for before its prompt was sent: it must not be sent."""
+
+
 class QueueLimitReached(StoreError, UsageError):
     """You already have too many jobs waiting; wait for one to finish."""
 

@@ -10,6 +10,7 @@ a `job_events` row, and a trigger on that table sends NOTIFY on `comfyveil_job_u
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import logging
@@ -18,12 +19,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from comfyveil import i18n
+from comfyveil import i18n, metrics
 from comfyveil.store import errors
-from comfyveil.store.connector import Connector, Row
+from comfyveil.store.connector import Connector, Row, Session
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +216,48 @@ def _queued_eta(row: Row, parallel: int) -> float | None:
     return waiting / max(parallel, 1) + float(own)
 
 
+class LeaseLine:
+    """A connection of a worker's own for renewing its leases.
+
+    The pool reconnects after an outage with growing delays (1, 2, 4, 8 s...), so it may
+    come back long after the database did; meanwhile other workers, whose pools came back
+    sooner, would find the leases run out. This line connects again at each try, so the
+    leases are renewed as soon as the database answers.
+    """
+
+    CONNECT_TIMEOUT = 2  # seconds (libpq's smallest)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def renew(self, job: Job, lease_seconds: float) -> Job:
+        """As `JobStore.renew_lease`."""
+        try:
+            async with errors.wrap_exceptions():
+                if self._conn is None or self._conn.closed:
+                    self._conn = await psycopg.AsyncConnection.connect(
+                        self.url, autocommit=True, row_factory=dict_row,
+                        connect_timeout=self.CONNECT_TIMEOUT,
+                    )
+                row = await Session(self._conn).one(
+                    "renew_lease", job_id=job.id, worker_id=job.lease_owner,
+                    lease_seconds=lease_seconds,
+                )
+        except errors.DatabaseUnreachable:
+            await self.close()
+            raise
+        if row is None:
+            raise errors.LeaseLost()
+        return Job.from_row(row)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
 class JobStore:
     """Every database operation on jobs."""
 
@@ -312,6 +357,7 @@ class JobStore:
             return None
         job = Job.from_row(row)
         logger.info("job claimed", extra={"action": "job_claimed", "job_id": str(job.id)})
+        metrics.job_claimed(job)
         return job
 
     async def _held(self, query: str, job: Job, **params: Any) -> Job:
@@ -329,8 +375,25 @@ class JobStore:
         return await self._held("renew_lease", job, lease_seconds=lease_seconds)
 
     async def mark_submitted(self, job: Job, backend: str) -> Job:
-        """Record that `backend` accepted the prompt (so a successor re-attaches to it)."""
-        return await self._held("mark_submitted", job, backend=backend)
+        """Record that the prompt goes to `backend` (so a successor re-attaches to it);
+        written to disk before the prompt is posted.
+
+        Raises:
+            CancelRequested: a cancel was asked for first; the prompt must not be sent.
+            LeaseLost: this worker no longer holds the job.
+        """
+        try:
+            return await self._held("mark_submitted", job, backend=backend)
+        except errors.LeaseLost:
+            now = await self.get(job.id)
+            if (
+                now is not None
+                and now.status is Status.RUNNING
+                and now.lease_owner == job.lease_owner
+                and now.cancel_requested
+            ):
+                raise errors.CancelRequested() from None
+            raise
 
     async def record_progress(self, job: Job, data: Mapping[str, Any]) -> bool:
         """Store the latest progress and notify listeners; True when a cancel was requested.
@@ -370,7 +433,9 @@ class JobStore:
         if row is None:
             raise errors.LeaseLost()
         logger.info("job succeeded", extra={"action": "job_succeeded", "job_id": str(job.id)})
-        return Job.from_row(row)
+        done = Job.from_row(row)
+        metrics.job_ended(done)
+        return done
 
     async def fail(
         self, job: Job, error: str, *, transient: bool, backoff: dt.timedelta | float = 0.0
@@ -390,6 +455,7 @@ class JobStore:
             "job attempt failed",
             extra={"action": "job_failed", "job_id": str(job.id), "status": str(result.status)},
         )
+        metrics.job_ended(result)  # counted only when it is an end, not a retry
         return result
 
     async def refund_quota(self, job_id: uuid.UUID) -> bool:
@@ -399,22 +465,41 @@ class JobStore:
 
     async def mark_cancelled(self, job: Job) -> Job:
         """The worker stopped a running job after a cancel request."""
-        return await self._held("mark_cancelled", job)
+        cancelled = await self._held("mark_cancelled", job)
+        metrics.job_ended(cancelled)
+        return cancelled
 
     async def release(self, job: Job) -> Job:
         """Hand a running job back on a clean shutdown; the attempt does not count."""
         return await self._held("release_job", job)
 
-    async def recover_expired(self) -> list[Job]:
+    async def recover_expired(self, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> list[Job]:
         """Requeue running jobs whose lease expired (their worker died or hung).
 
         `submitted` and `backend` are kept so the next worker re-attaches to the prompt.
         A job out of attempts fails instead; one with a cancel request is cancelled.
+        Nothing is recovered until the database server has been up for `lease_seconds`
+        (the workers' lease): a lease that ran out while nobody could write to the
+        database says nothing about its worker.
         """
-        rows = await self.db.all("recover_expired")
+        rows = await self.db.all("recover_expired", lease_seconds=lease_seconds)
         for row in rows:
             logger.warning(
                 "job lease expired",
+                extra={"action": "job_recovered", "job_id": str(row["id"])},
+            )
+        recovered = [Job.from_row(row) for row in rows]
+        for job in recovered:
+            metrics.job_ended(job)  # out of attempts or cancelled: an end; requeued: not
+        return recovered
+
+    async def requeue_own(self, worker_id: str) -> list[Job]:
+        """Give back the running jobs a worker of this id held, at its start: the process
+        that held them is gone, so their successor need not wait out the lease."""
+        rows = await self.db.all("requeue_own", worker_id=worker_id)
+        for row in rows:
+            logger.info(
+                "job of an earlier run of this worker taken back",
                 extra={"action": "job_recovered", "job_id": str(row["id"])},
             )
         return [Job.from_row(row) for row in rows]
@@ -433,7 +518,10 @@ class JobStore:
         """
         row = await self.db.one("cancel_job", job_id=job_id, user_id=by_user)
         if row is not None:
-            return Job.from_row(row)
+            job = Job.from_row(row)
+            if job.status is Status.CANCELLED:  # it was queued; a running one ends later
+                metrics.job_ended(job)
+            return job
         job = await self.get(job_id)
         if job is None or (by_user is not None and job.user_id != by_user):
             return None

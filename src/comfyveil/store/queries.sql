@@ -2,11 +2,12 @@
 -- the Python method that runs it has the same name. Parameters are %(name)s.
 --
 -- Commits wait for the disk, except those of a job's own bookkeeping while it runs: the
--- claim, its lease, the backend it went to, its progress. Those set synchronous_commit off
--- for their own transaction (`relaxed` below), so a claimed job reaches its GPU without
--- two disk flushes on the way. Only a crash of PostgreSQL itself within a fraction of a
--- second can undo them, and then the job is claimed and run again (GPU time spent twice,
--- nothing lost). Queueing a job, its result and its delivery always wait for the disk.
+-- claim, its lease, its progress. Those set synchronous_commit off for their own
+-- transaction (`relaxed` below). The record of the backend a job went to (mark_submitted)
+-- waits for the disk, and it is written before the prompt is posted: a crash of PostgreSQL
+-- itself (`pg_ctl stop -m immediate`) can then undo a claim only for a job that was never
+-- sent, and no job is sent twice. Queueing a job, its result and its delivery always wait
+-- for the disk.
 
 -- enqueue_job --
 -- Queue a job unless the user's limits refuse it (checked and recorded in this one
@@ -58,14 +59,13 @@ WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
 RETURNING jobs.*;
 
 -- mark_submitted --
--- Record that a backend accepted the job's prompt
-WITH relaxed AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-), updated AS (
+-- Record the backend the job's prompt is about to be posted to, unless a cancel was asked
+-- for (a job cancelled before this is never sent); durable, see the top of this file
+WITH updated AS (
     UPDATE jobs
     SET submitted = true, backend = %(backend)s, updated_at = now()
-    FROM relaxed
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
+      AND NOT cancel_requested
     RETURNING jobs.*
 ), event AS (
     INSERT INTO job_events (job_id, kind, status, data)
@@ -194,7 +194,10 @@ WITH updated AS (
 SELECT * FROM updated;
 
 -- recover_expired --
--- Requeue running jobs whose worker stopped renewing its lease (keeping submitted/backend)
+-- Requeue running jobs whose worker stopped renewing its lease (keeping submitted/backend).
+-- A lease that ran out while this server was down or starting did so because nobody could
+-- write, not because its worker died: leases count only from lease_seconds after the
+-- server started, which gives every live worker that long to renew once it is back.
 WITH expired AS (
     SELECT id, lease_owner AS old_owner,
            CASE WHEN cancel_requested THEN 'cancelled'::job_status
@@ -202,6 +205,7 @@ WITH expired AS (
                 ELSE 'queued'::job_status END AS new_status
     FROM jobs
     WHERE status = 'running' AND lease_expires_at < now()
+      AND pg_postmaster_start_time() < now() - make_interval(secs => %(lease_seconds)s)
     FOR UPDATE SKIP LOCKED
 ), updated AS (
     UPDATE jobs j
@@ -219,6 +223,42 @@ WITH expired AS (
     INSERT INTO job_events (job_id, kind, status, data)
     SELECT id, 'lease_expired', status,
            jsonb_build_object('worker', old_owner, 'submitted', submitted, 'backend', backend)
+    FROM updated
+), dropped AS (
+    DELETE FROM job_inputs
+    WHERE job_id IN (SELECT id FROM updated WHERE status <> 'queued')
+)
+SELECT * FROM updated;
+
+-- requeue_own --
+-- A worker restarted under the same id gives its own running jobs back at once (it knows
+-- they have no live worker: it is that worker), as recover_expired would once their leases
+-- ran out, keeping submitted/backend so that whoever claims them re-attaches
+WITH expired AS (
+    SELECT id, lease_owner AS old_owner,
+           CASE WHEN cancel_requested THEN 'cancelled'::job_status
+                WHEN attempts >= max_attempts THEN 'failed'::job_status
+                ELSE 'queued'::job_status END AS new_status
+    FROM jobs
+    WHERE status = 'running' AND lease_owner = %(worker_id)s
+    FOR UPDATE
+), updated AS (
+    UPDATE jobs j
+    SET status = e.new_status,
+        finished_at = CASE WHEN e.new_status = 'queued' THEN NULL ELSE now() END,
+        error = CASE WHEN e.new_status = 'failed'
+                     THEN 'the job was interrupted too many times' ELSE j.error END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM expired e
+    WHERE j.id = e.id
+    RETURNING j.*, e.old_owner
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, 'lease_expired', status,
+           jsonb_build_object('worker', old_owner, 'submitted', submitted, 'backend', backend,
+                              'restarted', true)
     FROM updated
 ), dropped AS (
     DELETE FROM job_inputs
@@ -248,6 +288,48 @@ LIMIT %(limit)s;
 -- queue_length --
 -- How many jobs wait in the queue
 SELECT count(*) AS queued FROM jobs WHERE status = 'queued';
+
+-- queue_counts --
+-- Jobs queued and running now, for the metrics
+SELECT count(*) FILTER (WHERE status = 'queued') AS queued,
+       count(*) FILTER (WHERE status = 'running') AS running
+FROM jobs WHERE status IN ('queued', 'running');
+
+-- scrape_counts --
+-- What a metrics scrape reads, in one round trip: jobs queued and running, workers alive
+SELECT (SELECT count(*) FROM jobs WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM jobs WHERE status = 'running') AS running,
+       (SELECT count(*) FROM worker_heartbeats
+        WHERE last_seen > now() - make_interval(secs => %(lease_seconds)s)) AS alive;
+
+-- beat --
+-- A worker is alive: write (or rewrite) its heartbeat row
+INSERT INTO worker_heartbeats (worker_id, host, version, started_at, last_seen, jobs_running)
+VALUES (%(worker_id)s, %(host)s, %(version)s, %(started_at)s, now(), %(jobs_running)s)
+ON CONFLICT (worker_id) DO UPDATE
+SET host = EXCLUDED.host, version = EXCLUDED.version, started_at = EXCLUDED.started_at,
+    last_seen = now(), jobs_running = EXCLUDED.jobs_running;
+
+-- stop_beating --
+-- A worker stopped cleanly: its row goes (a worker that dies keeps it, shown as gone)
+DELETE FROM worker_heartbeats WHERE worker_id = %(worker_id)s;
+
+-- heartbeats --
+-- Every worker's heartbeat, newest first, with whether it spoke within the lease
+SELECT worker_id, host, version, started_at, last_seen, jobs_running,
+       last_seen > now() - make_interval(secs => %(lease_seconds)s) AS alive
+FROM worker_heartbeats
+ORDER BY alive DESC, last_seen DESC
+LIMIT %(limit)s;
+
+-- workers_alive --
+-- How many workers spoke within the lease
+SELECT count(*) AS alive FROM worker_heartbeats
+WHERE last_seen > now() - make_interval(secs => %(lease_seconds)s);
+
+-- forget_heartbeats --
+-- Rows of workers gone for longer than a day are of no more use to anyone
+DELETE FROM worker_heartbeats WHERE last_seen < now() - interval '1 day';
 
 -- set_status_message --
 -- Remember the Telegram message that shows a job's status (and the one that asked for it)

@@ -7,6 +7,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from comfyveil import metrics
 from comfyveil.store.connector import Connector
 
 
@@ -24,6 +25,7 @@ class RefusalStore:
 
     async def count(self, command: str) -> None:
         """One more refusal for `command` today."""
+        metrics.refused(command, by_policy=True)
         await self.db.run("count_refusal", command=command)
 
     async def counts(self) -> list[RefusalCount]:

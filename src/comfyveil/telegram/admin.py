@@ -5,12 +5,15 @@ Admins are the ids in ``[telegram] admins`` and users with the ``admin`` role.
 
 from __future__ import annotations
 
+from typing import Any
+
 from telegram import Update
 
 from comfyveil import errors, i18n
 from comfyveil.desk import access, availability
 from comfyveil.desk.words import ROLE_WORDS, SOURCE_WORDS
 from comfyveil.i18n import _, ltr
+from comfyveil.models import local as model_files
 from comfyveil.telegram import commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
@@ -111,6 +114,7 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
         lines.append(_("No worker runs in this process; see {command} on the workers.").format(
             command=ltr("`comfyveil jobs`")))
     else:
+        entries = await context.services.commands.all()
         for backend in pool.backends.values():
             state = _("up") if backend.healthy else _("down")
             mine = i18n.ngettext("{n} job from here", "{n} jobs from here", len(backend.jobs))
@@ -120,6 +124,7 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
             if backend.last_error and not backend.healthy:
                 line += f" · {replies.esc(replies.sentence(backend.last_error))}"
             lines.append(line)
+            lines += _install_lines(backend, entries)
             for estimate in pool.estimator.estimates(backend.name):
                 if estimate.run is None:
                     continue
@@ -128,7 +133,31 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
                 lines.append("  " + _("{workflow}: {seconds} s a run{cold} ({n} measured)").format(
                     workflow=ltr(replies.esc(estimate.workflow)),
                     seconds=ltr(f"{estimate.run:.1f}"), cold=cold, n=ltr(estimate.samples)))
+    lines.append(_("<b>Workers</b>"))
+    beats = await context.services.db.heartbeats.all(context.services.settings.worker.lease_seconds)
+    for beat in beats:
+        running = i18n.ngettext("{n} job running", "{n} jobs running", beat.jobs_running)
+        state = _("alive") if beat.alive else _("gone")
+        lines.append(f"{ltr(replies.esc(beat.worker_id))} ({ltr(replies.esc(beat.host))}): "
+                     f"{state} · {running.format(n=ltr(beat.jobs_running))}")
+    if not beats:
+        lines.append(_("No worker has written a heartbeat yet."))
     await replies.reply(update, "\n".join(lines))
+
+
+def _install_lines(backend: Any, entries: list[Any]) -> list[str]:
+    """Per command this GPU lacks model files for: their names (whole, an admin copies
+    them) and the one command that installs them on the GPU host."""
+    lines = []
+    for entry in entries if backend.object_info is not None else []:
+        problems = backend.problems(entry.workflow)
+        hint = model_files.install_hint(entry.workflow, problems) if problems else None
+        if hint is not None:
+            names = model_files.missing_names(problems)
+            lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
+                         + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
+                         + f"\n  {ltr(f'<code>{replies.esc(hint)}</code>')}")
+    return lines
 
 
 async def workflows(update: Update, context: BotContext, who: access.Who, text: str) -> None:

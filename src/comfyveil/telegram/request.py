@@ -24,7 +24,7 @@ from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
-from comfyveil import proxy, redaction
+from comfyveil import metrics, proxy, redaction
 
 _TIMED_OUT = (TimeoutError, *proxy.TIMED_OUT)
 # Anything else aiohttp raises (a ValueError for a bad header) would reach PTB, which
@@ -154,15 +154,31 @@ class AiohttpRequest(BaseRequest):
                 method, url, data=body, timeout=timeout,
                 headers={"User-Agent": self.USER_AGENT}, allow_redirects=False,
             ) as response:
-                return response.status, await response.read()
+                answer = response.status, await response.read()
+                metrics.telegram_request(_method(url), _outcome(response.status))
+                return answer
         except _TIMED_OUT:
             failure = TimedOut()
         except _FAILED as exc:
             failure = NetworkError(_describe(exc))
+        metrics.telegram_request(_method(url), "network")
         # Raised here, outside the handler, so the error has no cause and no context:
         # aiohttp's errors quote the URL, which holds the bot token, and a traceback
         # prints every exception of the chain.
         raise failure
+
+
+def _method(url: str) -> str:
+    """The Bot API method of `url` for the metrics: never the token before it, and for a
+    file download never the file's path ("file")."""
+    if "/file/bot" in url:
+        return "file"
+    method = url.rsplit("/", 1)[-1].split("?", 1)[0]
+    return method if method.isascii() and method.isalpha() and len(method) <= 40 else "other"
+
+
+def _outcome(status: int) -> str:
+    return "ok" if status == 200 else "retry_after" if status == 429 else "error"
 
 
 def _describe(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ from comfyveil import errors
 from comfyveil.comfy import workflow
 from comfyveil.desk.words import role_word, source_word
 from comfyveil.i18n import N_, _
+from comfyveil.models import local as model_files
 from comfyveil.store import commands as commands_store
 from comfyveil.web.page import render, require_admin, services
 
@@ -140,12 +141,13 @@ async def backends(request: web.Request) -> web.Response:
     entries = await svc.registry.all()
     if svc.pool is not None:
         for backend in svc.pool.backends.values():
-            missing: list[tuple[str, list[str]]] = []
+            missing: list[tuple[str, list[str], str | None]] = []
             if backend.object_info is not None:
                 for entry in entries:
                     problems = backend.problems(entry.workflow)
                     if problems:
-                        missing.append((entry.name, problems))
+                        hint = model_files.install_hint(entry.workflow, problems)
+                        missing.append((entry.name, problems, hint))
             rows.append({"b": backend, "missing": missing})
     return render(
         request,
@@ -153,6 +155,7 @@ async def backends(request: web.Request) -> web.Response:
         rows=rows,
         pool=svc.pool,
         queued=await svc.db.jobs.queue_length(),
+        workers=await svc.db.heartbeats.all(svc.settings.worker.lease_seconds),
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from comfyveil import metrics
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 from comfyveil.store import web_state
@@ -131,6 +132,7 @@ async def login(
     """
     wait = await site.wait_seconds()
     if wait > 0:
+        metrics.web_login("refused")
         raise LoginRefused(
             _("Too many failed logins on this site; try again in {n} seconds.").format(
                 n=int(wait) + 1
@@ -140,6 +142,7 @@ async def login(
     if account is not None and account.locked_until is not None:
         left = (account.locked_until - dt.datetime.now(dt.UTC)).total_seconds()
         if left > 0:
+            metrics.web_login("refused")
             raise LoginRefused(
                 _("Too many failed logins for this account; try again in {n} seconds.").format(
                     n=int(left) + 1
@@ -150,8 +153,11 @@ async def login(
         await site.failed()
         if account is not None:
             await web.failed_login(account.id, free=FREE_FAILURES, max_delay=MAX_LOCK_SECONDS)
+        metrics.web_login("failed")
         raise LoginRefused(_("Wrong name or passphrase."))
     if account.disabled:
+        metrics.web_login("refused")
         raise LoginRefused(_("This account is banned."))
     await web.logged_in(account.id)
+    metrics.web_login("succeeded")
     return account

@@ -18,6 +18,12 @@ The loop, in the manner of procrastinate's worker:
   execution error) fail at once with the plain message.
 - the final status of a job is written under `asyncio.shield`; a stop asks running jobs to
   finish within a grace period and hands the others back (re-attached by the next worker).
+  With no trace, what a job left on its backend (its images in the temp folder, its
+  history entry) is removed only after that write: a successor still finds them.
+- a database outage costs no live worker its jobs: leases are renewed over a connection of
+  the worker's own that reconnects at each try, recovery takes no lease until the server
+  has been up for a lease, and a worker restarted under the same id takes its own running
+  jobs back as it starts.
 """
 
 from __future__ import annotations

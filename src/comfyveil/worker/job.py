@@ -11,7 +11,7 @@ import math
 import mimetypes
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
 from comfyveil.store.traces import JobTraces
 from comfyveil.worker.options import (
+    DB_RETRY_DELAY,
     MAX_ORPHANS,
     OFFLINE_CHECK,
     PROGRESS_INTERVAL,
@@ -51,6 +52,32 @@ class Running:
     progress_next: dict[str, Any] | None = None  # the newest progress not yet written
     progress_task: asyncio.Task[None] | None = None
     progress_closed: bool = False  # the job left the backend: no more progress writes
+    # What the job left on its backend (no trace), removed once its final status is
+    # written: until then a successor can still fetch its images.
+    cleanup: list[execute.Cleanup] = field(default_factory=list)
+    cleanup_on: pool.Backend | None = None
+
+
+class _Patient:
+    """A job's trace log whose strike-outs wait a while for a database that restarts:
+    the backend is clean by then, and its record should say so."""
+
+    def __init__(self, log: notrace.TraceLog, lease_seconds: float) -> None:
+        self.log = log
+        self.seconds = lease_seconds * 10  # as long as a final status waits for it
+
+    async def left(self, backend: str, traces: Sequence[notrace.Trace]) -> None:
+        await self.log.left(backend, traces)
+
+    async def gone(self, backend: str, traces: Sequence[notrace.Trace]) -> None:
+        deadline = time.monotonic() + self.seconds
+        while True:
+            try:
+                return await self.log.gone(backend, traces)
+            except store_errors.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise  # the retention sweep strikes them out later
+                await asyncio.sleep(DB_RETRY_DELAY)
 
 
 class AllGpusOffline(comfy_errors.ComfyError):
@@ -87,7 +114,7 @@ class JobRunner:
         log_extra = {"job_id": str(job.id), "worker": self.worker_id}
         try:
             try:
-                outputs = await self._execute(running)
+                outputs = await self._execute_while_db_away(running)
             finally:
                 running.progress_closed = True
                 await self._release_slot(running)
@@ -99,12 +126,19 @@ class JobRunner:
                 await self._settle(running, lambda: self._hand_back(running))
                 raise
             return
+        except store_errors.CancelRequested:
+            running.cancel_requested = True  # asked for before its prompt was sent: never sent
+            await self._settle(running, lambda: self._mark_cancelled(running))
+            return
         except comfy_errors.Interrupted as exc:
             message = str(exc)
             if running.cancel_requested:
                 await self._settle(running, lambda: self._mark_cancelled(running))
             else:
-                await self._settle(running, lambda: self._fail(running, message, transient=False))
+                ended = await self._settle(
+                    running, lambda: self._fail(running, message, transient=False)
+                )
+                await self._clean_up(running, ended)
             return
         except store_errors.LeaseLost:
             logger.warning(
@@ -125,9 +159,10 @@ class JobRunner:
                     if isinstance(exc, comfy_errors.BackendUnreachable | comfy_errors.JobLost):
                         await self.pool.mark_down(backend, str(exc))
             refund = not_users_fault(exc)
-            await self._settle(
+            ended = await self._settle(
                 running, lambda: self._fail(running, message, transient=transient, refund=refund)
             )
+            await self._clean_up(running, ended)
             return
         except store_errors.StoreError as exc:
             logger.warning(
@@ -156,8 +191,28 @@ class JobRunner:
             return
         if done is not None:
             self._avoid.pop(job.id, None)
-            # Shielded: a result half sent to the user must not be sent again later.
-            await asyncio.shield(self._deliver(done, outputs, claimed=True))
+            # The GPU host is cleaned while the result goes out: neither waits for the other.
+            cleaning = asyncio.ensure_future(self._clean_up(running, done))
+            try:
+                # Shielded: a result half sent to the user must not be sent again later.
+                await asyncio.shield(self._deliver(done, outputs, claimed=True))
+            finally:
+                await asyncio.shield(cleaning)
+
+    async def _clean_up(self, running: Running, ended: jobs.Job | None) -> None:
+        """Remove what the job left on its backend, now that its final status is written
+        (`ended`). Not before: a worker that dies between the end of the prompt and that
+        write leaves its successor the prompt's history entry and images to fetch, so the
+        prompt is not run again. Not when the job goes back to the queue either (its retry
+        re-attaches to the prompt), nor when the write failed (a successor takes over)."""
+        left, running.cleanup = running.cleanup, []
+        backend = running.cleanup_on
+        if not left or backend is None or ended is None or not ended.status.finished:
+            return
+        traces = _Patient(JobTraces(self.db.traces, running.job.id), self.options.lease_seconds)
+        for item in left:
+            # Shielded: a stop must not leave half of it done; the sweep finishes the rest.
+            await asyncio.shield(execute.clean_up(backend.client, item, traces))
 
     async def _workflow(self, job: jobs.Job) -> workflow.Workflow:
         """The job's workflow: the exact one it was queued with when the database keeps
@@ -242,7 +297,10 @@ class JobRunner:
             else:
                 # Recorded before the prompt is posted: a successor then looks for it there
                 # first, and submits it again only if that backend never got it (JobLost).
-                running.job = await self.store.mark_submitted(running.job, backend.name)
+                # A cancel asked for before this stops the job here (CancelRequested).
+                running.job = await self._while_db_away(
+                    lambda: self.store.mark_submitted(running.job, backend.name)
+                )
                 outcome = await self._run_on(running, wf, values, backend, attach=False)
         return [
             jobs.Output(
@@ -254,6 +312,34 @@ class JobRunner:
             )
             for index, item in enumerate(outcome.files)
         ]
+
+    async def _execute_while_db_away(self, running: Running) -> list[jobs.Output]:
+        """`_execute`, run again when the database could not be reached on the way (a
+        restart): that happens only before the prompt is posted (following it needs no
+        database), so running it again posts it once, or re-attaches to it. Meanwhile the
+        lease is renewed as soon as the database is back: the job stays with this worker."""
+        deadline = time.monotonic() + self.options.lease_seconds * 10
+        while True:
+            try:
+                return await self._execute(running)
+            except store_errors.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                running.cleanup.clear()  # nothing was left there: it had not been posted
+                await self._release_slot(running)
+                await asyncio.sleep(DB_RETRY_DELAY)
+
+    async def _while_db_away(self, write: Callable[[], Awaitable[jobs.Job]]) -> jobs.Job:
+        """`write`, tried again while the database cannot be reached (a restart), for up
+        to twice the lease; then the error, and the lease runs out (a successor)."""
+        deadline = time.monotonic() + self.options.lease_seconds * 2
+        while True:
+            try:
+                return await write()
+            except store_errors.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(DB_RETRY_DELAY)
 
     async def _reattach(
         self,
@@ -402,6 +488,7 @@ class JobRunner:
             self._record_progress(running, submitted, force=True)
         slot = running.slot
         no_trace = backend.config.no_trace
+        running.cleanup_on = backend
         left: tuple[notrace.Trace, ...] = ()
         if no_trace and (attach or job.attempts > 1):
             # What an earlier attempt (or worker) left there, to be cleaned with this one's.
@@ -419,6 +506,7 @@ class JobRunner:
             no_trace=no_trace,
             traces=JobTraces(self.db.traces, job.id) if no_trace else None,
             left=left,
+            cleanup=running.cleanup,
         )
         if slot is not None and not attach:  # a re-attached run's start is not ours to time
             self.pool.learn(slot, outcome.result.timings)

@@ -101,6 +101,7 @@ class Worker(JobRunner, Settling):
             extra={"action": "worker_started", "worker": self.worker_id},
         )
         opts = self.options
+        await self._take_back_own()
         self._side = [
             asyncio.create_task(self._renew_loop(), name=f"{self.worker_id}-leases"),
             asyncio.create_task(self._recover_loop(), name=f"{self.worker_id}-recover"),
@@ -252,31 +253,83 @@ class Worker(JobRunner, Settling):
 
     # --- side tasks ----------------------------------------------------------------
 
+    async def _take_back_own(self) -> None:
+        """Jobs an earlier run under this worker id held when it died go back to the queue
+        at once (keeping the backend their prompt went to, to re-attach to it), instead of
+        waiting for their leases to run out: no other process holds them."""
+        if not self.options.worker_id:
+            return  # a generated id is new: no earlier run had it
+        try:
+            taken = await self.store.requeue_own(self.worker_id)
+        except store_errors.StoreError as exc:
+            logger.warning(
+                "cannot take back this worker's earlier jobs now: %s",
+                exc,
+                extra={"action": "take_back_failed"},
+            )
+            return
+        if taken:
+            logger.info(
+                "took back %d job(s) of this worker's earlier run",
+                len(taken),
+                extra={"action": "jobs_taken_back", "worker": self.worker_id},
+            )
+            self._queue_changed()
+
     async def _renew_loop(self) -> None:
+        """Renew the leases every third of a lease; while the database cannot be reached,
+        try again every DB_RETRY_DELAY, so that they are renewed as soon as it is back."""
         interval = self.options.lease_seconds / 3
-        while True:
-            await asyncio.sleep(interval)
-            for running in list(self._running.values()):
-                if running.settled:
-                    continue
-                try:
-                    renewed = await self.store.renew_lease(running.job, self.options.lease_seconds)
-                except store_errors.LeaseLost:
-                    if running.settled:
-                        continue  # the final status landed while the renewal was in flight
-                    logger.warning(
-                        "lease lost; dropping the job here",
-                        extra={"action": "lease_lost", "job_id": str(running.job.id)},
+        delay = interval
+        unreachable = False
+        url = getattr(self.db, "url", None)
+        line = jobs.LeaseLine(url) if isinstance(url, str) else None
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                delay = interval
+                unreachable = await self._renew_all(line, unreachable)
+                if unreachable:
+                    delay = DB_RETRY_DELAY
+        finally:
+            if line is not None:
+                await line.close()
+
+    async def _renew_all(self, line: jobs.LeaseLine | None, unreachable: bool) -> bool:
+        """One round of renewals; whether the database could not be reached."""
+        # Jobs whose final status is being written are renewed too: the write may wait
+        # for the database to come back, and must not find the job taken over then.
+        for running in list(self._running.values()):
+            try:
+                if line is not None:
+                    renewed = await line.renew(running.job, self.options.lease_seconds)
+                else:
+                    renewed = await self.store.renew_lease(
+                        running.job, self.options.lease_seconds
                     )
-                    running.cancelling = True
-                    if running.task is not None:
-                        running.task.cancel()
-                    continue
-                except store_errors.StoreError as exc:
-                    logger.warning("cannot renew leases: %s", exc, extra={"action": "renew_failed"})
-                    break
-                if renewed.cancel_requested and not running.settled:
-                    self._request_cancel(running)
+            except store_errors.LeaseLost:
+                if running.settled:
+                    continue  # the final status landed while the renewal was in flight
+                logger.warning(
+                    "lease lost; dropping the job here",
+                    extra={"action": "lease_lost", "job_id": str(running.job.id)},
+                )
+                running.cancelling = True
+                if running.task is not None:
+                    running.task.cancel()
+                continue
+            except store_errors.StoreError as exc:
+                if not unreachable:
+                    logger.warning(
+                        "cannot renew leases: %s", exc, extra={"action": "renew_failed"}
+                    )
+                return True
+            if unreachable:
+                unreachable = False
+                logger.info("leases renewed again", extra={"action": "renew_resumed"})
+            if renewed.cancel_requested and not running.settled:
+                self._request_cancel(running)
+        return False
 
     async def _listen_loop(self) -> None:
         while True:
@@ -310,10 +363,11 @@ class Worker(JobRunner, Settling):
                 await asyncio.sleep(self.options.poll_interval)
 
     async def _recover_loop(self) -> None:
-        interval = self.options.recover_interval or self.options.lease_seconds / 2
+        # A sixth: a dead worker's job is taken over at most a sixth of a lease after it ran out.
+        interval = self.options.recover_interval or self.options.lease_seconds / 6
         while True:
             try:
-                recovered = await self.store.recover_expired()
+                recovered = await self.store.recover_expired(self.options.lease_seconds)
             except store_errors.StoreError as exc:
                 logger.info("cannot recover expired leases now: %s", exc)
                 recovered = []

@@ -44,7 +44,7 @@ class WorkerOptions:
     job_timeout: float = 1800.0
     shutdown_grace: float = SHUTDOWN_GRACE
     retry_backoff: float = RETRY_BACKOFF
-    recover_interval: float | None = None  # default: half the lease
+    recover_interval: float | None = None  # default: a sixth of the lease
     delivery_grace: float = DELIVERY_GRACE
     listen: bool = True  # LISTEN for NOTIFY; False: polling only
     delivery_backoff: float = DELIVERY_BACKOFF

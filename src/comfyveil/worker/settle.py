@@ -38,8 +38,9 @@ class Settling:
 
     async def _settle(self, running: Running, write: Callable[[], Awaitable[T]]) -> T | None:
         """Write a job's final status: shielded from cancellation, retried while the
-        database is unreachable (up to twice the lease; after that the job has been
-        recovered by another worker, which re-attaches to its prompt)."""
+        database is unreachable (up to ten leases: a restart takes no job from a live
+        worker, see recover_expired; after that the job is left to its lease, and a
+        successor re-attaches to its prompt, whose images are still there)."""
         # The lease ends with the final status: from the moment it is being written, a
         # renewal or progress write would fail and cancel the delivery that follows
         # (which then ran twice, or late from another worker's deliver loop).
@@ -54,7 +55,7 @@ class Settling:
             raise
 
     async def _retry_db(self, write: Callable[[], Awaitable[T]], running: Running) -> T | None:
-        deadline = time.monotonic() + self.options.lease_seconds * 2
+        deadline = time.monotonic() + self.options.lease_seconds * 10
         while True:
             try:
                 return await write()
