@@ -288,16 +288,17 @@ def _base(request: web.Request, svc: ApiServices) -> str:
 async def _results(
     svc: ApiServices, job_id: uuid.UUID, response_format: str, base: str
 ) -> list[dict[str, Any]]:
-    job = await svc.waiter.finished(job_id)
-    if job is None or job.status is jobs.Status.CANCELLED:
+    status, job = await svc.waiter.finished(job_id)
+    if status is None or status is jobs.Status.CANCELLED:
         raise ApiError(
             500,
             _("The job was cancelled or deleted before it finished."),
             type="server_error",
             code="cancelled",
         )
-    if job.status is not jobs.Status.SUCCEEDED:
-        raise ApiError(500, failures.sentence(job.error), type="server_error", code="job_failed")
+    if status is not jobs.Status.SUCCEEDED:
+        error = job.error if job is not None else None
+        raise ApiError(500, failures.sentence(error), type="server_error", code="job_failed")
     outputs = [o for o in await svc.db.jobs.outputs(job_id) if o.mime in MIMES]
     if response_format == "url":
         return [{"url": base + links.path(svc.link_secret, job_id, o.index)} for o in outputs]

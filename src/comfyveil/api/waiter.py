@@ -20,6 +20,7 @@ class Waiter:
     def __init__(self, db: database.Database) -> None:
         self.db = db
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._news: dict[str, str] = {}  # the status a job's last notification named
         self._task: asyncio.Task[None] | None = None
         self.listening = asyncio.Event()
 
@@ -34,7 +35,9 @@ class Waiter:
                 await self._task
             self._task = None
 
-    def _wake(self, job_id: str | None) -> None:
+    def _wake(self, job_id: str | None, status: object = None) -> None:
+        if job_id is not None and job_id in self._waiting and isinstance(status, str):
+            self._news[job_id] = status
         targets = (
             self._waiting.get(job_id, set())
             if job_id is not None
@@ -51,7 +54,10 @@ class Waiter:
                     self._wake(None)  # anything that changed before this took hold
                     async for note in listener:
                         job = note.payload.get("job_id")
-                        self._wake(None if note.reconnected else str(job))
+                        if note.reconnected:
+                            self._wake(None)
+                        else:
+                            self._wake(str(job), note.payload.get("status"))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the fallback re-reads meanwhile
@@ -62,17 +68,23 @@ class Waiter:
                 )
                 await asyncio.sleep(RETRY)
 
-    async def finished(self, job_id: uuid.UUID) -> jobs.Job | None:
-        """The job once it has finished (None: it is gone, e.g. forgotten meanwhile)."""
+    async def finished(self, job_id: uuid.UUID) -> tuple[jobs.Status | None, jobs.Job | None]:
+        """How the job ended (None: it is gone, e.g. forgotten meanwhile), with the job as
+        read then; a success told by its notification is not read again (the store writes
+        the status and the outputs in one statement, so they are there)."""
         key = str(job_id)
         event = asyncio.Event()
         self._waiting.setdefault(key, set()).add(event)
         try:
             while True:
                 event.clear()  # before the read: news after it wakes the wait below
+                if self._news.get(key) == jobs.Status.SUCCEEDED:
+                    return jobs.Status.SUCCEEDED, None
                 job = await self.db.jobs.get(job_id)
-                if job is None or job.status.finished:
-                    return job
+                if job is None:
+                    return None, None
+                if job.status.finished:
+                    return job.status, job
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), FALLBACK)
         finally:
@@ -81,3 +93,4 @@ class Waiter:
                 events.discard(event)
                 if not events:
                     del self._waiting[key]
+                    self._news.pop(key, None)
