@@ -1,7 +1,7 @@
-"""The house's floors: imports go one way. Front ends (telegram/, web/, a future api/)
-never import each other; the desk they share imports none of them; config imports no
-floor above it. Read with `ast`, so a new import that breaks this fails here, lazy
-imports inside functions and TYPE_CHECKING blocks included."""
+"""The house's floors: imports go one way. Front ends (telegram/, web/, the images API
+in api/) never import each other; the desk they share imports none of them; config
+imports no floor above it. Read with `ast`, so a new import that breaks this fails here,
+lazy imports inside functions and TYPE_CHECKING blocks included."""
 
 from __future__ import annotations
 
@@ -78,6 +78,20 @@ def test_front_ends_never_import_each_other() -> None:
     for front in FRONT_ENDS:
         broken += _broken(_modules(front), set(FRONT_ENDS) - {front})
     assert broken == []
+
+
+def test_the_api_is_a_front_end_of_its_own() -> None:
+    """The images API reaches the queue through the desk, as the others do; only the
+    command line composes it with the web server (cli/ is above every front end)."""
+    assert _modules("api"), "the api package is missing"
+    assert _broken(_modules("api"), {"telegram", "web", "cli"}) == []
+    importers = {
+        str(path.relative_to(ROOT))
+        for path in ROOT.rglob("*.py")
+        if any(_part(name) == "api" for name in _imports(path))
+        and _part(f"comfyveil.{path.relative_to(ROOT).parts[0]}") not in ("api", "cli")
+    }
+    assert importers == set()
 
 
 def test_the_desk_imports_no_front_end() -> None:

@@ -159,14 +159,27 @@ async def test_web_sign_ins_are_counted_by_outcome() -> None:
         locked_until=None,
         created_at=dt.datetime.now(dt.UTC),
     )
+    class Failures:  # the site's failed logins (web_state.WebState keeps them in PostgreSQL)
+        def __init__(self) -> None:
+            self.count = 0
+
+        async def login_failures(self, window: float) -> tuple[int, float]:
+            return self.count, 1.0
+
+        async def login_failed(self, window: float) -> None:
+            self.count += 1
+
+    def site(per_minute: int = auth.SITE_FAILURES_PER_MINUTE) -> auth.SiteThrottle:
+        return auth.SiteThrottle(Failures(), per_minute=per_minute)  # type: ignore[arg-type]
+
     store = Accounts(account)
     outcomes = ("succeeded", "failed", "refused")
     before = {o: _count("comfyveil_web_logins_total", outcome=o) for o in outcomes}
-    await auth.login(store, auth.SiteThrottle(), "ada", "correct horse battery")  # type: ignore[arg-type]
+    await auth.login(store, site(), "ada", "correct horse battery")  # type: ignore[arg-type]
     with pytest.raises(auth.LoginRefused):
-        await auth.login(store, auth.SiteThrottle(), "ada", "wrong")  # type: ignore[arg-type]
-    throttled = auth.SiteThrottle(per_minute=1)
-    throttled.failed()  # the site's one failure a minute is spent: refused before checking
+        await auth.login(store, site(), "ada", "wrong")  # type: ignore[arg-type]
+    throttled = site(per_minute=1)
+    await throttled.failed()  # the site's one failure a minute is spent: refused before checking
     with pytest.raises(auth.LoginRefused):
         await auth.login(store, throttled, "ada", "correct horse battery")  # type: ignore[arg-type]
     after = {o: _count("comfyveil_web_logins_total", outcome=o) for o in outcomes}

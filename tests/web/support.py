@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from comfyveil import config
+from comfyveil.api import app as api_app
 from comfyveil.comfy import pool
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database
@@ -41,8 +42,11 @@ def settings_for(comfy: Sequence[FakeComfyUI], **web_options: Any) -> config.Set
         for i, fake in enumerate(comfy)
     )
     limits = web_options.pop("limits", config.LimitsConfig(cooldown=0))
+    policy = web_options.pop("policy", None)
     web = config.WebConfig(**({"host": "127.0.0.1", "port": 0} | web_options))
-    return config.Settings(backends=backends, limits=limits, web=web)
+    if policy is None:
+        return config.Settings(backends=backends, limits=limits, web=web)
+    return config.Settings(backends=backends, limits=limits, web=web, policy=policy)
 
 
 @dataclasses.dataclass
@@ -70,14 +74,18 @@ async def web_stack(
     comfy: Sequence[FakeComfyUI],
     *,
     worker: bool = True,
+    api: bool = False,
     **web_options: Any,
 ) -> AsyncIterator[WebStack]:
+    """The web front end; `api`: with the images API under /v1, as `comfyveil run` serves
+    it."""
     settings = settings_for(comfy, **web_options)
     await db.commands.seed()
     async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
         runner = Worker(db, backends, sinks=[], options=WORKER)
         task = asyncio.create_task(runner.run(), name="web-worker") if worker else None
-        site = await server.start(settings, db, pool=backends)
+        mounts = {"/v1": api_app.build(settings, db, pool=backends)} if api else None
+        site = await server.start(settings, db, pool=backends, mounts=mounts)
         try:
             yield WebStack(site.url, db, web_store.WebStore(db.pool), site)
         finally:

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from comfyveil.store.web_state import WebState
 from comfyveil.web import app as web_app
 from comfyveil.web import auth
 from tests.web.support import PASSPHRASE, client, csrf_of, get_text, sign_up, web_stack
@@ -96,7 +97,7 @@ async def test_failed_logins_slow_down_the_account(db, fake_comfy) -> None:
 
 
 async def test_site_wide_throttle_refuses_logins_after_many_failures(db) -> None:
-    site = auth.SiteThrottle(per_minute=3)
+    site = auth.SiteThrottle(WebState(db.pool), per_minute=3)
     store = __import__("comfyveil.store.accounts", fromlist=["WebStore"]).WebStore(db.pool)
     for _ in range(3):
         with pytest.raises(auth.LoginRefused, match="Wrong name"):

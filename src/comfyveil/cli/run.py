@@ -110,7 +110,14 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
                       flush=True)
             if web:
-                site = await web_server.start(settings, db, pool=backends)
+                # The images API is served by the web process under /v1; composed here,
+                # as the web front end knows no other front end.
+                from comfyveil.api import app as api_app
+
+                site = await web_server.start(
+                    settings, db, pool=backends,
+                    mounts={"/v1": api_app.build(settings, db, pool=backends)},
+                )
                 stack.push_async_callback(site.close)
                 print(f"comfyveil: web front end at {site.url}", flush=True)
                 links = site.url

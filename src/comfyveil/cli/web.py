@@ -2,6 +2,7 @@
 
 comfyveil web [--config FILE]                serve it until SIGTERM or Ctrl-C
 comfyveil web invite [--admin] [--config F]   print a one-time sign-up link
+comfyveil web apikey ACCOUNT [--label NAME]   make a key of the images API, printed once
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "action",
         nargs="?",
-        choices=["serve", "invite"],
+        choices=["serve", "invite", "apikey"],
         default="serve",
-        help="serve (default) or invite",
+        help="serve (default), invite or apikey",
+    )
+    parser.add_argument(
+        "account", nargs="?", default=None, help="apikey: the web account the key is for"
+    )
+    parser.add_argument(
+        "--label", default="", metavar="NAME", help="apikey: a name to tell the key apart"
     )
     parser.add_argument(
         "--admin", action="store_true", help="invite: the new account may use the admin pages"
@@ -45,6 +52,10 @@ async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     if args.action == "invite":
         return await invite(settings, admin=args.admin)
+    if args.action == "apikey":
+        return await apikey(settings, args.account, args.label)
+    if args.account is not None:
+        raise config.ConfigError("an account name goes with `comfyveil web apikey ACCOUNT`")
     if args.admin:
         raise config.ConfigError("--admin goes with `comfyveil web invite`")
     from comfyveil.cli.run import serve
@@ -65,4 +76,24 @@ async def invite(settings: config.Settings, *, admin: bool) -> int:
     hours = settings.web.invite_hours
     print(f"{url}/invite/{token}")
     print(f"(works once, for {hours:g} hours{'; an admin account' if admin else ''})")
+    return 0
+
+
+async def apikey(settings: config.Settings, name: str | None, label: str) -> int:
+    """Make a key of the images API for the account `name` and print it (only now: the
+    store keeps its digest)."""
+    from comfyveil.errors import UsageError
+    from comfyveil.store import accounts as store
+    from comfyveil.store import api_keys, database
+
+    if not name:
+        raise UsageError("name the account: comfyveil web apikey ACCOUNT [--label NAME]")
+    async with await database.Database.open(settings) as db:
+        account = await store.WebStore(db.pool).account_by_name(name)
+        if account is None:
+            raise UsageError(f"there is no web account named {name!r}")
+        key = await api_keys.ApiKeyStore(db.pool).create(account.id, label)
+    print(key)
+    print("(shown once; revoke it on the settings page. Use it as the OpenAI API key with "
+          "the base URL <your site>/v1)")
     return 0

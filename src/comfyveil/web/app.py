@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -50,8 +51,16 @@ async def _headers(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.popall("Server", None)
 
 
+def _mounted(request: web.Request) -> bool:
+    """True for a request to an application mounted under a prefix (the images API): it
+    has its own keys, errors and no forms, so the pages' middlewares leave it alone."""
+    return len(request.match_info.apps) > 1
+
+
 @web.middleware
 async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
+    if _mounted(request):
+        return await handler(request)
     svc = services(request)
     token = request.cookies.get(auth.SESSION_COOKIE)
     if request.path.startswith(STATIC_PREFIX) and request.method == "GET":
@@ -93,6 +102,8 @@ async def _csrf_ok(request: web.Request) -> bool:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    if _mounted(request):
+        return await handler(request)
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -121,8 +132,12 @@ def build(
     db: database.Database,
     *,
     pool: pool_mod.Pool | None = None,
+    form_secret: bytes | None = None,
+    mounts: Mapping[str, web.Application] | None = None,
 ) -> web.Application:
-    """The web front end as an aiohttp application."""
+    """The web front end as an aiohttp application, with `mounts` (prefix: application,
+    such as the images API under /v1) served beside the pages. `form_secret`: the site's
+    key of logged-out forms' tokens, shared by every web process (random without one)."""
     svc = WebServices(
         settings=settings,
         db=db,
@@ -130,6 +145,7 @@ def build(
         registry=registry_mod.CommandRegistry(db.commands),
         access=access_mod.Access(settings, db.users),
         pool=pool,
+        forms=auth.FormTokens(form_secret),
     )
     app = web.Application(
         middlewares=[_errors, _session],
@@ -142,6 +158,8 @@ def build(
     pages.add_routes(app)
     job_pages.add_routes(app)
     admin.add_routes(app)
+    for prefix, mounted in (mounts or {}).items():
+        app.add_subapp(prefix, mounted)
     return app
 
 

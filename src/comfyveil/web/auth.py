@@ -3,7 +3,8 @@
 Behind a hidden service every request comes from 127.0.0.1, so there is no client address
 to limit by. Failed logins are slowed per account (the store locks an account for twice
 as long after each failure past the first few) and overall (a budget of failures per
-minute for the whole site; past it, every login waits until the minute has passed).
+minute for the whole site, kept in the database for every web process; past it, every
+login waits until the minute has passed).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
-import time
-from collections import deque
 from dataclasses import dataclass
 
 from argon2 import PasswordHasher
@@ -23,6 +22,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from comfyveil import metrics
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
+from comfyveil.store import web_state
 
 SESSION_COOKIE = "comfyveil_session"
 ANON_COOKIE = "comfyveil_form"  # ties a logged-out form to the browser that fetched it
@@ -78,11 +78,13 @@ class FormTokens:
     """CSRF tokens for forms shown before login (login, sign-up), bound to a cookie.
 
     A logged-in session has its own token in the database; a logged-out visitor gets a
-    random cookie and forms carry an HMAC of it under this process's secret.
+    random cookie and forms carry an HMAC of it under the site's secret, which every web
+    process reads from the database (`WebState.secret`), so any of them accepts a form
+    another one served. Without a secret (a test's bare application) a random one.
     """
 
-    def __init__(self) -> None:
-        self._secret = secrets.token_bytes(32)
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._secret = secret or secrets.token_bytes(32)
 
     def token_for(self, cookie: str) -> str:
         return hmac.new(self._secret, cookie.encode(), hashlib.sha256).hexdigest()
@@ -95,30 +97,22 @@ class FormTokens:
 
 @dataclass
 class SiteThrottle:
-    """Failed logins of the whole site in the last minute."""
+    """Failed logins of the whole site in the last minute, counted in the database so
+    that every web process over it sees the same count."""
 
+    state: web_state.WebState
     per_minute: int = SITE_FAILURES_PER_MINUTE
     window: float = 60.0
 
-    def __post_init__(self) -> None:
-        self._failures: deque[float] = deque()
-
-    def _trim(self, now: float) -> None:
-        while self._failures and now - self._failures[0] > self.window:
-            self._failures.popleft()
-
-    def wait_seconds(self) -> float:
+    async def wait_seconds(self) -> float:
         """How long logins are refused now (0: not refused)."""
-        now = time.monotonic()
-        self._trim(now)
-        if len(self._failures) < self.per_minute:
+        count, oldest = await self.state.login_failures(self.window)
+        if count < self.per_minute:
             return 0.0
-        return max(0.0, self.window - (now - self._failures[0]))
+        return max(0.0, self.window - oldest)
 
-    def failed(self) -> None:
-        now = time.monotonic()
-        self._trim(now)
-        self._failures.append(now)
+    async def failed(self) -> None:
+        await self.state.login_failed(self.window)
 
 
 class LoginRefused(Exception):
@@ -136,7 +130,7 @@ async def login(
         LoginRefused: with the sentence to show (the same for a wrong name and a wrong
             passphrase, so names cannot be probed).
     """
-    wait = site.wait_seconds()
+    wait = await site.wait_seconds()
     if wait > 0:
         metrics.web_login("refused")
         raise LoginRefused(
@@ -156,7 +150,7 @@ async def login(
             )
     ok = await verify_passphrase(account.passphrase if account else None, passphrase)
     if not ok or account is None:
-        site.failed()
+        await site.failed()
         if account is not None:
             await web.failed_login(account.id, free=FREE_FAILURES, max_delay=MAX_LOCK_SECONDS)
         metrics.web_login("failed")

@@ -28,7 +28,7 @@ from comfyveil.desk.submit import queue
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
-from comfyveil.store import jobs
+from comfyveil.store import api_keys, jobs
 from comfyveil.web import auth
 from comfyveil.web.page import WebServices, render, require_account, services
 
@@ -277,12 +277,19 @@ async def gallery(request: web.Request) -> web.Response:
 async def settings_page(request: web.Request) -> web.Response:
     account = require_account(request)
     prefs = await services(request).db.users.settings(account.user_id)
-    return _settings(request, prefs, {}, saved=False)
+    return await _settings(request, prefs, {}, saved=False)
 
 
-def _settings(
-    request: web.Request, prefs: dict[str, Any], errors_: dict[str, str], *, saved: bool
+async def _settings(
+    request: web.Request,
+    prefs: dict[str, Any],
+    errors_: dict[str, str],
+    *,
+    saved: bool,
+    new_key: str | None = None,
 ) -> web.Response:
+    account = require_account(request)
+    keys = await api_keys.ApiKeyStore(services(request).db.pool).keys(account.id)
     return render(
         request,
         "settings.html",
@@ -291,7 +298,32 @@ def _settings(
         errors=errors_,
         saved=saved,
         languages=web_language.choices(),
+        keys=keys,
+        new_key=new_key,
+        api_base=f"{request.url.origin()}/v1",
     )
+
+
+async def key_create(request: web.Request) -> web.Response:
+    """A new key of the images API, shown on this page once (the store keeps a digest)."""
+    account = require_account(request)
+    svc = services(request)
+    form = await request.post()
+    label = str(form.get("label") or "")[: api_keys.MAX_LABEL]
+    key = await api_keys.ApiKeyStore(svc.db.pool).create(account.id, label)
+    prefs = await svc.db.users.settings(account.user_id)
+    return await _settings(request, prefs, {}, saved=False, new_key=key)
+
+
+async def key_revoke(request: web.Request) -> web.Response:
+    account = require_account(request)
+    try:
+        key_id = int(request.match_info["key"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+    if not await api_keys.ApiKeyStore(services(request).db.pool).revoke(account.id, key_id):
+        raise web.HTTPNotFound()
+    raise web.HTTPSeeOther("/settings#keys")
 
 
 async def settings_save(request: web.Request) -> web.Response:
@@ -323,13 +355,13 @@ async def settings_save(request: web.Request) -> web.Response:
         remove.append(CHOICE)
     if errors_:
         prefs = {"steps": steps, "seed": seed, "seed_mode": "fixed", CHOICE: language}
-        return _settings(request, prefs, errors_, saved=False)
+        return await _settings(request, prefs, errors_, saved=False)
     prefs = await svc.db.users.update_settings(account.user_id, changes, remove)
     # The page that confirms the choice is already in the chosen language.
     i18n.set_language(
         web_language.choose(prefs, request.headers.get("Accept-Language"))
     )
-    return _settings(request, prefs, {}, saved=True)
+    return await _settings(request, prefs, {}, saved=True)
 
 
 async def forget_page(request: web.Request) -> web.Response:
@@ -371,5 +403,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/gallery", gallery)
     app.router.add_get("/settings", settings_page)
     app.router.add_post("/settings", settings_save)
+    app.router.add_post("/settings/keys", key_create)
+    app.router.add_post("/settings/keys/{key}/revoke", key_revoke)
     app.router.add_get("/forget", forget_page)
     app.router.add_post("/forget", forget)

@@ -21,7 +21,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.words import status_word
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database, eta
+from comfyveil.store import database, eta, web_state
 from comfyveil.web import auth
 
 
@@ -36,13 +36,14 @@ class WebServices:
     access: access_mod.Access
     pool: pool_mod.Pool | None = None
     forms: auth.FormTokens = field(default_factory=auth.FormTokens)
-    site: auth.SiteThrottle = field(default_factory=auth.SiteThrottle)
+    site: auth.SiteThrottle = field(init=False)
     places: eta.PlaceMemory = field(default_factory=eta.PlaceMemory)  # shown, per job
     etas: eta.EtaMemory = field(default_factory=eta.EtaMemory)  # shown, per job
     templates: jinja2.Environment = field(init=False)
     stylesheet: bytes = field(init=False)
 
     def __post_init__(self) -> None:
+        self.site = auth.SiteThrottle(web_state.WebState(self.db.pool))
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("comfyveil.web", "templates"),
             autoescape=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web, web_protocol, web_server
@@ -14,13 +15,14 @@ from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk.links import link_base as link_base
 from comfyveil.desk.links import public_url
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database
+from comfyveil.store import database, web_state
 from comfyveil.store import errors as store_errors
 from comfyveil.web import app as web_app
 
 logger = logging.getLogger(__name__)
 
 PURGE_INTERVAL = 3600.0
+FORM_SECRET = "forms"  # web_secrets row of logged-out forms' CSRF tokens
 
 
 @dataclass
@@ -76,10 +78,17 @@ async def _purge_forever(store: web_store.WebStore) -> None:
 
 
 async def start(
-    settings: config.Settings, db: database.Database, *, pool: pool_mod.Pool | None = None
+    settings: config.Settings,
+    db: database.Database,
+    *,
+    pool: pool_mod.Pool | None = None,
+    mounts: Mapping[str, web.Application] | None = None,
 ) -> Running:
-    """Listen on `[web] host` and `port`; stop it with `Running.close()`."""
-    application = web_app.build(settings, db, pool=pool)
+    """Listen on `[web] host` and `port`; stop it with `Running.close()`. `mounts` are
+    served beside the pages on the same port (the images API under /v1, which the caller
+    builds: the web front end knows no other front end)."""
+    secret = await web_state.WebState(db.pool).secret(FORM_SECRET)
+    application = web_app.build(settings, db, pool=pool, form_secret=secret, mounts=mounts)
     runner = web.AppRunner(application, access_log=None)  # no request lines: they hold ids
     await runner.setup()
     if runner.server is not None and type(runner.server) is web_server.Server:

@@ -1,0 +1,122 @@
+"""The images API as an aiohttp application (mounted by the web process under /v1):
+its services, the key of each request, errors in OpenAI's shape, and the routes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from comfyveil import config, i18n
+from comfyveil import policy as policy_mod
+from comfyveil.api import images, links
+from comfyveil.api.context import SERVICES, ApiServices, caller, services
+from comfyveil.api.errors import ApiError
+from comfyveil.comfy import pool as pool_mod
+from comfyveil.desk import access as access_mod
+from comfyveil.desk import registry as registry_mod
+from comfyveil.i18n import _
+from comfyveil.images import MIMES
+from comfyveil.store import accounts, api_keys, database, web_state
+
+logger = logging.getLogger(__name__)
+
+LINK_SECRET = "api_links"  # web_secrets row of the signed result links
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    i18n.set_language(i18n.DEFAULT)  # until the key's account says otherwise
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPRequestEntityTooLarge:
+        return ApiError(413, _("That upload is too large.")).response()
+    except web.HTTPException as exc:
+        if exc.status == 405:
+            return ApiError(405, _("That is not something this page does.")).response()
+        if exc.status >= 400:
+            return ApiError(exc.status, _("There is nothing here."), code="not_found").response()
+        raise
+    except Exception as exc:
+        # The type only: a message or traceback could hold the request's prompt.
+        logger.error("API request failed: %s", type(exc).__name__, extra={"action": "api_error"})
+        return ApiError(
+            500, _("Something went wrong on the server; try again."), type="server_error"
+        ).response()
+
+
+async def models(request: web.Request) -> web.Response:
+    """The commands this key may run, as OpenAI lists models."""
+    svc, who = await caller(request)
+    entries = [e for e in await svc.registry.all() if e.allows(who)]
+    data = [
+        {"id": e.name, "object": "model", "created": 0, "owned_by": "comfyveil"} for e in entries
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def model(request: web.Request) -> web.Response:
+    svc, who = await caller(request)
+    entry = await svc.registry.get(request.match_info["model"])
+    if entry is None or not entry.allows(who):
+        raise images.unknown_model(request.match_info["model"])
+    return web.json_response(
+        {"id": entry.name, "object": "model", "created": 0, "owned_by": "comfyveil"}
+    )
+
+
+async def file(request: web.Request) -> web.StreamResponse:
+    """A result through a signed link (no key: the link is the permission)."""
+    svc = services(request)
+    try:
+        job_id = images.job_uuid(request.match_info["job"])
+        index = int(request.match_info["index"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+    expires = request.query.get("expires", "")
+    sig = request.query.get("sig", "")
+    if not links.valid(svc.link_secret, job_id, index, expires, sig):
+        raise ApiError(403, _("That link has expired or is not valid."), code="invalid_link")
+    found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
+    if found is None or found.mime not in MIMES:
+        raise web.HTTPNotFound()
+    response = web.Response(body=found.data, content_type=found.mime)
+    response.headers["Cache-Control"] = "private, no-store"
+    return response
+
+
+async def _lifetime(app: web.Application) -> AsyncIterator[None]:
+    svc = app[SERVICES]
+    svc.link_secret = await web_state.WebState(svc.db.pool).secret(LINK_SECRET)
+    svc.waiter.start()
+    yield
+    await svc.waiter.close()
+
+
+def build(
+    settings: config.Settings, db: database.Database, *, pool: pool_mod.Pool | None = None
+) -> web.Application:
+    """The images API, to mount under /v1 (`web.server.start(..., mounts=...)`)."""
+    svc = ApiServices(
+        settings=settings,
+        db=db,
+        access=access_mod.Access(settings, db.users),
+        registry=registry_mod.CommandRegistry(db.commands),
+        policy=policy_mod.Policy(settings.policy),
+        web=accounts.WebStore(db.pool),
+        keys=api_keys.ApiKeyStore(db.pool),
+        pool=pool,
+    )
+    app = web.Application(middlewares=[_guard])
+    app[SERVICES] = svc
+    app.cleanup_ctx.append(_lifetime)
+    app.router.add_get("/models", models)
+    app.router.add_get("/models/{model}", model)
+    app.router.add_post("/images/generations", images.generations)
+    app.router.add_post("/images/edits", images.edits)
+    app.router.add_get("/files/{job}/{index}", file)
+    return app

@@ -1,0 +1,28 @@
+"""Short-lived signed links to a result (``response_format=url``): the link is the
+permission, as a client fetches it without the key; it names one output and expires."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+import uuid
+
+LINK_SECONDS = 600  # long enough for a client to fetch it, short enough to be harmless
+
+
+def signature(secret: bytes, job_id: uuid.UUID, index: int, expires: int) -> str:
+    message = f"{job_id}:{index}:{expires}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def path(secret: bytes, job_id: uuid.UUID, index: int, *, now: float | None = None) -> str:
+    expires = int(now if now is not None else time.time()) + LINK_SECONDS
+    sig = signature(secret, job_id, index, expires)
+    return f"/v1/files/{job_id}/{index}?expires={expires}&sig={sig}"
+
+
+def valid(secret: bytes, job_id: uuid.UUID, index: int, expires: str, sig: str) -> bool:
+    if not expires.isdigit() or int(expires) < time.time():
+        return False
+    return hmac.compare_digest(signature(secret, job_id, index, int(expires)), sig)

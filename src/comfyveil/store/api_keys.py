@@ -1,0 +1,98 @@
+"""Keys of the images API (migration 0030): made for a web account, shown once, kept as
+a sha256 digest. A key is 32 random bytes, so a fast hash is right here (argon2 guards
+what people choose; nothing about a random key can be guessed), and looking one up costs
+a single indexed read per request."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from comfyveil.store import errors
+from comfyveil.store.accounts import _ACCOUNT_COLUMNS, Account, digest
+
+PREFIX = "cv-"  # tells a comfyveil key from others in a config file or a leak scanner
+HINT = 4  # trailing characters shown in the list, to tell keys apart
+MAX_LABEL = 60
+MAX_KEY = 200  # longer is not one of ours: not even hashed
+
+
+def new_key() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: int
+    label: str
+    hint: str
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+
+
+class ApiKeyStore:
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def create(self, account_id: int, label: str = "") -> str:
+        """A new key for the account; the key itself (shown once, never stored)."""
+        key = new_key()
+        await self._all(
+            "INSERT INTO web_api_keys (account_id, label, key_hash, hint) "
+            "VALUES (%(a)s, %(l)s, %(h)s, %(hint)s)",
+            {
+                "a": account_id,
+                "l": label.strip()[:MAX_LABEL],
+                "h": digest(key),
+                "hint": key[-HINT:],
+            },
+        )
+        return key
+
+    async def account(self, key: str) -> Account | None:
+        """The account a key belongs to (None: unknown, revoked, or the account banned);
+        notes when the key was last used (at most once a minute, to spare writes)."""
+        if not key.startswith(PREFIX) or len(key) > MAX_KEY:
+            return None
+        columns = ", ".join("a." + c.strip() for c in _ACCOUNT_COLUMNS.split(","))
+        rows = await self._all(
+            f"SELECT k.id AS key_id, k.last_used_at AS key_used, {columns} "
+            "FROM web_api_keys k JOIN web_accounts a ON a.id = k.account_id "
+            "WHERE k.key_hash = %(h)s AND NOT a.disabled",
+            {"h": digest(key)},
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        used = row["key_used"]
+        if used is None or dt.datetime.now(dt.UTC) - used > dt.timedelta(minutes=1):
+            await self._all(
+                "UPDATE web_api_keys SET last_used_at = now() WHERE id = %(id)s",
+                {"id": row["key_id"]},
+            )
+        return Account.from_row(row)
+
+    async def keys(self, account_id: int) -> list[ApiKey]:
+        rows = await self._all(
+            "SELECT id, label, hint, created_at, last_used_at FROM web_api_keys "
+            "WHERE account_id = %(a)s ORDER BY created_at, id",
+            {"a": account_id},
+        )
+        return [ApiKey(**r) for r in rows]
+
+    async def revoke(self, account_id: int, key_id: int) -> bool:
+        """Delete one of the account's keys; False when it has no such key."""
+        rows = await self._all(
+            "DELETE FROM web_api_keys WHERE id = %(id)s AND account_id = %(a)s RETURNING id",
+            {"id": key_id, "a": account_id},
+        )
+        return bool(rows)
