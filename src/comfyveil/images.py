@@ -116,7 +116,12 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
                 _("That image is damaged or incomplete; send it again.") + " " + _(ASK)
             ) from exc
         fmt = image.format
-        cleaned, width, height = _without_metadata(image, data, fmt)
+        try:
+            cleaned, width, height = _without_metadata(image, data, fmt)
+        except metadata.MetadataError as exc:  # decodes, yet its container is crafted
+            raise ImageRejected(
+                _("That image is damaged or incomplete; send it again.") + " " + _(ASK)
+            ) from exc
     return CheckedImage(cleaned, width, height, fmt, ACCEPTED_FORMATS[fmt])
 
 
