@@ -3,6 +3,7 @@ hostile GPU host. Each test here failed on the main of 2026-12-05 before its fix
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 import uuid
@@ -12,7 +13,8 @@ from aiohttp import web
 from PIL import Image
 
 from comfyveil.store import jobs
-from tests.web.support import PASSPHRASE, client, get_text, sign_up, web_stack
+from comfyveil.web import auth
+from tests.web.support import CSRF, PASSPHRASE, client, csrf_of, get_text, sign_up, web_stack
 
 BOUNDARY = "----cross-site-form"
 
@@ -206,3 +208,97 @@ async def test_what_a_user_owns_is_never_cached_and_gpu_names_are_for_admins(
                     if not path:
                         page = await response.text()
             assert ("gpu-secret-host" in page) is (name == "ada")
+
+
+# --- guessing, probing and locking out (§4, §5) ----------------------------------------
+
+
+async def _login(session, url: str, name: str, passphrase: str) -> tuple[int, str]:
+    """The answer to a login, without what differs by design (the CSRF token, the name
+    typed back into its field)."""
+    _, page = await get_text(session, url + "/login")
+    async with session.post(
+        url + "/login", data={"csrf": csrf_of(page), "name": name, "passphrase": passphrase}
+    ) as response:
+        return response.status, CSRF.sub("", await response.text()).replace(name, "NAME")
+
+
+async def test_a_real_name_and_an_unknown_one_get_the_same_answers(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack:
+        async with client() as session:
+            await sign_up(session, await stack.invite(), "alice")
+        answers: dict[str, list[tuple[int, str]]] = {"alice": [], "nobody": []}
+        async with client() as guesser:
+            for name, seen in answers.items():
+                for n in range(auth.FREE_FAILURES + 3):
+                    seen.append(await _login(guesser, stack.url, name, f"wrong guess {n}"))
+        assert answers["alice"] == answers["nobody"]
+        # the right passphrase from a new browser during the lock: the same answer again
+        async with client() as stranger:
+            assert await _login(stranger, stack.url, "alice", PASSPHRASE) == answers["alice"][-1]
+            assert not [c for c in stranger.cookie_jar if c.key == auth.SESSION_COOKIE]
+
+
+async def test_a_browser_that_signed_in_before_is_never_locked_out(db, fake_comfy) -> None:
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as owner:
+        home = await sign_up(owner, await stack.invite(), "olga")
+        await owner.post(stack.url + "/logout", data={"csrf": csrf_of(home)})
+        async with client() as attacker:  # locks the account, then the whole site
+            for n in range(auth.SITE_FAILURES_PER_MINUTE + 2):
+                await _login(attacker, stack.url, "olga", f"wrong guess {n}")
+            status, _page = await _login(attacker, stack.url, "olga", PASSPHRASE)
+            assert status == 403
+        status, page = await _login(owner, stack.url, "olga", PASSPHRASE)
+        assert status == 200 and "Log out (NAME)" in page
+        # ... with her own passphrase only
+        _, home = await get_text(owner, stack.url + "/")
+        await owner.post(stack.url + "/logout", data={"csrf": csrf_of(home)})
+        status, _page = await _login(owner, stack.url, "olga", "wrong guess again")
+        assert status == 403
+
+
+async def test_no_passphrase_is_hashed_for_an_invitation_or_link_that_is_not_open(
+    db, fake_comfy, monkeypatch
+) -> None:
+    hashed: list[str] = []
+    real = auth.hash_passphrase
+
+    async def counting(passphrase: str) -> str:
+        hashed.append(passphrase)
+        return await real(passphrase)
+
+    monkeypatch.setattr(auth, "hash_passphrase", counting)
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        _, page = await get_text(session, stack.url + "/login")
+        fields = {
+            "csrf": csrf_of(page),
+            "name": "eve",
+            "passphrase": PASSPHRASE,
+            "again": PASSPHRASE,
+            "action": "signup",
+        }
+        for path in ("/invite/" + "x" * 43, "/link/" + "x" * 43):
+            async with session.post(stack.url + path, data=fields) as response:
+                assert response.status in (400, 404), path
+        assert hashed == []
+        await sign_up(session, await stack.invite(), "eve")  # an open one still hashes
+        assert len(hashed) == 1
+
+
+async def test_passphrase_hashes_run_at_most_a_few_at_once(monkeypatch) -> None:
+    running = peak = 0
+    real = auth._hasher
+
+    class Counting:
+        def hash(self, passphrase: str) -> str:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            try:
+                return real.hash(passphrase)
+            finally:
+                running -= 1
+
+    monkeypatch.setattr(auth, "_hasher", Counting())
+    await asyncio.gather(*(auth.hash_passphrase(f"passphrase {n}") for n in range(8)))
+    assert 1 <= peak <= auth.HASHES_AT_ONCE

@@ -30,6 +30,15 @@ async def _start_session(request: web.Request, account: web_store.Account) -> we
         secure=svc.secure_cookies,
     )
     response.del_cookie(auth.ANON_COOKIE, path="/")
+    response.set_cookie(
+        auth.DEVICE_COOKIE,
+        auth.device_token(account),
+        httponly=True,
+        samesite="Strict",
+        path="/login",
+        max_age=auth.DEVICE_DAYS * 86400,
+        secure=svc.secure_cookies,
+    )
     raise response
 
 
@@ -45,7 +54,9 @@ async def login(request: web.Request) -> web.Response:
     name = _field(form, "name", auth.MAX_NAME * 4).strip()
     passphrase = _field(form, "passphrase", auth.MAX_PASSPHRASE * 4)
     try:
-        account = await auth.login(svc.web, svc.site, name, passphrase)
+        account = await auth.login(
+            svc.web, svc.site, name, passphrase, device=request.cookies.get(auth.DEVICE_COOKIE)
+        )
     except auth.LoginRefused as exc:
         return render(
             request,
@@ -90,6 +101,8 @@ async def signup(request: web.Request) -> web.Response:
         errors["name"] = problem
     if problem := auth.check_passphrase(passphrase, again):
         errors["passphrase"] = problem
+    if not await svc.web.invite_open(token):  # before the 64 MiB hash, not after
+        return render(request, "error.html", status=404, message=_(str(web_store.InviteInvalid())))
     if not errors:
         try:
             account = await svc.web.sign_up(token, name, await auth.hash_passphrase(passphrase))
@@ -179,6 +192,10 @@ async def link(request: web.Request) -> web.Response:
                 errors["name"] = problem
             if problem := auth.check_passphrase(passphrase, _field(form, "again", 4096)):
                 errors["passphrase"] = problem
+            if await svc.web.link_user(token) is None:  # before the 64 MiB hash
+                raise web_store.InviteInvalid(
+                    N_("This link is not valid any more; send /web in the chat again.")
+                )
             if not errors:
                 try:
                     created = await svc.web.sign_up_linked(
