@@ -12,9 +12,19 @@ import zlib
 from aiohttp import web
 from PIL import Image
 
+from comfyveil.comfy import notrace
 from comfyveil.store import jobs
 from comfyveil.web import auth
-from tests.web.support import CSRF, PASSPHRASE, client, csrf_of, get_text, sign_up, web_stack
+from tests.web.support import (
+    CSRF,
+    PASSPHRASE,
+    client,
+    csrf_of,
+    get_text,
+    sign_up,
+    wait_for,
+    web_stack,
+)
 
 BOUNDARY = "----cross-site-form"
 
@@ -302,3 +312,33 @@ async def test_passphrase_hashes_run_at_most_a_few_at_once(monkeypatch) -> None:
     monkeypatch.setattr(auth, "_hasher", Counting())
     await asyncio.gather(*(auth.hash_passphrase(f"passphrase {n}") for n in range(8)))
     assert 1 <= peak <= auth.HASHES_AT_ONCE
+
+
+# --- forgetting (§14) --------------------------------------------------------------------
+
+
+async def test_delete_everything_cleans_the_gpu_hosts_at_once(db, fake_comfy) -> None:
+    """The web's "Delete everything" does what the chat's /forget does: what a finished
+    job left on a GPU host (written down when the host could not be cleaned then) is
+    removed now, not at the next hourly sweep."""
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        home = await sign_up(session, await stack.invite(), "fay")
+        account = await stack.store.account_by_name("fay")
+        assert account is not None
+        job_id = await _finished_job(
+            stack, account.user_id, [jobs.Output("a.png", "image", "image/png", _png())]
+        )
+        left = fake_comfy.dirs["output"] / "fay_00001_.png"
+        left.write_bytes(_png())
+        await stack.db.traces.record(
+            job_id, "gpu0", [notrace.Trace(kind="output", name=left.name, folder="output")]
+        )
+        async with session.post(
+            stack.url + "/forget", data={"csrf": csrf_of(home), "confirm": "yes"}
+        ) as response:
+            assert response.status == 200
+
+        async def gone() -> bool:  # overwritten with a blank placeholder, struck out
+            return left.read_bytes() == notrace.PLACEHOLDER_PNG and not await db.traces.settled()
+
+        await wait_for(gone, timeout=10)

@@ -21,6 +21,7 @@ from PIL import Image
 
 from comfyveil import errors, i18n, images, sinks
 from comfyveil.desk import failures
+from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
 from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output
@@ -377,7 +378,16 @@ async def forget(request: web.Request) -> web.Response:
             status=400,
             error=_("Tick the box to confirm; nothing was deleted."),
         )
-    await svc.db.users.forget(account.user_id)
+    # The chat's /forget, one path for both: the running job stopped, the GPU hosts
+    # cleaned now (in the background: a host may be slow to answer).
+    sweeps = request.app[SWEEPS]
+
+    def spawn(work: Any, *, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        sweeps.add(task)
+        task.add_done_callback(sweeps.discard)
+
+    await desk_jobs.forget(svc.db, svc.pool, account.user_id, spawn)
     if form.get("account") == "yes":
         await svc.web.delete_account(account.id)
         response = web.HTTPSeeOther("/login")
@@ -386,8 +396,19 @@ async def forget(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther("/?done=forgotten")
 
 
+SWEEPS = web.AppKey("sweeps", set)
+
+
+async def _stop_sweeps(app: web.Application) -> None:
+    for task in list(app[SWEEPS]):
+        task.cancel()
+    await asyncio.gather(*app[SWEEPS], return_exceptions=True)
+
+
 def add_routes(app: web.Application) -> None:
     app[THUMBS] = Thumbnails()
+    app[SWEEPS] = set()
+    app.on_cleanup.append(_stop_sweeps)
     app.router.add_get("/jobs/{job}", job_page)
     app.router.add_post("/jobs/{job}/cancel", cancel)
     app.router.add_post("/jobs/{job}/again", again)
