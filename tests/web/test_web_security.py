@@ -12,6 +12,7 @@ import zlib
 from aiohttp import web
 from PIL import Image
 
+from comfyveil import policy
 from comfyveil.comfy import notrace
 from comfyveil.store import jobs
 from comfyveil.web import auth
@@ -128,15 +129,17 @@ def _png(colour: str = "red") -> bytes:
     return out.getvalue()
 
 
-async def _finished_job(stack, user_id: int, outputs: list[jobs.Output]) -> uuid.UUID:
+async def _finished_job(
+    stack, user_id: int, outputs: list[jobs.Output], *, command: str = "f", prompt: str = "a fox"
+) -> uuid.UUID:
     """A job of `user_id` that a GPU host answered with `outputs`."""
     job = await stack.db.jobs.enqueue(
         jobs.NewJob(
             user_id=user_id,
             chat_id=user_id,
-            command="f",
+            command=command,
             workflow_hash="h" * 64,
-            params={"prompt": "a fox"},
+            params={"prompt": prompt},
         )
     )
     claimed = await stack.db.jobs.claim("test-worker")
@@ -342,3 +345,49 @@ async def test_delete_everything_cleans_the_gpu_hosts_at_once(db, fake_comfy) ->
             return left.read_bytes() == notrace.PLACEHOLDER_PNG and not await db.traces.settled()
 
         await wait_for(gone, timeout=10)
+
+
+# --- one policy for every way into the queue (§3) ----------------------------------------
+
+
+async def test_every_web_way_into_the_queue_checks_the_policy(db, fake_comfy) -> None:
+    """The form, "Run again" and "Edit this" refuse what the chat refuses (the chat's
+    own ways, /again, the re-roll button and `comfyveil submit`, are walked in
+    tests/e2e/test_bot_policy.py)."""
+    rules = policy.from_table({"terms": ["gore"]})
+    async with (
+        web_stack(db, [fake_comfy], worker=False, policy=rules) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "pat")
+        account = await stack.store.account_by_name("pat")
+        assert account is not None
+        refusal = "This bot does not accept that prompt; nothing was queued."
+        # the form
+        _, page = await get_text(session, stack.url + "/c/f")
+        async with session.post(
+            stack.url + "/c/f", data={"csrf": csrf_of(page), "prompt": "a g0re scene"}
+        ) as response:
+            assert response.status == 400 and refusal in await response.text()
+        # "Run again" of a job queued before the operator added the term
+        old = await _finished_job(
+            stack,
+            account.user_id,
+            [jobs.Output("a.png", "image", "image/png", _png())],
+            prompt="a gore scene",
+        )
+        before = await stack.job_count()
+        async with session.post(
+            f"{stack.url}/jobs/{old}/again", data={"csrf": csrf_of(page)}
+        ) as response:
+            assert response.status == 400 and refusal in await response.text()
+        # "Edit this" on a result
+        _, edit = await get_text(session, f"{stack.url}/c/qwen?from={old}:0")
+        async with session.post(
+            stack.url + "/c/qwen",
+            data={"csrf": csrf_of(edit), "prompt": "add some gore", "image__from": f"{old}:0"},
+        ) as response:
+            assert response.status == 400 and refusal in await response.text()
+        assert await stack.job_count() == before
+        counts = {c.command: c.total for c in await stack.db.refusals.counts()}
+        assert counts == {"f": 2, "qwen": 1}
