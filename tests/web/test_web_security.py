@@ -12,7 +12,7 @@ import zlib
 from aiohttp import web
 from PIL import Image
 
-from comfyveil import policy
+from comfyveil import config, policy
 from comfyveil.comfy import notrace
 from comfyveil.store import jobs
 from comfyveil.web import auth
@@ -391,3 +391,38 @@ async def test_every_web_way_into_the_queue_checks_the_policy(db, fake_comfy) ->
         assert await stack.job_count() == before
         counts = {c.command: c.total for c in await stack.db.refusals.counts()}
         assert counts == {"f": 2, "qwen": 1}
+
+
+# --- one access rule for both front ends (§13) -----------------------------------------
+
+
+async def test_a_linked_telegram_user_needs_the_chats_allow_on_the_web_too(db, fake_comfy) -> None:
+    """A closed bot (`[telegram] open = false`, not on `allow`): a web account linked to
+    a Telegram user who may not use the chat may not queue from the web either; an
+    invited account still may, and /allow lets the linked one in."""
+    closed = config.TelegramConfig(open=False, allow=())
+    async with (
+        web_stack(db, [fake_comfy], worker=False, telegram=closed) as stack,
+        client() as linked,
+        client() as invited,
+    ):
+        await sign_up(linked, await stack.invite(), "lin")
+        await sign_up(invited, await stack.invite(), "inv")
+        account = await stack.store.account_by_name("lin")
+        assert account is not None
+        await stack.store.use_link(await stack.store.create_link(5005, minutes=5), account.id)
+        for session, expected in ((linked, 403), (invited, 200)):
+            _, page = await get_text(session, stack.url + "/c/f")
+            async with session.post(
+                stack.url + "/c/f",
+                data={"csrf": csrf_of(page), "prompt": "a fox", "width": "256", "height": "256"},
+            ) as response:
+                assert response.status == expected, await response.text()
+        assert await stack.job_count() == 1
+        await stack.db.users.update_settings(5005, {"allowed": True})  # an admin's /allow
+        _, page = await get_text(linked, stack.url + "/c/f")
+        async with linked.post(
+            stack.url + "/c/f",
+            data={"csrf": csrf_of(page), "prompt": "a fox", "width": "256", "height": "256"},
+        ) as response:
+            assert response.status == 200
