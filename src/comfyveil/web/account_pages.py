@@ -151,7 +151,10 @@ async def link_page(request: web.Request) -> web.Response:
     account = visit(request).account
     linked = await svc.web.account_of_user(telegram_user)
     if account is not None:
-        mode = "already" if account.user_id == telegram_user else "link"
+        # A link never links an account that is signed in: whoever sent /web may not be
+        # its owner (issue 22 §2). Linking starts in Settings, with a code the owner
+        # sends to the bot from her own Telegram.
+        mode = "already" if account.user_id == telegram_user else "other"
     else:
         mode = "login" if linked is not None else "signup"
     return render(
@@ -162,6 +165,7 @@ async def link_page(request: web.Request) -> web.Response:
         mode=mode,
         linked=linked,
         errors={},
+        error=None,
         name="",
     )
 
@@ -173,16 +177,35 @@ async def link(request: web.Request) -> web.Response:
     action = _field(form, "action", 16)
     account = visit(request).account
     try:
-        if action == "link" and account is not None:
-            await svc.web.use_link(token, account.id)
-            raise web.HTTPSeeOther("/?done=linked")
         if action == "login" and account is None:
             telegram_user = await svc.web.link_user(token)
             linked = await svc.web.account_of_user(telegram_user) if telegram_user else None
-            if linked is None or linked.disabled:
+            if linked is None:
                 raise web_store.InviteInvalid(N_("There is no usable account to log into."))
+            # The link names the account; its passphrase still opens it (issue 22 §2),
+            # with the login's locks and its one answer for every refusal.
+            try:
+                await auth.login(
+                    svc.web,
+                    svc.site,
+                    linked.name,
+                    _field(form, "passphrase", auth.MAX_PASSPHRASE * 4),
+                    device=request.cookies.get(auth.DEVICE_COOKIE),
+                )
+            except auth.LoginRefused as exc:
+                return render(
+                    request,
+                    "link.html",
+                    status=403,
+                    form_csrf=anon_csrf(request),
+                    token=token,
+                    mode="login",
+                    linked=linked,
+                    errors={},
+                    error=exc.message,
+                    name="",
+                )
             await svc.web.use_link(token, None)
-            await svc.web.logged_in(linked.id)
             return await _start_session(request, linked)
         if action == "signup" and account is None:
             name = _field(form, "name", auth.MAX_NAME * 4).strip()
@@ -214,6 +237,7 @@ async def link(request: web.Request) -> web.Response:
                 mode="signup",
                 linked=None,
                 errors=errors,
+                error=None,
                 name=name,
             )
     except (web_store.InviteInvalid, web_store.NameTaken) as exc:

@@ -311,9 +311,12 @@ async def settings_page(request: web.Request) -> web.Response:
 def _settings(
     request: web.Request, prefs: dict[str, Any], errors_: dict[str, str], *, saved: bool
 ) -> web.Response:
+    account = require_account(request)
+    unlinked = account.user_id == account.chat_id  # no Telegram user yet
     return render(
         request,
         "settings.html",
+        link_code=web_store.link_code(account) if unlinked else None,
         status=400 if errors_ else 200,
         prefs=prefs,
         errors=errors_,
