@@ -411,13 +411,15 @@ async def test_a_linked_telegram_user_needs_the_chats_allow_on_the_web_too(db, f
         account = await stack.store.account_by_name("lin")
         assert account is not None
         await stack.store.use_link(await stack.store.create_link(5005, minutes=5), account.id)
-        for session, expected in ((linked, 403), (invited, 200)):
+        for session, expected in ((linked, 400), (invited, 200)):
             _, page = await get_text(session, stack.url + "/c/f")
             async with session.post(
                 stack.url + "/c/f",
                 data={"csrf": csrf_of(page), "prompt": "a fox", "width": "256", "height": "256"},
             ) as response:
-                assert response.status == expected, await response.text()
+                text = await response.text()
+                assert response.status == expected, text
+                assert ("not allowed to use this service" in text) is (expected == 400)
         assert await stack.job_count() == 1
         await stack.db.users.update_settings(5005, {"allowed": True})  # an admin's /allow
         _, page = await get_text(linked, stack.url + "/c/f")
