@@ -9,6 +9,7 @@ import struct
 import uuid
 import zlib
 
+import pytest
 from aiohttp import web
 from PIL import Image
 
@@ -428,3 +429,74 @@ async def test_a_linked_telegram_user_needs_the_chats_allow_on_the_web_too(db, f
             data={"csrf": csrf_of(page), "prompt": "a fox", "width": "256", "height": "256"},
         ) as response:
             assert response.status == 200
+
+
+async def test_every_way_into_the_queue_goes_through_the_one_policy(
+    fake_telegram, db, fake_comfy
+) -> None:
+    """Issue 22 §3: the chat (/f, an edit with a photo, /again, the re-roll button),
+    the web (the form, Run again, Edit this) and `comfyveil submit`, all against the
+    policy in force now."""
+    from comfyveil.cli import submit as submit_cli
+    from comfyveil.telegram import callbacks_data
+    from tests.e2e.bot_support import SMALL, png, running_bot
+
+    refused = "This bot does not accept that prompt; nothing was queued."
+    async with running_bot(fake_telegram, db, [fake_comfy]) as bot:  # before the policy
+        bot.send(90, f"/f a storm over gore point {SMALL}")
+        first = await bot.result(90)
+    rules = policy.from_table({"terms": ["gore"]})
+    async with (
+        running_bot(fake_telegram, db, [fake_comfy], worker=False, policy=rules) as bot,
+        web_stack(db, [fake_comfy], worker=False, policy=rules) as stack,
+        client() as session,
+    ):
+        before = await stack.job_count()
+        said = 0
+
+        async def refused_in_chat() -> None:
+            nonlocal said
+            said += 1
+            await fake_telegram.wait_for(
+                lambda _: (
+                    sum(m.get("text") == refused for m in fake_telegram.bot_messages(90)) >= said
+                )
+            )
+
+        bot.send(90, f"/f a g0re scene {SMALL}")  # the chat
+        await refused_in_chat()
+        bot.send(90, document=(png(), "in.png", "image/png"), caption="/qwen add some gore")
+        await refused_in_chat()  # an edit
+        bot.send(90, "/again")
+        await refused_in_chat()
+        job_id = (await db.jobs.list_for_user(90, limit=1))[0].id
+        query = fake_telegram.user_presses(
+            90, first.result["message_id"], callbacks_data.again(job_id)
+        )  # the re-roll button
+        await fake_telegram.wait_for(lambda _: query in fake_telegram.callback_answers)
+        assert fake_telegram.callback_answers[query]["text"] == refused
+        with pytest.raises(policy.PromptRefused):  # comfyveil submit
+            await submit_cli.build_job(
+                db, config.Settings(policy=rules), "f", ["a", "gore", "scene"], [], []
+            )
+        # the web: the form, Run again and Edit this of a job from before the policy
+        await sign_up(session, await stack.invite(), "walker")
+        account = await stack.store.account_by_name("walker")
+        assert account is not None
+        old = await _finished_job(
+            stack,
+            account.user_id,
+            [jobs.Output("a.png", "image", "image/png", _png())],
+            prompt="a gore scene",
+        )
+        _, page = await get_text(session, stack.url + "/c/f")
+        for path, data in (
+            ("/c/f", {"prompt": "a gore scene"}),
+            (f"/jobs/{old}/again", {}),
+            ("/c/qwen", {"prompt": "add some gore", "image__from": f"{old}:0"}),
+        ):
+            async with session.post(
+                stack.url + path, data={"csrf": csrf_of(page), **data}
+            ) as response:
+                assert response.status == 400 and refused in await response.text(), path
+        assert await stack.job_count() == before + 1  # only the web job made for the test
