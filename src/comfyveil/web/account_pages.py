@@ -35,7 +35,7 @@ async def _start_session(request: web.Request, account: web_store.Account) -> we
         auth.device_token(account),
         httponly=True,
         samesite="Strict",
-        path="/login",
+        path="/",  # read by /login and by /link/TOKEN's login
         max_age=auth.DEVICE_DAYS * 86400,
         secure=svc.secure_cookies,
     )
