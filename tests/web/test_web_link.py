@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 
+from comfyveil import config
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.telegram import FakeTelegram
 from tests.web.support import (
@@ -21,6 +22,8 @@ from tests.web.test_web_jobs import JOB_URL, finished, submit_form
 
 LINK = re.compile(r"(http://\S+/link/([A-Za-z0-9_-]+))")
 TG_USER = 7001
+# The bot of these tests is open (running_bot's default); the web follows the same rule.
+OPEN = config.TelegramConfig(open=True)
 
 
 async def _chat_text(bot, chat: int, pattern: str) -> str:
@@ -61,7 +64,7 @@ async def test_web_link_creates_an_account_with_one_history(
 ) -> None:
     async with (
         running_bot(fake_telegram, db, [fake_comfy]) as bot,
-        web_stack(db, [fake_comfy], worker=False) as stack,
+        web_stack(db, [fake_comfy], worker=False, telegram=OPEN) as stack,
         client() as session,
     ):
         bot.send(TG_USER, f"/f a chat fox {SMALL}")
@@ -109,7 +112,7 @@ async def test_linking_starts_on_the_web_and_logging_in_from_a_link_asks_the_pas
 ) -> None:
     async with (
         running_bot(fake_telegram, db, [fake_comfy]) as bot,
-        web_stack(db, [fake_comfy]) as stack,
+        web_stack(db, [fake_comfy], telegram=OPEN) as stack,
     ):
         async with client() as session:
             await sign_up(session, await stack.invite(), "webby")
@@ -179,7 +182,7 @@ async def test_an_attackers_link_cannot_take_over_a_signed_in_account(
     attacker = 7666
     async with (
         running_bot(fake_telegram, db, [fake_comfy]) as bot,
-        web_stack(db, [fake_comfy], worker=False) as stack,
+        web_stack(db, [fake_comfy], worker=False, telegram=OPEN) as stack,
         client() as victim,
     ):
         await sign_up(victim, await stack.invite(admin=True), "victim")
