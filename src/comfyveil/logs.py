@@ -34,7 +34,8 @@ class RedactingJsonFormatter(JsonFormatter):
         )
 
     def formatException(self, ei: Any) -> str:
-        return redaction.redact(super().formatException(ei))
+        # as the text lines do: database errors by type and SQLSTATE (issue 22 §8)
+        return redaction.redact(redaction.format_exception(ei))
 
     def format(self, record: logging.LogRecord) -> str:
         return redaction.redact(super().format(record))
