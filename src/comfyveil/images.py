@@ -116,7 +116,12 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
                 _("That image is damaged or incomplete; send it again.") + " " + _(ASK)
             ) from exc
         fmt = image.format
-        cleaned, width, height = _without_metadata(image, data, fmt)
+        try:
+            cleaned, width, height = _without_metadata(image, data, fmt)
+        except metadata.MetadataError as exc:  # decodes, yet its container is crafted
+            raise ImageRejected(
+                _("That image is damaged or incomplete; send it again.") + " " + _(ASK)
+            ) from exc
     return CheckedImage(cleaned, width, height, fmt, ACCEPTED_FORMATS[fmt])
 
 
@@ -162,3 +167,27 @@ def _megapixels(pixels: int) -> str:
 def _megabytes(size: int) -> str:
     mb = size / (1024 * 1024)
     return ltr(_("{n} MB").format(n=f"{mb:.0f}" if mb >= 10 else f"{mb:.1f}"))
+
+
+# What a browser may show inline, by the file's own bytes (not its name: a GPU host names
+# its files). HEIC/AVIF share MP4's `ftyp` box: only the video brands count.
+_MP4_BRANDS = (b"isom", b"iso2", b"iso4", b"iso5", b"iso6", b"mp41", b"mp42", b"avc1", b"M4V ",
+               b"dash", b"qt  ")
+
+
+def sniff_mime(data: bytes) -> str | None:
+    """The type of a PNG, JPEG, WebP, GIF, MP4 or WebM file, from its leading bytes;
+    None for anything else."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[4:8] == b"ftyp" and data[8:12] in _MP4_BRANDS:
+        return "video/mp4"
+    if data.startswith(b"\x1a\x45\xdf\xa3") and b"\x42\x82\x84webm" in data[:64]:
+        return "video/webm"
+    return None

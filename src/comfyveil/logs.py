@@ -34,7 +34,8 @@ class RedactingJsonFormatter(JsonFormatter):
         )
 
     def formatException(self, ei: Any) -> str:
-        return redaction.redact(super().formatException(ei))
+        # as the text lines do: database errors by type and SQLSTATE (issue 22 §8)
+        return redaction.redact(redaction.format_exception(ei))
 
     def format(self, record: logging.LogRecord) -> str:
         return redaction.redact(super().format(record))
@@ -44,12 +45,20 @@ def formatter(name: str) -> logging.Formatter:
     return RedactingJsonFormatter() if name == "json" else logging.Formatter(TEXT_FORMAT)
 
 
+# Libraries whose debug lines carry message bodies: python-telegram-bot logs every update
+# and request (prompts, /web links), websockets every frame, aiohttp's server requests.
+# They stay at INFO whatever the verbosity (issue 22 §7).
+QUIET_LIBRARIES = ("telegram", "websockets", "aiohttp", "httpx", "httpcore", "hpack")
+
+
 def configure(level: int, fmt: str | None) -> None:
     """Set up the root logger; `fmt` from the command line (None: text, until the
     settings say otherwise, see `apply_settings`)."""
     global _chosen_on_command_line
     _chosen_on_command_line = fmt is not None
     logging.basicConfig(level=level, format=TEXT_FORMAT)
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(level, logging.INFO))
     use(fmt or "text")
     redaction.install()  # secrets registered later (the bot token) never reach a line
 

@@ -15,7 +15,9 @@ removed, accents removed, look-alike letters as Latin, case folded. A term match
 word or phrase (``*`` at either end: any word continuing it, so ``behead*`` matches
 "beheading"); a term in a script written without spaces (Chinese, Japanese, Thai ...)
 matches anywhere. A pattern is searched for in the folded text, case-insensitively. Both
-also see a second view where runs of single letters are glued (``g o r e``).
+also see more views: runs of single letters glued (``g o r e``, ``(g)(o)(r)(e)``),
+punctuation between letters dropped (``go:re``), digits read as letters where letters
+stand on both sides (``g0re``; not ``2000s``).
 
 What is checked is what the user writes for the workflow to draw: the prompt and the
 values of the workflow's own options, not the negative prompt (``--no gore`` asks for
@@ -148,7 +150,15 @@ def _compile_pattern(pattern: str, where: str) -> re.Pattern[str]:
 
 
 def _term_regex(term: str) -> str:
-    folded = textfold.fold(term)
+    """The term as a prompt may hold it: folded, and with every look-alike letter as
+    Latin (what a word of real Cyrillic with a Latin letter in it folds to)."""
+    forms = dict.fromkeys(
+        _form_regex(textfold.fold(term, every_lookalike=every)) for every in (False, True)
+    )
+    return "|".join(forms)
+
+
+def _form_regex(folded: str) -> str:
     head = folded.startswith("*")
     tail = folded.endswith("*")
     core = folded.strip("* ")
@@ -201,10 +211,10 @@ class Policy:
             if not text:
                 continue
             folded = textfold.fold(text)
-            views.append(folded)
-            glued = textfold.joined(folded)
-            if glued != folded:
-                views.append(glued)
+            found = [folded, textfold.joined(folded), textfold.squeezed(folded)]
+            for view in found[:]:
+                found.extend(textfold.unleet(view))
+            views.extend(dict.fromkeys(found))
         return matcher.matches(views)
 
     def check(self, command: str, texts: Iterable[str]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import traceback
 from typing import Any
 
 MASK = "[redacted]"
@@ -53,11 +54,42 @@ def _redact_record(record: logging.LogRecord) -> None:
         record.msg, record.args = clean, None
     if record.exc_info and not record.exc_text:
         # The formatter would format the traceback later, unredacted: do it now.
-        record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.exc_text = format_exception(record.exc_info)
     if record.exc_text:
         record.exc_text = redact(record.exc_text)  # formatters print it as it is
     if record.stack_info:
         record.stack_info = redact(record.stack_info)
+
+
+def format_exception(exc_info: Any) -> str:
+    """A traceback in which database errors show their type and SQLSTATE only: their text
+    quotes the values the database refused (PostgreSQL's DETAIL and CONTEXT lines hold a
+    prompt's JSON)."""
+    _, value, _ = exc_info
+    if value is None:
+        return logging.Formatter().formatException(exc_info)
+    return "".join(_formatted(value)).rstrip("\n")
+
+
+def _formatted(value: BaseException) -> list[str]:
+    """`traceback.format_exception`, with each database error's text replaced."""
+    top = traceback.TracebackException.from_exception(value)
+    stack: list[tuple[traceback.TracebackException, BaseException | None]] = [(top, value)]
+    seen: set[int] = set()
+    while stack:
+        te, exc = stack.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        if exc is not None and type(exc).__module__.split(".")[0] == "psycopg":
+            state = getattr(exc, "sqlstate", None)
+            te._str = f"(SQLSTATE {state})" if state else "(text withheld)"  # type: ignore[attr-defined]
+            te.__notes__ = None
+        if te.__cause__ is not None:
+            stack.append((te.__cause__, exc.__cause__ if exc is not None else None))
+        if te.__context__ is not None:
+            stack.append((te.__context__, exc.__context__ if exc is not None else None))
+    return list(top.format())
 
 
 def install() -> None:

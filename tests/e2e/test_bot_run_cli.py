@@ -66,3 +66,46 @@ async def test_run_without_a_token_says_where_it_must_come_from(tmp_path: Path) 
         "comfyveil: no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] "
         "token_file (a file only you can read); it is never taken from the command line"
     )
+
+
+async def test_debug_verbosity_never_logs_a_prompt_or_a_web_link(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
+) -> None:
+    """`comfyveil -vv run`: third-party libraries that see message bodies (the Bot API's
+    updates and requests) log nothing of them; our own debug lines still show."""
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+        '[web]\nport = 0\npublic_url = "http://127.0.0.1:9"\n'
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", "-vv", "run", "--config", str(conf),
+        env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        while b"is running" not in await asyncio.wait_for(proc.stdout.readline(), 60):  # type: ignore[union-attr]
+            pass
+        fake_telegram.user_sends(61, f"/f a marmot wearing spectacles {SMALL}")
+        await fake_telegram.wait_for_call("sendPhoto", chat_id=61, timeout=30)
+        fake_telegram.user_sends(61, "/web")
+        link = await fake_telegram.wait_for(
+            lambda calls: next(
+                (c for c in calls if "/link/" in str(c.params.get("text", ""))), None
+            ),
+            30,
+        )
+        token = str(link.params["text"]).split("/link/", 1)[1].split()[0]
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = (out + err).decode()
+    assert " DEBUG " in text  # -vv is on
+    for secret in ("marmot", "spectacles", token, fake_telegram.token):
+        assert secret not in text, secret

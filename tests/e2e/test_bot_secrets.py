@@ -119,6 +119,9 @@ async def test_a_failing_bot_api_never_shows_the_token(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    # PTB's own debug lines too, which `comfyveil -vv` keeps off (issue 22 §7): an operator
+    # may turn them on, and the token must stay hidden then as well
+    caplog.set_level(logging.DEBUG, logger="telegram")
     async with _server(handler) as url:
         application = app.build_application(_settings(url))
         bot = application.bot
@@ -154,6 +157,9 @@ async def test_error_codes_and_failed_long_polls_never_show_the_token(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    # PTB's own debug lines too, which `comfyveil -vv` keeps off (issue 22 §7): an operator
+    # may turn them on, and the token must stay hidden then as well
+    caplog.set_level(logging.DEBUG, logger="telegram")
     fake_telegram.token = TOKEN
     application = app.build_application(_settings(fake_telegram.url))
     errors: list[BaseException] = []

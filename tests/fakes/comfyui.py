@@ -1310,7 +1310,8 @@ class FakeComfyUI:
         folder.mkdir(parents=True, exist_ok=True)
         filename = f"{name}_{_next_counter(folder, name, 'mp4'):05}_.mp4"
         header = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom"
-        body = struct.pack(">I", len(frames)) + b"".join(_png(f)[:64] for f in frames[:4])
+        media = struct.pack(">I", len(frames)) + b"".join(_png(f)[:64] for f in frames[:4])
+        body = struct.pack(">I", 8 + len(media)) + b"mdat" + media  # boxes, as a real MP4
         await asyncio.to_thread((folder / filename).write_bytes, header + body)
         return [], {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
                     "animated": [True]}

@@ -15,6 +15,8 @@ like `FakeComfyUI`.
 - `output_names`: SaveImage reports these file names (or `(subfolder, name)` pairs)
   instead of its own, and GET /view serves the real image for any of them (a server
   steering where files land).
+- `view_body`: GET /view of an existing file answers these bytes instead (a crafted
+  file: a damaged container, metadata hidden where the stripper does not look).
 - `endless_json`: these GET paths (e.g. "/queue") answer 200 with endless JSON.
 - `trickle_json`: these GET paths answer one byte every `trickle_interval` s.
 
@@ -51,6 +53,7 @@ class TamperingComfyUI(FakeComfyUI):
         output_names: Iterable[str | tuple[str, str]] = (),
         endless_json: Iterable[str] = (),
         trickle_json: Iterable[str] = (),
+        view_body: bytes | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -65,6 +68,7 @@ class TamperingComfyUI(FakeComfyUI):
         ]
         self.endless_json = set(endless_json)
         self.trickle_json = set(trickle_json)
+        self.view_body = view_body
         # What the tests look at.
         self.view_bytes_sent = 0  # bytes of misbehaving /view bodies that left
         self.huge_text_sent = 0  # bytes of the huge text frame that left
@@ -103,7 +107,11 @@ class TamperingComfyUI(FakeComfyUI):
             if real:
                 return web.Response(body=real[-1].read_bytes(), content_type="image/png")
         if not (self.endless_view or self.trickle_view):
-            return await super()._view(request)
+            answer = await super()._view(request)
+            if self.view_body is None or answer.status != 200:
+                return answer
+            self.misbehaving.set()
+            return web.Response(body=self.view_body, content_type="image/png")
         answer = await super()._view(request)
         if answer.status != 200:
             return answer

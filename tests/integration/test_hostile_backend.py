@@ -84,6 +84,21 @@ def png(width: int, height: int) -> bytes:
 # --- downloads ---------------------------------------------------------------------------
 
 
+async def test_a_damaged_file_is_one_plain_permanent_failure(tamper: Tamper) -> None:
+    # Cut inside a chunk after the prompt's text chunk: its metadata cannot be told
+    # from its pixels, so it must not reach the user as it came (issue 22 §10).
+    whole = png(64, 64)
+    crafted = whole[:33] + b"\x00\x00\x00\x20tEXtprompt\x00my secret prompt" + whole[33:60]
+    fake = await tamper(view_body=crafted)
+    wf, values = flux()
+    async with client_for(fake) as client:
+        error, _ = await timed(execute.execute(client, wf, values, timeout=30))
+    assert isinstance(error, errors.OutputDamaged), error
+    assert str(error) == "backend gpu0 sent a damaged file"
+    assert error.transient is False  # the same backend would send the same file again
+
+
+
 async def test_an_endless_file_is_cut_at_max_output_bytes(tamper: Tamper) -> None:
     fake = await tamper(endless_view=True)
     wf, values = flux()

@@ -482,3 +482,27 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
     # mark_submitted too: an immediate stop of PostgreSQL must not forget a sent prompt.
     for durable in ("mark_submitted", "complete_job", "record_delivery"):
         assert await commit_waits(durable, params), durable
+
+
+async def test_a_database_error_is_logged_by_type_and_sqlstate_never_its_text(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL quotes the refused JSON (the prompt) in its CONTEXT line; a logged
+    traceback and the StoreError name the error's type and SQLSTATE only (issue 22 §8)."""
+    import logging
+
+    from comfyveil import redaction
+
+    redaction.install()
+    job = new_job(3)
+    job = jobs.NewJob(**{**job.__dict__, "params": {"prompt": "my secret\x00 marmot"}})
+    with pytest.raises(errors.StoreError) as caught:
+        await db.jobs.enqueue(job)
+    with caplog.at_level(logging.ERROR):
+        try:
+            raise caught.value
+        except errors.StoreError:
+            logging.getLogger("comfyveil.test").exception("enqueue failed")
+    assert "marmot" not in caplog.text and "secret" not in caplog.text
+    assert "UntranslatableCharacter: (SQLSTATE 22P05)" in caplog.text
+    assert str(caught.value) == "the database refused the request (SQLSTATE 22P05)"

@@ -10,7 +10,7 @@ from comfyveil.comfy import workflow
 from comfyveil.errors import ConfigError
 
 RULES = {
-    "terms": ["gore", "behead*", "кровь", "血腥"],
+    "terms": ["gore", "behead*", "кровь", "血腥", "blood"],
     "patterns": [r"\bkill(ed|ing)?\s+(him|her)\b"],
     "commands": {"wan": {"terms": ["blood"], "spoiler": True}},
     "spoiler_chats": [-100],
@@ -41,6 +41,19 @@ EVASIONS = [
     "кр\u200dовь",
     "кpовь",  # Latin p inside the Russian word
     "满屏血腥画面",  # Chinese: no spaces between words
+    # issue 22: what the hand table let through
+    "gøre",  # letters with strokes
+    "ǥøřɇ",
+    "ꓖꓳꓣꓰ",  # Lisu
+    "ᏀᎾᏒᎬ",  # Cherokee
+    "ԍore",  # a Cyrillic letter the table lacked
+    "g0re",  # digits for letters
+    "bl00d moon on wan",
+    "⒢⒪⒭⒠",  # parenthesised letters
+    "g:o:r:e",
+    "go:re",
+    "(g)(o)(r)(e)",
+    "k1lled him",
 ]
 
 INNOCENT = [
@@ -54,6 +67,11 @@ INNOCENT = [
     "雪中的红狐狸",
     "İstanbul'da bir kedi",
     "un zorro rojo en la nieve",
+    "the Øresund bridge at dawn",
+    "fashion of the 2000s",
+    "a portrait, model sdxl-g0 v2",
+    "a g0 board, 9x9",
+    "4k wallpaper of a mountain",
 ]
 
 
@@ -72,7 +90,8 @@ def test_innocent_prompts_pass(compiled: policy.Policy, prompt: str) -> None:
     assert not compiled.refuses("f", [prompt])
 
 
-def test_a_command_adds_its_own_terms_to_the_common_ones(compiled: policy.Policy) -> None:
+def test_a_command_adds_its_own_terms_to_the_common_ones() -> None:
+    compiled = policy.Policy(policy.from_table({**RULES, "terms": ["gore"]}))
     assert compiled.refuses("wan", ["a blood moon"])
     assert compiled.refuses("wan", ["gore"])
     assert not compiled.refuses("f", ["a blood moon"])

@@ -267,6 +267,17 @@ def test_validate_never_repeats_the_prompt_text_in_an_error() -> None:
     assert "secret" not in str(caught.value)
 
 
+@pytest.mark.parametrize("bad", ["a fox\x00", "a\x1bfox", "a fox\x7f", "a fox\ud800"])
+def test_validate_refuses_control_characters_in_text_plainly(bad: str) -> None:
+    # A NUL once reached PostgreSQL, whose error quoted the prompt (issue 22 §8).
+    with pytest.raises(workflow.ParamError) as caught:
+        toy().validate({"prompt": bad})
+    assert str(caught.value) == "prompt must not hold control characters"
+    assert toy().validate({"prompt": "two\r\nlines\tand a tab"})["prompt"] == (
+        "two\r\nlines\tand a tab"
+    )
+
+
 def test_validate_requires_a_required_image() -> None:
     required = BINDINGS.replace('input = "image"\ntype = "image"',
                                 'input = "image"\ntype = "image"\nrequired = true')

@@ -42,11 +42,9 @@ def settings_for(comfy: Sequence[FakeComfyUI], **web_options: Any) -> config.Set
         for i, fake in enumerate(comfy)
     )
     limits = web_options.pop("limits", config.LimitsConfig(cooldown=0))
-    policy = web_options.pop("policy", None)
+    extra = {k: web_options.pop(k) for k in ("policy", "telegram") if k in web_options}
     web = config.WebConfig(**({"host": "127.0.0.1", "port": 0} | web_options))
-    if policy is None:
-        return config.Settings(backends=backends, limits=limits, web=web)
-    return config.Settings(backends=backends, limits=limits, web=web, policy=policy)
+    return config.Settings(backends=backends, limits=limits, web=web, **extra)
 
 
 @dataclasses.dataclass

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from comfyveil.store.web_state import WebState
@@ -79,13 +77,14 @@ async def test_failed_logins_slow_down_the_account(db, fake_comfy) -> None:
         async with client() as guesser:
             for _ in range(auth.FREE_FAILURES):
                 status, page = await _login(guesser, stack.url, "bob", "wrong guess 123")
-                assert status == 403 and "Wrong name or passphrase." in page
+                assert status == 403 and "Wrong name or passphrase" in page
             status, page = await _login(guesser, stack.url, "bob", "wrong guess 124")
             assert status == 403
-            # Now even the right passphrase waits until the lock ends.
+            # Now even the right passphrase waits until the lock ends, with the same
+            # sentence as a wrong one (a browser that signed in before is let in: see
+            # test_web_security).
             status, page = await _login(guesser, stack.url, "bob", PASSPHRASE)
-            assert status == 403
-            assert re.search(r"Too many failed logins for this account; try again in \d+", page)
+            assert status == 403 and "Wrong name or passphrase" in page
         async with client() as other:  # another account is not slowed by bob's guesser
             await sign_up(other, await stack.invite(), "carol")
             await other.post(

@@ -49,7 +49,7 @@ async def test_login_page_is_english_by_default_and_persian_when_the_browser_ask
             headers=headers,
         ) as response:
             assert response.status == 403
-            assert "نام یا عبارت عبور نادرست است." in await response.text()
+            assert "نام یا عبارت عبور نادرست است،" in await response.text()
 
 
 async def test_the_accounts_language_choice_wins_and_is_the_chats_setting(db, fake_comfy) -> None:

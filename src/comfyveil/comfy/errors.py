@@ -13,7 +13,8 @@
      ├── Interrupted              the job was interrupted                    (permanent)
      ├── UploadRejected           POST /upload/image refused the file        (permanent)
      │    └── UploadTooLarge      413: over the backend's size limit
-     └── FileNotFound             GET /view has no such file                 (permanent)
+     ├── FileNotFound             GET /view has no such file                 (permanent)
+     └── OutputDamaged            a result file whose container is damaged   (permanent)
 
 `transient` says whether trying again (on this backend later or on another one) is
 worth it. `str(error)` is one plain sentence for a chat user: it names things (a model
@@ -39,6 +40,7 @@ __all__ = [
     "FileNotFound",
     "Interrupted",
     "JobLost",
+    "OutputDamaged",
     "OutputTooLarge",
     "TooManyOutputs",
     "UploadRejected",
@@ -206,6 +208,14 @@ class UploadTooLarge(UploadRejected):
 
 class FileNotFound(ComfyError):
     """The backend has no such file."""
+
+
+class OutputDamaged(ComfyError):
+    """A result file's container is damaged or crafted, so its metadata cannot be told
+    from its pixels. Permanent: the same backend would send the same file again."""
+
+    def __init__(self, *, backend: str = "comfyui") -> None:
+        super().__init__(f"backend {backend} sent a damaged file", backend=backend)
 
 
 # --- workflow validation (400 from POST /prompt) -----------------------------------

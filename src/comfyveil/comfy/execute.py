@@ -399,7 +399,7 @@ async def execute(
             )
         files = tuple(OutputData(f, d) for f, d in from_frames) + downloaded
         if not keep_metadata:
-            files = tuple([await _without_metadata(f) for f in files])
+            files = tuple([await _without_metadata(f, client.name) for f in files])
         return Outcome(
             result=result,
             files=files,
@@ -457,11 +457,16 @@ async def _stripped(data: bytes) -> bytes:
     return metadata.strip(data)
 
 
-async def _without_metadata(item: OutputData) -> OutputData:
-    if item.path is not None:  # streamed to disk: stripped there
-        await asyncio.to_thread(metadata.strip_path, item.path)
-        return item
-    return OutputData(item.file, await _stripped(item.data))
+async def _without_metadata(item: OutputData, backend: str) -> OutputData:
+    try:
+        if item.path is not None:  # streamed to disk: stripped there
+            await asyncio.to_thread(metadata.strip_path, item.path)
+            return item
+        return OutputData(item.file, await _stripped(item.data))
+    except metadata.MetadataError as exc:
+        if item.path is not None:
+            item.path.unlink(missing_ok=True)  # possibly half blanked: nobody sees it
+        raise errors.OutputDamaged(backend=backend) from exc
 
 
 async def _scrub(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ __all__ = ["PARAM_TYPES", "SEED_MAX", "Param", "ParamError", "Target"]
 PARAM_TYPES = ("text", "int", "float", "seed", "image", "choice", "bool")
 SEED_MAX = 2**53 - 1  # the largest integer a JSON number keeps exactly everywhere
 
+# C0 and C1 controls but tab, line feed and carriage return; lone surrogates.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 _TRUE = frozenset({"true", "yes", "on", "1", "y"})
 _FALSE = frozenset({"false", "no", "off", "0", "n"})
 
@@ -135,6 +138,12 @@ class Param:
             ).format(name=self._shown, length=ltr(len(value)), limit=ltr(self.max_length)))
         if self.required and not value.strip():
             raise self._fail(_("{name} must not be empty").format(name=self._shown))
+        if _CONTROL.search(value):
+            # NUL and lone surrogates make PostgreSQL refuse the row and quote it in its
+            # error; the rest draw nothing (issue 22 §8). Lines and tabs are text.
+            raise self._fail(
+                _("{name} must not hold control characters").format(name=self._shown)
+            )
         return value
 
     def _to_int(self, value: object) -> int:

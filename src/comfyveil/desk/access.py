@@ -124,15 +124,19 @@ class Access:
 
 
 async def who_for(svc: Desk, account: accounts.Account) -> Who:
-    """The account as the shared access rules see it (role, ban, admin exemption)."""
-    user = await svc.db.users.get(account.user_id)
-    role = user.role if user is not None else "user"
-    is_admin = account.is_admin or role == "admin"
+    """The account as the chat's access rules see it (one rule for both front ends,
+    issue 22 §13): a linked account is its Telegram user, so ``[telegram] admins``,
+    ``allow``, ``open``, /allow and /ban decide for it as in the chat; an account of the
+    web alone came by invitation, which is its allowance. A web admin is an admin."""
+    who = await svc.access.identify(account.user_id, account.chat_id)
+    linked = account.user_id != account.chat_id
+    is_admin = who.is_admin or account.is_admin
+    banned = who.role == "banned" and not is_admin
     return Who(
         user_id=account.user_id,
         chat_id=account.chat_id,
-        role=role,
+        role=who.role,
         is_admin=is_admin,
-        allowed=role != "banned" or is_admin,
-        user=user,
+        allowed=not banned and (is_admin or who.allowed or not linked),
+        user=who.user,
     )

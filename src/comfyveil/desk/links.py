@@ -36,6 +36,25 @@ def link_base(settings: config.Settings) -> str:
 
 
 async def web_link(settings: config.Settings, pool: AsyncConnectionPool, user_id: int) -> str:
-    """A one-time address that links (or logs into) a web account for `user_id`."""
+    """A one-time address that makes a web account for `user_id` or logs into the one
+    linked to it (with its passphrase); it never links an existing account."""
     token = await accounts.WebStore(pool).create_link(user_id, minutes=LINK_MINUTES)
     return f"{link_base(settings)}/link/{token}"
+
+
+async def link_by_code(
+    pool: AsyncConnectionPool, code: str, user_id: int
+) -> accounts.Account | None:
+    """``/web CODE``: link the web account whose Settings page showed `code` to Telegram
+    user `user_id` (who sent it from their own Telegram, issue 22 §2); None when the code
+    is not valid (stale, mistyped, or used).
+
+    Raises:
+        NameTaken: `user_id` already has another web account.
+        InviteInvalid: the account went away meanwhile.
+    """
+    store = accounts.WebStore(pool)
+    account = await store.account_for_code(code)
+    if account is not None:
+        await store.link_account(account.id, user_id)
+    return account

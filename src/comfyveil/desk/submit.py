@@ -7,6 +7,7 @@ never a second job), and the values a re-run sends again.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 
 from comfyveil import errors
@@ -61,26 +62,33 @@ async def check_allowed(services: Desk, who: access.Who, entry: registry.Entry) 
 
 
 async def queue(
-    svc: Desk,
+    svc: PolicyDesk,
     who: access.Who,
     entry: registry.Entry,
-    values: dict[str, object],
-    inputs: list[jobs.InputImage],
+    values: Mapping[str, object],
+    inputs: Sequence[jobs.InputImage],
     *,
     key: str,
+    job_id: uuid.UUID | None = None,
 ) -> jobs.Job:
-    """Validate and queue a job for `who` (the chat's rules: ban, limits, cooldown).
+    """Check and queue a job for `who`: the one way into the queue for every front end
+    (the chat's commands, edits, /again and re-roll, the web's form, Run again and Edit
+    this), so each passes the same access rule and the same content policy (issue 22
+    §3); then the limits, cooldown included, in the enqueue statement. `job_id` is the
+    new job's id (a front end tells a retried request's existing job by it).
 
     Raises:
-        UsageError: banned, not allowed this command, a limit reached, a bad value.
+        UsageError: not allowed, not allowed this command, a refused prompt, a limit
+            reached, a bad value.
     """
-    if who.role == "banned" and not who.is_admin:
+    if not who.allowed:
         raise access.NotAllowed(_("You are not allowed to use this service."))
     if not entry.allows(who):
         raise access.NotAllowed(
             _("Only the admins can use {command}.").format(command=f"/{entry.name}")
         )
-    validated = entry.workflow.validate(values)
+    await check_policy(svc, entry.name, policy_texts(entry.workflow, values))
+    validated = entry.workflow.validate(dict(values))
     new = jobs.NewJob(
         user_id=who.user_id,
         chat_id=who.chat_id,
@@ -90,6 +98,7 @@ async def queue(
         inputs=tuple(inputs),
         idempotency_key=key,
         max_attempts=svc.settings.worker.max_attempts,
+        **({"id": job_id} if job_id is not None else {}),
     )
     # The limits, cooldown included, are checked and counted with the job in one statement.
     return await svc.db.jobs.enqueue(new, **svc.access.limits(who))

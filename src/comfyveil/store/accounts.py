@@ -13,9 +13,12 @@ their whole life, which tells every Telegram part that the job is not theirs to 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
+import hmac
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +50,21 @@ def new_token() -> str:
 
 def digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
+
+
+LINK_CODE_SECONDS = 15 * 60  # a code shown at 10:14 works until 10:30 at least
+
+
+def link_code(account: Account, *, at: float | None = None) -> str:
+    """The short code a web account's owner sends to the bot (``/web CODE``) from her
+    own Telegram to link the two. It names the account and is signed with a key only the
+    database holds (the passphrase hash: a new passphrase retires every code), so no
+    table and no process memory keep it; it changes every LINK_CODE_SECONDS."""
+    window = int((time.time() if at is None else at) // LINK_CODE_SECONDS)
+    mac = hmac.new(
+        account.passphrase.encode(), b"link:%d:%d" % (account.id, window), hashlib.sha256
+    ).digest()
+    return f"{account.id}-{base64.b32encode(mac).decode()[:8]}"
 
 
 class NameTaken(errors.StoreError):
@@ -376,6 +394,33 @@ class WebStore:
         )
         return Account.from_row(row) if row else None
 
+    async def account_for_code(self, code: str) -> Account | None:
+        """The web account a ``/web CODE`` links, while the code is fresh and the account
+        is linked to no Telegram user yet (so a code works once); else None."""
+        head, _, _ = code.strip().partition("-")
+        if not head.isdigit() or len(code) > 40:
+            return None
+        account = await self.account(int(head))
+        if account is None or account.disabled or account.user_id != account.chat_id:
+            return None
+        now = time.time()
+        fresh = (link_code(account, at=now), link_code(account, at=now - LINK_CODE_SECONDS))
+        if not any(hmac.compare_digest(code.strip().upper(), c.upper()) for c in fresh):
+            return None
+        return account
+
+    async def link_account(self, account_id: int, telegram_user_id: int) -> None:
+        """Make the web account the Telegram user's (what ``/web CODE`` does): its jobs,
+        settings and quota move to the Telegram user, so the chat and the web show one
+        history.
+
+        Raises:
+            InviteInvalid: the account is gone.
+            NameTaken: the Telegram user already has another web account.
+        """
+        async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
+            await _merge(conn, telegram_user_id, account_id)
+
     async def use_link(self, token: str, account_id: int | None) -> int:
         """Spend a link token; with `account_id`, make that account the Telegram user's.
 
@@ -388,59 +433,8 @@ class WebStore:
         """
         async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
             tg = await _spend_link(conn, token)
-            if account_id is None:
-                return tg
-            cursor = await conn.execute(
-                "SELECT id, user_id FROM web_accounts WHERE user_id = %(tg)s OR id = %(id)s "
-                "FOR UPDATE",
-                {"tg": tg, "id": account_id},
-            )
-            rows = await cursor.fetchall()
-            mine = next((r for r in rows if r["id"] == account_id), None)
-            if mine is None:
-                raise InviteInvalid(N_("That account does not exist any more."))
-            if any(r["id"] != account_id for r in rows):
-                raise NameTaken(
-                    N_("Your Telegram account is already linked to another web account."))
-            old = int(mine["user_id"])
-            if old == tg:
-                return tg
-            params = {"old": old, "tg": tg}
-            await conn.execute("UPDATE jobs SET user_id = %(tg)s WHERE user_id = %(old)s", params)
-            await conn.execute(
-                "UPDATE chat_sessions SET user_id = %(tg)s WHERE user_id = %(old)s", params
-            )
-            await conn.execute("DELETE FROM queue_turns WHERE user_id = %(old)s", params)
-            # One user now: today's jobs of both count against one quota.
-            await conn.execute(
-                "INSERT INTO user_usage (user_id, day, jobs_today, last_job_at) "
-                "SELECT %(tg)s, day, jobs_today, last_job_at FROM user_usage "
-                "WHERE user_id = %(old)s "
-                "ON CONFLICT (user_id) DO UPDATE SET "
-                "jobs_today = CASE WHEN user_usage.day = excluded.day "
-                "  THEN user_usage.jobs_today + excluded.jobs_today "
-                "  WHEN user_usage.day > excluded.day THEN user_usage.jobs_today "
-                "  ELSE excluded.jobs_today END, "
-                "day = greatest(user_usage.day, excluded.day), "
-                "last_job_at = greatest(user_usage.last_job_at, excluded.last_job_at)",
-                params,
-            )
-            await conn.execute("DELETE FROM user_usage WHERE user_id = %(old)s", params)
-            # The chat's own settings win where both have one; a web quota is kept if
-            # the chat user had none.
-            await conn.execute(
-                "INSERT INTO users (id, settings, daily_quota) "
-                "SELECT %(tg)s, settings, daily_quota FROM users WHERE id = %(old)s "
-                "ON CONFLICT (id) DO UPDATE SET settings = excluded.settings || users.settings, "
-                "daily_quota = coalesce(users.daily_quota, excluded.daily_quota), "
-                "updated_at = now()",
-                params,
-            )
-            await conn.execute("DELETE FROM users WHERE id = %(old)s", params)
-            await conn.execute(
-                "UPDATE web_accounts SET user_id = %(tg)s WHERE id = %(id)s",
-                {"tg": tg, "id": account_id},
-            )
+            if account_id is not None:
+                await _merge(conn, tg, account_id)
         return tg
 
     async def sign_up_linked(self, token: str, name: str, passphrase_hash: str) -> Account:
@@ -545,3 +539,58 @@ async def _spend_link(conn: Any, token: str) -> int:
     if row is None:
         raise InviteInvalid("This link is not valid any more; send /web in the chat again.")
     return int(row["telegram_user_id"])
+
+
+async def _merge(conn: Any, tg: int, account_id: int) -> None:
+    """Move a web account, its jobs, settings and quota onto Telegram user `tg`."""
+    cursor = await conn.execute(
+        "SELECT id, user_id FROM web_accounts WHERE user_id = %(tg)s OR id = %(id)s "
+        "FOR UPDATE",
+        {"tg": tg, "id": account_id},
+    )
+    rows = await cursor.fetchall()
+    mine = next((r for r in rows if r["id"] == account_id), None)
+    if mine is None:
+        raise InviteInvalid(N_("That account does not exist any more."))
+    if any(r["id"] != account_id for r in rows):
+        raise NameTaken(
+            N_("Your Telegram account is already linked to another web account."))
+    old = int(mine["user_id"])
+    if old == tg:
+        return
+    params = {"old": old, "tg": tg}
+    await conn.execute("UPDATE jobs SET user_id = %(tg)s WHERE user_id = %(old)s", params)
+    await conn.execute(
+        "UPDATE chat_sessions SET user_id = %(tg)s WHERE user_id = %(old)s", params
+    )
+    await conn.execute("DELETE FROM queue_turns WHERE user_id = %(old)s", params)
+    # One user now: today's jobs of both count against one quota.
+    await conn.execute(
+        "INSERT INTO user_usage (user_id, day, jobs_today, last_job_at) "
+        "SELECT %(tg)s, day, jobs_today, last_job_at FROM user_usage "
+        "WHERE user_id = %(old)s "
+        "ON CONFLICT (user_id) DO UPDATE SET "
+        "jobs_today = CASE WHEN user_usage.day = excluded.day "
+        "  THEN user_usage.jobs_today + excluded.jobs_today "
+        "  WHEN user_usage.day > excluded.day THEN user_usage.jobs_today "
+        "  ELSE excluded.jobs_today END, "
+        "day = greatest(user_usage.day, excluded.day), "
+        "last_job_at = greatest(user_usage.last_job_at, excluded.last_job_at)",
+        params,
+    )
+    await conn.execute("DELETE FROM user_usage WHERE user_id = %(old)s", params)
+    # The chat's own settings win where both have one; a web quota is kept if
+    # the chat user had none.
+    await conn.execute(
+        "INSERT INTO users (id, settings, daily_quota) "
+        "SELECT %(tg)s, settings, daily_quota FROM users WHERE id = %(old)s "
+        "ON CONFLICT (id) DO UPDATE SET settings = excluded.settings || users.settings, "
+        "daily_quota = coalesce(users.daily_quota, excluded.daily_quota), "
+        "updated_at = now()",
+        params,
+    )
+    await conn.execute("DELETE FROM users WHERE id = %(old)s", params)
+    await conn.execute(
+        "UPDATE web_accounts SET user_id = %(tg)s WHERE id = %(id)s",
+        {"tg": tg, "id": account_id},
+    )

@@ -112,9 +112,9 @@ def translate(exc: BaseException) -> StoreError:
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return StoreError("the database took too long to answer")
     if isinstance(exc, psycopg.Error):
-        # message_primary never holds row values (those are in the DETAIL part).
-        primary = exc.diag.message_primary if exc.diag else None
-        return StoreError(f"the database refused the request: {primary or _first_line(exc)}")
+        # Its text may quote the values refused (invalid input syntax for ...: "...",
+        # CONTEXT: JSON data ...): a prompt. Its SQLSTATE says enough (issue 22 §8).
+        return StoreError(f"the database refused the request (SQLSTATE {exc.sqlstate or '?'})")
     return StoreError(f"the database could not complete the request: {_first_line(exc)}")
 
 

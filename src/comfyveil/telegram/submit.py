@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -225,13 +226,11 @@ async def submit(
     Raises:
         QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
     """
-    new = jobs.NewJob(
-        user_id=who.user_id, chat_id=who.chat_id, command=entry.name,
-        workflow_hash=entry.workflow.hash, params=dict(values), inputs=tuple(inputs),
-        idempotency_key=key, max_attempts=services.settings.worker.max_attempts,
-    )
-    job = await services.db.jobs.enqueue(new, **services.access.limits(who))
-    if job.id != new.id:
+    new_id = uuid.uuid4()
+    # the desk's one way into the queue: the access rule and the content policy again,
+    # whatever was checked before (issue 22 §3)
+    job = await desk_submit.queue(services, who, entry, values, inputs, key=key, job_id=new_id)
+    if job.id != new_id:
         logger.info("update seen before; job already queued",
                     extra={"action": "duplicate_update", "job_id": str(job.id)})
         return job

@@ -30,6 +30,15 @@ async def _start_session(request: web.Request, account: web_store.Account) -> we
         secure=svc.secure_cookies,
     )
     response.del_cookie(auth.ANON_COOKIE, path="/")
+    response.set_cookie(
+        auth.DEVICE_COOKIE,
+        auth.device_token(account),
+        httponly=True,
+        samesite="Strict",
+        path="/",  # read by /login and by /link/TOKEN's login
+        max_age=auth.DEVICE_DAYS * 86400,
+        secure=svc.secure_cookies,
+    )
     raise response
 
 
@@ -45,7 +54,9 @@ async def login(request: web.Request) -> web.Response:
     name = _field(form, "name", auth.MAX_NAME * 4).strip()
     passphrase = _field(form, "passphrase", auth.MAX_PASSPHRASE * 4)
     try:
-        account = await auth.login(svc.web, svc.site, name, passphrase)
+        account = await auth.login(
+            svc.web, svc.site, name, passphrase, device=request.cookies.get(auth.DEVICE_COOKIE)
+        )
     except auth.LoginRefused as exc:
         return render(
             request,
@@ -90,6 +101,8 @@ async def signup(request: web.Request) -> web.Response:
         errors["name"] = problem
     if problem := auth.check_passphrase(passphrase, again):
         errors["passphrase"] = problem
+    if not await svc.web.invite_open(token):  # before the 64 MiB hash, not after
+        return render(request, "error.html", status=404, message=_(str(web_store.InviteInvalid())))
     if not errors:
         try:
             account = await svc.web.sign_up(token, name, await auth.hash_passphrase(passphrase))
@@ -138,7 +151,10 @@ async def link_page(request: web.Request) -> web.Response:
     account = visit(request).account
     linked = await svc.web.account_of_user(telegram_user)
     if account is not None:
-        mode = "already" if account.user_id == telegram_user else "link"
+        # A link never links an account that is signed in: whoever sent /web may not be
+        # its owner (issue 22 §2). Linking starts in Settings, with a code the owner
+        # sends to the bot from her own Telegram.
+        mode = "already" if account.user_id == telegram_user else "other"
     else:
         mode = "login" if linked is not None else "signup"
     return render(
@@ -149,6 +165,7 @@ async def link_page(request: web.Request) -> web.Response:
         mode=mode,
         linked=linked,
         errors={},
+        error=None,
         name="",
     )
 
@@ -160,16 +177,35 @@ async def link(request: web.Request) -> web.Response:
     action = _field(form, "action", 16)
     account = visit(request).account
     try:
-        if action == "link" and account is not None:
-            await svc.web.use_link(token, account.id)
-            raise web.HTTPSeeOther("/?done=linked")
         if action == "login" and account is None:
             telegram_user = await svc.web.link_user(token)
             linked = await svc.web.account_of_user(telegram_user) if telegram_user else None
-            if linked is None or linked.disabled:
+            if linked is None:
                 raise web_store.InviteInvalid(N_("There is no usable account to log into."))
+            # The link names the account; its passphrase still opens it (issue 22 §2),
+            # with the login's locks and its one answer for every refusal.
+            try:
+                await auth.login(
+                    svc.web,
+                    svc.site,
+                    linked.name,
+                    _field(form, "passphrase", auth.MAX_PASSPHRASE * 4),
+                    device=request.cookies.get(auth.DEVICE_COOKIE),
+                )
+            except auth.LoginRefused as exc:
+                return render(
+                    request,
+                    "link.html",
+                    status=403,
+                    form_csrf=anon_csrf(request),
+                    token=token,
+                    mode="login",
+                    linked=linked,
+                    errors={},
+                    error=exc.message,
+                    name="",
+                )
             await svc.web.use_link(token, None)
-            await svc.web.logged_in(linked.id)
             return await _start_session(request, linked)
         if action == "signup" and account is None:
             name = _field(form, "name", auth.MAX_NAME * 4).strip()
@@ -179,6 +215,10 @@ async def link(request: web.Request) -> web.Response:
                 errors["name"] = problem
             if problem := auth.check_passphrase(passphrase, _field(form, "again", 4096)):
                 errors["passphrase"] = problem
+            if await svc.web.link_user(token) is None:  # before the 64 MiB hash
+                raise web_store.InviteInvalid(
+                    N_("This link is not valid any more; send /web in the chat again.")
+                )
             if not errors:
                 try:
                     created = await svc.web.sign_up_linked(
@@ -197,6 +237,7 @@ async def link(request: web.Request) -> web.Response:
                 mode="signup",
                 linked=None,
                 errors=errors,
+                error=None,
                 name=name,
             )
     except (web_store.InviteInvalid, web_store.NameTaken) as exc:

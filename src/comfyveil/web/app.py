@@ -75,6 +75,13 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
     if visit(request).account is not None:
         settings = await svc.db.users.settings(visit(request).account.user_id)  # type: ignore[union-attr]
     i18n.set_language(language_mod.choose(settings, request.headers.get("Accept-Language")))
+    if request.method == "POST" and not await _form_read(request):
+        # Refused before any handler: a handler reading the form again would see what
+        # follows the undecodable field, unchecked (issue 22 §1).
+        return error_page(
+            request, 400, _("That form could not be read. Go back, reload the page and send "
+                            "it again.")
+        )
     if request.method == "POST" and not await _csrf_ok(request):
         return error_page(
             request,
@@ -87,11 +94,21 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
     return await handler(request)
 
 
-async def _csrf_ok(request: web.Request) -> bool:
+async def _form_read(request: web.Request) -> bool:
+    """Whether the POST's form parses (a form too large is answered 413 by `_errors`).
+    A cross-site form can send bytes that are not UTF-8, a part without a name or a
+    broken multipart body; none of them may pass as a form without a token."""
     try:
-        form = await request.post()
-    except ValueError:  # too large or malformed: the handler answers in words
-        return True
+        await request.post()
+    except web.HTTPException:
+        raise
+    except Exception:  # any parse failure: refused the same way
+        return False
+    return True
+
+
+async def _csrf_ok(request: web.Request) -> bool:
+    form = await request.post()  # parsed once by `_form_read`, cached by aiohttp
     sent = form.get("csrf")
     if not isinstance(sent, str) or not sent:
         return False

@@ -5,11 +5,20 @@ to limit by. Failed logins are slowed per account (the store locks an account fo
 as long after each failure past the first few) and overall (a budget of failures per
 minute for the whole site, kept in the database for every web process; past it, every
 login waits until the minute has passed).
+
+Neither lock can be turned against an account's owner: a browser that signed in to the
+account before carries a device cookie (an HMAC keyed by the account's passphrase hash,
+so a new passphrase retires it), and with it the right passphrase logs in whatever the
+locks say. Every refused login, for a real name or an unknown one, locked or not, gets
+the same sentence after the same argon2 verification, so names cannot be probed.
+Hashing runs on a small pool of its own: a burst of logins or sign-ups (64 MiB each)
+waits there, and never starves the image checks and thumbnails of threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import hashlib
 import hmac
@@ -26,6 +35,9 @@ from comfyveil.store import web_state
 
 SESSION_COOKIE = "comfyveil_session"
 ANON_COOKIE = "comfyveil_form"  # ties a logged-out form to the browser that fetched it
+DEVICE_COOKIE = "comfyveil_device"  # a browser that signed in to an account before
+DEVICE_DAYS = 365
+HASHES_AT_ONCE = 2  # argon2id runs (64 MiB each) at a time
 FREE_FAILURES = 3  # failed logins per account before they start to lock it
 MAX_LOCK_SECONDS = 15 * 60
 SITE_FAILURES_PER_MINUTE = 30
@@ -39,8 +51,11 @@ _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
 
 
+_hashing = concurrent.futures.ThreadPoolExecutor(HASHES_AT_ONCE, thread_name_prefix="argon2")
+
+
 async def hash_passphrase(passphrase: str) -> str:
-    return await asyncio.to_thread(_hasher.hash, passphrase)
+    return await asyncio.get_running_loop().run_in_executor(_hashing, _hasher.hash, passphrase)
 
 
 async def verify_passphrase(stored: str | None, passphrase: str) -> bool:
@@ -50,7 +65,19 @@ async def verify_passphrase(stored: str | None, passphrase: str) -> bool:
         except (VerificationError, InvalidHashError):
             return False
 
-    return await asyncio.to_thread(check)
+    return await asyncio.get_running_loop().run_in_executor(_hashing, check)
+
+
+def device_token(account: web_store.Account) -> str:
+    """The device cookie of a browser that signed in to `account`."""
+    mac = hmac.new(account.passphrase.encode(), b"device:%d" % account.id, hashlib.sha256)
+    return f"{account.id}.{mac.hexdigest()}"
+
+
+def _known_device(account: web_store.Account | None, cookie: str | None) -> bool:
+    if account is None or not cookie:
+        return False
+    return hmac.compare_digest(device_token(account), cookie)
 
 
 def check_name(name: str) -> str | None:
@@ -122,42 +149,54 @@ class LoginRefused(Exception):
 
 
 async def login(
-    web: web_store.WebStore, site: SiteThrottle, name: str, passphrase: str
+    web: web_store.WebStore,
+    site: SiteThrottle,
+    name: str,
+    passphrase: str,
+    *,
+    device: str | None = None,
 ) -> web_store.Account:
     """The account `name` if `passphrase` is its own and it may log in now.
 
+    `device` is the browser's device cookie: a browser that signed in to this account
+    before is not held by the account's lock or the site's.
+
     Raises:
-        LoginRefused: with the sentence to show (the same for a wrong name and a wrong
-            passphrase, so names cannot be probed).
+        LoginRefused: with the sentence to show: one for a wrong name, a wrong
+            passphrase, a locked or a banned account, so that names and passphrases
+            cannot be probed; another when the whole site is throttled.
     """
+    account = await web.account_by_name(name) if name else None
+    known = _known_device(account, device)
     wait = await site.wait_seconds()
-    if wait > 0:
+    if wait > 0 and not known:
         metrics.web_login("refused")
         raise LoginRefused(
             _("Too many failed logins on this site; try again in {n} seconds.").format(
                 n=int(wait) + 1
             )
         )
-    account = await web.account_by_name(name) if name else None
-    if account is not None and account.locked_until is not None:
-        left = (account.locked_until - dt.datetime.now(dt.UTC)).total_seconds()
-        if left > 0:
-            metrics.web_login("refused")
-            raise LoginRefused(
-                _("Too many failed logins for this account; try again in {n} seconds.").format(
-                    n=int(left) + 1
-                )
-            )
+    # Verified whatever follows, so every refusal takes as long as a wrong passphrase.
     ok = await verify_passphrase(account.passphrase if account else None, passphrase)
-    if not ok or account is None:
+    now = dt.datetime.now(dt.UTC)
+    locked = (
+        account is not None and account.locked_until is not None and account.locked_until > now
+    )
+    if account is None or not ok or (locked and not known) or account.disabled:
         await site.failed()
-        if account is not None:
+        if account is not None and not ok:
             await web.failed_login(account.id, free=FREE_FAILURES, max_delay=MAX_LOCK_SECONDS)
+        # one answer for all, in the metrics too: a count that told a locked or banned
+        # account's right passphrase from a wrong one would confirm a guess
         metrics.web_login("failed")
-        raise LoginRefused(_("Wrong name or passphrase."))
-    if account.disabled:
-        metrics.web_login("refused")
-        raise LoginRefused(_("This account is banned."))
+        raise LoginRefused(refused_sentence())
     await web.logged_in(account.id)
     metrics.web_login("succeeded")
     return account
+
+
+def refused_sentence() -> str:
+    return _(
+        "Wrong name or passphrase, or too many failed logins with this name: try again "
+        "later, or from a browser that signed in to this account before."
+    )

@@ -13,13 +13,15 @@ import datetime as dt
 import io
 import time
 import uuid
+import warnings
 from typing import Any
 
 from aiohttp import web
 from PIL import Image
 
-from comfyveil import errors, i18n, sinks
+from comfyveil import errors, i18n, images, sinks
 from comfyveil.desk import failures
+from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
 from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output
@@ -37,6 +39,10 @@ PAGE_SIZE = 24  # history rows per page
 GALLERY_PAGE = 50  # thumbnails per gallery page (a few KB each)
 THUMB_SIZE = 320
 THUMB_CACHE = 512  # thumbnails kept in memory (a few KB each)
+THUMB_DECODERS = 2  # thumbnails decoded at once
+# What a user owns stays out of the browser's cache: after logout or /forget nothing of it
+# is left on the device (issue 22 §15).
+NO_STORE = "no-store"
 
 
 def _job_id(request: web.Request) -> uuid.UUID:
@@ -167,11 +173,14 @@ async def output(request: web.Request) -> web.StreamResponse:
     found = await owned_output(svc, account, _job_id(request), index)
     if found is None:
         raise web.HTTPNotFound()
-    response = web.Response(body=found.data, content_type=found.mime)
+    # Inline only what its bytes say is an image or a video; anything else (HTML, SVG,
+    # a "PNG" that is a page) is a download, never rendered on this site (issue 22 §12).
+    mime = images.sniff_mime(found.data)
+    response = web.Response(body=found.data, content_type=mime or "application/octet-stream")
     name = sinks.safe_name(found.filename)
-    disposition = "attachment" if request.query.get("download") else "inline"
+    disposition = "attachment" if request.query.get("download") or mime is None else "inline"
     response.headers["Content-Disposition"] = f'{disposition}; filename="{name}"'
-    response.headers["Cache-Control"] = "private, max-age=3600"
+    response.headers["Cache-Control"] = NO_STORE
     return response
 
 
@@ -186,16 +195,28 @@ async def input_image(request: web.Request) -> web.StreamResponse:
     if not 0 <= index < len(kept) or kept[index].mime not in MIMES:
         raise web.HTTPNotFound()
     response = web.Response(body=kept[index].data, content_type=kept[index].mime)
-    response.headers["Cache-Control"] = "private, max-age=3600"
+    response.headers["Cache-Control"] = NO_STORE
     return response
 
 
-def _thumbnail(data: bytes) -> bytes:
-    with Image.open(io.BytesIO(data)) as im:
-        im.thumbnail((THUMB_SIZE, THUMB_SIZE))
-        out = io.BytesIO()
-        im.convert("RGB").save(out, "WEBP", quality=70)
-        return out.getvalue()
+def _thumbnail(data: bytes, max_pixels: int) -> bytes | None:
+    """A small WebP of `data`; None when it is not an image or has more pixels than
+    `max_pixels` (read from its header, before anything is decoded: a GPU host's 320 KB
+    PNG can hold 84 Mpx)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+        with im:
+            if im.width * im.height > max_pixels:
+                return None
+            im.draft("RGB", (THUMB_SIZE, THUMB_SIZE))  # JPEG: decoded at 1/2 to 1/8 size
+            im.thumbnail((THUMB_SIZE, THUMB_SIZE), reducing_gap=2.0)
+            out = io.BytesIO()
+            im.convert("RGB").save(out, "WEBP", quality=70)
+            return out.getvalue()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return None
 
 
 class Thumbnails:
@@ -203,6 +224,8 @@ class Thumbnails:
         self._cache: collections.OrderedDict[tuple[uuid.UUID, int], bytes] = (
             collections.OrderedDict()
         )
+        # A gallery asks for 50 at once: two decode at a time, the rest wait their turn.
+        self._decoding = asyncio.Semaphore(THUMB_DECODERS)
 
     async def get(self, svc: WebServices, job_id: uuid.UUID, index: int) -> bytes | None:
         key = (job_id, index)
@@ -212,7 +235,12 @@ class Thumbnails:
         found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
         if found is None or found.mime not in MIMES:
             return None
-        thumb = await asyncio.to_thread(_thumbnail, found.data)
+        async with self._decoding:
+            thumb = await asyncio.to_thread(
+                _thumbnail, found.data, svc.settings.limits.max_image_pixels
+            )
+        if thumb is None:
+            return None
         self._cache[key] = thumb
         while len(self._cache) > THUMB_CACHE:
             self._cache.popitem(last=False)
@@ -236,7 +264,7 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
     if thumb is None:
         raise web.HTTPNotFound()
     response = web.Response(body=thumb, content_type="image/webp")
-    response.headers["Cache-Control"] = "private, max-age=3600"
+    response.headers["Cache-Control"] = NO_STORE
     return response
 
 
@@ -290,9 +318,11 @@ async def _settings(
 ) -> web.Response:
     account = require_account(request)
     keys = await api_keys.ApiKeyStore(services(request).db.pool).keys(account.id)
+    unlinked = account.user_id == account.chat_id  # no Telegram user yet
     return render(
         request,
         "settings.html",
+        link_code=web_store.link_code(account) if unlinked else None,
         status=400 if errors_ else 200,
         prefs=prefs,
         errors=errors_,
@@ -382,7 +412,16 @@ async def forget(request: web.Request) -> web.Response:
             status=400,
             error=_("Tick the box to confirm; nothing was deleted."),
         )
-    await svc.db.users.forget(account.user_id)
+    # The chat's /forget, one path for both: the running job stopped, the GPU hosts
+    # cleaned now (in the background: a host may be slow to answer).
+    sweeps = request.app[SWEEPS]
+
+    def spawn(work: Any, *, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        sweeps.add(task)
+        task.add_done_callback(sweeps.discard)
+
+    await desk_jobs.forget(svc.db, svc.pool, account.user_id, spawn)
     if form.get("account") == "yes":
         await svc.web.delete_account(account.id)
         response = web.HTTPSeeOther("/login")
@@ -391,8 +430,19 @@ async def forget(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther("/?done=forgotten")
 
 
+SWEEPS = web.AppKey("sweeps", set)
+
+
+async def _stop_sweeps(app: web.Application) -> None:
+    for task in list(app[SWEEPS]):
+        task.cancel()
+    await asyncio.gather(*app[SWEEPS], return_exceptions=True)
+
+
 def add_routes(app: web.Application) -> None:
     app[THUMBS] = Thumbnails()
+    app[SWEEPS] = set()
+    app.on_cleanup.append(_stop_sweeps)
     app.router.add_get("/jobs/{job}", job_page)
     app.router.add_post("/jobs/{job}/cancel", cancel)
     app.router.add_post("/jobs/{job}/again", again)

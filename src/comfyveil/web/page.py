@@ -7,6 +7,7 @@ template, the CSRF token of a logged-out form, the account a page requires).
 from __future__ import annotations
 
 import datetime
+import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -16,6 +17,7 @@ import markupsafe
 from aiohttp import web
 
 from comfyveil import config, i18n
+from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import registry as registry_mod
@@ -64,6 +66,11 @@ class WebServices:
         self.templates.globals["bdi"] = bdi
         self.templates.globals["when"] = when
         self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
+
+    @functools.cached_property
+    def policy(self) -> policy_mod.Policy:
+        """The content policy, compiled once (the desk's queue asks it)."""
+        return policy_mod.Policy(self.settings.policy)
 
     @property
     def secure_cookies(self) -> bool:
