@@ -82,3 +82,46 @@ async def test_check_says_which_outputs_a_no_trace_backend_still_writes_to_disk(
     assert lines[wan + 1].strip().startswith("no trace: SaveVideo (node 80) has no in-memory")
     flux = next(i for i, line in enumerate(lines) if "/f " in line)
     assert "no trace" not in lines[flux] + lines[flux + 1]
+
+
+async def test_check_includes_commands_added_with_workflows_add(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    """The bot serves what the database holds: an operator's command is checked too, and
+    the exit code says when it cannot run."""
+    (tmp_path / "mine.toml").write_text(
+        (DATA / "invert.toml").read_text().replace('command = "invert"', 'command = "mine"')
+    )
+    (tmp_path / "mine.json").write_text(
+        (DATA / "invert.json").read_text().replace("ImageInvert", "MadeUpInvert")
+    )
+    assert (await cli(tmp_path, database_url, "add", str(tmp_path / "mine.toml"))).code == 0
+    run = await cli(tmp_path, database_url, "check", "--server", fake_comfy.url)
+    lines = {line.split()[1]: line for line in run.stdout.splitlines() if "/" in line}
+    assert "MadeUpInvert" in lines["/mine"], run.stdout
+    assert "ok" in lines["/f"].split()
+    assert run.code == 1
+
+
+async def test_add_refuses_to_replace_a_command_unless_told_and_says_what_it_replaces(
+    tmp_path: Path, database_url: str
+) -> None:
+    (tmp_path / "other_f.toml").write_text(
+        (DATA / "invert.toml").read_text().replace('command = "invert"', 'command = "f"')
+    )
+    (tmp_path / "other_f.json").write_text((DATA / "invert.json").read_text())
+    refused = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"))
+    assert refused.code == 2, refused.stdout + refused.stderr
+    assert "/f already runs flux_schnell" in refused.stderr and "--replace" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "[shipped]" in listing(await cli(tmp_path, database_url, "list"))["/f"]
+
+    replaced = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"),
+                         "--replace")
+    assert replaced.code == 0, replaced.stderr
+    assert "/f -> other_f" in replaced.stdout and "replacing flux_schnell" in replaced.stdout
+    assert "[operator]" in listing(await cli(tmp_path, database_url, "list"))["/f"]
+    # Adding the very same workflow again replaces nothing and needs no flag.
+    again = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"))
+    assert again.code == 0, again.stderr
+    assert "replacing" not in again.stdout
