@@ -102,6 +102,11 @@ async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
         (["f"], "prompt is required"),
         (["qwen", "edit it", "--image", "doc.pdf"], "not an image"),
         (["f", "a fox", "--image", "ok.png"], "takes no image"),
+        # Checked before the job runs, not after the GPU did the work (issue 23 items 4, 10).
+        (["f", "a fox", "--out", "ok.png"], "--out ok.png is a file, not a folder"),
+        (["f", "a fox", "--out", "ok.png/below"], "--out ok.png/below: ok.png is a file"),
+        (["f", "a fox", "--timeout", "0"], "--timeout must be more than 0 seconds"),
+        (["f", "a fox", "--timeout", "-5"], "--timeout must be more than 0 seconds"),
     ],
 )
 async def test_usage_errors_exit_2_with_one_plain_line(

@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
         help=f"ComfyUI server (default: first configured backend, else "
         f"{config.DEFAULT_COMFYUI_URL})",
     )
-    parser.add_argument("--out", type=Path, default=Path(), metavar="DIR")
+    _run_args.add_out(parser)
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.add_argument(
         "--timeout", type=float, default=config.DEFAULT_JOB_TIMEOUT, metavar="SECONDS",
@@ -95,6 +95,8 @@ async def run(args: argparse.Namespace) -> int:
     inputs = read_images(wf, args.image, settings)
     values.update({name: image.upload_name for name, image in inputs.items()})
     validated = wf.validate(values)
+    _run_args.check_timeout(args.timeout)
+    _run_args.check_out(args.out)
 
     backend = server_backend(settings, args.server)
     progress = execute.ProgressPrinter(sys.stderr)
