@@ -131,7 +131,7 @@ class WorkerConfig:
     # models); "idle": an idle backend first, whichever it is.
     routing: str = "finish"
     max_wait_offline: float = 1800.0  # seconds a job waits while every GPU is offline
-    stop_grace: float = 8.0  # seconds running jobs get on stop before being handed back
+    stop_grace: float = 8.0  # seconds from SIGTERM to exit: jobs finish or go back, all closed
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,49 @@ async def test_run_without_a_token_says_where_it_must_come_from(tmp_path: Path) 
         "comfyveil: no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] "
         "token_file (a file only you can read); it is never taken from the command line"
     )
+
+
+async def test_sigterm_with_a_job_running_stops_within_stop_grace_from_the_signal(
+    fake_telegram: FakeTelegram, fake_comfy_factory, database_url: str, tmp_path: Path
+) -> None:
+    """`[worker] stop_grace` is the whole stop, measured from the signal to the process's
+    exit (Docker kills at 10 s; README promises 8), not the jobs' share of it with the
+    closing added after (issue 23 item 14: 10.2 and 11.0 s seen with 8)."""
+    import time
+
+    grace = 4.0
+    fake = await fake_comfy_factory(step_delay=4.0)
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
+        f"status_delay = 0\n[worker]\nstop_grace = {grace}\n"
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nvia = "direct"\n'
+        '[web]\nport = 0\n'
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+        env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+        assert b"is running" in line
+        fake_telegram.user_sends(61, f"/f a fox --steps 8 {SMALL}")  # 32 s on the GPU
+        await fake_telegram.wait_for(
+            lambda sent: any("Running on gpu0" in str(c.params.get("text", ""))
+                             for c in sent if str(c.params.get("chat_id")) == "61"),
+            timeout=30,
+        )
+        proc.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        took = time.monotonic() - stopped_at
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert took <= grace, f"stopped {took:.2f} s after the signal, stop_grace {grace}"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert not fake.interrupts  # the prompt kept running on its GPU for the next worker

@@ -8,7 +8,9 @@ starts anon when a backend or the Bot API traffic goes through the Anyone networ
 the backend pool, one worker and the bot. SIGTERM or Ctrl-C: stop claiming jobs at once,
 let running jobs finish within ``[worker] stop_grace`` (8 s; their results are still
 sent), hand the rest back to the queue with their prompts left running on the GPU (the
-next worker re-attaches), answer commands until then, close everything.
+next worker re-attaches), answer commands until then, close everything. The 8 s are the
+whole stop, counted from the signal (Docker kills at 10 s): the jobs' wait is what is left
+after a share kept for handing back and closing.
 
 The token comes only from COMFYVEIL_TELEGRAM_TOKEN or ``[telegram] token_file``.
 """
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.telegram import app
 from comfyveil.worker import Worker, WorkerOptions
+from comfyveil.worker import options as worker_options
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +75,16 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     )
 
     stop = asyncio.Event()
+    signalled: list[float] = []  # time.monotonic() of the first signal
+
+    def on_signal() -> None:
+        if not signalled:
+            signalled.append(time.monotonic())
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     try:
         async with contextlib.AsyncExitStack() as stack:
             router = await stack.enter_async_context(
@@ -142,7 +153,8 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             # then go back to the queue with their prompt left running on its GPU (the next
             # worker re-attaches). Commands are answered until the end meanwhile (a new job
             # waits in the queue for that worker).
-            worker.stop()
+            since = signalled[0] if signalled else time.monotonic()
+            worker.stop(deadline=worker_options.stop_deadline(settings.worker.stop_grace, since))
             await worker_task  # results finished meanwhile still go out
             if bot is not None:
                 await bot.stop_updates()

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.worker import Worker, WorkerOptions
+from comfyveil.worker import options as worker_options
 
 
 def register(subparsers: Any) -> None:
@@ -73,10 +75,16 @@ async def run(args: argparse.Namespace) -> int:
                       on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                       routing=settings.worker.routing) as backends,
         ):
-            worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))
+            options = options_from(settings, args)
+            worker = Worker(db, backends, sinks=delivery, options=options)
+
+            def on_signal() -> None:  # the grace is the whole stop, closing included
+                worker.stop(deadline=worker_options.stop_deadline(
+                    options.shutdown_grace, time.monotonic()))
+
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, worker.stop)
+                loop.add_signal_handler(signum, on_signal)
             purge = asyncio.create_task(
                 retention.purge_forever(db, settings.privacy, backends=backends),
                 name="retention",
