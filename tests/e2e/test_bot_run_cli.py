@@ -112,3 +112,62 @@ async def test_sigterm_with_a_job_running_stops_within_stop_grace_from_the_signa
             proc.kill()
             await proc.wait()
     assert not fake.interrupts  # the prompt kept running on its GPU for the next worker
+
+
+async def test_a_second_process_on_the_same_token_stops_one_of_them_with_one_line(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
+) -> None:
+    """Telegram lets one process poll a bot: the one whose long poll was cut off says so in
+    one line and stops, instead of a 30-line Conflict traceback every few seconds while
+    both fight over the updates (issue 23 item 16)."""
+    procs: list[tuple[asyncio.subprocess.Process, Path]] = []
+    try:
+        for name in ("first", "second"):
+            folder = tmp_path / name
+            folder.mkdir()
+            conf = folder / "comfyveil.toml"
+            conf.write_text(
+                f'data_dir = "{folder}"\n'
+                f'[database]\nurl = "{database_url}"\n'
+                f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 2\n'
+                f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+                "[web]\nenabled = false\n"
+            )
+            errors = folder / "stderr"
+            with errors.open("wb") as err_file:  # a file: nothing blocks on a full pipe
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+                    env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+                    stdout=asyncio.subprocess.PIPE, stderr=err_file,
+                )
+            procs.append((proc, errors))
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+            assert b"is running" in line
+        # Which one Telegram cuts off first is a race; that one goes, the other stays.
+        waits = {asyncio.create_task(proc.wait()): (proc, errors) for proc, errors in procs}
+        done, pending = await asyncio.wait(waits, timeout=30,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        assert done, "neither process noticed the other"
+        stopped, errors = waits[done.pop()]
+        assert stopped.returncode == 1
+        lines = [line for line in errors.read_text().splitlines() if line.strip()]
+        assert lines == [
+            "comfyveil: another process is polling this bot (the same token); "
+            "this one stops"
+        ], errors.read_text()[-3000:]
+        # The other one goes on answering.
+        ((other, other_errors),) = [(p, e) for p, e in procs if p is not stopped]
+        fake_telegram.user_sends(62, "/help")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=62, timeout=20)
+        assert other.returncode is None
+        other.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(other.communicate(), 30)
+        assert other.returncode == 0, other_errors.read_text()[-2000:]
+        assert "Traceback" not in other_errors.read_text()
+    finally:
+        for proc, _ in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -85,6 +85,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
+    bot: app.TelegramBot | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
             router = await stack.enter_async_context(
@@ -147,8 +148,17 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             )
             worker_task = asyncio.create_task(worker.run(), name="worker")
             stopping = asyncio.create_task(stop.wait(), name="stop-signal")
-            await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            watched = {worker_task, stopping}
+            if bot is not None:
+                conflict = asyncio.create_task(bot.conflict.wait(), name="bot-conflict")
+                stack.callback(conflict.cancel)
+                watched.add(conflict)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
+            if bot is not None and bot.conflict.is_set():
+                # Two processes on one token take turns stealing each other's updates:
+                # this one stops polling at once, then stops like on SIGTERM.
+                await bot.stop_updates()
             # Stop claiming at once; jobs still running get [worker] stop_grace to finish,
             # then go back to the queue with their prompt left running on its GPU (the next
             # worker re-attaches). Commands are answered until the end meanwhile (a new job
@@ -163,4 +173,6 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
     print("comfyveil: stopped", flush=True)
+    if bot is not None and bot.conflict.is_set():
+        raise app.AnotherPoller()
     return 0

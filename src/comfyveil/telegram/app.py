@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from telegram import Update
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import (
     Application,
     BaseRateLimiter,
@@ -75,6 +75,10 @@ class BotApiUnreachable(ComfyveilError):
     """The Telegram Bot API could not be reached, or refused the bot, at start."""
 
 
+class AnotherPoller(ComfyveilError):
+    """another process is polling this bot (the same token); this one stops"""
+
+
 class QuietBot(ExtBot[Any]):
     """PTB's bot, whose repr (and the Application's, which quotes it) names the bot, not
     its token as PTB's does."""
@@ -113,8 +117,10 @@ def build_application(
     *,
     proxy: str | None = None,
     rate_limiter: BaseRateLimiter[Any] | None = None,
+    updates_request: AiohttpRequest | None = None,
 ) -> Application[Any, Any, Any, Any, Any, Any]:
-    """The PTB Application with comfyveil's handlers, in reading order.
+    """The PTB Application with comfyveil's handlers, in reading order
+    (`updates_request`: the caller's own for getUpdates, to stop polling without PTB).
 
     Raises:
         ConfigError: no bot token.
@@ -133,7 +139,8 @@ def build_application(
         tg.token,
         request=AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
                                media_write_timeout=60.0, proxy=proxy),
-        get_updates_request=AiohttpRequest(connection_pool_size=1, proxy=proxy),
+        get_updates_request=updates_request or AiohttpRequest(connection_pool_size=1,
+                                                              proxy=proxy),
         rate_limiter=rate_limiter or limits.ChatRateLimiter(max_retries=RATE_LIMIT_RETRIES),
         **urls,
     )
@@ -176,7 +183,9 @@ class TelegramBot:
         status_interval: float = status.PRIVATE_INTERVAL,
     ) -> None:
         self.settings = settings
-        self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter)
+        self._updates_request = AiohttpRequest(connection_pool_size=1, proxy=proxy)
+        self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter,
+                                             updates_request=self._updates_request)
         limiter = self.application.bot.rate_limiter
         room = limiter.has_room if isinstance(limiter, limits.ChatRateLimiter) else None
         self.tracker = status.StatusTracker(
@@ -201,6 +210,8 @@ class TelegramBot:
         self.offline_notice_after = OFFLINE_NOTICE_AFTER
         self._offline_since: float | None = None
         self._offline_told = False
+        # Set when Telegram cut our long poll off for another process's: the caller stops.
+        self.conflict = asyncio.Event()
 
     async def _menu_loop(self) -> None:
         """Keep the command menu to what some GPU can run: publish it again whenever that
@@ -246,6 +257,7 @@ class TelegramBot:
             await app.updater.start_polling(
                 poll_interval=0.0, timeout=int(self.settings.telegram.poll_timeout),
                 allowed_updates=[Update.MESSAGE, Update.CALLBACK_QUERY],
+                error_callback=self._polling_failed,
             )
             self._polling = True
             self._started = True
@@ -259,6 +271,18 @@ class TelegramBot:
             raise
         logger.info("Telegram bot @%s is running", self.services.bot_username,
                     extra={"action": "bot_started"})
+
+    def _polling_failed(self, exc: TelegramError) -> None:
+        """One line per failed poll instead of PTB's traceback (it retries by itself);
+        a Conflict means another process polls with our token, and one of us must go."""
+        if isinstance(exc, Conflict):
+            if not self.conflict.is_set():
+                logger.info("another process polls this bot", extra={"action": "bot_conflict"})
+                self._updates_request.refuse_polling()
+                self.conflict.set()
+            return
+        logger.warning("polling for updates failed (%s): %s", type(exc).__name__, exc,
+                       extra={"action": "poll_failed"})
 
     async def stop_updates(self) -> None:
         """Stop taking new messages; updates being handled finish. Idempotent."""
