@@ -26,6 +26,7 @@ async def test_shipped_commands_are_listed_and_an_operator_adds_one(
 ) -> None:
     shown = listing(await cli(tmp_path, database_url, "list"))
     assert {"/f", "/fd", "/sd3", "/wan", "/qwen"} <= set(shown)
+    assert listing(await cli(tmp_path, database_url)) == shown  # `workflows` alone lists
     assert "enabled" in shown["/f"] and "[shipped]" in shown["/f"]
 
     added = await cli(tmp_path, database_url, "add", str(DATA / "invert.toml"), "--admins-only")
@@ -44,7 +45,7 @@ async def test_disable_enable_and_shipped_commands_cannot_be_removed(
     refused = await cli(tmp_path, database_url, "remove", "f")
     assert refused.code == 2 and "disable it instead" in refused.stderr
     unknown = await cli(tmp_path, database_url, "disable", "nope")
-    assert unknown.code != 0 and "no command /nope" in unknown.stderr
+    assert unknown.code == 2 and "no command /nope" in unknown.stderr  # a usage error
 
 
 async def test_a_broken_workflow_is_refused_with_the_reason(

@@ -44,7 +44,8 @@ def register(subparsers: Any) -> None:
         "run",
         help=cli.SUBCOMMANDS["run"],
         description="Start the database (embedded unless [database] url or DATABASE_URL is "
-        "set), a worker for the configured backends and the Telegram bot, until SIGTERM or "
+        "set), a worker for the configured backends, the Telegram bot and the web front end "
+        "([web] enabled, on by default; alone when there is no bot token), until SIGTERM or "
         "Ctrl-C. The bot token comes from COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file.",
     )
     parser.add_argument(

@@ -35,11 +35,14 @@ def register(subparsers: Any) -> None:
         "workflows", help=cli.SUBCOMMANDS["workflows"],
         description="Manage the chat commands and the ComfyUI workflows behind them.",
     )
-    actions = parser.add_subparsers(dest="workflows_action", metavar="ACTION", required=True)
+    # `comfyveil workflows` alone lists them, like `comfyveil jobs`.
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE")
+    parser.set_defaults(handler=list_commands)
+    actions = parser.add_subparsers(dest="workflows_action", metavar="ACTION")
 
     def action(name: str, handler: Any, text: str) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        sub.add_argument("--config", type=Path, default=None, metavar="FILE")
+        sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE")
         sub.set_defaults(handler=handler)
         return sub
 
@@ -118,7 +121,10 @@ def _what(command: commands_store.Command) -> str:
 
 async def _set_enabled(args: argparse.Namespace, enabled: bool) -> int:
     async with _open(args) as db:
-        command = await db.commands.set_enabled(args.command, enabled)
+        try:
+            command = await db.commands.set_enabled(args.command, enabled)
+        except commands_store.CommandNotFound as exc:
+            raise UsageError(str(exc)) from exc
     print(f"/{command.command} is {'enabled' if command.enabled else 'disabled'}")
     return 0
 
