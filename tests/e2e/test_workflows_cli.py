@@ -126,3 +126,25 @@ async def test_add_refuses_to_replace_a_command_unless_told_and_says_what_it_rep
     again = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"))
     assert again.code == 0, again.stderr
     assert "replacing" not in again.stdout
+
+
+async def test_generate_runs_a_command_added_to_the_database(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    """What `/mine` runs in the chat, `comfyveil generate mine` runs too."""
+    from tests.e2e.test_generate import png
+
+    (tmp_path / "mine.toml").write_text(
+        (DATA / "invert.toml").read_text().replace('command = "invert"', 'command = "mine"')
+    )
+    (tmp_path / "mine.json").write_text((DATA / "invert.json").read_text())
+    (tmp_path / "photo.png").write_bytes(png(8, 8))
+    assert (await cli(tmp_path, database_url, "add", str(tmp_path / "mine.toml"))).code == 0
+    (tmp_path / "mine.toml").unlink()  # only the database has it now
+    run = await run_cli("generate", "mine", "--image", "photo.png", "--server", fake_comfy.url,
+                        "--out", "out", "--config", "comfyveil.toml", cwd=tmp_path)
+    assert run.code == 0, run.stderr
+    assert len(run.stdout.splitlines()) == 1 and (tmp_path / run.stdout.strip()).is_file()
+    unknown = await run_cli("generate", "nosuch", "a fox", "--server", fake_comfy.url,
+                            "--config", "comfyveil.toml", cwd=tmp_path)
+    assert unknown.code == 2 and "nosuch" in unknown.stderr
