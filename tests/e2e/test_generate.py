@@ -69,6 +69,9 @@ async def test_flux_prompt_saves_a_real_image_and_prints_its_path(
     texts = [n["inputs"].get("clip_l") for n in graph.values() if "clip_l" in n["inputs"]]
     assert texts == ["an astronaut"]
     assert all(n["inputs"].get("steps", 2) == 2 for n in graph.values())
+    # Progress shows the sampler's steps, not the saver ticking once as it sends the image.
+    assert "KSampler step 2/2 (100%)" in run.stderr.splitlines()
+    assert "SaveImage step" not in run.stderr and "step 0/1" not in run.stderr, run.stderr
 
 
 async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
