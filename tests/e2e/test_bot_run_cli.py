@@ -171,3 +171,40 @@ async def test_a_second_process_on_the_same_token_stops_one_of_them_with_one_lin
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_run_says_at_start_which_backends_cannot_be_reached(
+    fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
+) -> None:
+    """An operator learns at once that a GPU is unreachable, not from a user's stuck job
+    (issue 23 item 15)."""
+    import socket
+
+    with socket.socket() as held:  # bound but not listening: refused, and no one else's
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        conf = tmp_path / "comfyveil.toml"
+        conf.write_text(
+            f'data_dir = "{tmp_path}"\n'
+            f'[database]\nurl = "{database_url}"\n'
+            f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+            f'[[backends]]\nname = "gpu1"\nurl = "http://127.0.0.1:{port}"\nvia = "direct"\n'
+            "[web]\nport = 0\n"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "comfyveil", "run", "--config", str(conf), env=_env(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            line = await asyncio.wait_for(proc.stderr.readline(), 60)  # type: ignore[union-attr]
+            text = line.decode()
+            assert text == ("comfyveil: backend gpu1 cannot be reached; jobs wait for the "
+                            "GPUs that answer\n"), text
+            assert "gpu0" not in text
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

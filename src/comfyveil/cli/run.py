@@ -29,6 +29,7 @@ from typing import Any
 from comfyveil import cli, config, logs, retention
 from comfyveil.anyone import runtime
 from comfyveil.cli import _operate
+from comfyveil.cli import worker as worker_cli
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
@@ -103,6 +104,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                           on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                           routing=settings.worker.routing)
             )
+            worker_cli.say_unreachable(backends)
             bot = (
                 app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
                 if telegram else None

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,18 @@ def options_from(settings: config.Settings, args: argparse.Namespace) -> WorkerO
     )
 
 
+def say_unreachable(backends: pool.Pool) -> None:
+    """One line on stderr per backend the first probe could not reach: the operator hears
+    of it at start, not from a user whose job waits. Later changes go to the log."""
+    for backend in backends.backends.values():
+        if not backend.healthy:
+            reason = backend.last_error or f"backend {backend.name} cannot be reached"
+            if f"backend {backend.name}" not in reason:
+                reason = f"backend {backend.name}: {reason}"
+            print(f"comfyveil: {reason}; jobs wait for the GPUs that answer",
+                  file=sys.stderr, flush=True)
+
+
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     logs.apply_settings(settings)
@@ -75,6 +88,7 @@ async def run(args: argparse.Namespace) -> int:
                       on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                       routing=settings.worker.routing) as backends,
         ):
+            say_unreachable(backends)
             options = options_from(settings, args)
             worker = Worker(db, backends, sinks=delivery, options=options)
 
