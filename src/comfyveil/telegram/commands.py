@@ -341,7 +341,7 @@ def _language_rows(
 ) -> list[list[InlineKeyboardButton]]:
     """auto (the Telegram app's language), then each shipped language in its own name."""
     choice = prefs.get(language.CHOICE) or ""
-    buttons = [button(_("auto"), language.CHOICE, "", not choice)] + [
+    buttons = [button(_("auto language"), language.CHOICE, "", not choice)] + [
         button(name, language.CHOICE, code, choice == code)
         for code, name in i18n.NATIVE_NAMES.items()
     ]
@@ -365,7 +365,8 @@ def settings_keyboard(
     as_file = bool(prefs.get("as_file"))
     spoiler = bool(prefs.get(SPOILER_KEY))
     return InlineKeyboardMarkup([
-        [button(_("auto"), "ar", "", not ar)] + [button(a, "ar", a, ar == a) for a in ASPECTS],
+        [button(_("auto size"), "ar", "", not ar)]
+        + [button(a, "ar", a, ar == a) for a in ASPECTS],
         [button(_("auto steps"), "steps", "", not steps)]
         + [button(s, "steps", s, steps == s) for s in STEP_CHOICES],
         [button(_("random seed"), "seed", "random", not fixed),
