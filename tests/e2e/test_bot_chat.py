@@ -512,7 +512,7 @@ async def test_plurals_and_a_bad_job_id_read_right(
         await stack.result(100)
         stack.send(100, f"/f two {SMALL}")
         assert await _said(fake_telegram, 100, "quota") == (
-            "You have used the 1 job of your daily quota; try again tomorrow."
+            "You have used the 1 job of your daily quota; try again after 00:00 UTC."
         )
         stack.send(1, "/quota 100 1")
         assert await stack.reply_text(1) == "User 100 may run 1 job a day."

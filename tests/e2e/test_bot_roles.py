@@ -119,7 +119,7 @@ async def test_queue_forget_repeat_does_not_get_past_the_limits(
         assert await stack.queued_count() == 0
         stack.send(52, f"/f once more {SMALL}")
         assert await stack.reply_text(52, count=5) == (
-            "You have used all 3 jobs of your daily quota; try again tomorrow."
+            "You have used all 3 jobs of your daily quota; try again after 00:00 UTC."
         )
         assert await stack.queued_count() == 0
         # an admin's quota outlives the user's /forget (a banned user cannot /forget;
