@@ -196,3 +196,22 @@ async def test_a_user_over_the_limit_is_refused_before_the_photo_is_downloaded(
         assert fake_telegram.calls("getFile") == []
         assert fake_telegram.file_downloads == []
         assert await stack.queued_count() == 1
+
+
+async def test_switching_a_command_off_and_on_reaches_the_bot_at_once(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database
+) -> None:
+    """`comfyveil workflows disable fd` (another process) takes effect for the next
+    message, not up to 30 s later, and a user hears the command is switched off, not
+    that there is no such command (issue 23 rough)."""
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        await stack.bot.services.commands.get("fd")  # the registry has read the table
+        await db.commands.set_enabled("fd", False)
+        await asyncio.sleep(0.5)  # the NOTIFY's way to the bot, well under its 30 s re-read
+        stack.send(80, f"/fd a fox {SMALL}")
+        assert await stack.reply_text(80) == "/fd is switched off."
+        assert await stack.queued_count() == 0
+        await db.commands.set_enabled("fd", True)
+        await asyncio.sleep(0.5)
+        stack.send(80, f"/fd a fox {SMALL}")
+        await stack.result(80)

@@ -18,6 +18,7 @@ from comfyveil import i18n
 from comfyveil.comfy import workflow
 from comfyveil.i18n import _
 from comfyveil.store import commands as commands_store
+from comfyveil.store import database
 
 if TYPE_CHECKING:
     from comfyveil.desk.access import Who
@@ -171,6 +172,13 @@ class CommandRegistry:
                 entries[row.command] = Entry(row.command, row, wf)
             self._entries = entries
             self._loaded_at = time.monotonic()
+
+    async def follow(self, db: database.Database) -> None:
+        """Read the table again each time a process changes it (its NOTIFY), and after a
+        lost connection (a change may have been missed), until cancelled."""
+        async with db.listen([database.COMMANDS_CHANNEL]) as listener:
+            async for _ in listener:
+                await self.refresh()
 
     async def _fresh(self) -> None:
         if time.monotonic() - self._loaded_at > self.refresh_seconds:

@@ -711,6 +711,10 @@ SELECT * FROM workflow_versions WHERE hash = %(hash)s;
 -- Remove a command
 DELETE FROM commands WHERE command = %(command)s RETURNING command;
 
+-- notify_commands_changed --
+-- Tell every bot and web server to read the commands again (sent when the change commits)
+SELECT pg_notify('comfyveil_commands', %(command)s);
+
 -- lock_migrations --
 -- Let one process at a time migrate (held until the transaction ends)
 SELECT pg_advisory_xact_lock(1129270861);

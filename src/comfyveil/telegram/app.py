@@ -207,6 +207,7 @@ class TelegramBot:
         self.menu_refresh = MENU_REFRESH
         self._menu: tuple[str, ...] = ()
         self._menu_task: asyncio.Task[None] | None = None
+        self._commands_task: asyncio.Task[None] | None = None  # follows the commands table
         self.offline_notice_after = OFFLINE_NOTICE_AFTER
         self._offline_since: float | None = None
         self._offline_told = False
@@ -251,6 +252,8 @@ class TelegramBot:
             await self.services.commands.refresh()
             self._menu = await commands.publish_menu(self.services, app.bot)
             self._menu_task = asyncio.create_task(self._menu_loop(), name="menu-refresh")
+            self._commands_task = asyncio.create_task(
+                self.services.commands.follow(self.services.db), name="commands-follow")
             await self.tracker.start()
             await app.start()
             assert app.updater is not None
@@ -341,11 +344,13 @@ class TelegramBot:
                             extra={"action": "admin_notice_failed"})
 
     async def _stop_menu(self) -> None:
-        task, self._menu_task = self._menu_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        tasks = (self._menu_task, self._commands_task)
+        self._menu_task = self._commands_task = None
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def __aenter__(self) -> TelegramBot:
         await self.start()

@@ -80,10 +80,14 @@ async def on_message(update: Update, context: BotContext) -> None:
         entry = await services.commands.get(name)
         if entry is None:
             if not in_group or addressed:
-                await replies.reply(
-                    update, _("There is no command {command}. {help} lists them all.").format(
+                stored = await services.db.commands.get(name)
+                if stored is not None and not stored.enabled:
+                    answer = _("{command} is switched off.").format(
+                        command=ltr(f"/{replies.esc(name)}"))
+                else:
+                    answer = _("There is no command {command}. {help} lists them all.").format(
                         command=ltr(f"/{replies.esc(name)}"), help=ltr("/help"))
-                )
+                await replies.reply(update, answer)
             return
     who = await services.access.require(user.id, chat.id)
     await language.note(services.db.users, user.id, who.settings, user.language_code)
