@@ -68,6 +68,14 @@ async def test_admins_only_command_is_neither_run_nor_shown_for_users(
         assert "fd" not in _menu(fake_telegram, '"default"')
         assert "f" in _menu(fake_telegram, '"default"')
         assert "fd" in _menu(fake_telegram, f'"chat_id": {ADMIN}')
+        # Every command a user has is offered: /web and /forget in the menu and in /help;
+        # an admin's menu has the admin commands, no one else's does (issue 23 rough).
+        assert {"web", "forget"} <= _menu(fake_telegram, '"default"')
+        assert {"users", "allow", "ban", "quota", "backends", "workflows", "policy"} <= _menu(
+            fake_telegram, f'"chat_id": {ADMIN}')
+        assert not {"users", "ban"} & _menu(fake_telegram, '"default"')
+        help_text = await stack.reply_text(50, count=2)
+        assert "/web" in help_text and "/forget" in help_text
         stack.send(ADMIN, f"/fd a fox {SMALL} --steps 2")
         await stack.result(ADMIN)
 

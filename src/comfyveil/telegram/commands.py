@@ -45,6 +45,17 @@ BUILTIN_MENU: tuple[tuple[str, str], ...] = (
     ("history", N_("Your last jobs")),
     ("forget", N_("Delete all your data")),
 )
+WEB_MENU = ("web", N_("A link to use me in a browser"))  # when [web] is enabled
+# The admin commands (telegram/admin.py), in each admin's own menu only.
+ADMIN_MENU: tuple[tuple[str, str], ...] = (
+    ("users", N_("Users, roles and today's jobs")),
+    ("allow", N_("Let a user in: /allow ID")),
+    ("ban", N_("Refuse a user: /ban ID")),
+    ("quota", N_("A user's daily quota: /quota ID N")),
+    ("backends", N_("The GPUs: up or down, busy, what they lack")),
+    ("workflows", N_("The commands and what each needs")),
+    ("policy", N_("Prompts refused by the content policy")),
+)
 # What users read, in one place (to be translated as a whole).
 START_HELLO = N_("Hi! I turn your words into images on our own GPUs.")
 START_TRY = N_("Try {example}.")
@@ -86,6 +97,10 @@ async def publish_menu(services: Services, bot: Any) -> tuple[str, ...]:
         with i18n.using(code):
             listed = [BotCommand(e.name, (e.title() or e.name)[:256]) for e in shown]
             listed += [BotCommand(name, _(text)) for name, text in BUILTIN_MENU]
+            if services.settings.web.enabled:
+                listed.append(BotCommand(WEB_MENU[0], _(WEB_MENU[1])))
+            if admin:
+                listed += [BotCommand(name, _(text)) for name, text in ADMIN_MENU]
         return listed[:100]
 
     for code in i18n.LANGUAGES:
@@ -135,7 +150,7 @@ async def help_(update: Update, context: BotContext, who: access.Who, text: str)
     others = [e for e in entries if e not in runnable]
     await replies.reply(update, render.help_text(
         [e.help() for e in runnable], [e.help() for e in others],
-        unavailable_mark=availability.UNAVAILABLE_MARK,
+        unavailable_mark=availability.UNAVAILABLE_MARK, web=services.settings.web.enabled,
     ))
 
 

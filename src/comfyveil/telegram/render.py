@@ -209,11 +209,17 @@ def _command_block(command: CommandHelp) -> str:
     return "\n".join(lines)
 
 
-def help_footer(example: str | None) -> str:
-    """How options are written, then the user's own commands (Telegram HTML)."""
+def help_footer(example: str | None, *, web: bool = False) -> str:
+    """How options are written, then the user's own commands (Telegram HTML); `web`: the
+    web front end is enabled (/web gives its link)."""
     own = _("{status} your jobs · {cancel} stop one · {again} re-roll · {history} · {settings}"
             ).format(status=ltr("/status"), cancel=ltr("/cancel"), again=ltr("/again"),
                      history=ltr("/history"), settings=ltr("/settings"))
+    if web:
+        own += "\n" + _("{forget} deletes all your data · {web} opens me in a browser").format(
+            forget=ltr("/forget"), web=ltr("/web"))
+    else:
+        own += "\n" + _("{forget} deletes all your data").format(forget=ltr("/forget"))
     if example is None:
         return own
     shown = f"/{_esc(example)} " + _esc(_("a fox in snow")) + " --seed 42 --ar 16:9"
@@ -233,6 +239,7 @@ def help_text(
     unavailable: Sequence[CommandHelp] = (),
     *,
     unavailable_mark: str = N_("not available right now"),
+    web: bool = False,
 ) -> str:
     """The /help message: every command with its options, within one message; the
     `unavailable` ones (no GPU can run them now) by name only, marked as such."""
@@ -240,7 +247,7 @@ def help_text(
     if not commands and not unavailable:
         return header + "\n" + _("No commands are enabled right now.")
     example = next((c.name for c in commands if not c.takes_image), None)
-    footer = help_footer(example)
+    footer = help_footer(example, web=web)
     blocks: list[str] = []
     budget = MAX_MESSAGE_CHARS - len(header) - len(footer) - 80
     marked = [f"<b>{ltr(f'/{_esc(c.name)}')}</b> {_esc(c.title)} · {_esc(_(unavailable_mark))}"
