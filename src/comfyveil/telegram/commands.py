@@ -177,6 +177,7 @@ async def run_workflow(
     parsed = parse.parse(
         text, entry.options, bot_username=services.bot_username, in_group=_in_group(update),
         require_prompt=prompt_param is not None and wf.params[prompt_param].required,
+        takes_prompt=prompt_param is not None,
         negative_allowed=entry.negative_allowed,
         max_prompt_chars=max_chars,
     )
