@@ -93,6 +93,7 @@ def test_help_lists_commands_options_and_bounds() -> None:
             options=[
                 render.OptionHelp("steps", "sampling steps", 1, 8, 4),
                 render.OptionHelp("seed", "random seed", minimum=0.0),
+                render.OptionHelp("size", "size", default="big"),  # no description of its own
             ],
         ),
         render.CommandHelp(name="qwen", title="Qwen Image Edit <2509>", takes_image=True),
@@ -101,6 +102,7 @@ def test_help_lists_commands_options_and_bounds() -> None:
     assert "/f Flux Schnell\nFast text to image." in text
     assert "--steps sampling steps (1–8), default 4" in text
     assert "--seed random seed (at least 0)" in text
+    assert "  --size, default big" in text and "--size size" not in text
     assert "/qwen Qwen Image Edit <2509>" in text
     assert "reply to a photo" in text
     assert "--no blurry, text" in text

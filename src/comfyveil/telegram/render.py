@@ -192,7 +192,9 @@ def _option_line(option: OptionHelp) -> str:
     default = ""
     if option.default not in (None, ""):
         default = ", " + _("default {value}").format(value=ltr(_num(option.default)))
-    return f"  {ltr(f'<code>--{_esc(option.name)}</code>')} {_esc(option.description)}" + (
+    # A parameter without a description of its own is described by its name: once is enough.
+    said = "" if option.description in ("", option.name) else f" {_esc(option.description)}"
+    return f"  {ltr(f'<code>--{_esc(option.name)}</code>')}{said}" + (
         _esc(bounds)
     ) + (
         _esc(default)
