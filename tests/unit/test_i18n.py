@@ -216,3 +216,18 @@ def test_a_bad_option_value_is_refused_in_the_readers_language() -> None:
         assert said.startswith(f"{i18n.LRI}steps{i18n.PDI} باید بین {i18n.LRI}1{i18n.PDI}")
         assert "must" not in said
         assert "--bogus" in refusal({"bogus": 1}) and "unknown" not in refusal({"bogus": 1})
+
+
+@pytest.mark.parametrize("language", ["fa", "ar"])
+def test_one_digit_system_per_page(language: str) -> None:
+    """Numbers the code fills in (bounds, counts, sizes) are written 0-9, so the
+    translations write theirs 0-9 too: never "۴ گام" beside "64" on one page."""
+    from comfyveil.locale import catalogs
+
+    native = re.compile("[\u06f0-\u06f9\u0660-\u0669]")
+    catalog = catalogs.read(catalogs.po_path(language), language)
+    mixed = []
+    for message in catalog:
+        strings = message.string if isinstance(message.string, tuple) else (message.string,)
+        mixed += [text for text in strings if text and native.search(text)]
+    assert mixed == []
