@@ -56,6 +56,11 @@ async def test_form_is_generated_from_the_workflow_with_labels(db, fake_comfy) -
         for name in ("prompt", "seed", "steps", "width", "height"):
             assert f'<label for="f-{name}">' in page and f'id="f-{name}"' in page
         assert 'type="number" id="f-steps" name="steps" value="4" min="1" max="8"' in page
+        # The required prompt starts empty (the graph's own sample text is not the user's),
+        # with an example as its placeholder (issue 23 rough).
+        prompt = re.search(r'<textarea id="f-prompt"[^>]*>([^<]*)</textarea>', page)
+        assert prompt is not None and prompt.group(1) == "", prompt
+        assert 'placeholder="a fox in snow"' in prompt.group(0) and " required" in prompt.group(0)
         _, qwen = await get_text(session, stack.url + "/c/qwen")
         assert 'type="file" id="f-image"' in qwen and 'name="image__from"' in qwen
 
