@@ -268,3 +268,46 @@ async def test_a_failed_job_says_one_plain_sentence_and_only_admins_see_the_deta
             assert secret not in pages["lou"], secret
         # the admin reads the same sentence, then the backend's own account
         assert sentence in pages["ops"] and "KSampler" in pages["ops"]
+
+
+async def test_run_again_is_offered_only_where_a_new_seed_changes_something(
+    db, fake_comfy
+) -> None:
+    """"Run again (new seed)" is for a workflow with a seed, and not for a job that
+    failed because no GPU has its model (again, it could only fail the same way)."""
+    again = "Run again (new seed)"
+    async with web_stack(db, [fake_comfy]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "rio")
+        account = await stack.store.account_by_name("rio")
+        assert account is not None
+        made = await submit_form(
+            session, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        seeded = await finished(stack, uuid.UUID(JOB_URL.search(str(made.url)).group(1)))  # type: ignore[union-attr]
+        _, page = await get_text(session, f"{stack.url}/jobs/{seeded.id}")
+        assert again in page
+        # A job of a workflow without a seed; and one that failed for a missing model.
+        unseeded = await stack.db.jobs.enqueue(jobs.NewJob(
+            user_id=account.user_id, chat_id=account.chat_id, command="f",
+            workflow_hash=seeded.workflow_hash, params={"prompt": "a fox"}))
+        missing = await stack.db.jobs.enqueue(jobs.NewJob(
+            user_id=account.user_id, chat_id=account.chat_id, command="f",
+            workflow_hash=seeded.workflow_hash, params=dict(seeded.params)))
+        async with stack.db.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %(id)s",
+                {"id": unseeded.id},
+            )
+            await conn.execute(
+                "UPDATE jobs SET status = 'failed', finished_at = now(), error = %(error)s "
+                "WHERE id = %(id)s",
+                {"id": missing.id,
+                 "error": "model file flux1-schnell.safetensors is not installed on backend gpu0"},
+            )
+        for job in (unseeded, missing):
+            _, page = await get_text(session, f"{stack.url}/jobs/{job.id}")
+            assert again not in page, job.params
+            async with session.post(f"{stack.url}/jobs/{job.id}/again",
+                                    data={"csrf": csrf_of(page), "nonce": f"n{job.id.hex}"}) as r:
+                assert r.status == 400
+        assert await stack.job_count() == 3  # nothing was queued by those posts

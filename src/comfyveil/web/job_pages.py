@@ -107,6 +107,8 @@ async def job_page(request: web.Request) -> web.Response:
         failure=failures.sentence(job.error, detail=account.is_admin)
         if job.status is jobs.Status.FAILED
         else None,
+        rerun=job.status.finished
+        and failures.rerun_offered(job.params, str(job.status), job.error),
     )
 
 
@@ -120,6 +122,10 @@ async def again(request: web.Request) -> web.Response:
     """Run the job again with a new seed (its inputs too, while they are kept)."""
     account, job = await owned_job(request)
     svc = services(request)
+    if not failures.rerun_offered(job.params, str(job.status), job.error):
+        return render(request, "error.html", status=400, message=_(
+            "This job cannot run again with a new seed: its workflow has no seed, or no GPU "
+            "has what it needs."))
     entry = await svc.registry.get(job.command)
     if entry is None:
         return render(
