@@ -114,6 +114,7 @@ class GalleryItem:
     kind: str
     mime: str
     created_at: dt.datetime
+    prompt: str = ""  # the job's prompt, to tell results apart
 
 
 @dataclass(frozen=True)
@@ -490,7 +491,8 @@ class WebStore:
 
     async def gallery(self, user_id: int, *, limit: int, offset: int) -> list[GalleryItem]:
         rows = await self._all(
-            "SELECT o.job_id, o.index, j.command, o.kind, o.mime, j.created_at "
+            "SELECT o.job_id, o.index, j.command, o.kind, o.mime, j.created_at, "
+            "left(j.params->>'prompt', 200) AS prompt "
             "FROM jobs j JOIN job_outputs o ON o.job_id = j.id "
             "WHERE j.user_id = %(u)s AND j.status = 'succeeded' "
             "ORDER BY j.created_at DESC, o.job_id, o.index LIMIT %(limit)s OFFSET %(offset)s",
@@ -504,6 +506,7 @@ class WebStore:
                 kind=r["kind"],
                 mime=r["mime"],
                 created_at=r["created_at"],
+                prompt=r["prompt"] or "",
             )
             for r in rows
         ]
