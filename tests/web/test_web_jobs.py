@@ -311,3 +311,37 @@ async def test_run_again_is_offered_only_where_a_new_seed_changes_something(
                                     data={"csrf": csrf_of(page), "nonce": f"n{job.id.hex}"}) as r:
                 assert r.status == 400
         assert await stack.job_count() == 3  # nothing was queued by those posts
+
+
+FLUX_ONLY = {"diffusion_models": ["flux1-schnell.safetensors"],
+             "text_encoders": ["clip_l.safetensors", "t5xxl_fp16.safetensors"],
+             "vae": ["ae.safetensors"], "checkpoints": [], "loras": []}
+
+
+async def test_commands_no_gpu_can_run_are_marked_refused_and_not_offered(
+    db, fake_comfy_factory
+) -> None:
+    """The chat's availability rule on the web (issue 23 item 5): a GPU with Flux Schnell's
+    models only: /f is offered, the others are marked on the home page, refused in one
+    sentence when sent anyway, and no result offers "Edit this with /qwen"."""
+    fake = await fake_comfy_factory(models=FLUX_ONLY)
+    async with web_stack(db, [fake]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "ada")
+        _, home = await get_text(session, stack.url + "/")
+        assert 'href="/c/f"' in home and 'href="/c/qwen"' not in home
+        qwen = re.search(r"<li[^>]*>[^\n]*/qwen[^\n]*</li>", home)
+        assert qwen is not None and "not available right now" in qwen.group(0)
+        refused = await submit_form(
+            session, stack.url, "sd3", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        text = await refused.text()
+        assert refused.status == 400
+        assert "/sd3 is not available right now: no GPU has its model." in text
+        assert await stack.job_count() == 0
+        made = await submit_form(
+            session, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        job = await finished(stack, uuid.UUID(JOB_URL.search(str(made.url)).group(1)))  # type: ignore[union-attr]
+        assert job.status is jobs.Status.SUCCEEDED
+        _, page = await get_text(session, f"{stack.url}/jobs/{job.id}")
+        assert "/c/qwen?from=" not in page

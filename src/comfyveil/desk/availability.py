@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from comfyveil import errors
 from comfyveil.comfy import workflow
 from comfyveil.i18n import N_, _, ltr
 
@@ -75,3 +76,15 @@ def runnable(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> l
 def refusal(entry: registry.Entry, why: str) -> str:
     """The sentence for a user who typed a command no GPU can run now."""
     return _(NOT_AVAILABLE).format(command=ltr(f"/{entry.name}"), reason=_(why))
+
+
+def check(pool: pool_mod.Pool | None, entry: registry.Entry) -> None:
+    """Refuse a job of `entry` when no GPU can run it now: every front end asks this
+    before queueing, so none queues a job that can only fail.
+
+    Raises:
+        UsageError: the sentence of `refusal`.
+    """
+    why = reason(pool, entry.workflow)
+    if why is not None:
+        raise errors.UsageError(refusal(entry, why))

@@ -13,7 +13,7 @@ from comfyveil import errors
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
 from comfyveil.desk import access, availability, registry
-from comfyveil.desk.services import Desk, PolicyDesk, PoolDesk
+from comfyveil.desk.services import Desk, PolicyDesk, PoolDesk, RunDesk
 from comfyveil.i18n import _, ltr
 from comfyveil.store import jobs
 
@@ -61,7 +61,7 @@ async def check_allowed(services: Desk, who: access.Who, entry: registry.Entry) 
 
 
 async def queue(
-    svc: Desk,
+    svc: RunDesk,
     who: access.Who,
     entry: registry.Entry,
     values: dict[str, object],
@@ -69,10 +69,12 @@ async def queue(
     *,
     key: str,
 ) -> jobs.Job:
-    """Validate and queue a job for `who` (the chat's rules: ban, limits, cooldown).
+    """Validate and queue a job for `who` (the chat's rules: ban, limits, cooldown, and
+    no job no GPU can run).
 
     Raises:
-        UsageError: banned, not allowed this command, a limit reached, a bad value.
+        UsageError: banned, not allowed this command, no GPU can run it, a limit reached,
+            a bad value.
     """
     if who.role == "banned" and not who.is_admin:
         raise access.NotAllowed(_("You are not allowed to use this service."))
@@ -80,6 +82,7 @@ async def queue(
         raise access.NotAllowed(
             _("Only the admins can use {command}.").format(command=f"/{entry.name}")
         )
+    availability.check(svc.pool, entry)
     validated = entry.workflow.validate(values)
     new = jobs.NewJob(
         user_id=who.user_id,
@@ -110,9 +113,7 @@ async def again(
             _("The command {command} is not available now.").format(command=ltr(f"/{job.command}"))
         )
     await check_allowed(services, who, entry)
-    why = availability.reason(services.pool, entry.workflow)
-    if why is not None:
-        raise errors.UsageError(availability.refusal(entry, why))
+    availability.check(services.pool, entry)
     inputs: list[jobs.InputImage] = []
     if entry.takes_image:
         inputs = await services.db.jobs.inputs(job.id)

@@ -165,9 +165,7 @@ async def run_workflow(
     message = update.effective_message
     assert message is not None
     wf = entry.workflow
-    why = availability.reason(services.pool, wf)
-    if why is not None:
-        raise errors.UsageError(availability.refusal(entry, why))
+    availability.check(services.pool, entry)
     prompt_param = wf.prompt_param
     # The limit users are told is the one that binds: the workflow's own when it is lower.
     max_chars = services.settings.limits.max_prompt_length

@@ -19,7 +19,7 @@ from aiohttp import web
 from PIL import Image
 
 from comfyveil import errors, i18n, sinks
-from comfyveil.desk import failures
+from comfyveil.desk import availability, failures
 from comfyveil.desk import language as web_language
 from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output
@@ -77,7 +77,9 @@ async def job_page(request: web.Request) -> web.Response:
             # queued job with no place in the queue
             job = await svc.db.jobs.get(job.id) or job
     outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
-    edits = [e for e in await svc.registry.all() if e.takes_image]
+    who = await who_for(svc, account)
+    edits = availability.runnable(
+        svc.pool, [e for e in await svc.registry.all() if e.takes_image and e.allows(who)])
     inputs = await svc.web.input_list(job.id)
     progress = job.progress or {}
     percent = progress.get("percent")

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from comfyveil import errors, images
+from comfyveil.desk import availability
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output, parse_ref
@@ -38,7 +39,11 @@ async def home(request: web.Request) -> web.Response:
     svc = services(request)
     who = await who_for(svc, account)
     entries = [e for e in await svc.registry.all() if e.allows(who)]
-    return render(request, "home.html", entries=entries, done=request.query.get("done"))
+    # The chat's rule: a command no GPU can run now is marked, not offered.
+    runnable = {e.name for e in availability.runnable(svc.pool, entries)}
+    return render(request, "home.html", entries=entries, runnable=runnable,
+                  unavailable_mark=_(availability.UNAVAILABLE_MARK),
+                  done=request.query.get("done"))
 
 
 async def result_choices(svc: WebServices, account: web_store.Account) -> list[tuple[str, str]]:
@@ -84,8 +89,10 @@ async def form_page(request: web.Request) -> web.Response:
         given=given if chosen else None,
         results=await result_choices(svc, account) if entry.takes_image else None,
     )
+    why = availability.reason(svc.pool, entry.workflow)  # said before the form is filled
     return render(
-        request, "form.html", entry=entry, fields=fields, problem=None, nonce=uuid.uuid4().hex
+        request, "form.html", entry=entry, fields=fields, nonce=uuid.uuid4().hex,
+        problem=availability.refusal(entry, why) if why is not None else None,
     )
 
 
