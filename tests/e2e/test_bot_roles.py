@@ -223,3 +223,27 @@ async def test_switching_a_command_off_and_on_reaches_the_bot_at_once(
         await asyncio.sleep(0.5)
         stack.send(80, f"/fd a fox {SMALL}")
         await stack.result(80)
+
+
+async def test_admins_have_no_limits_and_users_and_quota_say_so(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database
+) -> None:
+    """/users shows no "0/4 today" for an admin, and /quota for an admin says it applies
+    only once they are no longer one (issue 23 item 9)."""
+    limits = config.LimitsConfig(daily_quota=4)
+    async with running_bot(fake_telegram, db, [fake_comfy], admins=(ADMIN,),
+                           limits=limits) as stack:
+        stack.send(52, "/help")  # a user the bot has seen
+        await stack.reply_text(52)
+        stack.send(ADMIN, "/users")
+        listing = await stack.reply_text(ADMIN)
+        admin_line = next(line for line in listing.splitlines() if f"{ADMIN}</code>" in line
+                          or line.startswith(f"{ADMIN} "))
+        assert "/4" not in admin_line and "No limits: admins have none." in admin_line
+        user_line = next(line for line in listing.splitlines() if "52" in line)
+        assert "0/4 today" in user_line and "No limits" not in user_line
+        stack.send(ADMIN, f"/quota {ADMIN} 50")
+        assert await stack.reply_text(ADMIN, count=2) == (
+            f"User {ADMIN} may run 50 jobs a day. Admins have no limits: {ADMIN}'s quota "
+            "applies once they are no longer an admin."
+        )

@@ -173,3 +173,37 @@ async def test_a_command_switched_off_elsewhere_leaves_the_site_at_once(db, fake
         await asyncio.sleep(0.5)
         status, _ = await get_text(session, stack.url + "/c/sd3")
         assert status == 404
+
+
+async def test_users_page_counts_todays_jobs_as_the_quota_does_and_says_admins_have_no_limits(
+    db, fake_comfy
+) -> None:
+    """Today's count is the quota's (a refunded failure is not in it: issue 23 item 6), and
+    an admin's row says admin and no limits instead of a quota (item 9)."""
+    from comfyveil.store import jobs as jobs_store
+
+    async with (
+        web_stack(db, [fake_comfy], worker=False) as stack,
+        client() as admin,
+        client() as user,
+    ):
+        pat = await _admin_and_user(stack, admin, user)
+        made = []
+        for n in range(3):
+            made.append(await stack.db.jobs.enqueue(
+                jobs_store.NewJob(user_id=pat.user_id, chat_id=pat.chat_id, command="f",
+                                  workflow_hash="h" * 64, params={"prompt": f"fox {n}"}),
+                daily_quota=4))
+        async with stack.db.pool.connection() as conn:
+            await conn.execute("UPDATE jobs SET status = 'failed', finished_at = now() "
+                               "WHERE id = %(id)s", {"id": made[0].id})
+        await stack.db.jobs.refund_quota(made[0].id)  # failed before the GPU: refunded already
+        assert await stack.db.users.quota_used_today(pat.user_id) == 2
+        _, page = await get_text(admin, stack.url + "/admin/users")
+        rows = re.findall(r"<tr>.*?</tr>", page, flags=re.S)
+        pat_row = next(row for row in rows if "<bdi>pat</bdi>" in row)
+        cells = re.findall(r"<td>(.*?)</td>", pat_row, flags=re.S)
+        assert cells[2].strip() == "2", cells  # 3 queued, 1 given back
+        boss_row = next(row for row in rows if "<bdi>boss</bdi>" in row)
+        cells = re.findall(r"<td>(.*?)</td>", boss_row, flags=re.S)
+        assert cells[1].strip() == "admin" and "No limits" in boss_row, cells

@@ -267,8 +267,10 @@ class WebStore:
         return await self._all(
             "SELECT a.id, a.name, a.user_id, a.is_admin, a.disabled, a.created_at, "
             "a.last_login_at, coalesce(u.role, 'user') AS role, u.daily_quota, "
-            "(SELECT count(*) FROM jobs j WHERE j.user_id = a.user_id AND j.created_at >= "
-            " (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')) AS today "
+            # The quota's own count (user_usage): a refunded failure is not in it, as it is
+            # not in the chat's /users or the quota check.
+            "coalesce((SELECT g.jobs_today FROM user_usage g WHERE g.user_id = a.user_id "
+            " AND g.day = (now() AT TIME ZONE 'UTC')::date), 0) AS today "
             "FROM web_accounts a LEFT JOIN users u ON u.id = a.user_id "
             "ORDER BY a.created_at DESC LIMIT %(limit)s",
             {"limit": limit},
