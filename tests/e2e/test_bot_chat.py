@@ -148,6 +148,29 @@ async def test_a_photo_without_a_command_gets_a_hint_naming_an_edit_command_that
         assert "/qwen make it night" in hint
 
 
+async def test_the_photo_hint_names_an_edit_without_words_when_that_is_what_runs(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    """No GPU has /qwen's model, but the operator's /invert (no prompt, no model) runs:
+    the hint names it, not "no command that edits photos can run" (issue 23 item 7)."""
+    from pathlib import Path
+
+    from comfyveil.comfy import workflow
+    from tests.e2e.bot_support import png
+
+    data = Path(__file__).parents[1] / "data" / "workflows"
+    toml_text = (data / "invert.toml").read_text()
+    graph = (data / "invert.json").read_text()
+    await db.commands.add(workflow.loads("invert", toml_text, graph), toml_text, graph)
+    bare = await fake_comfy_factory(models={"diffusion_models": [], "text_encoders": [],
+                                            "vae": [], "checkpoints": [], "loras": []})
+    async with running_bot(fake_telegram, db, [bare]) as stack:
+        stack.send(54, photo=png())
+        hint = await stack.reply_text(54)
+        assert "/invert" in hint and "/qwen" not in hint, hint
+        assert "No command that edits photos" not in hint
+
+
 # --- 3. results answer their request ------------------------------------------------------
 
 BOT = "@ComfyveilTestBot"

@@ -73,6 +73,13 @@ def runnable(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> l
     return [e for e in entries if reason(pool, e.workflow) is None]
 
 
+def edits(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> list[registry.Entry]:
+    """The commands that edit an image some GPU can run now (the photo hint, "Edit this
+    with"), those that take words first: an edit without words (/invert) is one too."""
+    found = [e for e in runnable(pool, entries) if e.takes_image]
+    return sorted(found, key=lambda e: e.workflow.prompt_param is None)
+
+
 def refusal(entry: registry.Entry, why: str) -> str:
     """The sentence for a user who typed a command no GPU can run now."""
     return _(NOT_AVAILABLE).format(command=ltr(f"/{entry.name}"), reason=_(why))

@@ -78,8 +78,7 @@ async def job_page(request: web.Request) -> web.Response:
             job = await svc.db.jobs.get(job.id) or job
     outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
     who = await who_for(svc, account)
-    edits = availability.runnable(
-        svc.pool, [e for e in await svc.registry.all() if e.takes_image and e.allows(who)])
+    edits = availability.edits(svc.pool, [e for e in await svc.registry.all() if e.allows(who)])
     inputs = await svc.web.input_list(job.id)
     progress = job.progress or {}
     percent = progress.get("percent")
