@@ -141,7 +141,8 @@ def test_rtl_keeps_a_step_count_and_options_in_order() -> None:
     )
     with i18n.using("fa"):
         text = render.status_text(view)
-        footer = render.help_footer("f")
+        footer = render.help_footer(render.CommandHelp(
+            "f", "Flux", options=[render.OptionHelp("seed", "seed")], sized=True))
     # One isolate around "9/20": two apart would read "20/9" in a right-to-left line.
     assert "\u20669/20\u2069" in text and "\u2066gpu0\u2069" in text
     assert "\u2066<code>/f " in footer and "--seed 42 --ar 16:9</code>\u2069" in footer

@@ -47,6 +47,8 @@ class CommandHelp:
     description: str = ""
     options: Sequence[OptionHelp] = field(default_factory=tuple)
     takes_image: bool = False
+    negative: bool = False  # takes --no (a negative prompt)
+    sized: bool = False  # has width and height, so takes --ar
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class Entry:
         return CommandHelp(
             name=self.name, title=self.title(), description=self.description(),
             options=tuple(options), takes_image=self.takes_image,
+            negative=self.negative_allowed,
+            sized="width" in wf.params and "height" in wf.params,
         )
 
     def title(self) -> str:

@@ -211,7 +211,7 @@ def _command_block(command: CommandHelp) -> str:
     return "\n".join(lines)
 
 
-def help_footer(example: str | None, *, web: bool = False) -> str:
+def help_footer(example: CommandHelp | None, *, web: bool = False) -> str:
     """How options are written, then the user's own commands (Telegram HTML); `web`: the
     web front end is enabled (/web gives its link)."""
     own = _("{status} your jobs · {cancel} stop one · {again} re-roll · {history} · {settings}"
@@ -224,13 +224,26 @@ def help_footer(example: str | None, *, web: bool = False) -> str:
         own += "\n" + _("{forget} deletes all your data").format(forget=ltr("/forget"))
     if example is None:
         return own
-    shown = f"/{_esc(example)} " + _esc(_("a fox in snow")) + " --seed 42 --ar 16:9"
+    # The example uses only options that command has: /help's own example is never refused.
+    shown = f"/{_esc(example.name)} " + _esc(_("a fox in snow"))
+    if any(option.name == "seed" for option in example.options):
+        shown += " --seed 42"
+    if example.sized:
+        shown += " --ar 16:9"
+    marks = {"negative": ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
+             "aspect": ltr("<code>--ar 16:9</code>"), "file": ltr("<code>--file</code>")}
+    if example.negative and example.sized:
+        said = _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends "
+                 "the full-quality file.")
+    elif example.sized:
+        said = _("{aspect} is the aspect ratio, {file} sends the full-quality file.")
+    elif example.negative:
+        said = _("{negative} is the negative prompt, {file} sends the full-quality file.")
+    else:
+        said = _("{file} sends the full-quality file.")
     lines = [
         _("Options go after the prompt: {example}.").format(example=ltr(f"<code>{shown}</code>")),
-        _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends the "
-          "full-quality file.").format(
-            negative=ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
-            aspect=ltr("<code>--ar 16:9</code>"), file=ltr("<code>--file</code>")),
+        said.format(**marks),
         own,
     ]
     return "\n".join(lines)
@@ -248,7 +261,7 @@ def help_text(
     header = _("<b>What I can do</b>")
     if not commands and not unavailable:
         return header + "\n" + _("No commands are enabled right now.")
-    example = next((c.name for c in commands if not c.takes_image), None)
+    example = next((c for c in commands if not c.takes_image), None)
     footer = help_footer(example, web=web)
     blocks: list[str] = []
     budget = MAX_MESSAGE_CHARS - len(header) - len(footer) - 80
