@@ -342,6 +342,9 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
         stack.worker.options = dataclasses.replace(stack.worker.options, max_wait_offline=3.0)
+        # what `comfyveil run` gives both from [worker] max_wait_offline
+        stack.bot.settings = dataclasses.replace(stack.bot.settings, worker=dataclasses.replace(
+            stack.bot.settings.worker, max_wait_offline=3.0))
         stack.bot.offline_notice_after = 0.2
         stack.send(1, "/backends")  # the admin has a chat with the bot
         await stack.reply_text(1)
@@ -351,6 +354,8 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
         assert await _said(fake_telegram, 66, "offline") == ALL_OFFLINE
         notice = await stack.reply_text(1, count=2)
         assert notice.startswith("All GPUs are offline (gpu0).")
+        # The admin and the user read one wait (issue 23 item 15: "up to 1 min" against 25 s).
+        assert "each up to 3 s;" in notice, notice
         ended = await _said(fake_telegram, 66, "dropped", timeout=15)
         assert ended == (
             "No GPU came back online within 3 seconds, so the job was dropped; "

@@ -44,7 +44,7 @@ from telegram.ext import (
 from comfyveil import config, i18n, redaction
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
-from comfyveil.desk import access, language, registry
+from comfyveil.desk import access, language, registry, words
 from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, eta
@@ -62,8 +62,8 @@ MENU_REFRESH = 15.0  # seconds between checks that the command menu shows what c
 MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
 OFFLINE_NOTICE_AFTER = 10.0  # seconds every GPU must be offline before admins are told
 ADMIN_OFFLINE = N_(
-    "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {minutes} "
-    "min; {backends} shows why."
+    "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {span}; "
+    "{backends} shows why."
 )
 NO_TOKEN = (
     "no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file "
@@ -325,7 +325,6 @@ class TelegramBot:
         self._offline_told = True
         pool = self.services.pool
         assert pool is not None
-        minutes = max(1, round(self.settings.worker.max_wait_offline / 60))
         for admin in self.settings.telegram.admins:
             try:
                 spoken = language.of_settings(await self.services.db.users.settings(admin))
@@ -333,15 +332,18 @@ class TelegramBot:
                 spoken = i18n.DEFAULT
             with i18n.using(spoken):
                 text = _(ADMIN_OFFLINE).format(
-                    names=", ".join(ltr(n) for n in pool.backends), minutes=ltr(minutes),
+                    names=", ".join(ltr(n) for n in pool.backends),
+                    span=ltr(words.offline_wait(self.settings.worker.max_wait_offline)),
                     backends=ltr("/backends"),
                 )
             try:
                 await self.application.bot.send_message(admin, replies.esc(text),
                                                         parse_mode="HTML")
             except TelegramError as exc:  # the admin never started a chat with the bot
-                logger.info("admin not told: %s", type(exc).__name__,
-                            extra={"action": "admin_notice_failed"})
+                # The operator hears it instead: a bot may only write to who wrote first.
+                logger.warning("every GPU is offline, and admin %s could not be told (%s): "
+                               "they must send /start to the bot once", admin,
+                               type(exc).__name__, extra={"action": "admin_notice_failed"})
 
     async def _stop_menu(self) -> None:
         tasks = (self._menu_task, self._commands_task)
