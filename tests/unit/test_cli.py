@@ -66,6 +66,7 @@ def test_output_cut_short_by_a_pipe_ends_quietly() -> None:
         "def parser(only=None):\n"
         "    p = argparse.ArgumentParser()\n"
         "    p.add_argument('-v', dest='verbose', action='count', default=0)\n"
+        "    p.add_argument('--log-format', dest='log_format', default=None)\n"
         "    p.set_defaults(handler=lines)\n"
         "    return p\n"
         "cli.build_parser = parser\n"
