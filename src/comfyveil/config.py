@@ -8,6 +8,7 @@ the environment or from a file whose permissions allow nobody else to read it.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import math
@@ -131,7 +132,7 @@ class WorkerConfig:
     # models); "idle": an idle backend first, whichever it is.
     routing: str = "finish"
     max_wait_offline: float = 1800.0  # seconds a job waits while every GPU is offline
-    stop_grace: float = 8.0  # seconds running jobs get on stop before being handed back
+    stop_grace: float = 8.0  # seconds from SIGTERM to exit: jobs finish or go back, all closed
 
 
 @dataclass(frozen=True)
@@ -206,10 +207,15 @@ class Settings:
         return self.backends or (BackendConfig(name="local", url=DEFAULT_COMFYUI_URL),)
 
 
+def _did_you_mean(name: str, allowed: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(allowed), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _take(table: Mapping[str, Any], section: str, allowed: set[str]) -> dict[str, Any]:
     unknown = set(table) - allowed
     if unknown:
-        names = ", ".join(sorted(unknown))
+        names = ", ".join(f"{name}{_did_you_mean(name, allowed)}" for name in sorted(unknown))
         raise ConfigError(f"unknown key(s) in [{section}]: {names}")
     return dict(table)
 
@@ -508,8 +514,10 @@ def from_mapping(
             )
         )
     names = [b.name for b in backends]
-    if len(set(names)) != len(names):
-        raise ConfigError("two backends have the same name; give each [[backends]] its own name")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"two backends are named {', '.join(twice)}; give each [[backends]] "
+                          "its own name (one is gpuN when it has none: the N-th from 0)")
 
     limits = LimitsConfig(**_checked(
         "limits", _take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__)),
@@ -537,10 +545,10 @@ def from_mapping(
         ),
     )
     if anyone.control and not anyone.socks:
-        raise ConfigError("anyone.control needs anyone.socks: both name the daemon you run")
+        raise ConfigError("[anyone] control needs [anyone] socks: both name the daemon you run")
     if anyone.private_network and anyone.socks:
         raise ConfigError(
-            "anyone.private_network and anyone.socks cannot both be set: the network is "
+            "[anyone] private_network and [anyone] socks cannot both be set: the network is "
             "chosen by the daemon you run"
         )
     privacy = PrivacyConfig(**_checked(
@@ -587,17 +595,17 @@ def _web(raw: Any) -> WebConfig:
     w = _take(raw, "web", set(WebConfig.__annotations__))
     port = w.get("port", 8080)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError("web.port must be a port number (1-65535; 0: any free port)")
+        raise ConfigError("[web] port must be a port number (1-65535; 0: any free port)")
     clients = w.get("client_auth", [])
     if not isinstance(clients, list) or not all(
         isinstance(c, str) and c and len(c) <= 64 and c.replace("-", "").replace("_", "").isalnum()
         and c.isascii() for c in clients
     ):
-        raise ConfigError("web.client_auth must be a list of client names (letters, digits, - _)")
+        raise ConfigError("[web] client_auth must be a list of client names (letters, digits, - _)")
     for key in ("session_hours", "invite_hours"):
         value = w.get(key, 1.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"web.{key} must be a number of hours above 0")
+            raise ConfigError(f"[web] {key} must be a number of hours above 0")
     defaults = WebConfig()
     return WebConfig(
         enabled=bool(w.get("enabled", defaults.enabled)),

@@ -148,6 +148,29 @@ async def test_a_photo_without_a_command_gets_a_hint_naming_an_edit_command_that
         assert "/qwen make it night" in hint
 
 
+async def test_the_photo_hint_names_an_edit_without_words_when_that_is_what_runs(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    """No GPU has /qwen's model, but the operator's /invert (no prompt, no model) runs:
+    the hint names it, not "no command that edits photos can run" (issue 23 item 7)."""
+    from pathlib import Path
+
+    from comfyveil.comfy import workflow
+    from tests.e2e.bot_support import png
+
+    data = Path(__file__).parents[1] / "data" / "workflows"
+    toml_text = (data / "invert.toml").read_text()
+    graph = (data / "invert.json").read_text()
+    await db.commands.add(workflow.loads("invert", toml_text, graph), toml_text, graph)
+    bare = await fake_comfy_factory(models={"diffusion_models": [], "text_encoders": [],
+                                            "vae": [], "checkpoints": [], "loras": []})
+    async with running_bot(fake_telegram, db, [bare]) as stack:
+        stack.send(54, photo=png())
+        hint = await stack.reply_text(54)
+        assert "/invert" in hint and "/qwen" not in hint, hint
+        assert "No command that edits photos" not in hint
+
+
 # --- 3. results answer their request ------------------------------------------------------
 
 BOT = "@ComfyveilTestBot"
@@ -319,6 +342,9 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
 ) -> None:
     async with running_bot(fake_telegram, db, [fake_comfy], admins=(1,)) as stack:
         stack.worker.options = dataclasses.replace(stack.worker.options, max_wait_offline=3.0)
+        # what `comfyveil run` gives both from [worker] max_wait_offline
+        stack.bot.settings = dataclasses.replace(stack.bot.settings, worker=dataclasses.replace(
+            stack.bot.settings.worker, max_wait_offline=3.0))
         stack.bot.offline_notice_after = 0.2
         stack.send(1, "/backends")  # the admin has a chat with the bot
         await stack.reply_text(1)
@@ -328,6 +354,8 @@ async def test_with_every_gpu_offline_users_and_admins_are_told_and_jobs_give_up
         assert await _said(fake_telegram, 66, "offline") == ALL_OFFLINE
         notice = await stack.reply_text(1, count=2)
         assert notice.startswith("All GPUs are offline (gpu0).")
+        # The admin and the user read one wait (issue 23 item 15: "up to 1 min" against 25 s).
+        assert "each up to 3 s;" in notice, notice
         ended = await _said(fake_telegram, 66, "dropped", timeout=15)
         assert ended == (
             "No GPU came back online within 3 seconds, so the job was dropped; "
@@ -512,7 +540,7 @@ async def test_plurals_and_a_bad_job_id_read_right(
         await stack.result(100)
         stack.send(100, f"/f two {SMALL}")
         assert await _said(fake_telegram, 100, "quota") == (
-            "You have used the 1 job of your daily quota; try again tomorrow."
+            "You have used the 1 job of your daily quota; try again after 00:00 UTC."
         )
         stack.send(1, "/quota 100 1")
         assert await stack.reply_text(1) == "User 100 may run 1 job a day."

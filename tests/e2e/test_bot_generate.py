@@ -59,7 +59,7 @@ async def test_admin_disables_a_workflow_and_users_no_longer_see_it(
         stack.send(1, "/workflows disable sd3")
         assert await stack.reply_text(1) == "/sd3 is off now."
         stack.send(12, "/sd3 a castle")
-        assert await stack.reply_text(12) == "There is no command /sd3. /help lists them all."
+        assert await stack.reply_text(12) == "/sd3 is switched off."
         stack.send(12, "/help")
         assert "/sd3" not in await stack.reply_text(12, count=2)
         assert await stack.queued_count() == 0

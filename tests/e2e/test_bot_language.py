@@ -50,7 +50,7 @@ async def test_the_language_comes_from_telegram_and_settings_override_it(
         keyboard = call.result["reply_markup"]["inline_keyboard"]
         labels = {b["text"].removeprefix("✓ "): b["callback_data"] for r in keyboard for b in r}
         # The Persian app's user reads /settings in Persian, "auto" chosen.
-        assert "✓ خودکار" in [b["text"] for r in keyboard for b in r]
+        assert "✓ زبان خودکار" in [b["text"] for r in keyboard for b in r]
         assert "زبان: خودکار (فارسی)" in call.result["text"]
         query = fake_telegram.user_presses(90, call.result["message_id"], labels["Español"])
         await fake_telegram.wait_for(lambda _: query in fake_telegram.callback_answers)
@@ -63,6 +63,6 @@ async def test_the_language_comes_from_telegram_and_settings_override_it(
         assert "Idioma: Español" in shown["text"]
         stack.send(90, "/history", language_code="fa")
         assert await stack.reply_text(90, count=2) == "Todavía no tienes trabajos."
-        query = fake_telegram.user_presses(90, call.result["message_id"], labels["خودکار"])
+        query = fake_telegram.user_presses(90, call.result["message_id"], labels["زبان خودکار"])
         await fake_telegram.wait_for(lambda _: query in fake_telegram.callback_answers)
         assert "language" not in await db.users.settings(90)

@@ -43,7 +43,7 @@ async def test_daily_quota_reached(fake_telegram: FakeTelegram, fake_comfy, db) 
         await stack.result(42)
         stack.send(42, f"/f two {SMALL}")
         text = await stack.reply_text(42, count=2)
-        assert text == "You have used the 1 job of your daily quota; try again tomorrow."
+        assert text == "You have used the 1 job of your daily quota; try again after 00:00 UTC."
         assert await stack.queued_count() == 1
         stack.send(1, "/quota 42 5")  # an admin raises it
         await stack.reply_text(1)

@@ -68,6 +68,14 @@ async def test_admins_only_command_is_neither_run_nor_shown_for_users(
         assert "fd" not in _menu(fake_telegram, '"default"')
         assert "f" in _menu(fake_telegram, '"default"')
         assert "fd" in _menu(fake_telegram, f'"chat_id": {ADMIN}')
+        # Every command a user has is offered: /web and /forget in the menu and in /help;
+        # an admin's menu has the admin commands, no one else's does (issue 23 rough).
+        assert {"web", "forget"} <= _menu(fake_telegram, '"default"')
+        assert {"users", "allow", "ban", "quota", "backends", "workflows", "policy"} <= _menu(
+            fake_telegram, f'"chat_id": {ADMIN}')
+        assert not {"users", "ban"} & _menu(fake_telegram, '"default"')
+        help_text = await stack.reply_text(50, count=2)
+        assert "/web" in help_text and "/forget" in help_text
         stack.send(ADMIN, f"/fd a fox {SMALL} --steps 2")
         await stack.result(ADMIN)
 
@@ -119,7 +127,7 @@ async def test_queue_forget_repeat_does_not_get_past_the_limits(
         assert await stack.queued_count() == 0
         stack.send(52, f"/f once more {SMALL}")
         assert await stack.reply_text(52, count=5) == (
-            "You have used all 3 jobs of your daily quota; try again tomorrow."
+            "You have used all 3 jobs of your daily quota; try again after 00:00 UTC."
         )
         assert await stack.queued_count() == 0
         # an admin's quota outlives the user's /forget (a banned user cannot /forget;
@@ -196,3 +204,46 @@ async def test_a_user_over_the_limit_is_refused_before_the_photo_is_downloaded(
         assert fake_telegram.calls("getFile") == []
         assert fake_telegram.file_downloads == []
         assert await stack.queued_count() == 1
+
+
+async def test_switching_a_command_off_and_on_reaches_the_bot_at_once(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database
+) -> None:
+    """`comfyveil workflows disable fd` (another process) takes effect for the next
+    message, not up to 30 s later, and a user hears the command is switched off, not
+    that there is no such command (issue 23 rough)."""
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        await stack.bot.services.commands.get("fd")  # the registry has read the table
+        await db.commands.set_enabled("fd", False)
+        await asyncio.sleep(0.5)  # the NOTIFY's way to the bot, well under its 30 s re-read
+        stack.send(80, f"/fd a fox {SMALL}")
+        assert await stack.reply_text(80) == "/fd is switched off."
+        assert await stack.queued_count() == 0
+        await db.commands.set_enabled("fd", True)
+        await asyncio.sleep(0.5)
+        stack.send(80, f"/fd a fox {SMALL}")
+        await stack.result(80)
+
+
+async def test_admins_have_no_limits_and_users_and_quota_say_so(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database
+) -> None:
+    """/users shows no "0/4 today" for an admin, and /quota for an admin says it applies
+    only once they are no longer one (issue 23 item 9)."""
+    limits = config.LimitsConfig(daily_quota=4)
+    async with running_bot(fake_telegram, db, [fake_comfy], admins=(ADMIN,),
+                           limits=limits) as stack:
+        stack.send(52, "/help")  # a user the bot has seen
+        await stack.reply_text(52)
+        stack.send(ADMIN, "/users")
+        listing = await stack.reply_text(ADMIN)
+        admin_line = next(line for line in listing.splitlines() if f"{ADMIN}</code>" in line
+                          or line.startswith(f"{ADMIN} "))
+        assert "/4" not in admin_line and "No limits: admins have none." in admin_line
+        user_line = next(line for line in listing.splitlines() if "52" in line)
+        assert "0/4 today" in user_line and "No limits" not in user_line
+        stack.send(ADMIN, f"/quota {ADMIN} 50")
+        assert await stack.reply_text(ADMIN, count=2) == (
+            f"User {ADMIN} may run 50 jobs a day. Admins have no limits: {ADMIN}'s quota "
+            "applies once they are no longer an admin."
+        )

@@ -29,6 +29,10 @@ async def test_settings_apply_to_the_next_job_and_files_come_uncompressed(
             await fake_telegram.wait_for(lambda _, q=query: q in fake_telegram.callback_answers)
         shown = next(m for m in fake_telegram.bot_messages(70) if m["message_id"] == message_id)
         assert "Aspect ratio: 16:9" in shown["text"] and "files: on" in shown["text"]
+        # Each button says what it is about: not two "✓ auto" (size and language).
+        labels = [b["text"].removeprefix("✓ ")
+                  for row in call.result["reply_markup"]["inline_keyboard"] for b in row]
+        assert len(labels) == len(set(labels)), labels
         stack.send(70, "/f a wide lake")
         document = await stack.result(70, method="sendDocument")
         job = (await db.jobs.list_for_user(70, limit=1))[0]

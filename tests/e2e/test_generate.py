@@ -69,6 +69,9 @@ async def test_flux_prompt_saves_a_real_image_and_prints_its_path(
     texts = [n["inputs"].get("clip_l") for n in graph.values() if "clip_l" in n["inputs"]]
     assert texts == ["an astronaut"]
     assert all(n["inputs"].get("steps", 2) == 2 for n in graph.values())
+    # Progress shows the sampler's steps, not the saver ticking once as it sends the image.
+    assert "KSampler step 2/2 (100%)" in run.stderr.splitlines()
+    assert "SaveImage step" not in run.stderr and "step 0/1" not in run.stderr, run.stderr
 
 
 async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
@@ -102,6 +105,11 @@ async def test_edit_workflow_uploads_the_image_under_a_name_that_says_nothing(
         (["f"], "prompt is required"),
         (["qwen", "edit it", "--image", "doc.pdf"], "not an image"),
         (["f", "a fox", "--image", "ok.png"], "takes no image"),
+        # Checked before the job runs, not after the GPU did the work (issue 23 items 4, 10).
+        (["f", "a fox", "--out", "ok.png"], "--out ok.png is a file, not a folder"),
+        (["f", "a fox", "--out", "ok.png/below"], "--out ok.png/below: ok.png is a file"),
+        (["f", "a fox", "--timeout", "0"], "--timeout must be more than 0 seconds"),
+        (["f", "a fox", "--timeout", "-5"], "--timeout must be more than 0 seconds"),
     ],
 )
 async def test_usage_errors_exit_2_with_one_plain_line(

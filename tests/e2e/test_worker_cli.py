@@ -202,18 +202,36 @@ async def test_submit_refuses_bad_input_before_anything_is_queued(
     assert await db.jobs.list_for_user(0) == []
 
 
-async def test_jobs_list_all_shows_chat_users_jobs_too(
+async def test_jobs_shows_every_users_jobs_and_takes_the_short_id_the_chat_shows(
     db: database.Database, database_url: str, tmp_path: Path
 ) -> None:
+    """The operator at the command line sees the whole queue (issue 23 item 11), and the
+    `#226bb674` a chat user quotes names the job."""
     from tests.integration.test_store_jobs import new_job
 
     chat_job = await db.jobs.enqueue(new_job(77))
+    other = await db.jobs.enqueue(new_job(78))
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
-    code, mine, _ = await run_cli("jobs", "list", "--config", str(cfg), cwd=tmp_path)
-    assert code == 0 and str(chat_job.id) not in mine  # the default is the CLI's own jobs
-    code, everyone, _ = await run_cli("jobs", "list", "--all", "--config", str(cfg),
+    for args in ((), ("list",), ("list", "--all")):
+        code, everyone, _ = await run_cli("jobs", *args, "--config", str(cfg), cwd=tmp_path)
+        assert code == 0 and str(chat_job.id) in everyone and "queued" in everyone, args
+        assert str(other.id) in everyone
+    code, one_user, _ = await run_cli("jobs", "list", "--user", "78", "--config", str(cfg),
                                       cwd=tmp_path)
-    assert code == 0 and str(chat_job.id) in everyone and "queued" in everyone
+    assert code == 0 and str(other.id) in one_user and str(chat_job.id) not in one_user
+
+    short = chat_job.id.hex[:8]
+    for ref in (short, f"#{short}", short.upper()):
+        code, shown, err = await run_cli("jobs", "show", ref, "--config", str(cfg),
+                                         cwd=tmp_path)
+        assert code == 0, err
+        assert f"job      {chat_job.id}" in shown and "status   queued" in shown
+    code, _, err = await run_cli("jobs", "show", "0000000f", "--config", str(cfg),
+                                 cwd=tmp_path)
+    assert code == 2 and "there is no job 0000000f" in err and "Traceback" not in err
+    code, out, err = await run_cli("jobs", "cancel", f"#{short}", "--config", str(cfg),
+                                   cwd=tmp_path)
+    assert code == 0 and "cancelled" in out, err
 
 
 def _own_workflow(folder: Path, name: str, command: str, prefix: str) -> Path:

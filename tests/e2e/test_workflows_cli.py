@@ -26,6 +26,7 @@ async def test_shipped_commands_are_listed_and_an_operator_adds_one(
 ) -> None:
     shown = listing(await cli(tmp_path, database_url, "list"))
     assert {"/f", "/fd", "/sd3", "/wan", "/qwen"} <= set(shown)
+    assert listing(await cli(tmp_path, database_url)) == shown  # `workflows` alone lists
     assert "enabled" in shown["/f"] and "[shipped]" in shown["/f"]
 
     added = await cli(tmp_path, database_url, "add", str(DATA / "invert.toml"), "--admins-only")
@@ -44,7 +45,7 @@ async def test_disable_enable_and_shipped_commands_cannot_be_removed(
     refused = await cli(tmp_path, database_url, "remove", "f")
     assert refused.code == 2 and "disable it instead" in refused.stderr
     unknown = await cli(tmp_path, database_url, "disable", "nope")
-    assert unknown.code != 0 and "no command /nope" in unknown.stderr
+    assert unknown.code == 2 and "no command /nope" in unknown.stderr  # a usage error
 
 
 async def test_a_broken_workflow_is_refused_with_the_reason(
@@ -82,3 +83,68 @@ async def test_check_says_which_outputs_a_no_trace_backend_still_writes_to_disk(
     assert lines[wan + 1].strip().startswith("no trace: SaveVideo (node 80) has no in-memory")
     flux = next(i for i, line in enumerate(lines) if "/f " in line)
     assert "no trace" not in lines[flux] + lines[flux + 1]
+
+
+async def test_check_includes_commands_added_with_workflows_add(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    """The bot serves what the database holds: an operator's command is checked too, and
+    the exit code says when it cannot run."""
+    (tmp_path / "mine.toml").write_text(
+        (DATA / "invert.toml").read_text().replace('command = "invert"', 'command = "mine"')
+    )
+    (tmp_path / "mine.json").write_text(
+        (DATA / "invert.json").read_text().replace("ImageInvert", "MadeUpInvert")
+    )
+    assert (await cli(tmp_path, database_url, "add", str(tmp_path / "mine.toml"))).code == 0
+    run = await cli(tmp_path, database_url, "check", "--server", fake_comfy.url)
+    lines = {line.split()[1]: line for line in run.stdout.splitlines() if "/" in line}
+    assert "MadeUpInvert" in lines["/mine"], run.stdout
+    assert "ok" in lines["/f"].split()
+    assert run.code == 1
+
+
+async def test_add_refuses_to_replace_a_command_unless_told_and_says_what_it_replaces(
+    tmp_path: Path, database_url: str
+) -> None:
+    (tmp_path / "other_f.toml").write_text(
+        (DATA / "invert.toml").read_text().replace('command = "invert"', 'command = "f"')
+    )
+    (tmp_path / "other_f.json").write_text((DATA / "invert.json").read_text())
+    refused = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"))
+    assert refused.code == 2, refused.stdout + refused.stderr
+    assert "/f already runs flux_schnell" in refused.stderr and "--replace" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "[shipped]" in listing(await cli(tmp_path, database_url, "list"))["/f"]
+
+    replaced = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"),
+                         "--replace")
+    assert replaced.code == 0, replaced.stderr
+    assert "/f -> other_f" in replaced.stdout and "replacing flux_schnell" in replaced.stdout
+    assert "[operator]" in listing(await cli(tmp_path, database_url, "list"))["/f"]
+    # Adding the very same workflow again replaces nothing and needs no flag.
+    again = await cli(tmp_path, database_url, "add", str(tmp_path / "other_f.toml"))
+    assert again.code == 0, again.stderr
+    assert "replacing" not in again.stdout
+
+
+async def test_generate_runs_a_command_added_to_the_database(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    """What `/mine` runs in the chat, `comfyveil generate mine` runs too."""
+    from tests.e2e.test_generate import png
+
+    (tmp_path / "mine.toml").write_text(
+        (DATA / "invert.toml").read_text().replace('command = "invert"', 'command = "mine"')
+    )
+    (tmp_path / "mine.json").write_text((DATA / "invert.json").read_text())
+    (tmp_path / "photo.png").write_bytes(png(8, 8))
+    assert (await cli(tmp_path, database_url, "add", str(tmp_path / "mine.toml"))).code == 0
+    (tmp_path / "mine.toml").unlink()  # only the database has it now
+    run = await run_cli("generate", "mine", "--image", "photo.png", "--server", fake_comfy.url,
+                        "--out", "out", "--config", "comfyveil.toml", cwd=tmp_path)
+    assert run.code == 0, run.stderr
+    assert len(run.stdout.splitlines()) == 1 and (tmp_path / run.stdout.strip()).is_file()
+    unknown = await run_cli("generate", "nosuch", "a fox", "--server", fake_comfy.url,
+                            "--config", "comfyveil.toml", cwd=tmp_path)
+    assert unknown.code == 2 and "nosuch" in unknown.stderr

@@ -52,3 +52,38 @@ def _options(parser: object, name: str) -> list[str]:
 def test_each_subcommand_alone_has_the_options_it_has_among_all(name: str) -> None:
     assert _options(cli.build_parser(only=name), name) == _options(cli.build_parser(), name)
     assert len(_options(cli.build_parser(only=name), name)) > 1  # more than --help
+
+
+def test_output_cut_short_by_a_pipe_ends_quietly() -> None:
+    """`comfyveil jobs show ID | head`: the reader leaving early is no error to show."""
+    code = (
+        "import argparse, sys\n"
+        "from comfyveil import cli\n"
+        "async def lines(args):\n"
+        "    for n in range(100000):\n"
+        "        print(f'line {n}')\n"
+        "    return 0\n"
+        "def parser(only=None):\n"
+        "    p = argparse.ArgumentParser()\n"
+        "    p.add_argument('-v', dest='verbose', action='count', default=0)\n"
+        "    p.add_argument('--log-format', dest='log_format', default=None)\n"
+        "    p.set_defaults(handler=lines)\n"
+        "    return p\n"
+        "cli.build_parser = parser\n"
+        "sys.exit(cli.main([]))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"line 0\n"
+    proc.stdout.close()  # like `head -1` exiting after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) != 0
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_run_help_names_both_front_ends() -> None:
+    done = subprocess.run([sys.executable, "-m", "comfyveil", "run", "--help"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    text = " ".join(done.stdout.split())
+    assert "Telegram bot" in text and "web front end" in text

@@ -70,11 +70,17 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"telegram": {"tokn_file": "x"}}, r"unknown key\(s\) in \[telegram\]: tokn_file"),
+        ({"telegram": {"tokn_file": "x"}},
+         r"unknown key\(s\) in \[telegram\]: tokn_file \(did you mean token_file\?\)"),
+        ({"worker": {"grace": 3}}, r"unknown key\(s\) in \[worker\]: grace$"),
         ({"backends": [{"name": "a"}]}, "has no url"),
         ({"backends": [{"url": "ftp://x"}]}, "must start with http"),
-        ({"backends": [{"url": "http://a"}, {"url": "http://b", "name": "gpu0"}]}, "same name"),
-        ({"anyone": {"control": "127.0.0.1:1"}}, "needs anyone.socks"),
+        ({"backends": [{"url": "http://a"}, {"url": "http://b", "name": "gpu0"}]},
+         "two backends are named gpu0"),
+        # One key style in every message: [section] key, as the file spells them.
+        ({"anyone": {"control": "127.0.0.1:1"}}, r"\[anyone\] control needs \[anyone\] socks"),
+        ({"web": {"port": 70000}}, r"^\[web\] port must be"),
+        ({"web": {"session_hours": 0}}, r"^\[web\] session_hours must be"),
         ({"anyone": {"socks": "127.0.0.1:1", "private_network": "n"}}, "cannot both be set"),
         ({"telegram": {"admins": ["me"]}}, "numeric Telegram ids"),
     ],
@@ -114,7 +120,7 @@ def test_web_section_is_read_and_checked() -> None:
     assert settings.web.port == 9000 and settings.web.hidden_service
     assert settings.web.client_auth == ("alice",)
     assert config.from_mapping({}, environ={}).web.enabled
-    with pytest.raises(config.ConfigError, match=r"web\.port"):
+    with pytest.raises(config.ConfigError, match=r"\[web\] port"):
         config.from_mapping({"web": {"port": "x"}}, environ={})
     with pytest.raises(config.ConfigError, match="unknown key"):
         config.from_mapping({"web": {"colour": "red"}}, environ={})

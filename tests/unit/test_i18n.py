@@ -141,7 +141,8 @@ def test_rtl_keeps_a_step_count_and_options_in_order() -> None:
     )
     with i18n.using("fa"):
         text = render.status_text(view)
-        footer = render.help_footer("f")
+        footer = render.help_footer(render.CommandHelp(
+            "f", "Flux", options=[render.OptionHelp("seed", "seed")], sized=True))
     # One isolate around "9/20": two apart would read "20/9" in a right-to-left line.
     assert "\u20669/20\u2069" in text and "\u2066gpu0\u2069" in text
     assert "\u2066<code>/f " in footer and "--seed 42 --ar 16:9</code>\u2069" in footer
@@ -216,3 +217,18 @@ def test_a_bad_option_value_is_refused_in_the_readers_language() -> None:
         assert said.startswith(f"{i18n.LRI}steps{i18n.PDI} باید بین {i18n.LRI}1{i18n.PDI}")
         assert "must" not in said
         assert "--bogus" in refusal({"bogus": 1}) and "unknown" not in refusal({"bogus": 1})
+
+
+@pytest.mark.parametrize("language", ["fa", "ar"])
+def test_one_digit_system_per_page(language: str) -> None:
+    """Numbers the code fills in (bounds, counts, sizes) are written 0-9, so the
+    translations write theirs 0-9 too: never "۴ گام" beside "64" on one page."""
+    from comfyveil.locale import catalogs
+
+    native = re.compile("[\u06f0-\u06f9\u0660-\u0669]")
+    catalog = catalogs.read(catalogs.po_path(language), language)
+    mixed = []
+    for message in catalog:
+        strings = message.string if isinstance(message.string, tuple) else (message.string,)
+        mixed += [text for text in strings if text and native.search(text)]
+    assert mixed == []

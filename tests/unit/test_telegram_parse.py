@@ -166,3 +166,29 @@ def test_aspect_to_size_other_multiple_and_refusals() -> None:
         parse.aspect_to_size("1:5", 1024 * 1024)
     with pytest.raises(parse.ParseError, match="above zero"):
         parse.aspect_to_size("0:5", 1024 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # A phone's dash or a single hyphen before a known option: that option was meant.
+        ("/f a fox −seed 4", "Write options with two hyphens: --seed, not −seed."),
+        ("/f a fox -steps 4", "Write options with two hyphens: --steps, not -steps."),
+        # A flag's last word is its value, not the prompt's.
+        ("/f hi --file maybe", "--file is yes or no, or nothing; not 'maybe'."),
+    ],
+)
+def test_stray_words_are_refused_not_joined_to_the_prompt(text: str, message: str) -> None:
+    with pytest.raises(parse.ParseError) as raised:
+        parse.parse(text, FLUX)
+    assert str(raised.value) == message
+    # A hyphen inside the prompt stays the prompt's.
+    kept = parse.parse("/f a blue-ish fox -5 degrees", FLUX)
+    assert kept is not None and kept.prompt == "a blue-ish fox -5 degrees"
+
+
+def test_words_for_a_command_that_takes_none_are_refused() -> None:
+    with pytest.raises(parse.ParseError) as raised:
+        parse.parse("/invert hi", {}, takes_prompt=False)
+    assert str(raised.value) == "/invert takes no words, only its options: 'hi' would be lost."
+    assert parse.parse("/invert --file", {}, takes_prompt=False) is not None

@@ -93,7 +93,9 @@ def test_help_lists_commands_options_and_bounds() -> None:
             options=[
                 render.OptionHelp("steps", "sampling steps", 1, 8, 4),
                 render.OptionHelp("seed", "random seed", minimum=0.0),
+                render.OptionHelp("size", "size", default="big"),  # no description of its own
             ],
+            negative=True,
         ),
         render.CommandHelp(name="qwen", title="Qwen Image Edit <2509>", takes_image=True),
     ]
@@ -101,6 +103,7 @@ def test_help_lists_commands_options_and_bounds() -> None:
     assert "/f Flux Schnell\nFast text to image." in text
     assert "--steps sampling steps (1–8), default 4" in text
     assert "--seed random seed (at least 0)" in text
+    assert "  --size, default big" in text and "--size size" not in text
     assert "/qwen Qwen Image Edit <2509>" in text
     assert "reply to a photo" in text
     assert "--no blurry, text" in text
@@ -172,3 +175,22 @@ def test_durations() -> None:
     assert [render.duration(s) for s in (0.04, 9.96, 10, 89, 90, 3540, 3600, 3900)] == [
         "0.0 s", "10.0 s", "10 s", "89 s", "2 min", "59 min", "1 h", "1 h 5 min",
     ]  # fmt: skip
+
+
+def test_the_help_example_uses_only_options_its_command_has() -> None:
+    """/help's own example must not be refused (issue 23 item 8): a command without a seed,
+    size or negative prompt gets an example without --seed, --ar and --no."""
+    solid = render.CommandHelp(
+        name="solid", title="Solid colour", options=[render.OptionHelp("colour", "the colour")]
+    )
+    text = shown(render.help_text([solid]))
+    assert "/solid a fox in snow." in text
+    assert "--seed" not in text and "--ar" not in text and "--no" not in text
+    assert "--file sends the full-quality file." in text
+    flux = render.CommandHelp(
+        name="f", title="Flux", options=[render.OptionHelp("seed", "seed")],
+        negative=True, sized=True,
+    )
+    text = shown(render.help_text([flux]))
+    assert "/f a fox in snow --seed 42 --ar 16:9." in text
+    assert "--no blurry, text is the negative prompt" in text

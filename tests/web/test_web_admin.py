@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import aiohttp
@@ -55,6 +56,12 @@ async def test_quota_and_ban_from_the_users_page(db, fake_comfy) -> None:
     ):
         pat = await _admin_and_user(stack, admin, user)
         _, page = await get_text(admin, stack.url + "/admin/users")
+        # What would be refused is not offered: no Ban or Revoke admin on one's own row.
+        rows = re.findall(r"<tr>.*?</tr>", page, flags=re.S)
+        own = next(row for row in rows if "<bdi>boss</bdi>" in row)
+        other = next(row for row in rows if "<bdi>pat</bdi>" in row)
+        assert "/admin/users/ban" not in own and "/admin/users/revoke-admin" not in own
+        assert "/admin/users/ban" in other and "/admin/users/make-admin" in other
         async with admin.post(
             stack.url + "/admin/users/quota",
             data={"csrf": csrf_of(page), "account": str(pat.id), "quota": "0"},
@@ -148,4 +155,56 @@ async def test_workflows_enable_disable_and_add_from_uploads(db, fake_comfy) -> 
         bad.add_field("toml", b'command = "x"\n', filename="x.toml")
         bad.add_field("graph", b"{}", filename="x.json")
         async with admin.post(stack.url + "/admin/workflows/add", data=bad) as r:
-            assert r.status == 400 and 'class="problem"' in await r.text()
+            text = await r.text()
+            assert r.status == 400 and 'class="problem"' in text
+            # the error comes before the long table of commands, where it is seen
+            assert text.index('class="problem"') < text.index("<table>")
+
+
+async def test_a_command_switched_off_elsewhere_leaves_the_site_at_once(db, fake_comfy) -> None:
+    """`comfyveil workflows disable sd3` in another process: the site hears it by NOTIFY,
+    not at its registry's next re-read 30 s later (issue 23 rough)."""
+    import asyncio
+
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "kim")
+        status, _ = await get_text(session, stack.url + "/c/sd3")
+        assert status == 200
+        await stack.db.commands.set_enabled("sd3", False)
+        await asyncio.sleep(0.5)
+        status, _ = await get_text(session, stack.url + "/c/sd3")
+        assert status == 404
+
+
+async def test_users_page_counts_todays_jobs_as_the_quota_does_and_says_admins_have_no_limits(
+    db, fake_comfy
+) -> None:
+    """Today's count is the quota's (a refunded failure is not in it: issue 23 item 6), and
+    an admin's row says admin and no limits instead of a quota (item 9)."""
+    from comfyveil.store import jobs as jobs_store
+
+    async with (
+        web_stack(db, [fake_comfy], worker=False) as stack,
+        client() as admin,
+        client() as user,
+    ):
+        pat = await _admin_and_user(stack, admin, user)
+        made = []
+        for n in range(3):
+            made.append(await stack.db.jobs.enqueue(
+                jobs_store.NewJob(user_id=pat.user_id, chat_id=pat.chat_id, command="f",
+                                  workflow_hash="h" * 64, params={"prompt": f"fox {n}"}),
+                daily_quota=4))
+        async with stack.db.pool.connection() as conn:
+            await conn.execute("UPDATE jobs SET status = 'failed', finished_at = now() "
+                               "WHERE id = %(id)s", {"id": made[0].id})
+        await stack.db.jobs.refund_quota(made[0].id)  # failed before the GPU: refunded already
+        assert await stack.db.users.quota_used_today(pat.user_id) == 2
+        _, page = await get_text(admin, stack.url + "/admin/users")
+        rows = re.findall(r"<tr>.*?</tr>", page, flags=re.S)
+        pat_row = next(row for row in rows if "<bdi>pat</bdi>" in row)
+        cells = re.findall(r"<td>(.*?)</td>", pat_row, flags=re.S)
+        assert cells[2].strip() == "2", cells  # 3 queued, 1 given back
+        boss_row = next(row for row in rows if "<bdi>boss</bdi>" in row)
+        cells = re.findall(r"<td>(.*?)</td>", boss_row, flags=re.S)
+        assert cells[1].strip() == "admin" and "No limits" in boss_row, cells

@@ -56,6 +56,11 @@ async def test_form_is_generated_from_the_workflow_with_labels(db, fake_comfy) -
         for name in ("prompt", "seed", "steps", "width", "height"):
             assert f'<label for="f-{name}">' in page and f'id="f-{name}"' in page
         assert 'type="number" id="f-steps" name="steps" value="4" min="1" max="8"' in page
+        # The required prompt starts empty (the graph's own sample text is not the user's),
+        # with an example as its placeholder (issue 23 rough).
+        prompt = re.search(r'<textarea id="f-prompt"[^>]*>([^<]*)</textarea>', page)
+        assert prompt is not None and prompt.group(1) == "", prompt
+        assert 'placeholder="a fox in snow"' in prompt.group(0) and " required" in prompt.group(0)
         _, qwen = await get_text(session, stack.url + "/c/qwen")
         assert 'type="file" id="f-image"' in qwen and 'name="image__from"' in qwen
 
@@ -263,3 +268,80 @@ async def test_a_failed_job_says_one_plain_sentence_and_only_admins_see_the_deta
             assert secret not in pages["lou"], secret
         # the admin reads the same sentence, then the backend's own account
         assert sentence in pages["ops"] and "KSampler" in pages["ops"]
+
+
+async def test_run_again_is_offered_only_where_a_new_seed_changes_something(
+    db, fake_comfy
+) -> None:
+    """"Run again (new seed)" is for a workflow with a seed, and not for a job that
+    failed because no GPU has its model (again, it could only fail the same way)."""
+    again = "Run again (new seed)"
+    async with web_stack(db, [fake_comfy]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "rio")
+        account = await stack.store.account_by_name("rio")
+        assert account is not None
+        made = await submit_form(
+            session, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        seeded = await finished(stack, uuid.UUID(JOB_URL.search(str(made.url)).group(1)))  # type: ignore[union-attr]
+        _, page = await get_text(session, f"{stack.url}/jobs/{seeded.id}")
+        assert again in page
+        # A job of a workflow without a seed; and one that failed for a missing model.
+        unseeded = await stack.db.jobs.enqueue(jobs.NewJob(
+            user_id=account.user_id, chat_id=account.chat_id, command="f",
+            workflow_hash=seeded.workflow_hash, params={"prompt": "a fox"}))
+        missing = await stack.db.jobs.enqueue(jobs.NewJob(
+            user_id=account.user_id, chat_id=account.chat_id, command="f",
+            workflow_hash=seeded.workflow_hash, params=dict(seeded.params)))
+        async with stack.db.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %(id)s",
+                {"id": unseeded.id},
+            )
+            await conn.execute(
+                "UPDATE jobs SET status = 'failed', finished_at = now(), error = %(error)s "
+                "WHERE id = %(id)s",
+                {"id": missing.id,
+                 "error": "model file flux1-schnell.safetensors is not installed on backend gpu0"},
+            )
+        for job in (unseeded, missing):
+            _, page = await get_text(session, f"{stack.url}/jobs/{job.id}")
+            assert again not in page, job.params
+            async with session.post(f"{stack.url}/jobs/{job.id}/again",
+                                    data={"csrf": csrf_of(page), "nonce": f"n{job.id.hex}"}) as r:
+                assert r.status == 400
+        assert await stack.job_count() == 3  # nothing was queued by those posts
+
+
+FLUX_ONLY = {"diffusion_models": ["flux1-schnell.safetensors"],
+             "text_encoders": ["clip_l.safetensors", "t5xxl_fp16.safetensors"],
+             "vae": ["ae.safetensors"], "checkpoints": [], "loras": []}
+
+
+async def test_commands_no_gpu_can_run_are_marked_refused_and_not_offered(
+    db, fake_comfy_factory
+) -> None:
+    """The chat's availability rule on the web (issue 23 item 5): a GPU with Flux Schnell's
+    models only: /f is offered, the others are marked on the home page, refused in one
+    sentence when sent anyway, and no result offers "Edit this with /qwen"."""
+    fake = await fake_comfy_factory(models=FLUX_ONLY)
+    async with web_stack(db, [fake]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "ada")
+        _, home = await get_text(session, stack.url + "/")
+        assert 'href="/c/f"' in home and 'href="/c/qwen"' not in home
+        qwen = re.search(r"<li[^>]*>[^\n]*/qwen[^\n]*</li>", home)
+        assert qwen is not None and "not available right now" in qwen.group(0)
+        refused = await submit_form(
+            session, stack.url, "sd3", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        text = await refused.text()
+        assert refused.status == 400
+        assert "/sd3 is not available right now: no GPU has its model." in text
+        assert await stack.job_count() == 0
+        made = await submit_form(
+            session, stack.url, "f", {"prompt": "a fox", "width": "256", "height": "256"}
+        )
+        job = await finished(stack, uuid.UUID(JOB_URL.search(str(made.url)).group(1)))  # type: ignore[union-attr]
+        assert job.status is jobs.Status.SUCCEEDED
+        _, page = await get_text(session, f"{stack.url}/jobs/{job.id}")
+        assert "/c/qwen?from=" not in page

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,7 +28,7 @@ EXIT_USAGE = 2
 
 # Subcommand modules, in the order `comfyveil --help` lists them, with their help line.
 SUBCOMMANDS = {
-    "run": "run the Telegram bot with its worker and database",
+    "run": "run the Telegram bot and the web front end with a worker and database",
     "web": "the web front end: serve it, or invite an account",
     "generate": "run a workflow once on a ComfyUI server and save its outputs",
     "submit": "queue a job for the workers (optionally wait and save its outputs)",
@@ -94,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose, args.log_format)
     try:
         code = asyncio.run(args.handler(args))
+    except BrokenPipeError:
+        # The reader left early (`comfyveil jobs show ID | head`): nothing went wrong
+        # here. Point stdout at /dev/null so the flush at exit raises nothing either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print("comfyveil: interrupted", file=sys.stderr)
         return 130

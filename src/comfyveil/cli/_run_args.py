@@ -4,6 +4,8 @@ run, and turning them into parameter values and checked input images."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 from comfyveil import config, images
@@ -53,3 +55,31 @@ def read_image(path: Path, settings: config.Settings) -> images.CheckedImage:
         )
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from exc
+
+
+def add_out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", type=Path, default=Path(), metavar="DIR",
+        help="save the outputs into DIR, created when missing (default: the current "
+        "folder); each saved path is printed on its own line",
+    )
+
+
+def check_out(path: Path) -> None:
+    """Refuse an --out that cannot become a folder we may write into, before the job runs
+    (a GPU's work is not spent on files that cannot be saved). Blocking, but small."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path} is a file, not a folder")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: {existing} is not writable")
+
+
+def check_timeout(seconds: float) -> None:
+    # 0 or less would time out at once and blame whatever step came first (the upload).
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError("--timeout must be more than 0 seconds")

@@ -17,10 +17,10 @@ from typing import Any
 from comfyveil import cli, config
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
+from comfyveil.comfy import bindings, execute, workflow
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import execute, workflow
 from comfyveil.comfy import limits as comfy_limits
-from comfyveil.errors import UsageError
+from comfyveil.errors import ComfyveilError, UsageError
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
         help=f"ComfyUI server (default: first configured backend, else "
         f"{config.DEFAULT_COMFYUI_URL})",
     )
-    parser.add_argument("--out", type=Path, default=Path(), metavar="DIR")
+    _run_args.add_out(parser)
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.add_argument(
         "--timeout", type=float, default=config.DEFAULT_JOB_TIMEOUT, metavar="SECONDS",
@@ -81,12 +81,32 @@ def _anon_progress(percent: int, summary: str) -> None:
     print(f"anon: {percent}% {summary}", file=sys.stderr, flush=True)
 
 
+async def find_workflow(settings: config.Settings, name: str) -> workflow.Workflow:
+    """A shipped workflow, one under `[workflows] dirs`, a NAME.toml path, or else a
+    command the database holds (`workflows add`): what the bot would run for `/name`."""
+    try:
+        return workflow.find(name, extra_dirs=settings.workflow_dirs)
+    except workflow.WorkflowError as exc:
+        not_found = exc
+    # Only a database that exists is asked: a typo must not start an embedded PostgreSQL.
+    has_database = settings.database.url is not None or settings.database_dir.is_dir()
+    if not has_database or not bindings.COMMAND_RE.match(name.removeprefix("/")):
+        raise UsageError(str(not_found)) from not_found
+    from comfyveil.store import database  # only when the files did not have it
+
+    try:
+        async with await database.Database.open(settings) as db:
+            command = await db.commands.get(name.removeprefix("/"))
+    except ComfyveilError:
+        command = None  # no database to ask: the files' answer stands
+    if command is None:
+        raise UsageError(str(not_found)) from not_found
+    return command.to_workflow()
+
+
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
-    try:
-        wf = workflow.find(args.workflow, extra_dirs=settings.workflow_dirs)
-    except workflow.WorkflowError as exc:
-        raise UsageError(str(exc)) from exc
+    wf = await find_workflow(settings, args.workflow)
     values: dict[str, object] = dict(_run_args.parse_assignments(args.values))
     if args.prompt:
         if wf.prompt_param is None:
@@ -95,6 +115,8 @@ async def run(args: argparse.Namespace) -> int:
     inputs = read_images(wf, args.image, settings)
     values.update({name: image.upload_name for name, image in inputs.items()})
     validated = wf.validate(values)
+    _run_args.check_timeout(args.timeout)
+    _run_args.check_out(args.out)
 
     backend = server_backend(settings, args.server)
     progress = execute.ProgressPrinter(sys.stderr)

@@ -1,9 +1,8 @@
 """`comfyveil jobs`: look at the queue and cancel jobs from the command line.
 
-    comfyveil jobs                 # the recent jobs queued from the command line
-    comfyveil jobs list --user 42  # a Telegram user's recent jobs
-    comfyveil jobs list --all      # everyone's
-    comfyveil jobs show JOB_ID
+    comfyveil jobs                 # everyone's recent jobs (the whole queue)
+    comfyveil jobs list --user 42  # one user's (0: those queued with `comfyveil submit`)
+    comfyveil jobs show JOB_ID     # the full id, or the short one the chat shows (#226bb674)
     comfyveil jobs cancel JOB_ID
 """
 
@@ -29,28 +28,34 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.set_defaults(
-        handler=list_jobs, user=CLI_USER_ID, all_users=False, limit=20, status=None
+        handler=list_jobs, user=None, all_users=False, limit=20, status=None
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     listing = actions.add_parser("list", help="recent jobs, newest first")
     listing.add_argument(
-        "--user", type=int, default=CLI_USER_ID,
-        help=f"a Telegram user id (default {CLI_USER_ID}: jobs queued with `comfyveil submit`)",
+        "--user", type=int, default=None,
+        help=f"only this user's jobs (a Telegram user id; {CLI_USER_ID}: jobs queued with "
+        "`comfyveil submit`); by default every user's",
     )
     listing.add_argument(
-        "--all", dest="all_users", action="store_true", help="every user's jobs"
+        "--all", dest="all_users", action="store_true",
+        help="every user's jobs (the default; kept for scripts)",
     )
     listing.add_argument("--limit", type=int, default=20)
     listing.add_argument("--status", choices=[s.value for s in jobs.Status], default=None)
     listing.set_defaults(handler=list_jobs)
     show = actions.add_parser("show", help="one job in detail, with its history")
-    show.add_argument("job_id", metavar="ID")
+    show.add_argument("job_id", metavar="ID", help=ID_HELP)
     show.set_defaults(handler=show_job)
     cancel = actions.add_parser("cancel", help="cancel a queued or running job")
-    cancel.add_argument("job_id", metavar="ID")
+    cancel.add_argument("job_id", metavar="ID", help=ID_HELP)
     cancel.set_defaults(handler=cancel_job)
     for sub in (listing, show, cancel):
         sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE")
+
+
+ID_HELP = "the job's id, or its first 8 characters as the chat shows them (#226bb674)"
+MIN_SHORT_ID = 6  # hex digits: fewer would name many jobs
 
 
 def parse_id(text: str) -> uuid.UUID:
@@ -58,6 +63,24 @@ def parse_id(text: str) -> uuid.UUID:
         return uuid.UUID(text.strip())
     except ValueError as exc:
         raise UsageError(f"{text[:40]!r} is not a job id") from exc
+
+
+async def find_id(db: database.Database, text: str) -> uuid.UUID:
+    """The job `text` names: a full id, or the short one the chat shows (`#226bb674`)."""
+    ref = text.strip().removeprefix("#").replace("-", "").lower()
+    if len(ref) == 32:
+        return parse_id(ref)
+    if len(ref) < MIN_SHORT_ID or any(c not in "0123456789abcdef" for c in ref):
+        raise UsageError(
+            f"{text[:40]!r} is not a job id: give the id, or its first 8 characters as the "
+            "chat shows them (#226bb674)"
+        )
+    found = await db.jobs.find_by_prefix(ref)
+    if not found:
+        raise UsageError(f"there is no job {ref}")
+    if len(found) > 1:
+        raise UsageError(f"more than one job starts with {ref}; give more of its id")
+    return found[0].id
 
 
 async def _open(args: argparse.Namespace) -> database.Database:
@@ -71,24 +94,25 @@ def _time(value: Any) -> str:
 async def list_jobs(args: argparse.Namespace) -> int:
     async with await _open(args) as db:
         statuses = [jobs.Status(args.status)] if args.status else None
-        if args.all_users:
+        if args.user is None or args.all_users:
             found = await db.jobs.list_recent(limit=args.limit, statuses=statuses)
         else:
             found = await db.jobs.list_for_user(args.user, limit=args.limit, statuses=statuses)
     if not found:
-        print("no jobs")
+        print("no jobs" if args.user is None else f"no jobs of user {args.user}")
         return 0
-    print(f"{'ID':36}  {'COMMAND':8}  {'STATUS':9}  {'BACKEND':8}  {'TRIES':5}  CREATED")
+    print(f"{'ID':36}  {'USER':>12}  {'COMMAND':8}  {'STATUS':9}  {'BACKEND':8}  "
+          f"{'TRIES':5}  CREATED")
     for job in found:
-        print(f"{job.id!s:36}  {job.command:8}  {job.status.value:9}  "
+        print(f"{job.id!s:36}  {job.user_id:>12}  {job.command:8}  {job.status.value:9}  "
               f"{job.backend or '-':8}  {job.attempts:5}  {_time(job.created_at)}")
     return 0
 
 
 async def show_job(args: argparse.Namespace) -> int:
-    job_id = parse_id(args.job_id)
     settings = config.load(args.config)
     async with await database.Database.open(settings) as db:
+        job_id = await find_id(db, args.job_id)
         job = await db.jobs.get(job_id)
         if job is None:
             raise UsageError(f"there is no job {job_id}")
@@ -126,8 +150,8 @@ async def show_job(args: argparse.Namespace) -> int:
 
 
 async def cancel_job(args: argparse.Namespace) -> int:
-    job_id = parse_id(args.job_id)
     async with await _open(args) as db:
+        job_id = await find_id(db, args.job_id)
         job = await db.jobs.cancel(job_id)
     if job is None:
         raise UsageError(f"there is no job {job_id}")

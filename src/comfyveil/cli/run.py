@@ -8,7 +8,9 @@ starts anon when a backend or the Bot API traffic goes through the Anyone networ
 the backend pool, one worker and the bot. SIGTERM or Ctrl-C: stop claiming jobs at once,
 let running jobs finish within ``[worker] stop_grace`` (8 s; their results are still
 sent), hand the rest back to the queue with their prompts left running on the GPU (the
-next worker re-attaches), answer commands until then, close everything.
+next worker re-attaches), answer commands until then, close everything. The 8 s are the
+whole stop, counted from the signal (Docker kills at 10 s): the jobs' wait is what is left
+after a share kept for handing back and closing.
 
 The token comes only from COMFYVEIL_TELEGRAM_TOKEN or ``[telegram] token_file``.
 """
@@ -20,17 +22,20 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from comfyveil import cli, config, logs, retention
 from comfyveil.anyone import runtime
 from comfyveil.cli import _operate
+from comfyveil.cli import worker as worker_cli
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.telegram import app
 from comfyveil.worker import Worker, WorkerOptions
+from comfyveil.worker import options as worker_options
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +45,8 @@ def register(subparsers: Any) -> None:
         "run",
         help=cli.SUBCOMMANDS["run"],
         description="Start the database (embedded unless [database] url or DATABASE_URL is "
-        "set), a worker for the configured backends and the Telegram bot, until SIGTERM or "
+        "set), a worker for the configured backends, the Telegram bot and the web front end "
+        "([web] enabled, on by default; alone when there is no bot token), until SIGTERM or "
         "Ctrl-C. The bot token comes from COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file.",
     )
     parser.add_argument(
@@ -71,9 +77,17 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     )
 
     stop = asyncio.Event()
+    signalled: list[float] = []  # time.monotonic() of the first signal
+
+    def on_signal() -> None:
+        if not signalled:
+            signalled.append(time.monotonic())
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
+    bot: app.TelegramBot | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
             router = await stack.enter_async_context(
@@ -90,6 +104,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                           on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                           routing=settings.worker.routing)
             )
+            worker_cli.say_unreachable(backends)
             bot = (
                 app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
                 if telegram else None
@@ -143,13 +158,23 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             )
             worker_task = asyncio.create_task(worker.run(), name="worker")
             stopping = asyncio.create_task(stop.wait(), name="stop-signal")
-            await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            watched = {worker_task, stopping}
+            if bot is not None:
+                conflict = asyncio.create_task(bot.conflict.wait(), name="bot-conflict")
+                stack.callback(conflict.cancel)
+                watched.add(conflict)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
+            if bot is not None and bot.conflict.is_set():
+                # Two processes on one token take turns stealing each other's updates:
+                # this one stops polling at once, then stops like on SIGTERM.
+                await bot.stop_updates()
             # Stop claiming at once; jobs still running get [worker] stop_grace to finish,
             # then go back to the queue with their prompt left running on its GPU (the next
             # worker re-attaches). Commands are answered until the end meanwhile (a new job
             # waits in the queue for that worker).
-            worker.stop()
+            since = signalled[0] if signalled else time.monotonic()
+            worker.stop(deadline=worker_options.stop_deadline(settings.worker.stop_grace, since))
             await worker_task  # results finished meanwhile still go out
             if bot is not None:
                 await bot.stop_updates()
@@ -158,4 +183,6 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
     print("comfyveil: stopped", flush=True)
+    if bot is not None and bot.conflict.is_set():
+        raise app.AnotherPoller()
     return 0

@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
     )
     _run_args.add_workflow_run(parser)
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
-    parser.add_argument("--out", type=Path, default=Path(), metavar="DIR")
+    _run_args.add_out(parser)
     parser.add_argument("--priority", type=int, default=0, help="higher runs first")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.set_defaults(handler=run)
@@ -201,6 +201,8 @@ async def wait_for_job(
 
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
+    if args.wait:
+        _run_args.check_out(args.out)
     async with await database.Database.open(settings) as db:
         new = await build_job(
             db, settings, args.workflow, args.prompt, args.values, args.image,

@@ -14,6 +14,8 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool
 from comfyveil.store import database
 from comfyveil.worker import Worker, WorkerOptions
+from comfyveil.worker import options as worker_options
 
 
 def register(subparsers: Any) -> None:
@@ -61,6 +64,18 @@ def options_from(settings: config.Settings, args: argparse.Namespace) -> WorkerO
     )
 
 
+def say_unreachable(backends: pool.Pool) -> None:
+    """One line on stderr per backend the first probe could not reach: the operator hears
+    of it at start, not from a user whose job waits. Later changes go to the log."""
+    for backend in backends.backends.values():
+        if not backend.healthy:
+            reason = backend.last_error or f"backend {backend.name} cannot be reached"
+            if f"backend {backend.name}" not in reason:
+                reason = f"backend {backend.name}: {reason}"
+            print(f"comfyveil: {reason}; jobs wait for the GPUs that answer",
+                  file=sys.stderr, flush=True)
+
+
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     logs.apply_settings(settings)
@@ -73,10 +88,17 @@ async def run(args: argparse.Namespace) -> int:
                       on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
                       routing=settings.worker.routing) as backends,
         ):
-            worker = Worker(db, backends, sinks=delivery, options=options_from(settings, args))
+            say_unreachable(backends)
+            options = options_from(settings, args)
+            worker = Worker(db, backends, sinks=delivery, options=options)
+
+            def on_signal() -> None:  # the grace is the whole stop, closing included
+                worker.stop(deadline=worker_options.stop_deadline(
+                    options.shutdown_grace, time.monotonic()))
+
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, worker.stop)
+                loop.add_signal_handler(signum, on_signal)
             purge = asyncio.create_task(
                 retention.purge_forever(db, settings.privacy, backends=backends),
                 name="retention",

@@ -1,7 +1,8 @@
 """`comfyveil workflows`: the chat commands and the workflows behind them.
 
     comfyveil workflows list                 every command in the database
-    comfyveil workflows add my_flow.toml     an operator's workflow (my_flow.json beside it)
+    comfyveil workflows add my_flow.toml     an operator's workflow (my_flow.json beside it);
+                                             --replace to replace a command of the same name
     comfyveil workflows enable f | disable f | remove my
     comfyveil workflows check [--server URL] which backend lacks which node or model
 
@@ -22,7 +23,7 @@ from comfyveil import cli, config
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import notrace, workflow
-from comfyveil.errors import UsageError
+from comfyveil.errors import ComfyveilError, UsageError
 from comfyveil.store import commands as commands_store
 from comfyveil.store import database
 
@@ -34,11 +35,14 @@ def register(subparsers: Any) -> None:
         "workflows", help=cli.SUBCOMMANDS["workflows"],
         description="Manage the chat commands and the ComfyUI workflows behind them.",
     )
-    actions = parser.add_subparsers(dest="workflows_action", metavar="ACTION", required=True)
+    # `comfyveil workflows` alone lists them, like `comfyveil jobs`.
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE")
+    parser.set_defaults(handler=list_commands)
+    actions = parser.add_subparsers(dest="workflows_action", metavar="ACTION")
 
     def action(name: str, handler: Any, text: str) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        sub.add_argument("--config", type=Path, default=None, metavar="FILE")
+        sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE")
         sub.set_defaults(handler=handler)
         return sub
 
@@ -49,6 +53,8 @@ def register(subparsers: Any) -> None:
     add.add_argument(
         "--admins-only", action="store_true", help="only admins may use the command"
     )
+    add.add_argument("--replace", action="store_true",
+                     help="replace the command of the same name (shipped or added before)")
     for name, handler, text in (
         ("enable", enable, "let users run a command"),
         ("disable", disable, "stop users from running a command"),
@@ -90,19 +96,35 @@ async def add_workflow(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     graph_text = args.toml.with_suffix(".json").read_text(encoding="utf-8")
     async with _open(args) as db:
+        existing = await db.commands.get(wf.command)
+        same = existing is not None and (existing.hash, existing.source) == (wf.hash, "operator")
+        if existing is not None and not args.replace and not same:
+            raise UsageError(
+                f"/{existing.command} already runs {_what(existing)}; "
+                "add --replace to replace it"
+            )
         added = await db.commands.add(
             wf, args.toml.read_text(encoding="utf-8"), graph_text,
             enabled=not args.disabled,
             allowed_roles=("admin",) if args.admins_only else ROLES,
         )
     state = "enabled" if added.enabled else "disabled"
-    print(f"/{added.command} -> {added.workflow} ({state})")
+    replaced = f", replacing {_what(existing)}" if existing is not None and not same else ""
+    print(f"/{added.command} -> {added.workflow} ({state}){replaced}")
     return 0
+
+
+def _what(command: commands_store.Command) -> str:
+    """A command's workflow as an operator recognises it: its name, title and origin."""
+    return f"{command.workflow} ({command.title}, {command.source})"
 
 
 async def _set_enabled(args: argparse.Namespace, enabled: bool) -> int:
     async with _open(args) as db:
-        command = await db.commands.set_enabled(args.command, enabled)
+        try:
+            command = await db.commands.set_enabled(args.command, enabled)
+        except commands_store.CommandNotFound as exc:
+            raise UsageError(str(exc)) from exc
     print(f"/{command.command} is {'enabled' if command.enabled else 'disabled'}")
     return 0
 
@@ -136,11 +158,10 @@ async def check_backends(args: argparse.Namespace) -> int:
         [config.BackendConfig(name=f"server{i}", url=u) for i, u in enumerate(args.server)]
         if args.server else list(settings.backend_list())
     )
-    workflows = workflow.shipped()
-    if settings.workflow_dirs:
-        for directory in settings.workflow_dirs:
-            workflows.update(workflow.load_dir(directory))
-    worst = 0
+    if not backends:
+        raise UsageError("no backends to check: name one with --server URL or in [backends]")
+    workflows, worst = await _workflows_to_check(args, settings)
+    width = max((len(wf.command) for wf, _ in workflows), default=4) + 1
     for backend in backends:
         try:
             async with comfy_client.ComfyClient(backend.url, name=backend.name) as client:
@@ -149,12 +170,45 @@ async def check_backends(args: argparse.Namespace) -> int:
             print(f"{backend.name}: {exc}")
             worst = 1
             continue
-        for wf in workflows.values():
+        for wf, label in workflows:
             problems = wf.check(info)
             verdict = "ok" if not problems else "; ".join(problems)
-            print(f"{backend.name}  /{wf.command:<5} {verdict}{_trace_note(wf, info, backend)}")
+            print(f"{backend.name}  /{wf.command:<{width}} {verdict}{label}"
+                  f"{_trace_note(wf, info, backend)}")
             worst = worst or (1 if problems else 0)
     return worst
+
+
+async def _workflows_to_check(
+    args: argparse.Namespace, settings: config.Settings
+) -> tuple[list[tuple[workflow.Workflow, str]], int]:
+    """What the bot serves (every command in the database, operators' ones included, the
+    disabled ones marked) and the `[workflows] dirs` that `generate` reads; 1 as the
+    second value when the database could not be read, so the exit code stays honest."""
+    found: dict[str, tuple[workflow.Workflow, str]] = {}
+    worst = 0
+    try:
+        async with _open(args) as db:
+            commands = await db.commands.list()
+    except ComfyveilError as exc:
+        print(f"database: {exc}; checking only the shipped workflows")
+        commands, worst = [], 1
+        found = {wf.command: (wf, "") for wf in workflow.shipped().values()}
+    for command in commands:
+        try:
+            wf = command.to_workflow()
+        except workflow.WorkflowError as exc:
+            print(f"/{command.command}: its stored workflow no longer loads: {exc}")
+            worst = 1
+            continue
+        found[command.command] = (wf, "" if command.enabled else " (disabled)")
+    for directory in settings.workflow_dirs:
+        for wf in workflow.load_dir(directory).values():
+            same = found.get(wf.command)
+            if same is None or same[0].hash != wf.hash:
+                key = wf.command if same is None else f"{wf.command} {directory}"
+                found[key] = (wf, f" ({directory})")
+    return list(found.values()), worst
 
 
 def _trace_note(

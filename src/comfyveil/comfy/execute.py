@@ -562,6 +562,13 @@ def save_outputs(files: tuple[OutputData, ...], out_dir: Path, *, prefix: str = 
     return saved
 
 
+def shows_steps(event: events.Progress, node_types: Mapping[str, str]) -> bool:
+    """Whether a progress event is a step users can read (a sampler's 9/20), not a saver
+    or preview node ticking once per image as it sends it ("SaveImage step 0/1")."""
+    kind = node_types.get(event.node or "", "")
+    return event.max > 1 and not kind.startswith(("Save", "Preview"))
+
+
 class ProgressPrinter:
     """One status line on a terminal (stderr), rewritten as events arrive."""
 
@@ -593,7 +600,7 @@ class ProgressPrinter:
         elif isinstance(event, events.Executing) and event.node is not None:
             kind = self._node_types.get(event.node, "")
             self._show(f"node {event.node} {kind}".rstrip())
-        elif isinstance(event, events.Progress) and event.max:
+        elif isinstance(event, events.Progress) and shows_steps(event, self._node_types):
             kind = self._node_types.get(event.node or "", "")
             percent = 100 * event.value / event.max
             self._show(f"{kind or 'node'} step {event.value:g}/{event.max:g} ({percent:.0f}%)")

@@ -20,13 +20,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from comfyveil import config, errors
-from comfyveil.i18n import _, ltr
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import accounts, users
 
 if TYPE_CHECKING:
     from comfyveil.desk.services import Desk
 
 ALLOWED_KEY = "allowed"  # users.settings flag written by /allow
+
+
+# Said wherever limits are shown or set (the chat's /users and /quota, the web's users
+# page): admins have none, so a count against a quota would mislead.
+NO_LIMITS = N_("No limits: admins have none.")
+QUOTA_FOR_ADMIN = N_("Admins have no limits: {user}'s quota applies once they are no "
+                     "longer an admin.")
 
 
 class NotAllowed(errors.UsageError):
@@ -99,6 +106,11 @@ class Access:
     def require_admin(self, who: Who) -> None:
         if not who.is_admin:
             raise NotAllowed(_("Only the bot's admins can do that."))
+
+    def exempt(self, user_id: int, role: str, *, web_admin: bool = False) -> bool:
+        """Whether this user has no limits (an admin: by the configuration, their role, or
+        a web account marked admin): the one answer `limits` and every page use."""
+        return user_id in self.settings.telegram.admins or role == "admin" or web_admin
 
     def limits(self, who: Who) -> dict[str, Any]:
         """The enqueue limits of this user as keywords of `JobStore.enqueue` and

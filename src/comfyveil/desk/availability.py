@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from comfyveil import errors
 from comfyveil.comfy import workflow
 from comfyveil.i18n import N_, _, ltr
 
@@ -72,6 +73,25 @@ def runnable(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> l
     return [e for e in entries if reason(pool, e.workflow) is None]
 
 
+def edits(pool: pool_mod.Pool | None, entries: Sequence[registry.Entry]) -> list[registry.Entry]:
+    """The commands that edit an image some GPU can run now (the photo hint, "Edit this
+    with"), those that take words first: an edit without words (/invert) is one too."""
+    found = [e for e in runnable(pool, entries) if e.takes_image]
+    return sorted(found, key=lambda e: e.workflow.prompt_param is None)
+
+
 def refusal(entry: registry.Entry, why: str) -> str:
     """The sentence for a user who typed a command no GPU can run now."""
     return _(NOT_AVAILABLE).format(command=ltr(f"/{entry.name}"), reason=_(why))
+
+
+def check(pool: pool_mod.Pool | None, entry: registry.Entry) -> None:
+    """Refuse a job of `entry` when no GPU can run it now: every front end asks this
+    before queueing, so none queues a job that can only fail.
+
+    Raises:
+        UsageError: the sentence of `refusal`.
+    """
+    why = reason(pool, entry.workflow)
+    if why is not None:
+        raise errors.UsageError(refusal(entry, why))

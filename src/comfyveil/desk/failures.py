@@ -55,11 +55,12 @@ def _offline(match: re.Match[str]) -> str:
         n,
     ).format(n=n)
 
+_MISSING_RULE = re.compile(r"is not installed on backend|^no GPU has the|^no GPU can run")
 # (pattern over the worker's error text, the sentence users get), first match wins
 _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"out of memory|OutOfMemory", re.IGNORECASE), OUT_OF_MEMORY),
     (re.compile(r"input image .* is missing on backend"), IMAGE_LOST),
-    (re.compile(r"is not installed on backend|^no GPU has the|^no GPU can run"), MISSING),
+    (_MISSING_RULE, MISSING),
     (re.compile(r"took longer than .* on backend"), TOO_LONG),
     (re.compile(r"failed on backend "), WORKFLOW_FAILED),
     (re.compile(r"rejected the workflow|^[^;]*\(node \w+, [^)]*\)"), REFUSED),
@@ -71,6 +72,15 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
         LOST,
     ),
 )
+
+
+def rerun_offered(params: dict[str, object], status: str, error: str | None) -> bool:
+    """Whether "run again with a new seed" is worth offering for a job: its workflow has a
+    seed (without one the run would repeat itself) and it did not fail because no GPU has
+    what it needs (it would fail the same way). Status is the job's status word."""
+    if "seed" not in params:
+        return False
+    return not (status == "failed" and _MISSING_RULE.search((error or "").strip()))
 
 
 def sentence(error: str | None, *, detail: bool = False) -> str:

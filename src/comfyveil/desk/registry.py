@@ -18,6 +18,7 @@ from comfyveil import i18n
 from comfyveil.comfy import workflow
 from comfyveil.i18n import _
 from comfyveil.store import commands as commands_store
+from comfyveil.store import database
 
 if TYPE_CHECKING:
     from comfyveil.desk.access import Who
@@ -46,6 +47,8 @@ class CommandHelp:
     description: str = ""
     options: Sequence[OptionHelp] = field(default_factory=tuple)
     takes_image: bool = False
+    negative: bool = False  # takes --no (a negative prompt)
+    sized: bool = False  # has width and height, so takes --ar
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ class Entry:
         return CommandHelp(
             name=self.name, title=self.title(), description=self.description(),
             options=tuple(options), takes_image=self.takes_image,
+            negative=self.negative_allowed,
+            sized="width" in wf.params and "height" in wf.params,
         )
 
     def title(self) -> str:
@@ -171,6 +176,13 @@ class CommandRegistry:
                 entries[row.command] = Entry(row.command, row, wf)
             self._entries = entries
             self._loaded_at = time.monotonic()
+
+    async def follow(self, db: database.Database) -> None:
+        """Read the table again each time a process changes it (its NOTIFY), and after a
+        lost connection (a change may have been missed), until cancelled."""
+        async with db.listen([database.COMMANDS_CHANNEL]) as listener:
+            async for _ in listener:
+                await self.refresh()
 
     async def _fresh(self) -> None:
         if time.monotonic() - self._loaded_at > self.refresh_seconds:

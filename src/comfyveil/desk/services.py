@@ -30,9 +30,15 @@ class PolicyDesk(Desk, Protocol):
     def policy(self) -> policy_mod.Policy: ...
 
 
-class PoolDesk(PolicyDesk, Protocol):
+class RunDesk(Desk, Protocol):
+    """A front end that knows the backend pool (None: no worker in this process)."""
+
     @property
     def pool(self) -> pool_mod.Pool | None: ...
+
+
+class PoolDesk(PolicyDesk, RunDesk, Protocol):
+    pass
 
 
 class AccountDesk(Desk, Protocol):

@@ -62,7 +62,7 @@ async def check_allowed(services: Desk, who: access.Who, entry: registry.Entry) 
 
 
 async def queue(
-    svc: PolicyDesk,
+    svc: PoolDesk,
     who: access.Who,
     entry: registry.Entry,
     values: Mapping[str, object],
@@ -73,13 +73,14 @@ async def queue(
 ) -> jobs.Job:
     """Check and queue a job for `who`: the one way into the queue for every front end
     (the chat's commands, edits, /again and re-roll, the web's form, Run again and Edit
-    this), so each passes the same access rule and the same content policy (issue 22
-    §3); then the limits, cooldown included, in the enqueue statement. `job_id` is the
-    new job's id (a front end tells a retried request's existing job by it).
+    this, the images API), so each passes the same access rule, the same content policy
+    (issue 22 §3) and the same availability rule (no job no GPU can run); then the
+    limits, cooldown included, in the enqueue statement. `job_id` is the new job's id (a
+    front end tells a retried request's existing job by it).
 
     Raises:
-        UsageError: not allowed, not allowed this command, a refused prompt, a limit
-            reached, a bad value.
+        UsageError: not allowed, not allowed this command, a refused prompt, no GPU can
+            run it, a limit reached, a bad value.
     """
     if not who.allowed:
         raise access.NotAllowed(_("You are not allowed to use this service."))
@@ -88,6 +89,7 @@ async def queue(
             _("Only the admins can use {command}.").format(command=f"/{entry.name}")
         )
     await check_policy(svc, entry.name, policy_texts(entry.workflow, values))
+    availability.check(svc.pool, entry)
     validated = entry.workflow.validate(dict(values))
     new = jobs.NewJob(
         user_id=who.user_id,
@@ -119,9 +121,7 @@ async def again(
             _("The command {command} is not available now.").format(command=ltr(f"/{job.command}"))
         )
     await check_allowed(services, who, entry)
-    why = availability.reason(services.pool, entry.workflow)
-    if why is not None:
-        raise errors.UsageError(availability.refusal(entry, why))
+    availability.check(services.pool, entry)
     inputs: list[jobs.InputImage] = []
     if entry.takes_image:
         inputs = await services.db.jobs.inputs(job.id)

@@ -19,6 +19,14 @@ ROLE_WORDS = {"user": N_("user"), "admin": N_("admin"), "banned": N_("banned")}
 SOURCE_WORDS = {"shipped": N_("shipped"), "operator": N_("operator")}
 
 
+def offline_wait(seconds: float) -> str:
+    """How long a job waits while every GPU is offline, as the worker's own sentence says
+    it when it gives up ("within 25 s", "within 30 min"): one span for users and admins."""
+    if seconds < 90:
+        return _("{seconds} s").format(seconds=round(seconds))
+    return _("{minutes} min").format(minutes=round(seconds / 60))
+
+
 def status_word(status: str) -> str:
     word = STATUS_WORDS.get(status)
     return _(word) if word else status

@@ -132,6 +132,7 @@ class GalleryItem:
     kind: str
     mime: str
     created_at: dt.datetime
+    prompt: str = ""  # the job's prompt, to tell results apart
 
 
 @dataclass(frozen=True)
@@ -284,8 +285,10 @@ class WebStore:
         return await self._all(
             "SELECT a.id, a.name, a.user_id, a.is_admin, a.disabled, a.created_at, "
             "a.last_login_at, coalesce(u.role, 'user') AS role, u.daily_quota, "
-            "(SELECT count(*) FROM jobs j WHERE j.user_id = a.user_id AND j.created_at >= "
-            " (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')) AS today "
+            # The quota's own count (user_usage): a refunded failure is not in it, as it is
+            # not in the chat's /users or the quota check.
+            "coalesce((SELECT g.jobs_today FROM user_usage g WHERE g.user_id = a.user_id "
+            " AND g.day = (now() AT TIME ZONE 'UTC')::date), 0) AS today "
             "FROM web_accounts a LEFT JOIN users u ON u.id = a.user_id "
             "ORDER BY a.created_at DESC LIMIT %(limit)s",
             {"limit": limit},
@@ -484,7 +487,8 @@ class WebStore:
 
     async def gallery(self, user_id: int, *, limit: int, offset: int) -> list[GalleryItem]:
         rows = await self._all(
-            "SELECT o.job_id, o.index, j.command, o.kind, o.mime, j.created_at "
+            "SELECT o.job_id, o.index, j.command, o.kind, o.mime, j.created_at, "
+            "left(j.params->>'prompt', 200) AS prompt "
             "FROM jobs j JOIN job_outputs o ON o.job_id = j.id "
             "WHERE j.user_id = %(u)s AND j.status = 'succeeded' "
             "ORDER BY j.created_at DESC, o.job_id, o.index LIMIT %(limit)s OFFSET %(offset)s",
@@ -498,6 +502,7 @@ class WebStore:
                 kind=r["kind"],
                 mime=r["mime"],
                 created_at=r["created_at"],
+                prompt=r["prompt"] or "",
             )
             for r in rows
         ]

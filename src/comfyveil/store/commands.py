@@ -110,7 +110,13 @@ class CommandStore:
                     changed += 1
         if changed:
             logger.info("commands seeded", extra={"action": "commands_seeded", "count": changed})
+            await self._changed("")
         return changed
+
+    async def _changed(self, command: str) -> None:
+        """NOTIFY the processes that offer commands (bots, web servers): a change made here
+        reaches them at once, not at their next periodic re-read."""
+        await self.db.one("notify_commands_changed", command=command)
 
     async def add(
         self,
@@ -128,6 +134,7 @@ class CommandStore:
             allowed_roles=list(allowed_roles), limits=Jsonb(dict(limits or {})),
         )
         assert row is not None
+        await self._changed(wf.command)
         return Command.from_row(row)
 
     async def save_version(self, wf: workflow.Workflow, toml_text: str, graph_text: str) -> None:
@@ -161,6 +168,7 @@ class CommandStore:
         )
         if row is None:
             raise CommandNotFound(f"there is no command /{command.removeprefix('/')}")
+        await self._changed(row["command"])
         return Command.from_row(row)
 
     async def get(self, command: str) -> Command | None:
@@ -172,4 +180,7 @@ class CommandStore:
         return [Command.from_row(row) for row in rows]
 
     async def remove(self, command: str) -> bool:
-        return await self.db.one("delete_command", command=command.removeprefix("/")) is not None
+        removed = await self.db.one("delete_command", command=command.removeprefix("/"))
+        if removed is not None:
+            await self._changed(removed["command"])
+        return removed is not None

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 JOBS_CHANNEL = "comfyveil_jobs"  # a job became claimable: {"job_id"}
 UPDATES_CHANNEL = "comfyveil_job_updates"  # a job changed: {"job_id", "event", "status"}
+COMMANDS_CHANNEL = "comfyveil_commands"  # a command was added, removed, switched on or off
 CONNECT_TIMEOUT = 10  # seconds
 KEEPALIVE_SECONDS = 30.0
 RECONNECT_DELAY = 0.5  # seconds, doubled up to RECONNECT_DELAY_MAX

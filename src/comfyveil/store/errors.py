@@ -69,16 +69,20 @@ class QueueLimitReached(StoreError, UsageError):
         ).format(n=i18n.ltr(limit)))
 
 
+QUOTA_RESETS = "00:00 UTC"  # when daily quotas start again
+
+
 class DailyQuotaReached(StoreError, UsageError):
     """You have used all your jobs for today."""
 
     def __init__(self, quota: int, message: str | None = None) -> None:
         self.quota = quota
+        # The day is UTC's (user_usage.day): "tomorrow" alone is wrong for half the world.
         super().__init__(message or i18n.ngettext(
-            "you have used the {n} job of your daily quota; try again tomorrow",
-            "you have used all {n} jobs of your daily quota; try again tomorrow",
+            "you have used the {n} job of your daily quota; try again after {time}",
+            "you have used all {n} jobs of your daily quota; try again after {time}",
             quota,
-        ).format(n=i18n.ltr(quota)))
+        ).format(n=i18n.ltr(quota), time=i18n.ltr(QUOTA_RESETS)))
 
 
 class CoolingDown(StoreError, UsageError):

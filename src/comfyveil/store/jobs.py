@@ -535,6 +535,17 @@ class JobStore:
         row = await self.db.one("get_job", job_id=job_id)
         return Job.from_row(row) if row else None
 
+    async def find_by_prefix(self, prefix: str, *, limit: int = 2) -> list[Job]:
+        """Jobs whose id starts with `prefix` (hex digits, dashes left out: the short id
+        the chat shows), newest first. Read as a range of the primary key, not a scan."""
+        digits = prefix.replace("-", "").lower()
+        if not digits or len(digits) > 32 or any(c not in "0123456789abcdef" for c in digits):
+            return []
+        low = uuid.UUID(digits.ljust(32, "0"))
+        high = uuid.UUID(digits.ljust(32, "f"))
+        rows = await self.db.all("find_jobs_by_id_range", low=low, high=high, limit=limit)
+        return [Job.from_row(row) for row in rows]
+
     async def list_for_user(
         self, user_id: int, *, limit: int = 10, statuses: Iterable[Status] | None = None
     ) -> list[Job]:

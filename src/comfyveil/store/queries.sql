@@ -270,6 +270,11 @@ SELECT * FROM updated;
 -- One job by id
 SELECT * FROM jobs WHERE id = %(job_id)s;
 
+-- find_jobs_by_id_range --
+-- Jobs whose id lies between two ids (an id prefix, as the chat shows it), newest first
+SELECT * FROM jobs WHERE id BETWEEN %(low)s AND %(high)s
+ORDER BY created_at DESC LIMIT %(limit)s;
+
 -- list_user_jobs --
 -- A user's most recent jobs, newest first
 SELECT * FROM jobs
@@ -705,6 +710,10 @@ SELECT * FROM workflow_versions WHERE hash = %(hash)s;
 -- delete_command --
 -- Remove a command
 DELETE FROM commands WHERE command = %(command)s RETURNING command;
+
+-- notify_commands_changed --
+-- Tell every bot and web server to read the commands again (sent when the change commits)
+SELECT pg_notify('comfyveil_commands', %(command)s);
 
 -- lock_migrations --
 -- Let one process at a time migrate (held until the transaction ends)

@@ -48,9 +48,11 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
         flags = [_(ROLE_WORDS.get(row["role"], row["role"]))]
         if row["granted"]:
             flags.append(_("allowed"))
-        lines.append(_("{user} {flags} · {count} today").format(
+        exempt = context.services.access.exempt(row["id"], row["role"])
+        line = _("{user} {flags} · {count} today").format(
             user=ltr(f"<code>{row['id']}</code>"), flags=" ".join(flags),
-            count=ltr(f"{row['today']}/{quota}")))
+            count=ltr(row["today"] if exempt else f"{row['today']}/{quota}"))
+        lines.append(f"{line} · {_(access.NO_LIMITS)}" if exempt else line)
     if not rows:
         lines.append(_("Nobody has used the bot yet."))
     await replies.reply(update, "\n".join(lines))
@@ -98,10 +100,14 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
     except ValueError:
         raise errors.UsageError(_("The quota must be a whole number of jobs per day.")) from None
     await context.services.db.users.set_daily_quota(user_id, amount)
-    await replies.reply(update, i18n.ngettext(
+    answer = i18n.ngettext(
         "User {user} may run {n} job a day.",
         "User {user} may run {n} jobs a day.", amount,
-    ).format(user=ltr(f"<code>{user_id}</code>"), n=ltr(amount)))
+    ).format(user=ltr(f"<code>{user_id}</code>"), n=ltr(amount))
+    target = await context.services.db.users.get(user_id)
+    if context.services.access.exempt(user_id, target.role if target else "user"):
+        answer += " " + _(access.QUOTA_FOR_ADMIN).format(user=ltr(f"<code>{user_id}</code>"))
+    await replies.reply(update, answer)
 
 
 async def backends(update: Update, context: BotContext, who: access.Who, text: str) -> None:

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from telegram import Update
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import (
     Application,
     BaseRateLimiter,
@@ -44,7 +44,7 @@ from telegram.ext import (
 from comfyveil import config, i18n, redaction
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
-from comfyveil.desk import access, language, registry
+from comfyveil.desk import access, language, registry, words
 from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, eta
@@ -62,8 +62,8 @@ MENU_REFRESH = 15.0  # seconds between checks that the command menu shows what c
 MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
 OFFLINE_NOTICE_AFTER = 10.0  # seconds every GPU must be offline before admins are told
 ADMIN_OFFLINE = N_(
-    "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {minutes} "
-    "min; {backends} shows why."
+    "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {span}; "
+    "{backends} shows why."
 )
 NO_TOKEN = (
     "no Telegram bot token: set COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file "
@@ -73,6 +73,10 @@ NO_TOKEN = (
 
 class BotApiUnreachable(ComfyveilError):
     """The Telegram Bot API could not be reached, or refused the bot, at start."""
+
+
+class AnotherPoller(ComfyveilError):
+    """another process is polling this bot (the same token); this one stops"""
 
 
 class QuietBot(ExtBot[Any]):
@@ -113,8 +117,10 @@ def build_application(
     *,
     proxy: str | None = None,
     rate_limiter: BaseRateLimiter[Any] | None = None,
+    updates_request: AiohttpRequest | None = None,
 ) -> Application[Any, Any, Any, Any, Any, Any]:
-    """The PTB Application with comfyveil's handlers, in reading order.
+    """The PTB Application with comfyveil's handlers, in reading order
+    (`updates_request`: the caller's own for getUpdates, to stop polling without PTB).
 
     Raises:
         ConfigError: no bot token.
@@ -133,7 +139,8 @@ def build_application(
         tg.token,
         request=AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
                                media_write_timeout=60.0, proxy=proxy),
-        get_updates_request=AiohttpRequest(connection_pool_size=1, proxy=proxy),
+        get_updates_request=updates_request or AiohttpRequest(connection_pool_size=1,
+                                                              proxy=proxy),
         rate_limiter=rate_limiter or limits.ChatRateLimiter(max_retries=RATE_LIMIT_RETRIES),
         **urls,
     )
@@ -176,7 +183,9 @@ class TelegramBot:
         status_interval: float = status.PRIVATE_INTERVAL,
     ) -> None:
         self.settings = settings
-        self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter)
+        self._updates_request = AiohttpRequest(connection_pool_size=1, proxy=proxy)
+        self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter,
+                                             updates_request=self._updates_request)
         limiter = self.application.bot.rate_limiter
         room = limiter.has_room if isinstance(limiter, limits.ChatRateLimiter) else None
         self.tracker = status.StatusTracker(
@@ -198,9 +207,12 @@ class TelegramBot:
         self.menu_refresh = MENU_REFRESH
         self._menu: tuple[str, ...] = ()
         self._menu_task: asyncio.Task[None] | None = None
+        self._commands_task: asyncio.Task[None] | None = None  # follows the commands table
         self.offline_notice_after = OFFLINE_NOTICE_AFTER
         self._offline_since: float | None = None
         self._offline_told = False
+        # Set when Telegram cut our long poll off for another process's: the caller stops.
+        self.conflict = asyncio.Event()
 
     async def _menu_loop(self) -> None:
         """Keep the command menu to what some GPU can run: publish it again whenever that
@@ -240,12 +252,15 @@ class TelegramBot:
             await self.services.commands.refresh()
             self._menu = await commands.publish_menu(self.services, app.bot)
             self._menu_task = asyncio.create_task(self._menu_loop(), name="menu-refresh")
+            self._commands_task = asyncio.create_task(
+                self.services.commands.follow(self.services.db), name="commands-follow")
             await self.tracker.start()
             await app.start()
             assert app.updater is not None
             await app.updater.start_polling(
                 poll_interval=0.0, timeout=int(self.settings.telegram.poll_timeout),
                 allowed_updates=[Update.MESSAGE, Update.CALLBACK_QUERY],
+                error_callback=self._polling_failed,
             )
             self._polling = True
             self._started = True
@@ -259,6 +274,18 @@ class TelegramBot:
             raise
         logger.info("Telegram bot @%s is running", self.services.bot_username,
                     extra={"action": "bot_started"})
+
+    def _polling_failed(self, exc: TelegramError) -> None:
+        """One line per failed poll instead of PTB's traceback (it retries by itself);
+        a Conflict means another process polls with our token, and one of us must go."""
+        if isinstance(exc, Conflict):
+            if not self.conflict.is_set():
+                logger.info("another process polls this bot", extra={"action": "bot_conflict"})
+                self._updates_request.refuse_polling()
+                self.conflict.set()
+            return
+        logger.warning("polling for updates failed (%s): %s", type(exc).__name__, exc,
+                       extra={"action": "poll_failed"})
 
     async def stop_updates(self) -> None:
         """Stop taking new messages; updates being handled finish. Idempotent."""
@@ -298,7 +325,6 @@ class TelegramBot:
         self._offline_told = True
         pool = self.services.pool
         assert pool is not None
-        minutes = max(1, round(self.settings.worker.max_wait_offline / 60))
         for admin in self.settings.telegram.admins:
             try:
                 spoken = language.of_settings(await self.services.db.users.settings(admin))
@@ -306,22 +332,27 @@ class TelegramBot:
                 spoken = i18n.DEFAULT
             with i18n.using(spoken):
                 text = _(ADMIN_OFFLINE).format(
-                    names=", ".join(ltr(n) for n in pool.backends), minutes=ltr(minutes),
+                    names=", ".join(ltr(n) for n in pool.backends),
+                    span=ltr(words.offline_wait(self.settings.worker.max_wait_offline)),
                     backends=ltr("/backends"),
                 )
             try:
                 await self.application.bot.send_message(admin, replies.esc(text),
                                                         parse_mode="HTML")
             except TelegramError as exc:  # the admin never started a chat with the bot
-                logger.info("admin not told: %s", type(exc).__name__,
-                            extra={"action": "admin_notice_failed"})
+                # The operator hears it instead: a bot may only write to who wrote first.
+                logger.warning("every GPU is offline, and admin %s could not be told (%s): "
+                               "they must send /start to the bot once", admin,
+                               type(exc).__name__, extra={"action": "admin_notice_failed"})
 
     async def _stop_menu(self) -> None:
-        task, self._menu_task = self._menu_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        tasks = (self._menu_task, self._commands_task)
+        self._menu_task = self._commands_task = None
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def __aenter__(self) -> TelegramBot:
         await self.start()

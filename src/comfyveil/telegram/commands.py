@@ -45,6 +45,17 @@ BUILTIN_MENU: tuple[tuple[str, str], ...] = (
     ("history", N_("Your last jobs")),
     ("forget", N_("Delete all your data")),
 )
+WEB_MENU = ("web", N_("A link to use me in a browser"))  # when [web] is enabled
+# The admin commands (telegram/admin.py), in each admin's own menu only.
+ADMIN_MENU: tuple[tuple[str, str], ...] = (
+    ("users", N_("Users, roles and today's jobs")),
+    ("allow", N_("Let a user in: /allow ID")),
+    ("ban", N_("Refuse a user: /ban ID")),
+    ("quota", N_("A user's daily quota: /quota ID N")),
+    ("backends", N_("The GPUs: up or down, busy, what they lack")),
+    ("workflows", N_("The commands and what each needs")),
+    ("policy", N_("Prompts refused by the content policy")),
+)
 # What users read, in one place (to be translated as a whole).
 START_HELLO = N_("Hi! I turn your words into images on our own GPUs.")
 START_TRY = N_("Try {example}.")
@@ -86,6 +97,10 @@ async def publish_menu(services: Services, bot: Any) -> tuple[str, ...]:
         with i18n.using(code):
             listed = [BotCommand(e.name, (e.title() or e.name)[:256]) for e in shown]
             listed += [BotCommand(name, _(text)) for name, text in BUILTIN_MENU]
+            if services.settings.web.enabled:
+                listed.append(BotCommand(WEB_MENU[0], _(WEB_MENU[1])))
+            if admin:
+                listed += [BotCommand(name, _(text)) for name, text in ADMIN_MENU]
         return listed[:100]
 
     for code in i18n.LANGUAGES:
@@ -135,7 +150,7 @@ async def help_(update: Update, context: BotContext, who: access.Who, text: str)
     others = [e for e in entries if e not in runnable]
     await replies.reply(update, render.help_text(
         [e.help() for e in runnable], [e.help() for e in others],
-        unavailable_mark=availability.UNAVAILABLE_MARK,
+        unavailable_mark=availability.UNAVAILABLE_MARK, web=services.settings.web.enabled,
     ))
 
 
@@ -150,9 +165,7 @@ async def run_workflow(
     message = update.effective_message
     assert message is not None
     wf = entry.workflow
-    why = availability.reason(services.pool, wf)
-    if why is not None:
-        raise errors.UsageError(availability.refusal(entry, why))
+    availability.check(services.pool, entry)
     prompt_param = wf.prompt_param
     # The limit users are told is the one that binds: the workflow's own when it is lower.
     max_chars = services.settings.limits.max_prompt_length
@@ -162,6 +175,7 @@ async def run_workflow(
     parsed = parse.parse(
         text, entry.options, bot_username=services.bot_username, in_group=_in_group(update),
         require_prompt=prompt_param is not None and wf.params[prompt_param].required,
+        takes_prompt=prompt_param is not None,
         negative_allowed=entry.negative_allowed,
         max_prompt_chars=max_chars,
     )
@@ -341,7 +355,7 @@ def _language_rows(
 ) -> list[list[InlineKeyboardButton]]:
     """auto (the Telegram app's language), then each shipped language in its own name."""
     choice = prefs.get(language.CHOICE) or ""
-    buttons = [button(_("auto"), language.CHOICE, "", not choice)] + [
+    buttons = [button(_("auto language"), language.CHOICE, "", not choice)] + [
         button(name, language.CHOICE, code, choice == code)
         for code, name in i18n.NATIVE_NAMES.items()
     ]
@@ -365,7 +379,8 @@ def settings_keyboard(
     as_file = bool(prefs.get("as_file"))
     spoiler = bool(prefs.get(SPOILER_KEY))
     return InlineKeyboardMarkup([
-        [button(_("auto"), "ar", "", not ar)] + [button(a, "ar", a, ar == a) for a in ASPECTS],
+        [button(_("auto size"), "ar", "", not ar)]
+        + [button(a, "ar", a, ar == a) for a in ASPECTS],
         [button(_("auto steps"), "steps", "", not steps)]
         + [button(s, "steps", s, steps == s) for s in STEP_CHOICES],
         [button(_("random seed"), "seed", "random", not fixed),

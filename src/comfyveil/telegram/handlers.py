@@ -17,7 +17,7 @@ from telegram import Update
 from telegram.error import TelegramError
 
 from comfyveil import i18n
-from comfyveil.desk import language
+from comfyveil.desk import availability, language
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.telegram import admin, commands, parse, replies
 from comfyveil.telegram.context import BotContext, Services
@@ -39,10 +39,12 @@ async def _hint(services: Services, photo: bool) -> str:
     # not per user: an admins-only command is never the example (hints come before access)
     entries = [e for e in await commands.runnable_entries(services) if not e.admins_only]
     if photo:
-        edits = [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
+        edits = availability.edits(services.pool, entries)
         if not edits:
             return _(PHOTO_HINT_NONE).format(help=ltr("/help"))
-        shown = f"/{replies.esc(edits[0].name)} " + replies.esc(_("make it night"))
+        shown = f"/{replies.esc(edits[0].name)}"
+        if edits[0].workflow.prompt_param is not None:
+            shown += " " + replies.esc(_("make it night"))
         return _(PHOTO_HINT).format(example=ltr(f"<code>{shown}</code>"))
     texts = [e for e in entries if not e.takes_image]
     if not texts:
@@ -80,10 +82,14 @@ async def on_message(update: Update, context: BotContext) -> None:
         entry = await services.commands.get(name)
         if entry is None:
             if not in_group or addressed:
-                await replies.reply(
-                    update, _("There is no command {command}. {help} lists them all.").format(
+                stored = await services.db.commands.get(name)
+                if stored is not None and not stored.enabled:
+                    answer = _("{command} is switched off.").format(
+                        command=ltr(f"/{replies.esc(name)}"))
+                else:
+                    answer = _("There is no command {command}. {help} lists them all.").format(
                         command=ltr(f"/{replies.esc(name)}"), help=ltr("/help"))
-                )
+                await replies.reply(update, answer)
             return
     who = await services.access.require(user.id, chat.id)
     await language.note(services.db.users, user.id, who.settings, user.language_code)

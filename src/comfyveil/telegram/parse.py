@@ -53,6 +53,9 @@ _JOB_REF = re.compile(
     r"#?([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
     r"|#([0-9a-fA-F]{8,32})"
 )
+# A word that starts with one hyphen or a dash we do not read as "--" (a phone's minus, a
+# figure dash): if an option's name follows, the user meant that option.
+_NEAR_OPTION = re.compile(r"(?:(?<=\s)|^)[-‐‑‒―−﹘﹣－]+([A-Za-z][A-Za-z0-9_-]*)(?==|\s|$)")
 _QUOTES = {'"': '"', "'": "'", "“": "”", "„": "“", "«": "»", "‘": "’"}
 _ASPECT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[:x×/]\s*(\d+(?:\.\d+)?)\s*$")
 
@@ -105,6 +108,7 @@ def parse(
     bot_username: str | None = None,
     in_group: bool = False,
     require_prompt: bool = False,
+    takes_prompt: bool = True,
     negative_allowed: bool = True,
     max_prompt_chars: int = MAX_PROMPT_CHARS,
 ) -> ParsedCommand | None:
@@ -116,6 +120,8 @@ def parse(
         bot_username: our username, to recognise ``/cmd@OurBot`` in groups.
         in_group: the message comes from a group, where ``/cmd@OtherBot`` is ignored.
         require_prompt: refuse a command without a prompt (generation commands).
+        takes_prompt: False for a command that takes no words (an edit without a prompt):
+            words given to it are refused, not dropped.
         negative_allowed: whether ``--no`` is accepted (the workflow has a negative input).
         max_prompt_chars: the longest prompt (and negative prompt) accepted.
 
@@ -155,6 +161,13 @@ def parse(
         options[name] = value
         position = match.end() + consumed
     words.append(rest[position:])
+    for stray in words:  # "-width 100", "−seed 4": an option with the wrong dash
+        for near in _NEAR_OPTION.finditer(stray):
+            known = allowed.get(_key(near.group(1)))
+            if known is not None:
+                raise ParseError(_("Write options with two hyphens: {option}, not {given}.")
+                                 .format(option=ltr(f"--{known}"),
+                                         given=ltr(near.group(0).strip())))
     prompt = " ".join(" ".join(words).split())
     first, _space, remainder = prompt.partition(" ")
     if (job := _JOB_REF.fullmatch(first)) is not None:
@@ -171,6 +184,10 @@ def parse(
         if len(value) > max_prompt_chars:
             raise ParseError(_(message).format(length=ltr(len(value)),
                                                limit=ltr(max_prompt_chars)))
+    if prompt and not takes_prompt:
+        raise ParseError(_("{command} takes no words, only its options: {words} would be "
+                           "lost.").format(command=ltr(f"/{command}"),
+                                           words=ltr(repr(prompt[:40]))))
     if require_prompt and not prompt:
         raise ParseError(_("Write a prompt after {command}, for example: {example}.").format(
             command=ltr(f"/{command}"), example=ltr(f"/{command}") + " " + _("a red fox")))
@@ -226,6 +243,11 @@ def _take_value(text: str, name: str) -> tuple[str, int]:
     word = stripped.split(maxsplit=1)[0] if stripped.strip() else ""
     if name == FILE_OPTION:
         flag = FLAG_VALUES.get(word.lower())
+        if flag is None and word and stripped.strip() == word:
+            # "--file maybe" at the end: meant as its value, not as a word of the prompt
+            raise ParseError(_("{option} is {yes} or {no}, or nothing; not {value}.").format(
+                option=ltr(f"--{name}"), yes=ltr("yes"), no=ltr("no"),
+                value=ltr(repr(word[:20]))))
         return (flag, skipped + len(word)) if flag else ("yes", 0)
     if not word:
         raise ParseError(_("The option {option} needs a value, e.g. {example}.").format(

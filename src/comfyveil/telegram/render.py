@@ -192,7 +192,9 @@ def _option_line(option: OptionHelp) -> str:
     default = ""
     if option.default not in (None, ""):
         default = ", " + _("default {value}").format(value=ltr(_num(option.default)))
-    return f"  {ltr(f'<code>--{_esc(option.name)}</code>')} {_esc(option.description)}" + (
+    # A parameter without a description of its own is described by its name: once is enough.
+    said = "" if option.description in ("", option.name) else f" {_esc(option.description)}"
+    return f"  {ltr(f'<code>--{_esc(option.name)}</code>')}{said}" + (
         _esc(bounds)
     ) + (
         _esc(default)
@@ -209,20 +211,39 @@ def _command_block(command: CommandHelp) -> str:
     return "\n".join(lines)
 
 
-def help_footer(example: str | None) -> str:
-    """How options are written, then the user's own commands (Telegram HTML)."""
+def help_footer(example: CommandHelp | None, *, web: bool = False) -> str:
+    """How options are written, then the user's own commands (Telegram HTML); `web`: the
+    web front end is enabled (/web gives its link)."""
     own = _("{status} your jobs · {cancel} stop one · {again} re-roll · {history} · {settings}"
             ).format(status=ltr("/status"), cancel=ltr("/cancel"), again=ltr("/again"),
                      history=ltr("/history"), settings=ltr("/settings"))
+    if web:
+        own += "\n" + _("{forget} deletes all your data · {web} opens me in a browser").format(
+            forget=ltr("/forget"), web=ltr("/web"))
+    else:
+        own += "\n" + _("{forget} deletes all your data").format(forget=ltr("/forget"))
     if example is None:
         return own
-    shown = f"/{_esc(example)} " + _esc(_("a fox in snow")) + " --seed 42 --ar 16:9"
+    # The example uses only options that command has: /help's own example is never refused.
+    shown = f"/{_esc(example.name)} " + _esc(_("a fox in snow"))
+    if any(option.name == "seed" for option in example.options):
+        shown += " --seed 42"
+    if example.sized:
+        shown += " --ar 16:9"
+    marks = {"negative": ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
+             "aspect": ltr("<code>--ar 16:9</code>"), "file": ltr("<code>--file</code>")}
+    if example.negative and example.sized:
+        said = _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends "
+                 "the full-quality file.")
+    elif example.sized:
+        said = _("{aspect} is the aspect ratio, {file} sends the full-quality file.")
+    elif example.negative:
+        said = _("{negative} is the negative prompt, {file} sends the full-quality file.")
+    else:
+        said = _("{file} sends the full-quality file.")
     lines = [
         _("Options go after the prompt: {example}.").format(example=ltr(f"<code>{shown}</code>")),
-        _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends the "
-          "full-quality file.").format(
-            negative=ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
-            aspect=ltr("<code>--ar 16:9</code>"), file=ltr("<code>--file</code>")),
+        said.format(**marks),
         own,
     ]
     return "\n".join(lines)
@@ -233,14 +254,15 @@ def help_text(
     unavailable: Sequence[CommandHelp] = (),
     *,
     unavailable_mark: str = N_("not available right now"),
+    web: bool = False,
 ) -> str:
     """The /help message: every command with its options, within one message; the
     `unavailable` ones (no GPU can run them now) by name only, marked as such."""
     header = _("<b>What I can do</b>")
     if not commands and not unavailable:
         return header + "\n" + _("No commands are enabled right now.")
-    example = next((c.name for c in commands if not c.takes_image), None)
-    footer = help_footer(example)
+    example = next((c for c in commands if not c.takes_image), None)
+    footer = help_footer(example, web=web)
     blocks: list[str] = []
     budget = MAX_MESSAGE_CHARS - len(header) - len(footer) - 80
     marked = [f"<b>{ltr(f'/{_esc(c.name)}')}</b> {_esc(c.title)} · {_esc(_(unavailable_mark))}"

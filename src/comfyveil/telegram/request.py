@@ -79,7 +79,9 @@ class AiohttpRequest(BaseRequest):
             resolved by the proxy.
     """
 
-    __slots__ = ("_defaults", "_media_write_timeout", "_pool_size", "_proxy", "_session")
+    __slots__ = (
+        "_defaults", "_media_write_timeout", "_pool_size", "_proxy", "_refused", "_session"
+    )
 
     def __init__(
         self,
@@ -97,6 +99,13 @@ class AiohttpRequest(BaseRequest):
         self._media_write_timeout = media_write_timeout
         self._proxy = proxy
         self._session: aiohttp.ClientSession | None = None
+        self._refused = False
+
+    def refuse_polling(self) -> None:
+        """Answer every later call (the getUpdates of this request object) with no
+        updates, without asking Telegram: another process polls the bot, and one more
+        poll, PTB's last one on stop included, would cut that process's off in turn."""
+        self._refused = True
 
     @property
     def read_timeout(self) -> float | None:
@@ -139,6 +148,8 @@ class AiohttpRequest(BaseRequest):
         connect_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
         pool_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
     ) -> tuple[int, bytes]:
+        if self._refused:
+            return 200, b'{"ok": true, "result": []}'
         if self._session is None or self._session.closed:
             raise RuntimeError("this AiohttpRequest is not initialized")
         files = request_data.multipart_data if request_data else None

@@ -52,6 +52,8 @@ async def users(request: web.Request) -> web.Response:
         default_quota=svc.settings.limits.daily_quota,
         message=_(DONE[done]) if (done := request.query.get("done", "")) in DONE else None,
         role_word=role_word,
+        # the chat's answer to "has this user limits?", from the desk
+        exempt=lambda r: svc.access.exempt(r["user_id"], r["role"], web_admin=r["is_admin"]),
     )
 
 

@@ -8,9 +8,11 @@ rendered by Jinja2 with autoescape; no page has a script or an inline style.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -169,6 +171,7 @@ def build(
         client_max_size=settings.limits.max_image_bytes + FORM_SLACK,
     )
     app[SERVICES] = svc
+    app.cleanup_ctx.append(_follow_commands)
     app.on_response_prepare.append(_headers)
     app.router.add_get("/static/style.css", _stylesheet)
     account_pages.add_routes(app)
@@ -178,6 +181,17 @@ def build(
     for prefix, mounted in (mounts or {}).items():
         app.add_subapp(prefix, mounted)
     return app
+
+
+async def _follow_commands(app: web.Application) -> AsyncIterator[None]:
+    """While the site runs, a command added, removed or switched on or off elsewhere (the
+    CLI, the bot's process) shows at the next page, not up to 30 s later."""
+    svc = app[SERVICES]
+    task = asyncio.create_task(svc.registry.follow(svc.db), name="web-commands-follow")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def services_of(application: web.Application) -> WebServices:

@@ -103,6 +103,8 @@ def default_of(entry: registry.Entry, name: str, prefs: Mapping[str, Any]) -> ob
         return p.default
     if p.type in ("seed", "image"):
         return None
+    if p.required and p.type == "text":
+        return None  # the graph's sample prompt is not the user's: a required text starts empty
     return registry.graph_value(entry.workflow, name)
 
 
@@ -145,6 +147,8 @@ def build_fields(
             f.kind = "textarea" if name in TEXTAREA_PARAMS or p.free_text else "text"
             f.maxlength = p.max_length
             f.value = "" if shown is None else str(shown)
+            if p.required and name == entry.workflow.prompt_param:
+                f.placeholder = _("a fox in snow")
         elif p.type in ("int", "float", "seed"):
             f.kind = "number"
             low = p.min if p.min is not None else (0 if p.type == "seed" else None)

@@ -20,7 +20,7 @@ from aiohttp import web
 from PIL import Image
 
 from comfyveil import errors, i18n, images, sinks
-from comfyveil.desk import failures
+from comfyveil.desk import availability, failures
 from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
 from comfyveil.desk.access import who_for
@@ -83,7 +83,8 @@ async def job_page(request: web.Request) -> web.Response:
             # queued job with no place in the queue
             job = await svc.db.jobs.get(job.id) or job
     outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
-    edits = [e for e in await svc.registry.all() if e.takes_image]
+    who = await who_for(svc, account)
+    edits = availability.edits(svc.pool, [e for e in await svc.registry.all() if e.allows(who)])
     inputs = await svc.web.input_list(job.id)
     progress = job.progress or {}
     percent = progress.get("percent")
@@ -113,6 +114,8 @@ async def job_page(request: web.Request) -> web.Response:
         failure=failures.sentence(job.error, detail=account.is_admin)
         if job.status is jobs.Status.FAILED
         else None,
+        rerun=job.status.finished
+        and failures.rerun_offered(job.params, str(job.status), job.error),
     )
 
 
@@ -126,6 +129,10 @@ async def again(request: web.Request) -> web.Response:
     """Run the job again with a new seed (its inputs too, while they are kept)."""
     account, job = await owned_job(request)
     svc = services(request)
+    if not failures.rerun_offered(job.params, str(job.status), job.error):
+        return render(request, "error.html", status=400, message=_(
+            "This job cannot run again with a new seed: its workflow has no seed, or no GPU "
+            "has what it needs."))
     entry = await svc.registry.get(job.command)
     if entry is None:
         return render(

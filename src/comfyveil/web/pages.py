@@ -16,11 +16,12 @@ from typing import Any
 from aiohttp import web
 
 from comfyveil import errors, images
+from comfyveil.desk import availability
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output, parse_ref
 from comfyveil.desk.submit import IMAGE_PLACEHOLDER, queue
-from comfyveil.i18n import _
+from comfyveil.i18n import _, ltr
 from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
 from comfyveil.store import jobs
@@ -30,6 +31,7 @@ from comfyveil.web.page import WebServices, error_page, render, require_account,
 logger = logging.getLogger(__name__)
 
 RESULT_CHOICES = 30  # recent results offered as an edit's input
+PROMPT_SHOWN = 40  # characters of a result's prompt in its name
 
 
 async def home(request: web.Request) -> web.Response:
@@ -37,16 +39,31 @@ async def home(request: web.Request) -> web.Response:
     svc = services(request)
     who = await who_for(svc, account)
     entries = [e for e in await svc.registry.all() if e.allows(who)]
-    return render(request, "home.html", entries=entries, done=request.query.get("done"))
+    # The chat's rule: a command no GPU can run now is marked, not offered.
+    runnable = {e.name for e in availability.runnable(svc.pool, entries)}
+    return render(request, "home.html", entries=entries, runnable=runnable,
+                  unavailable_mark=_(availability.UNAVAILABLE_MARK),
+                  done=request.query.get("done"))
 
 
 async def result_choices(svc: WebServices, account: web_store.Account) -> list[tuple[str, str]]:
+    """Recent results to edit, each named so that it differs from the others: the command
+    and time to the second (left-to-right isolates in Persian and Arabic), which result
+    of the job, and the start of its prompt."""
     items = await svc.web.gallery(account.user_id, limit=RESULT_CHOICES, offset=0)
-    return [
-        (f"{i.job_id}:{i.index}", f"/{i.command} of {i.created_at:%Y-%m-%d %H:%M} #{i.index + 1}")
-        for i in items
-        if i.mime in MIMES
-    ]
+    choices = []
+    for i in items:
+        if i.mime not in MIMES:
+            continue
+        label = _("{command} of {when}, result {n}").format(
+            command=ltr(f"/{i.command}"), when=ltr(f"{i.created_at:%Y-%m-%d %H:%M:%S}"),
+            n=ltr(i.index + 1))
+        prompt = " ".join(i.prompt.split())
+        if prompt:
+            label += ": " + (prompt if len(prompt) <= PROMPT_SHOWN else
+                             prompt[: PROMPT_SHOWN - 1].rstrip() + "…")
+        choices.append((f"{i.job_id}:{i.index}", label))
+    return choices
 
 
 async def _entry(request: web.Request) -> registry_mod.Entry:
@@ -72,8 +89,10 @@ async def form_page(request: web.Request) -> web.Response:
         given=given if chosen else None,
         results=await result_choices(svc, account) if entry.takes_image else None,
     )
+    why = availability.reason(svc.pool, entry.workflow)  # said before the form is filled
     return render(
-        request, "form.html", entry=entry, fields=fields, problem=None, nonce=uuid.uuid4().hex
+        request, "form.html", entry=entry, fields=fields, nonce=uuid.uuid4().hex,
+        problem=availability.refusal(entry, why) if why is not None else None,
     )
 
 

@@ -499,7 +499,7 @@ class JobRunner:
             values,
             inputs,
             prompt_id=str(job.id),
-            on_event=self._progress_callback(running),
+            on_event=self._progress_callback(running, wf.graph),
             timeout=self.options.job_timeout,
             attach=attach,
             on_ran=lambda: self._release_slot(running),
@@ -520,7 +520,11 @@ class JobRunner:
 
     # --- progress and cancellation -------------------------------------------------
 
-    def _progress_callback(self, running: Running) -> Callable[[events.Event], Awaitable[None]]:
+    def _progress_callback(
+        self, running: Running, graph: Mapping[str, Any]
+    ) -> Callable[[events.Event], Awaitable[None]]:
+        node_types = {k: str(v.get("class_type", "")) for k, v in graph.items()}
+
         async def on_event(event: events.Event) -> None:
             data: dict[str, Any] | None = None
             force = False
@@ -532,7 +536,7 @@ class JobRunner:
                 force = True
             elif isinstance(event, events.Executing) and event.node is not None:
                 data = {"state": "running", "node": event.node}
-            elif isinstance(event, events.Progress):
+            elif isinstance(event, events.Progress) and execute.shows_steps(event, node_types):
                 percent = round(100.0 * event.value / event.max, 1) if event.max else None
                 data = {
                     "state": "running",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -14,7 +15,14 @@ from comfyveil.comfy import pool, workflow
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
 from comfyveil.worker.job import JobRunner, Running
-from comfyveil.worker.options import DB_RETRY_DELAY, FINAL_EVENTS, WorkerOptions, default_worker_id
+from comfyveil.worker.options import (
+    DB_RETRY_DELAY,
+    FINAL_EVENTS,
+    HANDBACK_RESERVE,
+    HANDBACK_SHARE,
+    WorkerOptions,
+    default_worker_id,
+)
 from comfyveil.worker.settle import Settling
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
@@ -47,6 +55,7 @@ class Worker(JobRunner, Settling):
         self._running: dict[uuid.UUID, Running] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._stop_deadline: float | None = None  # time.monotonic() when stopped for good
         self._workflows: dict[str, workflow.Workflow] = {}
         self._avoid: dict[uuid.UUID, str] = {}  # the backend a job last failed on
         # Prompts an earlier attempt left on a backend that could not be reached to take
@@ -75,8 +84,16 @@ class Worker(JobRunner, Settling):
 
     # --- life cycle ----------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop claiming; running jobs get the grace period. Idempotent."""
+    def stop(self, *, deadline: float | None = None) -> None:
+        """Stop claiming; stopped by `deadline` (a `time.monotonic()`; default: the
+        grace period from now), running jobs finished or handed back. The first call's
+        deadline holds: it is measured from the signal, not from when the loop notices.
+        """
+        if self._stop_deadline is None:
+            self._stop_deadline = (
+                deadline if deadline is not None
+                else time.monotonic() + self.options.shutdown_grace
+            )
         self._stop.set()
         self._wake.set()
 
@@ -123,7 +140,10 @@ class Worker(JobRunner, Settling):
         finally:
             await self._shutdown()
             if self._side_tasks:  # the last progress writes (they end on their own)
-                await asyncio.wait(list(self._side_tasks), timeout=DB_RETRY_DELAY * 4)
+                await asyncio.wait(
+                    list(self._side_tasks),
+                    timeout=min(DB_RETRY_DELAY * 4, max(0.0, self._left())),
+                )
             for side in self._side:
                 side.cancel()
             for side in self._side:
@@ -136,21 +156,42 @@ class Worker(JobRunner, Settling):
                 extra={"action": "worker_stopped", "worker": self.worker_id},
             )
 
+    def _left(self) -> float:
+        """Seconds until the stop deadline (the grace period when none was set)."""
+        if self._stop_deadline is None:
+            return self.options.shutdown_grace
+        return self._stop_deadline - time.monotonic()
+
     async def _shutdown(self) -> None:
         tasks = [r.task for r in self._running.values() if r.task is not None]
         if not tasks:
             return
+        left = self._left()
+        # Part of what is left is kept for the hand-back writes, so the whole stop, not
+        # only the jobs' wait, ends by the deadline (Docker kills at 10 s).
+        reserve = min(HANDBACK_RESERVE, max(0.0, left) * HANDBACK_SHARE)
+        wait = max(0.0, left - reserve)
         logger.info(
-            "waiting up to %.0f s for %d running job(s)",
-            self.options.shutdown_grace,
+            "waiting up to %.1f s for %d running job(s)",
+            wait,
             len(tasks),
             extra={"action": "worker_draining"},
         )
-        _, pending = await asyncio.wait(tasks, timeout=self.options.shutdown_grace)
+        pending = set(tasks)
+        if wait > 0:
+            _, pending = await asyncio.wait(tasks, timeout=wait)
         for task in pending:
             task.cancel()  # the job task hands its job back under shield
         if pending:
-            await asyncio.wait(pending)
+            # A hand-back not written by then is left to the lease's expiry (recovered by
+            # the next worker) rather than overrun the deadline.
+            _, late = await asyncio.wait(pending, timeout=max(0.1, self._left()))
+            if late:
+                logger.warning(
+                    "%d job(s) not handed back before the stop deadline; their leases "
+                    "expire and another worker recovers them", len(late),
+                    extra={"action": "worker_handback_late"},
+                )
 
     # --- claiming ------------------------------------------------------------------
 

@@ -11,7 +11,15 @@ POLL_INTERVAL = 5.0  # seconds between two looks at the queue when no NOTIFY arr
 LEASE_SECONDS = 30.0  # a job's lease; renewed every third of it
 FINAL_EVENTS = frozenset({"succeeded", "failed", "cancelled"})  # job_events kinds that end a job
 DELIVERY_CLAIM_SECONDS = 120.0  # a catch-up delivery's claim; another worker may retry after
-SHUTDOWN_GRACE = 8.0  # seconds running jobs get to finish on stop before being handed back
+SHUTDOWN_GRACE = 8.0  # seconds from the stop signal to a stopped worker (jobs handed back)
+# The share of the grace kept for handing unfinished jobs back (a write each), at most
+# HANDBACK_RESERVE seconds: running jobs get the rest of it to finish.
+HANDBACK_SHARE = 0.25
+HANDBACK_RESERVE = 1.0  # seconds
+# The share of the grace a process keeps for closing (bot, web, pool, anon, database) once
+# its worker has stopped, at most CLOSE_RESERVE seconds.
+CLOSE_SHARE = 0.2
+CLOSE_RESERVE = 1.5  # seconds
 MAX_WAIT_OFFLINE = 1800.0  # seconds a job waits while every GPU is offline, then fails
 OFFLINE_CHECK = 1.0  # seconds between two looks at whether any GPU is online
 RETRY_BACKOFF = 2.0  # seconds before the first retry of a transient failure, then doubled
@@ -55,3 +63,9 @@ class WorkerOptions:
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def stop_deadline(grace: float, since: float) -> float:
+    """When a worker of a process stopped at `since` (time.monotonic()) must be stopped,
+    for the whole process to end within `grace` seconds of its signal."""
+    return since + grace - min(CLOSE_RESERVE, grace * CLOSE_SHARE)
