@@ -140,7 +140,7 @@ async def _finished_job(
             chat_id=user_id,
             command=command,
             workflow_hash="h" * 64,
-            params={"prompt": prompt},
+            params={"prompt": prompt, "seed": 1},  # as a real /f job has
         )
     )
     claimed = await stack.db.jobs.claim("test-worker")
