@@ -1,4 +1,4 @@
-"""Keys of the images API (migration 0030): made for a web account, shown once, kept as
+"""Keys of the images API (migration 0018): made for a web account, shown once, kept as
 a sha256 digest. A key is 32 random bytes, so a fast hash is right here (argon2 guards
 what people choose; nothing about a random key can be guessed), and looking one up costs
 a single indexed read per request."""

@@ -1,4 +1,4 @@
-"""Web state that every web/API process over one database shares (migration 0030): the
+"""Web state that every web/API process over one database shares (migration 0018): the
 secrets behind derived tokens (logged-out forms' CSRF tokens, signed result links) and
 the site's failed logins. Nothing that decides a request lives in one process's memory,
 so any number of processes can answer one site."""
