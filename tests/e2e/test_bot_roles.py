@@ -12,6 +12,7 @@ from comfyveil.store import database, jobs
 from tests.e2e.bot_support import SMALL, png, running_bot
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
+from tests.web.support import wait_for
 
 ADMIN = 1
 
@@ -213,14 +214,24 @@ async def test_switching_a_command_off_and_on_reaches_the_bot_at_once(
     message, not up to 30 s later, and a user hears the command is switched off, not
     that there is no such command (issue 23 rough)."""
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
-        await stack.bot.services.commands.get("fd")  # the registry has read the table
+        registry = stack.bot.services.commands
+        await registry.get("fd")  # the registry has read the table
+
+        async def offered(wanted: bool) -> None:
+            # all() re-reads the table only every 30 s: within the bound, only the NOTIFY
+            # can have brought the change
+            async def seen() -> bool:
+                return ("fd" in [e.name for e in await registry.all()]) is wanted
+
+            await wait_for(seen, timeout=10)
+
         await db.commands.set_enabled("fd", False)
-        await asyncio.sleep(0.5)  # the NOTIFY's way to the bot, well under its 30 s re-read
+        await offered(False)
         stack.send(80, f"/fd a fox {SMALL}")
         assert await stack.reply_text(80) == "/fd is switched off."
         assert await stack.queued_count() == 0
         await db.commands.set_enabled("fd", True)
-        await asyncio.sleep(0.5)
+        await offered(True)
         stack.send(80, f"/fd a fox {SMALL}")
         await stack.result(80)
 

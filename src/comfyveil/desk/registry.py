@@ -181,6 +181,8 @@ class CommandRegistry:
         """Read the table again each time a process changes it (its NOTIFY), and after a
         lost connection (a change may have been missed), until cancelled."""
         async with db.listen([database.COMMANDS_CHANNEL]) as listener:
+            # A change made between the first read and the LISTEN sent no notice to us.
+            await self.refresh()
             async for _ in listener:
                 await self.refresh()
 
