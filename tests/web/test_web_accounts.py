@@ -156,3 +156,29 @@ async def test_a_malformed_request_gets_the_headers_and_no_server_version(db, fa
         headers = head.split("\r\n\r\n", 1)[0].lower()
         assert "\r\nserver:" not in headers and "aiohttp" not in headers
         assert "content-security-policy: default-src 'none'" in headers
+
+
+
+
+async def test_the_site_stops_every_time_it_is_stopped(db, fake_comfy) -> None:
+    # A stop racing the commands table's first read once hung shutdown for good (a
+    # cancel swallowed by the connection pool's wait on Python 3.11): each round asks
+    # one quick question and stops the site, where that race lives.
+    import asyncio
+    from urllib.parse import urlsplit
+
+    async def one_round() -> None:
+        async with web_stack(db, [fake_comfy], worker=False) as stack:
+            parts = urlsplit(stack.url)
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+            writer.write(b"GARBAGE / HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = (await reader.read(4096)).decode("latin-1")
+            writer.close()
+            assert " 400 " in head.splitlines()[0]
+
+    for round_ in range(15):
+        # asyncio.wait, not a timeout: the hang swallowed the timeout's cancel as well
+        running = asyncio.create_task(one_round())
+        done, _ = await asyncio.wait({running}, timeout=15)
+        assert done, f"round {round_}: the site did not stop"
+        running.result()

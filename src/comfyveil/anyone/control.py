@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comfyveil import tasks as background
 from comfyveil.anyone import errors
 
 logger = logging.getLogger(__name__)
@@ -136,9 +137,7 @@ class ControlConnection:
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
-        self._reader_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader_task
+        await background.cancel_and_wait([self._reader_task])
         self._closed.set()
 
     # -- protocol plumbing -------------------------------------------------------------

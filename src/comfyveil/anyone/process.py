@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from comfyveil import config, proxy
+from comfyveil import tasks as background
 from comfyveil.anyone import control, errors, hidden, install
 from comfyveil.anyone import network as network_mod
 
@@ -217,9 +218,7 @@ class ManagedAnon(AnonClient):
         self._stopping = True
         self._ready.clear()
         if self._supervisor:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            await background.cancel_and_wait([self._supervisor])
             self._supervisor = None
         await self._terminate()
 
@@ -485,9 +484,7 @@ class ManagedAnon(AnonClient):
 
     async def _terminate(self) -> None:
         if self._event_task:
-            self._event_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._event_task
+            await background.cancel_and_wait([self._event_task])
             self._event_task = None
         if self.control:
             await self.control.close()

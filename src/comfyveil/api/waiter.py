@@ -8,6 +8,7 @@ import contextlib
 import logging
 import uuid
 
+from comfyveil import tasks as background
 from comfyveil.store import database, jobs
 
 logger = logging.getLogger(__name__)
@@ -30,9 +31,7 @@ class Waiter:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await background.cancel_and_wait([self._task])
             self._task = None
 
     def _wake(self, job_id: str | None, status: object = None) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from comfyveil import config, sdnotify
+from comfyveil import tasks as background
 from comfyveil.metrics import server as metrics_server
 from comfyveil.worker import heartbeat as heartbeat_mod
 
@@ -46,10 +47,6 @@ async def operated(
         yield listener
     finally:
         sdnotify.notify("STOPPING=1")
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await background.cancel_and_wait(tasks)
         if listener is not None:
             await listener.close()

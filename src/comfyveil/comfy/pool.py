@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from comfyveil import config
+from comfyveil import tasks as background
 from comfyveil.comfy import errors, results, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import routing as routing_mod
@@ -278,9 +279,7 @@ class Pool:
 
     async def close(self) -> None:
         if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+            await background.cancel_and_wait([self._health_task])
             self._health_task = None
         await self._stack.aclose()
 

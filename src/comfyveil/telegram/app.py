@@ -43,6 +43,7 @@ from telegram.ext import (
 
 from comfyveil import config, i18n, redaction
 from comfyveil import policy as policy_mod
+from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access, language, registry, words
 from comfyveil.errors import ComfyveilError
@@ -305,9 +306,7 @@ class TelegramBot:
             await app.stop()
         await self._stop_menu()
         await self.tracker.stop()
-        for task in list(self.services.background):  # what is left, the next sweep removes
-            task.cancel()
-        await asyncio.gather(*self.services.background, return_exceptions=True)
+        await background.cancel_and_wait(list(self.services.background))  # what is left
         await app.shutdown()
         logger.info("Telegram bot stopped", extra={"action": "bot_stopped"})
 
@@ -346,13 +345,9 @@ class TelegramBot:
                                type(exc).__name__, extra={"action": "admin_notice_failed"})
 
     async def _stop_menu(self) -> None:
-        tasks = (self._menu_task, self._commands_task)
+        running = [task for task in (self._menu_task, self._commands_task) if task is not None]
         self._menu_task = self._commands_task = None
-        for task in tasks:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await background.cancel_and_wait(running)
 
     async def __aenter__(self) -> TelegramBot:
         await self.start()

@@ -31,6 +31,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 
 from comfyveil import i18n
+from comfyveil import tasks as background
 from comfyveil.desk import failures, language
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, eta, jobs
@@ -143,12 +144,7 @@ class StatusTracker:
         ]
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._refreshes, *self._pending_posts]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await background.cancel_and_wait([*self._tasks, *self._refreshes, *self._pending_posts])
         self._tasks = []
 
     # --- what handlers and the sink call --------------------------------------------

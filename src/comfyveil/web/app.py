@@ -9,7 +9,6 @@ rendered by Jinja2 with autoescape; no page has a script or an inline style.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -18,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from comfyveil import config, i18n
+from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import language as language_mod
@@ -189,9 +189,7 @@ async def _follow_commands(app: web.Application) -> AsyncIterator[None]:
     svc = app[SERVICES]
     task = asyncio.create_task(svc.registry.follow(svc.db), name="web-commands-follow")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await background.cancel_and_wait([task])
 
 
 def services_of(application: web.Application) -> WebServices:

@@ -20,6 +20,7 @@ from aiohttp import web
 from PIL import Image
 
 from comfyveil import errors, i18n, images, sinks
+from comfyveil import tasks as background
 from comfyveil.desk import availability, failures
 from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
@@ -441,9 +442,7 @@ SWEEPS = web.AppKey("sweeps", set)
 
 
 async def _stop_sweeps(app: web.Application) -> None:
-    for task in list(app[SWEEPS]):
-        task.cancel()
-    await asyncio.gather(*app[SWEEPS], return_exceptions=True)
+    await background.cancel_and_wait(list(app[SWEEPS]))
 
 
 def add_routes(app: web.Application) -> None:

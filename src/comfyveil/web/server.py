@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from aiohttp import hdrs, web, web_protocol, web_server
 
 from comfyveil import config
+from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk.links import link_base as link_base
 from comfyveil.desk.links import public_url
@@ -33,9 +33,7 @@ class Running:
     purge: asyncio.Task[None]
 
     async def close(self) -> None:
-        self.purge.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.purge
+        await background.cancel_and_wait([self.purge])
         await self.runner.cleanup()
 
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 
 from comfyveil import sinks as sinks_mod
+from comfyveil import tasks as background
 from comfyveil.comfy import pool, workflow
 from comfyveil.store import database, jobs
 from comfyveil.store import errors as store_errors
@@ -144,11 +145,7 @@ class Worker(JobRunner, Settling):
                     list(self._side_tasks),
                     timeout=min(DB_RETRY_DELAY * 4, max(0.0, self._left())),
                 )
-            for side in self._side:
-                side.cancel()
-            for side in self._side:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await side
+            await background.cancel_and_wait(self._side)
             self.stopped.set()
             logger.info(
                 "worker %s stopped",
