@@ -84,3 +84,25 @@ async def test_status_and_history(fake_telegram: FakeTelegram, fake_comfy, db) -
         stack.send(33, "/history")
         history = await stack.reply_text(33, count=4)
         assert "first" in history and "second" in history and "queued" in history
+
+
+async def test_again_refuses_what_would_not_differ_as_the_web_does(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """/again after a workflow without a seed would repeat the same picture: refused in
+    the web's words, nothing queued (issue 23 item 17, one rule for chat and web)."""
+    from pathlib import Path
+
+    from comfyveil.comfy import workflow
+    from tests.e2e.bot_support import png
+
+    await db.commands.seed(
+        [workflow.load(Path(__file__).parents[1] / "data" / "workflows" / "invert.toml")]
+    )
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(34, photo=png(), caption="/invert")
+        await stack.result(34)
+        stack.send(34, "/again")
+        answer = await stack.reply_text(34, count=2)
+        assert answer.startswith("This job cannot run again with a new seed"), answer
+        assert len(await db.jobs.list_for_user(34, limit=5)) == 1

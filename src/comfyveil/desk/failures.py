@@ -33,6 +33,10 @@ LOST = N_("The GPU went away while running the job; please try again.")
 IMAGE_LOST = N_("The GPU lost the input image; please send it again.")
 TOO_LONG = N_("The job took too long on the GPU and was stopped.")
 DETAIL = N_("{sentence} Detail: {detail}")
+NO_RERUN = N_(
+    "This job cannot run again with a new seed: its workflow has no seed, or no GPU "
+    "has what it needs."
+)
 # The worker's AllGpusOffline text: "no GPU came back online within 5 min, so ..."
 _OFFLINE = re.compile(r"^no GPU came back online within (\d+) (s|min)\b")
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from comfyveil import errors
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
-from comfyveil.desk import access, availability, registry
+from comfyveil.desk import access, availability, failures, registry
 from comfyveil.desk.services import Desk, PolicyDesk, PoolDesk
 from comfyveil.i18n import _, ltr
 from comfyveil.store import jobs
@@ -113,8 +113,12 @@ async def again(
     (checked by the policy and validated again), its input images.
 
     Raises:
-        UsageError: the command is off now, or the input image is no longer kept.
+        UsageError: the job would not differ or would fail the same way (the rule the
+            pages use to offer it), the command is off now, or the input image is no
+            longer kept.
     """
+    if not failures.rerun_offered(job.params, str(job.status), job.error):
+        raise errors.UsageError(_(failures.NO_RERUN))
     entry = await commands.get(job.command)
     if entry is None:
         raise errors.UsageError(

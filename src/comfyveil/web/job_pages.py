@@ -131,9 +131,7 @@ async def again(request: web.Request) -> web.Response:
     account, job = await owned_job(request)
     svc = services(request)
     if not failures.rerun_offered(job.params, str(job.status), job.error):
-        return render(request, "error.html", status=400, message=_(
-            "This job cannot run again with a new seed: its workflow has no seed, or no GPU "
-            "has what it needs."))
+        return render(request, "error.html", status=400, message=_(failures.NO_RERUN))
     entry = await svc.registry.get(job.command)
     if entry is None:
         return render(
