@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test soak lint bench mutants clean
+.PHONY: install anon chromium systemd-analyze run test soak lint bench mutants screenshots clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ test: install $(VENV)/anon/anon chromium systemd-analyze
 # The whole suite 5 times in a row: every failure with its test id (scripts/soak.py).
 soak: install $(VENV)/anon/anon chromium systemd-analyze
 	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS)
+
+# The README's screenshots, taken again by the browser tests into docs/.
+screenshots: install chromium
+	COMFYVEIL_SCREENSHOTS=docs $(TEST_ENV) $(BIN)/pytest -q -p no:cacheprovider tests/web/test_web_browser.py
 
 # Deliberate bugs (tests/mutants.toml), each tried in a copy of the tree: every one must
 # fail its tests. Minutes, not seconds; not part of `make test`.

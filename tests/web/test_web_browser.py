@@ -4,11 +4,14 @@ driven by Playwright.
 invite -> sign up -> generate (fake ComfyUI) -> progress -> result -> download the
 original -> edit it -> cancel a slow job -> history -> forget -> log out; another account
 cannot open the first one's images by URL; a POST without the CSRF token is refused.
-The run saves screenshots of a form and a result page into docs/ for the README.
+The run takes screenshots of a form and a result page; `make screenshots` keeps them in
+docs/ for the README (a plain run keeps them in its temporary folder, so testing never
+changes tracked files).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from pathlib import Path
@@ -22,6 +25,12 @@ from tests.web.support import PASSPHRASE, wait_for, web_stack
 pytestmark = [needs_chromium, pytest.mark.slow]
 
 DOCS = Path(__file__).parents[2] / "docs"
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: docs/ when COMFYVEIL_SCREENSHOTS=docs (make screenshots)."""
+    return DOCS if os.environ.get("COMFYVEIL_SCREENSHOTS") == "docs" else tmp_path
 TIMEOUT_MS = 30_000
 
 
@@ -40,7 +49,7 @@ def _job_id(url: str) -> uuid.UUID:
     return uuid.UUID(found.group(1))
 
 
-async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory) -> None:
+async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory, shots) -> None:
     comfy = await fake_comfy_factory(step_delay=0.6)
     async with web_stack(db, [comfy]) as stack, launch() as browser:
         context = await browser.new_context(
@@ -61,8 +70,7 @@ async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory) -> 
         await page.get_by_label("Steps").fill("4")
         await page.get_by_label("Width").fill("256")
         await page.get_by_label("Height").fill("256")
-        DOCS.mkdir(exist_ok=True)
-        await page.screenshot(path=str(DOCS / "web-form.png"), full_page=True)
+        await page.screenshot(path=str(shots / "web-form.png"), full_page=True)
         await page.get_by_role("button", name="Generate").click()
         await page.wait_for_url(re.compile(r"/jobs/"))
         first = _job_id(page.url)
@@ -73,9 +81,9 @@ async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory) -> 
         assert await page.locator('meta[http-equiv="refresh"]').count() == 1
         await page.wait_for_selector("img[alt^='Result 1']", timeout=TIMEOUT_MS)
         assert await page.locator('meta[http-equiv="refresh"]').count() == 0
-        await page.screenshot(path=str(DOCS / "web-result.png"), full_page=True)
+        await page.screenshot(path=str(shots / "web-result.png"), full_page=True)
         await page.set_viewport_size({"width": 390, "height": 844})  # a phone
-        await page.screenshot(path=str(DOCS / "web-phone.png"))
+        await page.screenshot(path=str(shots / "web-phone.png"))
         await page.set_viewport_size({"width": 820, "height": 1000})
 
         # download the original: the bytes the GPU made
@@ -164,7 +172,7 @@ async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory) -> 
 
 
 async def test_persian_admin_pages_read_right_to_left_and_fit_a_phone(
-    db, fake_comfy_factory
+    db, fake_comfy_factory, shots
 ) -> None:
     """A browser asking for Persian gets right-to-left pages: table headers start at the
     right, nothing scrolls sideways on a phone, and every field still has its label."""
@@ -227,6 +235,5 @@ async def test_persian_admin_pages_read_right_to_left_and_fit_a_phone(
         words = [(right, left) for right, left in gaps if left + right > 0]
         assert words and all(right < left for right, left in words if left - right > 4), gaps
         assert any(left - right > 20 for right, left in words), gaps
-        DOCS.mkdir(exist_ok=True)
-        await page.screenshot(path=str(DOCS / "web-admin-rtl-phone.png"), full_page=True)
+        await page.screenshot(path=str(shots / "web-admin-rtl-phone.png"), full_page=True)
         await context.close()
