@@ -171,9 +171,12 @@ async def test_a_command_switched_off_elsewhere_leaves_the_site_at_once(db, fake
         status, _ = await get_text(session, stack.url + "/c/sd3")
         assert status == 200
         await stack.db.commands.set_enabled("sd3", False)
-        await asyncio.sleep(0.5)
-        status, _ = await get_text(session, stack.url + "/c/sd3")
-        assert status == 404
+
+        async def gone() -> bool:
+            status, _ = await get_text(session, stack.url + "/c/sd3")
+            return status == 404
+
+        await wait_for(gone, timeout=10)  # well inside the 30 s re-read
 
 
 async def test_users_page_counts_todays_jobs_as_the_quota_does_and_says_admins_have_no_limits(
