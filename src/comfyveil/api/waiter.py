@@ -3,9 +3,10 @@ job changed, with a slow re-read as a fallback for a notification lost to a reco
 
 A job is read from the database only when its news does not tell enough: a success told
 by its notification is not read again (the store writes the status and the outputs in
-one statement), and news of a job still queued or running (queued, claimed, submitted,
-progress: several a job) wakes no read at all. Each read is a round trip beside the
-worker's, on the path to every answer (benchmarks/api_overhead.py)."""
+one statement), news of a job still queued or running (queued, claimed, submitted,
+progress: several a job) wakes no read at all, and a job queued while the news ran
+without a break (`mark`) is not read before its first news. Each read is a round trip
+beside the worker's claim, on the path to every answer (benchmarks/api_overhead.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ class Waiter:
         self._news: OrderedDict[str, str] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.listening = asyncio.Event()
+        # counts the breaks in the news (each (re)connect); None while not listening
+        self._epoch: int | None = None
+        self._breaks = 0
 
     def start(self) -> None:
         if self._task is None:
@@ -45,21 +49,32 @@ class Waiter:
             await background.cancel_and_wait([self._task])
             self._task = None
 
+    def mark(self) -> int | None:
+        """Where the news stands now: taken before queueing, it lets `finished` tell that
+        every change of the job since is heard (None: not listening now)."""
+        return self._epoch
+
     def _wake(self, job_id: str | None, status: object = None) -> None:
         """Note a job's news and wake the requests waiting for it (`job_id` None: forget
         all news and wake every request, each to read its job again)."""
         if job_id is None:
             self._news.clear()
+            self._lost()
             targets = {e for events in self._waiting.values() for e in events}
         else:
             self._news.pop(job_id, None)
-            if isinstance(status, str):
-                self._news[job_id] = status
-                if len(self._news) > NEWS_KEPT:
-                    self._news.popitem(last=False)
+            self._news[job_id] = status if isinstance(status, str) else ""  # "": unknown
+            if len(self._news) > NEWS_KEPT:
+                self._news.popitem(last=False)
+                self._lost()  # a job's news forgotten: no wait may count on it
             targets = self._waiting.get(job_id, set())
         for event in targets:
             event.set()
+
+    def _lost(self) -> None:
+        """A break in the news: marks taken before it no longer vouch for a job."""
+        self._breaks += 1
+        self._epoch = self._breaks
 
     async def _listen(self) -> None:
         while True:
@@ -74,9 +89,11 @@ class Waiter:
                         else:
                             self._wake(str(job), note.payload.get("status"))
             except asyncio.CancelledError:
+                self._epoch = None
                 raise
             except Exception as exc:  # the fallback re-reads meanwhile
                 self._news.clear()  # what comes while not listening is not heard
+                self._epoch = None
                 logger.warning(
                     "the API could not listen for job news: %s",
                     type(exc).__name__,
@@ -84,9 +101,13 @@ class Waiter:
                 )
                 await asyncio.sleep(RETRY)
 
-    async def finished(self, job_id: uuid.UUID) -> tuple[jobs.Status | None, jobs.Job | None]:
+    async def finished(
+        self, job_id: uuid.UUID, *, queued_at: int | None = None
+    ) -> tuple[jobs.Status | None, jobs.Job | None]:
         """How the job ended (None: it is gone, e.g. forgotten meanwhile), with the job as
-        read then (None for a success told by its notification)."""
+        read then (None for a success told by its notification). `queued_at`: `mark()`
+        taken before the job was queued (and seen queued): while the news has had no break
+        since, a job with no news yet is still queued, so it is not read."""
         key = str(job_id)
         event = asyncio.Event()
         self._waiting.setdefault(key, set()).add(event)
@@ -97,7 +118,8 @@ class Waiter:
                 news = self._news.get(key)
                 if news == jobs.Status.SUCCEEDED:
                     return jobs.Status.SUCCEEDED, None
-                if stale or not _unfinished(news):
+                heard = queued_at is not None and queued_at == self._epoch
+                if stale or not (_unfinished(news) or (news is None and heard)):
                     job = await self.db.jobs.get(job_id)
                     if job is None:
                         return None, None
