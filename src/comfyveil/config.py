@@ -164,6 +164,13 @@ class WebConfig:
     client_auth: tuple[str, ...] = ()  # hidden-service clients (key files as `anon expose`)
 
 
+@dataclass(frozen=True)
+class ApiConfig:
+    # The images API (OpenAI's, under /v1 of the web port): on wherever the web front end
+    # is, as it answers only a key an account made on purpose; off: /v1 is not there.
+    enabled: bool = True
+
+
 DEFAULT_METRICS_PORT = 9464  # the port Prometheus' exporter list gives comfyveil's kind
 # Names of systemd credentials (LoadCredential=NAME:FILE) read from $CREDENTIALS_DIRECTORY.
 TOKEN_CREDENTIAL = "telegram-token"
@@ -194,6 +201,7 @@ class Settings:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     workflow_dirs: tuple[Path, ...] = ()
     web: WebConfig = field(default_factory=WebConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     policy: policy_mod.PolicyConfig = field(default_factory=policy_mod.PolicyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -409,6 +417,7 @@ RULES: dict[str, dict[str, Rule]] = {
     },
     "privacy": {"job_retention_days": _POSITIVE_SECONDS},
     "workflows": {"dirs": Rule("texts")},
+    "api": {"enabled": _BOOL},
     "metrics": {
         "enabled": _BOOL, "host": _TEXT, "port": Rule("int", low=0, high=65535),
     },
@@ -453,11 +462,11 @@ def from_mapping(
         raw,
         "top level",
         {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
-         "workflows", "web",
+         "workflows", "web", "api",
          "policy", "metrics", "log"},
     )
     for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows",
-                 "metrics", "log"):
+                 "api", "metrics", "log"):
         if not isinstance(top.get(name, {}), dict):
             raise ConfigError(f"{name} must be a table: [{name}]")
     top.update(_checked("top level", {k: v for k, v in top.items() if k == "data_dir"}))
@@ -568,6 +577,10 @@ def from_mapping(
         defaults=LogConfig,
     ))
     web = _web(top.get("web", {}))
+    api = ApiConfig(**_checked(
+        "api", _take(top.get("api", {}), "api", set(ApiConfig.__annotations__)),
+        defaults=ApiConfig,
+    ))
     if metrics.enabled and web.enabled and metrics.port and (metrics.host, metrics.port) == (
         web.host, web.port
     ):
@@ -578,6 +591,7 @@ def from_mapping(
         metrics=metrics,
         log=log,
         web=web,
+        api=api,
         data_dir=data_dir,
         database=database,
         telegram=telegram,

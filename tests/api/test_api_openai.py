@@ -244,3 +244,19 @@ async def test_a_failed_job_is_a_500_in_one_plain_sentence(db, fake_comfy) -> No
         too_many = [("in.png", png(), "image/png")] * 5
         with pytest.raises(openai.BadRequestError, match="too many parts"):
             await api.images.edit(model="qwen", image=too_many, prompt="x")
+
+
+async def test_a_ban_refuses_the_keys_requests_at_once_and_a_lifted_one_lets_them_in(
+    db, fake_comfy
+) -> None:
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "sven")
+        api = sdk(stack.url, await make_key(session, stack.url))
+        user_id = await _user(stack, "sven")
+        await db.users.set_role(user_id, "banned")
+        with pytest.raises(openai.PermissionDeniedError) as banned:
+            await api.images.generate(model="f", prompt=PROMPT)
+        assert banned.value.code == "not_allowed"
+        assert await stack.job_count() == 0
+        await db.users.set_role(user_id, "user")
+        assert len((await api.images.generate(model="f", prompt=PROMPT)).data) == 1

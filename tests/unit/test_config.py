@@ -83,6 +83,11 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
         ({"web": {"session_hours": 0}}, r"^\[web\] session_hours must be"),
         ({"anyone": {"socks": "127.0.0.1:1", "private_network": "n"}}, "cannot both be set"),
         ({"telegram": {"admins": ["me"]}}, "numeric Telegram ids"),
+        ({"api": {"enable": False}},
+         r"unknown key\(s\) in \[api\]: enable \(did you mean enabled\?\)"),
+        ({"api": {"enabled": "no"}}, r'^\[api\] enabled must be true or false, got "no"$'),
+        ({"api": True}, r"api must be a table: \[api\]"),
+        ({"apii": {}}, r"apii \(did you mean api\?\)"),
     ],
 )
 def test_mistakes_are_refused_with_a_sentence(raw: dict, message: str) -> None:
@@ -159,3 +164,8 @@ def test_no_trace_is_on_for_every_backend_unless_turned_off(tmp_path: Path) -> N
         config.ConfigError, match='no_trace must be true, false, "temp", "memory", got "false"'
     ):
         config.load(cfg, environ={})
+
+
+def test_the_images_api_is_served_unless_switched_off() -> None:
+    assert config.from_mapping({}, environ={}).api.enabled
+    assert not config.from_mapping({"api": {"enabled": False}}, environ={}).api.enabled

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from comfyveil import config
-from comfyveil.api import app as api_app
+from comfyveil.cli import run as run_cli
 from comfyveil.comfy import pool
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database
@@ -75,14 +75,16 @@ async def web_stack(
     api: bool = False,
     **web_options: Any,
 ) -> AsyncIterator[WebStack]:
-    """The web front end; `api`: with the images API under /v1, as `comfyveil run` serves
-    it."""
-    settings = settings_for(comfy, **web_options)
+    """The web front end; `api`: with the images API under /v1 (`[api] enabled`, off here
+    unless asked: these tests are of the pages), composed as `comfyveil run` does."""
+    settings = dataclasses.replace(
+        settings_for(comfy, **web_options), api=config.ApiConfig(enabled=api)
+    )
     await db.commands.seed()
     async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
         runner = Worker(db, backends, sinks=[], options=WORKER)
         task = asyncio.create_task(runner.run(), name="web-worker") if worker else None
-        mounts = {"/v1": api_app.build(settings, db, pool=backends)} if api else None
+        mounts = run_cli.mounts(settings, db, backends)
         site = await server.start(settings, db, pool=backends, mounts=mounts)
         try:
             yield WebStack(site.url, db, web_store.WebStore(db.pool), site)

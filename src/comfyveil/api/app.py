@@ -97,6 +97,13 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     await svc.waiter.close()
 
 
+def switched_off() -> web.Application:
+    """What /v1 is with ``[api] enabled = false``: no route, so every request is a 404
+    in OpenAI's shape (a client says "not found", not the pages' form check); no key is
+    read, nothing queued."""
+    return web.Application(middlewares=[_guard])
+
+
 def build(
     settings: config.Settings, db: database.Database, *, pool: pool_mod.Pool | None = None
 ) -> web.Application:

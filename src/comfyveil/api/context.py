@@ -52,14 +52,15 @@ async def caller(request: web.Request) -> tuple[ApiServices, access_mod.Who]:
     """
     svc = services(request)
     scheme, _sep, key = request.headers.get("Authorization", "").partition(" ")
-    account = await svc.keys.account(key.strip()) if scheme.lower() == "bearer" else None
-    if account is None:
+    found = await svc.keys.account(key.strip()) if scheme.lower() == "bearer" else None
+    if found is None:
         raise ApiError(
             401,
             _("That API key is not valid: make one on the settings page of the web front end."),
             code="invalid_api_key",
         )
-    who = await access_mod.who_for(svc, account)
+    account, user = found
+    who = access_mod.who_with(svc, account, user)
     i18n.set_language(language_mod.choose(who.settings, request.headers.get("Accept-Language")))
     request[ACCOUNT] = account
     return svc, who

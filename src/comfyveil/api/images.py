@@ -244,11 +244,13 @@ async def _answer(
         if problem.param in ("width", "height"):
             problem.param = "size"
         raise problem from None
+    mark = svc.waiter.mark()  # before queueing: the news of each job is heard from here
     queued = await _queue(request, svc, who, entry, values, ask.images, n)
     created = int(time.time())
     data: list[dict[str, Any]] = []
-    for job_id in queued:
-        data += await _results(svc, job_id, response_format, _base(request, svc))
+    for job in queued:
+        since = mark if job.status is jobs.Status.QUEUED else None
+        data += await _results(svc, job.id, response_format, _base(request, svc), since)
     return web.json_response({"created": created, "data": data})
 
 
@@ -260,22 +262,22 @@ async def _queue(
     values: dict[str, object],
     inputs: list[jobs.InputImage],
     n: int,
-) -> list[uuid.UUID]:
+) -> list[jobs.Job]:
     """Queue n jobs (n seeds); a refusal part-way cancels those queued by this request.
     A client's Idempotency-Key makes a retried request wait for the same jobs."""
     account = request[ACCOUNT]
     sent = request.headers.get("Idempotency-Key", "")
     token = sent if IDEMPOTENCY.match(sent) else uuid.uuid4().hex
-    queued: list[uuid.UUID] = []
+    queued: list[jobs.Job] = []
     try:
         for i in range(n):
             job = await submit.queue(
                 svc, who, entry, dict(values), inputs, key=f"api:{account.id}:{token}:{i}"
             )
-            queued.append(job.id)
+            queued.append(job)
     except errors.UsageError as exc:
-        for job_id in queued:
-            await svc.db.jobs.cancel(job_id, by_user=who.user_id)
+        for job in queued:
+            await svc.db.jobs.cancel(job.id, by_user=who.user_id)
         raise from_usage(exc) from None
     return queued
 
@@ -286,9 +288,9 @@ def _base(request: web.Request, svc: ApiServices) -> str:
 
 
 async def _results(
-    svc: ApiServices, job_id: uuid.UUID, response_format: str, base: str
+    svc: ApiServices, job_id: uuid.UUID, response_format: str, base: str, since: int | None
 ) -> list[dict[str, Any]]:
-    status, job = await svc.waiter.finished(job_id)
+    status, job = await svc.waiter.finished(job_id, queued_at=since)
     if status is None or status is jobs.Status.CANCELLED:
         raise ApiError(
             500,

@@ -24,7 +24,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from comfyveil import cli, config, logs, retention
 from comfyveil.anyone import runtime
@@ -36,6 +36,9 @@ from comfyveil.store import database
 from comfyveil.telegram import app
 from comfyveil.worker import Worker, WorkerOptions
 from comfyveil.worker import options as worker_options
+
+if TYPE_CHECKING:
+    from aiohttp import web as aiohttp_web
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,20 @@ async def run(args: argparse.Namespace) -> int:
     if not telegram and not settings.web.enabled:
         raise config.ConfigError(app.NO_TOKEN)
     return await serve(settings, telegram=telegram, web=settings.web.enabled)
+
+
+def mounts(
+    settings: config.Settings, db: database.Database, backends: pool.Pool
+) -> dict[str, aiohttp_web.Application]:
+    """What the web process serves beside its pages: the images API under /v1, or with
+    ``[api] enabled = false`` a /v1 that answers 404 to everything. Composed here, as the
+    web front end knows no other front end (the tests' web stack composes it with this
+    too)."""
+    from comfyveil.api import app as api_app
+
+    if not settings.api.enabled:
+        return {"/v1": api_app.switched_off()}
+    return {"/v1": api_app.build(settings, db, pool=backends)}
 
 
 async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
@@ -125,13 +142,8 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
                       flush=True)
             if web:
-                # The images API is served by the web process under /v1; composed here,
-                # as the web front end knows no other front end.
-                from comfyveil.api import app as api_app
-
                 site = await web_server.start(
-                    settings, db, pool=backends,
-                    mounts={"/v1": api_app.build(settings, db, pool=backends)},
+                    settings, db, pool=backends, mounts=mounts(settings, db, backends)
                 )
                 stack.push_async_callback(site.close)
                 print(f"comfyveil: web front end at {site.url}", flush=True)

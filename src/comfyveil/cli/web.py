@@ -88,6 +88,8 @@ async def apikey(settings: config.Settings, name: str | None, label: str) -> int
 
     if not name:
         raise UsageError("name the account: comfyveil web apikey ACCOUNT [--label NAME]")
+    if not settings.api.enabled:
+        raise UsageError("the images API is off ([api] enabled = false): no key to make")
     async with await database.Database.open(settings) as db:
         account = await store.WebStore(db.pool).account_by_name(name)
         if account is None:

@@ -74,8 +74,12 @@ class Access:
 
     async def identify(self, user_id: int, chat_id: int) -> Who:
         """Who is writing, with their role and whether they may use the bot."""
+        return self.decide(user_id, chat_id, await self.users.get(user_id))
+
+    def decide(self, user_id: int, chat_id: int, user: users.User | None) -> Who:
+        """`identify` with the user's row (None: none yet) read already, e.g. with an API
+        key in one query."""
         tg = self.settings.telegram
-        user = await self.users.get(user_id)
         role = user.role if user is not None else "user"
         config_admin = user_id in tg.admins
         is_admin = config_admin or role == "admin"
@@ -140,7 +144,12 @@ async def who_for(svc: Desk, account: accounts.Account) -> Who:
     issue 22 §13): a linked account is its Telegram user, so ``[telegram] admins``,
     ``allow``, ``open``, /allow and /ban decide for it as in the chat; an account of the
     web alone came by invitation, which is its allowance. A web admin is an admin."""
-    who = await svc.access.identify(account.user_id, account.chat_id)
+    return who_with(svc, account, await svc.access.users.get(account.user_id))
+
+
+def who_with(svc: Desk, account: accounts.Account, user: users.User | None) -> Who:
+    """`who_for` with the account's users row (None: none yet) read already."""
+    who = svc.access.decide(account.user_id, account.chat_id, user)
     linked = account.user_id != account.chat_id
     is_admin = who.is_admin or account.is_admin
     banned = who.role == "banned" and not is_admin

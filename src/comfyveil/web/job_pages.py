@@ -334,8 +334,9 @@ async def _settings(
         errors=errors_,
         saved=saved,
         languages=web_language.choices(),
-        keys=keys,
+        keys=keys,  # listed and revoked even while the API is off: they work once it is on
         new_key=new_key,
+        api_on=services(request).settings.api.enabled,
         api_base=f"{request.url.origin()}/v1",
     )
 
@@ -344,6 +345,8 @@ async def key_create(request: web.Request) -> web.Response:
     """A new key of the images API, shown on this page once (the store keeps a digest)."""
     account = require_account(request)
     svc = services(request)
+    if not svc.settings.api.enabled:
+        raise web.HTTPNotFound()  # [api] enabled = false: no key to make
     form = await request.post()
     label = str(form.get("label") or "")[: api_keys.MAX_LABEL]
     key = await api_keys.ApiKeyStore(svc.db.pool).create(account.id, label)
