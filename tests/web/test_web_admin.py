@@ -164,7 +164,6 @@ async def test_workflows_enable_disable_and_add_from_uploads(db, fake_comfy) -> 
 async def test_a_command_switched_off_elsewhere_leaves_the_site_at_once(db, fake_comfy) -> None:
     """`comfyveil workflows disable sd3` in another process: the site hears it by NOTIFY,
     not at its registry's next re-read 30 s later (issue 23 rough)."""
-    import asyncio
 
     async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
         await sign_up(session, await stack.invite(), "kim")
