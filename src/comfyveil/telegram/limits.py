@@ -20,13 +20,24 @@ Deleting messages, answering button presses and reading (getUpdates, getFile) ar
 counted, as Telegram does not count them as messages.
 
 Telegram publishes none of these numbers and changes them, so the model learns from the
-429s it gets (:meth:`ChatRateLimiter._learn`): a deletion answered 429 means deletions
-count (from then on they wait, after results, for room in the overall window); a send
-refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is the chat's own
-limit (its gap becomes the time since that message plus ``retry_after``, its burst one
-smaller); any other 429 is the overall limit, which becomes the messages the server
-accepted in the second before (counted once the earlier requests are answered), and
-one less than ours when that is no fewer. The model only narrows.
+429s it gets (:meth:`ChatRateLimiter._learn`):
+
+- A deletion answered 429 means deletions count (from then on they wait, after results,
+  for room in the overall window). So does a send refused while the messages it sent in
+  the second before were within our model but deletions in that second took it past:
+  nothing is known of the overall rate yet from either.
+- A send refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is
+  the chat's own limit. Its gap is at most the time since that message plus
+  ``retry_after``; the least such bound seen is kept (``retry_after`` is whole seconds,
+  so any one bound may be a second too long, and a gap that only grew would ratchet).
+  A refusal inside the chat's burst means no burst. Each chat's gap runs from the
+  answer to its last message, not from when that left, since Telegram counts arrivals.
+- Any other 429 is the overall limit, which becomes the messages the server accepted in
+  the second before (counted once the earlier requests are answered), and one less than
+  ours when that is no fewer.
+
+A 429 for a request sent before the last lesson of its kind teaches nothing: it was sent
+under the old model. The model only narrows.
 """
 
 from __future__ import annotations
@@ -115,8 +126,13 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._leaving: dict[int, tuple[float, bool]] = {}  # in flight: (sent at, deletion)
         self._keys = itertools.count()
         self._last_taken: dict[int, float] = {}
-        self._pending: collections.deque[tuple[float, bool]] = collections.deque()  # 429s
+        self._pending: collections.deque[float] = collections.deque()  # 429s' send times
         self._overall_learned = self._private_learned = -1e9  # when the last lessons were
+        self._private_gap_bound = MAX_PRIVATE_GAP  # the least bound a 429 put on the gap
+        self._initial_private_gap = private_gap
+        # After a result waited for the overall window, status traffic stays out for a
+        # second: a status edit let into the first gap would take the next result's place.
+        self._status_quiet_until = 0.0
         self.shed = 0  # status requests refused (for tests and benchmarks)
         self.sent = 0
         self.retried = 0
@@ -191,6 +207,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             raise
         else:
             self._taken(chat_id, now, deletion)
+            if counted and chat_id is not None and chat_id > 0:
+                self._gap_from_answer(chat_id, now)
             return result
         finally:
             del self._leaving[key]
@@ -198,6 +216,15 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 self._inflight -= 1
                 self._sent.append(self._clock())  # answered: counts for a second from now
             self._settle()
+
+    def _gap_from_answer(self, chat_id: int, sent_at: float) -> None:
+        """Restart the refill of a private chat's bucket at the answer to the message sent
+        at `sent_at`, unless a later message was recorded since: Telegram counted the
+        message when it arrived, some time before the answer, and the next one must not
+        arrive within a gap of it however long this one took on the way."""
+        held, at = self._private.get(chat_id, (0.0, sent_at))
+        if at == sent_at:
+            self._private[chat_id] = (held, self._clock())
 
     # --- learning from Telegram's answers -----------------------------------------
 
@@ -225,7 +252,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         last = self._last_taken.get(chat_id) if chat_id is not None else None
         if chat_id is not None and chat_id > 0 and not deletion and last is not None:
             if sent_at - last < max(CHAT_SUSPECT * self.private_gap, CHAT_SUSPECT_SECONDS):
-                self._learn_private(chat_id, sent_at, sent_at - last, delay, now)
+                self._learn_private(chat_id, sent_at, last, delay, now)
                 return
         elif chat_id is not None and not deletion and last is not None:
             window = self._chats.get(chat_id)
@@ -240,49 +267,80 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # waits as long as Telegram asked; how many it took in the second before is known
         # once the requests that left before this one are answered (`_settle`).
         self._pause_until = max(self._pause_until, now + delay)
-        self._pending.append((sent_at, news))
+        if news:
+            # Our model let these deletions through uncounted: the 429 says they count,
+            # not that the overall rate is lower; what was sent under the old model
+            # teaches nothing more.
+            self._overall_learned = now
+            return
+        self._pending.append(sent_at)
         self._settle()
 
     def _settle(self) -> None:
         """Learn the overall limit from the 429s whose earlier requests are answered."""
         while self._pending:
-            sent_at, news = self._pending[0]
+            sent_at = self._pending[0]
             if any(t < sent_at for t, _ in self._leaving.values()):
                 return
             self._pending.popleft()
+            if sent_at < self._overall_learned:
+                continue  # sent under the old model: nothing new
             # The server had taken its limit when this one arrived: `taken`, the ones it
             # accepted that left in the second before. Our windows count a message until
             # a second after its answer, later than the server does, so that many is kept
             # to; a 429 at our own limit or above means one less.
             taken = self._window(sent_at, deletions=self.count_deletions)
+            if not self.count_deletions:
+                with_deletions = self._window(sent_at, deletions=True)
+                if with_deletions > taken and with_deletions >= MIN_EVIDENCE:
+                    # Deletions we let through uncounted shared that second: they count
+                    # (the cheaper explanation; a lower rate shows in the next 429).
+                    self.count_deletions = True
+                    self._overall_learned = self._clock()
+                    self._lesson("deletions count toward the overall limit")
+                    continue
             if taken < MIN_EVIDENCE:
                 continue  # not the overall window (a method's own flood control): wait only
             overall = max(1, min(taken, self.overall - 1))
             # A request that left before the last lesson was sent under the old model:
             # its 429 says nothing that lesson did not (a burst answered 429 at once is one).
-            if overall < self.overall and (news or sent_at >= self._overall_learned):
+            if overall < self.overall:
                 self._overall_learned = self._clock()
                 self.overall = overall
                 self._lesson(f"{self.overall} messages a second overall")
 
     def _learn_private(
-        self, chat_id: int, sent_at: float, since_last: float, delay: float, now: float
+        self, chat_id: int, sent_at: float, last: float, delay: float, now: float
     ) -> None:
-        # Refused `since_last` s after its last message, to be taken `delay` s later (in
-        # whole seconds, rounded up): its gap is at most their sum, and more than the
-        # first; its burst was smaller than we thought.
-        gap = min(MAX_PRIVATE_GAP, max(self.private_gap, since_last + delay))
-        fresh = sent_at >= self._private_learned  # see the overall limit's lessons
-        if fresh and (gap > self.private_gap + 0.05 or self.private_burst > 1):
+        # Refused `since_last` s after its last message left, to be taken `delay` s later
+        # (whole seconds, rounded up): the gap is at most their sum. The least such bound
+        # is the estimate; never below the model we started from.
+        since_last = sent_at - last
+        self._private_gap_bound = min(self._private_gap_bound, since_last + delay)
+        gap = min(MAX_PRIVATE_GAP, max(self._initial_private_gap, self._private_gap_bound))
+        inside_burst = since_last < self.private_gap
+        burst = 1 if inside_burst else max(1, self.private_burst - 1)
+        # Only a refusal of messages sent under the current model says it is wrong.
+        fresh = last >= self._private_learned
+        if abs(gap - self.private_gap) > 0.05 or (fresh and burst < self.private_burst):
             self._private_learned = now
             self.private_gap = gap
-            self.private_burst = max(1, self.private_burst - 1)
+            if fresh and burst < self.private_burst:
+                self._lower_burst(burst)
             self._lesson(
                 f"a private chat takes one message every {gap:.1f} s "
                 f"after a burst of {self.private_burst}"
             )
         # Empty its bucket so that it fills again when Telegram said it would.
         self._private[chat_id] = (1.0 - delay / self.private_gap, now)
+
+    def _lower_burst(self, burst: int) -> None:
+        """A smaller burst: every chat keeps what it has used of the old one, so a chat
+        in the middle of its burst does not start a new one."""
+        used_up = self.private_burst - burst
+        self.private_burst = burst
+        for chat_id, (held, at) in self._private.items():
+            self._private[chat_id] = (held - used_up, at)
 
     def _lesson(self, what: str) -> None:
         self.lessons.append(what)
@@ -307,7 +365,11 @@ class ChatRateLimiter(BaseRateLimiter[str]):
 
     def has_room(self) -> bool:
         """Whether a status edit would go out now (no result waits, room to spare)."""
-        return not self._waiting and self._wait(None, self._clock(), spare=True) == 0
+        now = self._clock()
+        return self._status_may_go(now) and self._wait(None, now, spare=True) == 0
+
+    def _status_may_go(self, now: float) -> bool:
+        return not self._waiting and now >= self._status_quiet_until
 
     # --- PTB's entry point --------------------------------------------------------
 
@@ -332,7 +394,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 chat_id = None
         if rate_limit_args == SHED:
             now = self._clock()
-            if self._waiting or self._wait(chat_id, now, spare=True) > 0:
+            if not self._status_may_go(now) or self._wait(chat_id, now, spare=True) > 0:
                 self.shed += 1
                 raise Shed()
             return await self._send(chat_id, callback, args, kwargs)
@@ -342,6 +404,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 # The windows only free up with time: sleep until this one has room.
                 wait = self._wait(chat_id, self._clock(), spare=False)
                 while wait > 0:
+                    if self._wait(None, self._clock(), spare=False) > 0:
+                        self._status_quiet_until = self._clock() + 1.0
                     await asyncio.sleep(wait)
                     wait = self._wait(chat_id, self._clock(), spare=False)
             finally:
@@ -362,7 +426,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _deletion_wait(self) -> float:
-        if self._waiting:  # a result waits: it goes first
+        if not self._status_may_go(self._clock()):  # a result waits: it goes first
             return INFLIGHT_POLL
         return self._wait(None, self._clock(), spare=True)
 
