@@ -670,7 +670,10 @@ async def test_a_queued_jobs_eta_counts_what_the_running_job_still_needs(
         stack.send(110, f"/f a fox --steps 6 {SMALL}")  # measured: about 6 s
         await stack.result(110, timeout=30)
         stack.send(111, f"/f a cat --steps 6 {SMALL}")  # runs for about 6 s ...
-        await _said(fake_telegram, 111, "Running on gpu0", timeout=15)
+        # (On the GPU itself: the chat's "Running" edit may come seconds later under load.)
+        async with asyncio.timeout(15):
+            while fake.running is None:
+                await asyncio.sleep(0.02)
         stack.send(112, f"/f a dog --steps 6 {SMALL}")  # ... ahead of this one
         queued = await _said(fake_telegram, 112, "about", timeout=15)
         eta = float(re.search(r"about ([\d.]+) s", queued)[1])  # type: ignore[index]

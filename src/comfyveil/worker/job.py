@@ -390,9 +390,16 @@ class JobRunner:
         )
         return True
 
-    async def _withdraw_cancelled(self, job_id: uuid.UUID) -> None:
+    async def _withdraw_cancelled(
+        self, job_id: uuid.UUID, after: asyncio.Task[None] | None = None
+    ) -> None:
         """A job no worker runs was cancelled (it was queued for a retry): stop the prompt
-        an earlier attempt left on its backend, if that backend is one of ours."""
+        an earlier attempt left on its backend, if that backend is one of ours. `after`:
+        this worker's task of the job, still finishing the attempt that requeued it."""
+        if after is not None:
+            await asyncio.wait({after})
+            if job_id in self._cancelled_here:
+                return  # the task itself stopped it
         try:
             job = await self.store.get(job_id)
         except store_errors.StoreError:
@@ -432,11 +439,17 @@ class JobRunner:
                 self._orphans.pop(name, None)
 
     def _cancelled_elsewhere(self, job_id: uuid.UUID) -> None:
-        if job_id in self._running or job_id in self._cancelled_here:
+        if job_id in self._cancelled_here:
             # Its own task stopped it: asking its backend again would interrupt it twice,
             # and on a server that ignores the prompt id, the next user's job.
             return
-        task = asyncio.create_task(self._withdraw_cancelled(job_id), name=f"withdraw-{job_id}")
+        # A task of the job still here may be one that stops it itself, or one that
+        # requeued it a moment ago and is finishing: which, is known once it ends.
+        running = self._running.get(job_id)
+        task = asyncio.create_task(
+            self._withdraw_cancelled(job_id, running.task if running else None),
+            name=f"withdraw-{job_id}",
+        )
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
