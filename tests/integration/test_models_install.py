@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from huggingface_hub import constants
+from huggingface_hub.utils import _detect_agent as hf_detect_agent
 
 from comfyveil import cli, redaction
 from comfyveil.errors import ComfyveilError, ConfigError, UsageError
@@ -258,6 +259,10 @@ async def test_via_anon_goes_through_the_socks_port_with_the_name_unresolved(
 ) -> None:
     """[anyone] socks is the operator's anon; a relay stands in for it and records
     what it is asked. hub.test resolves nowhere: only the proxy can reach it."""
+    # huggingface_hub asks its Hub once per process for a registry of AI agents, unless
+    # telemetry is off: as if this were the first download in the process.
+    monkeypatch.setattr(hf_detect_agent, "_registry", None)
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "no-cache.json"))
     relay = await SocksRelay().start()
     try:
         endpoint = f"http://hub.test:{hub.port}"

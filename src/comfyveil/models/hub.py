@@ -63,6 +63,12 @@ for _handler in list(logging.getLogger("huggingface_hub").handlers):
     if type(_handler) is logging.StreamHandler:
         logging.getLogger("huggingface_hub").removeHandler(_handler)
 
+# With telemetry on (its default), every request's headers make huggingface_hub fetch a
+# registry of "AI agent harnesses" from the address HF_ENDPOINT had when it was imported
+# (the Hugging Face Hub, not the mirror an operator names later), and add the agent and
+# torch's version to the user agent: a request and details the operator did not ask for.
+huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY = True
+
 DEFAULT_ENDPOINT = "https://huggingface.co"
 METADATA_TIMEOUT = 30.0  # seconds for the HEAD (through anon a circuit may be slow to build)
 HASH_QUEUE = 4  # chunks (10 MiB each) waiting for the hashing thread at most
