@@ -660,21 +660,41 @@ async def test_under_telegrams_limits_results_go_first_and_status_edits_give_way
     assert limiter.shed > 0  # status traffic gave way instead
 
 
+# Three runs of /f on gpu0, a minute each, their results delivered long ago.
+PAST_RUNS = """
+WITH past AS (
+    INSERT INTO jobs (id, user_id, chat_id, command, workflow_hash, params, status,
+                      submitted, backend, attempts, created_at, started_at, finished_at,
+                      updated_at)
+    SELECT gen_random_uuid(), 109, 109, 'f', 'old', '{}'::jsonb, 'succeeded', true, 'gpu0',
+           1, now() - make_interval(mins => g + 2), now() - make_interval(mins => g + 1),
+           now() - make_interval(mins => g), now() - make_interval(mins => g)
+    FROM generate_series(1, 3) AS g
+    RETURNING id
+)
+INSERT INTO deliveries (job_id, sink) SELECT id, 'telegram' FROM past
+"""
+
+
 async def test_a_queued_jobs_eta_counts_what_the_running_job_still_needs(
     fake_telegram: FakeTelegram, fake_comfy_factory, db
 ) -> None:
-    # Jobs of 6 s, so that up to 5 s between the running job's start and the next message
-    # on a loaded machine still leaves part of the running job to count.
-    fake = await fake_comfy_factory(step_delay=1.0)
+    # /f has taken 60 s on gpu0 each time: the job running there still needs most of
+    # that, however loaded this machine is, when the next one is queued behind it.
+    async with db.pool.connection() as conn:
+        await conn.execute(PAST_RUNS)
+    fake = await fake_comfy_factory(step_delay=3.0)
     async with running_bot(fake_telegram, db, [fake]) as stack:
-        stack.send(110, f"/f a fox --steps 6 {SMALL}")  # measured: about 6 s
-        await stack.result(110, timeout=30)
-        stack.send(111, f"/f a cat --steps 6 {SMALL}")  # runs for about 6 s ...
+        stack.send(111, f"/f a cat --steps 8 {SMALL}")  # 24 s on the fake
         # (On the GPU itself: the chat's "Running" edit may come seconds later under load.)
         async with asyncio.timeout(15):
             while fake.running is None:
                 await asyncio.sleep(0.02)
-        stack.send(112, f"/f a dog --steps 6 {SMALL}")  # ... ahead of this one
+        stack.send(112, f"/f a dog --steps 6 {SMALL}")  # behind it
         queued = await _said(fake_telegram, 112, "about", timeout=15)
-        eta = float(re.search(r"about ([\d.]+) s", queued)[1])  # type: ignore[index]
-        assert eta >= 7.0, queued  # its own 6 s and what the running job still needs
+        eta = float(re.search(r"about ([\d.]+) (s|min)", queued)[1])  # type: ignore[index]
+        unit = re.search(r"about ([\d.]+) (s|min)", queued)[2]  # type: ignore[index]
+        seconds = eta * 60 if unit == "min" else eta
+        # Its own 60 s and what the running job still needs (60 s less the few seconds
+        # it has run): not its own 60 s alone.
+        assert seconds >= 90, queued
