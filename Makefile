@@ -47,7 +47,7 @@ lint: install
 # pytest-xdist workers: more than the 2 cores of the reference machine, since most tests
 # wait on a server, a subprocess or a timer; the anon-network and browser tests keep to
 # one worker each (GROUPED_FILES in tests/conftest.py).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 8
 PYTEST_ARGS := -q -p no:cacheprovider -n $(TEST_WORKERS)
 TEST_ENV := COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only
 # Compiled bytecode is kept (__pycache__, ignored by git): with it off, every worker and

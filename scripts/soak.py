@@ -7,7 +7,7 @@ yet; this finds it. Each run is a full pytest run with the arguments given after
 test id, then how often each one failed.
 
     scripts/soak.py                       # 5 runs of the whole suite
-    scripts/soak.py --runs 3 -- -n 4 tests/e2e
+    scripts/soak.py --runs 3 -- -n 8 tests/e2e
 
 Exit status: 0 when every run passed, 1 otherwise.
 """
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider", "-n", "4"]
+DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider", "-n", "8"]
 # pytest's short summary (-rfE): "FAILED tests/x.py::test_y - AssertionError ..."
 FAILURE = re.compile(r"^(FAILED|ERROR) (.+?)(?: - .*)?$")
 CLOSING = re.compile(r"^=*\s*(\d+ (passed|failed)|no tests ran).* in [\d.]+s")
