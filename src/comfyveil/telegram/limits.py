@@ -133,6 +133,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # After a result waited for the overall window, status traffic stays out for a
         # second: a status edit let into the first gap would take the next result's place.
         self._status_quiet_until = 0.0
+        self._overall_full = False  # the last look at the windows found the overall one full
+        self._overall_turn = asyncio.Lock()  # normal requests take turns at the overall window
         self.shed = 0  # status requests refused (for tests and benchmarks)
         self.sent = 0
         self.retried = 0
@@ -149,33 +151,41 @@ class ChatRateLimiter(BaseRateLimiter[str]):
     def _wait(self, chat_id: int | None, now: float, *, spare: bool) -> float:
         """Seconds until a message fits (0: now); `chat_id`: a send to that chat (None: an
         edit, or no chat); `spare`: leave the reserves."""
+        overall = self._overall_wait(now, spare=spare)
+        self._overall_full = overall > 0  # (read by a waiting result: see process_request)
+        return max(overall, self._chat_wait(chat_id, now, spare=spare))
+
+    def _overall_wait(self, now: float, *, spare: bool) -> float:
         sent = self._sent
         while sent and sent[0] <= now - 1.0:
             sent.popleft()
         # (A model narrowed to a few a second keeps one for status traffic, not none.)
         limit = max(1, self.overall - (RESERVE_OVERALL if spare else 0))
-        waits = [self._pause_until - now]
+        wait = self._pause_until - now
         # Telegram counts a request when it arrives, which is after it left and before its
         # answer came back: requests in flight count, and done ones until a second after
         # their answer, so no window of arrivals can hold more than `limit`.
         if self._inflight >= limit:
-            waits.append(INFLIGHT_POLL)
+            wait = max(wait, INFLIGHT_POLL)
         elif len(sent) + self._inflight >= limit:
-            waits.append(sent[len(sent) + self._inflight - limit] + 1.0 - now)
+            wait = max(wait, sent[len(sent) + self._inflight - limit] + 1.0 - now)
+        return max(0.0, wait)
+
+    def _chat_wait(self, chat_id: int | None, now: float, *, spare: bool) -> float:
         if chat_id is not None and chat_id > 0:  # private (users' ids > 0, groups' < 0)
             # (A burst learned down to one leaves no reserve: status posts still go.)
             reserve = RESERVE_PRIVATE if spare and self.private_burst > RESERVE_PRIVATE else 0
             need = 1.0 + reserve
             tokens = self._tokens(chat_id, now)
             if tokens < need:
-                waits.append((need - tokens) * self.private_gap)
+                return (need - tokens) * self.private_gap
         elif chat_id is not None and (window := self._chats.get(chat_id)):
             while window and window[0] <= now - 60.0:
                 window.popleft()
             group_limit = self.group_per_minute - (RESERVE_GROUP if spare else 0)
             if len(window) >= group_limit:
-                waits.append(window[len(window) - group_limit] + 60.0 - now)
-        return max(0.0, *waits)
+                return max(0.0, window[len(window) - group_limit] + 60.0 - now)
+        return 0.0
 
     def _tokens(self, chat_id: int, now: float) -> float:
         burst = float(self.private_burst)
@@ -401,16 +411,25 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         for attempt in range(self.max_retries + 1):
             self._waiting += 1
             try:
-                # The windows only free up with time: sleep until this one has room.
-                wait = self._wait(chat_id, self._clock(), spare=False)
+                # The windows only free up with time: first its own chat's, each request
+                # on its own timer; then the overall one, a request at a time in arrival
+                # order (hundreds waking together for each free place would cost the
+                # event loop more than the sending, and slow every answer).
+                wait = self._chat_wait(chat_id, self._clock(), spare=False)
                 while wait > 0:
-                    if self._wait(None, self._clock(), spare=False) > 0:
-                        self._status_quiet_until = self._clock() + 1.0
                     await asyncio.sleep(wait)
+                    wait = self._chat_wait(chat_id, self._clock(), spare=False)
+                async with self._overall_turn:
                     wait = self._wait(chat_id, self._clock(), spare=False)
+                    while wait > 0:
+                        if self._overall_full:
+                            self._status_quiet_until = self._clock() + 1.0
+                        await asyncio.sleep(wait)
+                        wait = self._wait(chat_id, self._clock(), spare=False)
             finally:
                 self._waiting -= 1
             try:
+                # (`_send` counts it before its first await: the next in turn sees it.)
                 return await self._send(chat_id, callback, args, kwargs)
             except RetryAfter as exc:
                 if attempt == self.max_retries:
