@@ -55,6 +55,7 @@ from tests.fixtures.database import open_for_the_database_user
 
 from comfyveil import config
 from comfyveil.store import database, embedded, jobs
+from comfyveil.store import errors as store_errors
 from comfyveil.telegram import app, limits
 
 CAP = 30.0  # Telegram's messages a second, all chats together
@@ -99,9 +100,16 @@ async def _gpu_slot(
     """One simulated GPU: claim, report progress, complete after `seconds`, deliver."""
     steps = max(1, round(seconds / 0.5))
     while not stop.is_set():
-        job = await db.jobs.claim(name, lease_seconds=120)
+        try:
+            job = await db.jobs.claim(name, lease_seconds=120)
+        except store_errors.StoreError:  # as the worker does: try again a little later
+            await asyncio.sleep(1.0)
+            continue
         if job is None:
-            await asyncio.sleep(0.05)
+            # (A hundred slots asking 20 times a second once the queue is empty took the
+            # pool's ten connections from the bot and the deliveries: the worker waits
+            # for NOTIFY instead.)
+            await asyncio.sleep(0.5)
             continue
         await db.jobs.record_progress(job, {"state": "running", "backend": name})
         for step in range(1, steps + 1):
