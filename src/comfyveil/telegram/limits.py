@@ -133,7 +133,6 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # After a result waited for the overall window, status traffic stays out for a
         # second: a status edit let into the first gap would take the next result's place.
         self._status_quiet_until = 0.0
-        self._overall_full = False  # the last look at the windows found the overall one full
         self._overall_turn = asyncio.Lock()  # normal requests take turns at the overall window
         self.shed = 0  # status requests refused (for tests and benchmarks)
         self.sent = 0
@@ -151,9 +150,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
     def _wait(self, chat_id: int | None, now: float, *, spare: bool) -> float:
         """Seconds until a message fits (0: now); `chat_id`: a send to that chat (None: an
         edit, or no chat); `spare`: leave the reserves."""
-        overall = self._overall_wait(now, spare=spare)
-        self._overall_full = overall > 0  # (read by a waiting result: see process_request)
-        return max(overall, self._chat_wait(chat_id, now, spare=spare))
+        return max(self._overall_wait(now, spare=spare), self._chat_wait(chat_id, now, spare=spare))
 
     def _overall_wait(self, now: float, *, spare: bool) -> float:
         sent = self._sent
@@ -415,17 +412,21 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 # on its own timer; then the overall one, a request at a time in arrival
                 # order (hundreds waking together for each free place would cost the
                 # event loop more than the sending, and slow every answer).
-                wait = self._chat_wait(chat_id, self._clock(), spare=False)
-                while wait > 0:
-                    await asyncio.sleep(wait)
+                while True:
                     wait = self._chat_wait(chat_id, self._clock(), spare=False)
-                async with self._overall_turn:
-                    wait = self._wait(chat_id, self._clock(), spare=False)
                     while wait > 0:
-                        if self._overall_full:
-                            self._status_quiet_until = self._clock() + 1.0
                         await asyncio.sleep(wait)
-                        wait = self._wait(chat_id, self._clock(), spare=False)
+                        wait = self._chat_wait(chat_id, self._clock(), spare=False)
+                    async with self._overall_turn:
+                        wait = self._overall_wait(self._clock(), spare=False)
+                        while wait > 0:
+                            self._status_quiet_until = self._clock() + 1.0
+                            await asyncio.sleep(wait)
+                            wait = self._overall_wait(self._clock(), spare=False)
+                        # Its chat may have taken a message meanwhile (a status post):
+                        # then it waits for its chat again, and the turn goes on.
+                        if self._chat_wait(chat_id, self._clock(), spare=False) == 0:
+                            break
             finally:
                 self._waiting -= 1
             try:
