@@ -68,10 +68,11 @@ async def test_a_job_longer_than_its_lease_keeps_it_and_runs_once(
     db: database.Database, fake_comfy_factory
 ) -> None:
     """The lease is renewed while the job runs: a second worker, looking for expired
-    leases all along, never takes it over."""
-    fake = await fake_comfy_factory(step_delay=0.6)
+    leases all along, never takes it over. (Steps slower than the lease: the progress
+    writes, which extend the lease too, cannot keep it alone.)"""
+    fake = await fake_comfy_factory(step_delay=2.5)
     short = dataclasses.replace(FAST, lease_seconds=1.5, recover_interval=0.2)
-    job = await enqueue(db, steps=8)  # about 5 s: more than three leases
+    job = await enqueue(db, steps=2)  # about 5 s: more than three leases
     async with running_worker(db, [fake.url], options=short), \
             running_worker(db, [fake.url], options=short):
         started = time.monotonic()
