@@ -126,10 +126,12 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._leaving: dict[int, tuple[float, bool]] = {}  # in flight: (sent at, deletion)
         self._keys = itertools.count()
         self._last_taken: dict[int, float] = {}
-        self._pending: collections.deque[float] = collections.deque()  # 429s' send times
+        # 429s to learn from: when each left, and how many our window held then.
+        self._pending: collections.deque[tuple[float, int]] = collections.deque()
         self._overall_learned = self._private_learned = -1e9  # when the last lessons were
         self._private_gap_bound = MAX_PRIVATE_GAP  # the least bound a 429 put on the gap
         self._initial_private_gap = private_gap
+        self._initial_overall = overall
         # After a result waited for the overall window, status traffic stays out for a
         # second: a status edit let into the first gap would take the next result's place.
         self._status_quiet_until = 0.0
@@ -202,6 +204,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         """Send one request; an uncounted one (a deletion while deletions are thought
         free) only has its answer watched, to learn when that is wrong."""
         now = self._clock()
+        held = len(self._sent) + self._inflight  # what our overall window held as it left
         if counted:
             self._record(chat_id, now)
             self._inflight += 1
@@ -210,7 +213,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         try:
             result = await callback(*args, **kwargs)
         except RetryAfter as exc:
-            self._learn(chat_id, now, _seconds(exc), deletion=deletion)
+            self._learn(chat_id, now, _seconds(exc), deletion=deletion, held=held)
             raise
         else:
             self._taken(chat_id, now, deletion)
@@ -248,7 +251,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         if chat_id is not None and not deletion:
             self._last_taken[chat_id] = sent_at
 
-    def _learn(self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool) -> None:
+    def _learn(
+        self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool, held: int
+    ) -> None:
         """Narrow the model after a 429 for a request sent at `sent_at` (see the module
         docstring for the reasoning)."""
         now = self._clock()
@@ -280,13 +285,13 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             # teaches nothing more.
             self._overall_learned = now
             return
-        self._pending.append(sent_at)
+        self._pending.append((sent_at, held))
         self._settle()
 
     def _settle(self) -> None:
         """Learn the overall limit from the 429s whose earlier requests are answered."""
         while self._pending:
-            sent_at = self._pending[0]
+            sent_at, held = self._pending[0]
             if any(t < sent_at for t, _ in self._leaving.values()):
                 return
             self._pending.popleft()
@@ -309,6 +314,11 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             if taken < MIN_EVIDENCE:
                 continue  # not the overall window (a method's own flood control): wait only
             overall = max(1, min(taken, self.overall - 1))
+            if self.overall < self._initial_overall:
+                # A model learned before, refused now, was a little too high. Under load
+                # the answers come late and unevenly, and the messages that left in the
+                # second before say less than what our own window held as this one left.
+                overall = max(1, min(self.overall - 1, max(taken, held - 1)))
             # A request that left before the last lesson was sent under the old model:
             # its 429 says nothing that lesson did not (a burst answered 429 at once is one).
             if overall < self.overall:
