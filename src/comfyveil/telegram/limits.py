@@ -34,7 +34,11 @@ Telegram publishes none of these numbers and changes them, so the model learns f
   answer to its last message, not from when that left, since Telegram counts arrivals.
 - Any other 429 is the overall limit, which becomes the messages the server accepted in
   the second before (counted once the earlier requests are answered), and one less than
-  ours when that is no fewer.
+  ours when that is no fewer. A learned limit refused again comes down to one less than
+  what our window held as the refused message left, when that is more: under load the
+  answers come late and unevenly, and the second before undercounts.
+- Results wait for their own chat's window each on its own timer, then take turns at
+  the overall one; status traffic stays out for a second after a result waited there.
 
 A 429 for a request sent before the last lesson of its kind teaches nothing: it was sent
 under the old model. The model only narrows.
