@@ -86,7 +86,9 @@ async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_
     first = await fake_comfy_factory(step_delay=1.0)
     second = await fake_comfy_factory(step_delay=0.01)
     job = await enqueue(db, steps=8)
-    slower = dataclasses.replace(FAST, retry_backoff=1.0)
+    # The retry waits 4 s: time for this test to see the job queued again and mark gpu0
+    # down first (with 1 s, a loaded machine let the retry find gpu0 up and reattach).
+    slower = dataclasses.replace(FAST, retry_backoff=4.0)
     async with running_worker(db, [first.url, second.url], options=slower) as worker:
         await _hiccup_while_running(first, job)  # it starts on gpu0, the first idle one
         await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
