@@ -692,9 +692,9 @@ async def test_a_queued_jobs_eta_counts_what_the_running_job_still_needs(
                 await asyncio.sleep(0.02)
         stack.send(112, f"/f a dog --steps 6 {SMALL}")  # behind it
         queued = await _said(fake_telegram, 112, "about", timeout=15)
-        eta = float(re.search(r"about ([\d.]+) (s|min)", queued)[1])  # type: ignore[index]
-        unit = re.search(r"about ([\d.]+) (s|min)", queued)[2]  # type: ignore[index]
-        seconds = eta * 60 if unit == "min" else eta
+        shown = re.search(r"about ([\d.]+) (s|min)", queued)
+        assert shown, queued
+        seconds = float(shown[1]) * (60 if shown[2] == "min" else 1)
         # Its own 60 s and what the running job still needs (60 s less the few seconds
         # it has run): not its own 60 s alone.
         assert seconds >= 90, queued

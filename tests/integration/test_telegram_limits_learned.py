@@ -55,6 +55,20 @@ async def _results(bot: ExtBot, chats: list[int], each: int) -> None:
     await asyncio.gather(*(one(chat, n) for n in range(each) for chat in chats))
 
 
+async def _results_replacing_status(bot: ExtBot, chats: list[int], texts: list[str]) -> None:
+    """In every chat at once: a status message, the first result, the status deleted (as
+    the bot does when a job ends), then the other results."""
+
+    async def one(chat: int) -> None:
+        status = await bot.send_message(chat, "Queued")
+        await bot.send_message(chat, texts[0])
+        await bot.delete_message(chat, status.message_id)
+        for text in texts[1:]:
+            await bot.send_message(chat, text)
+
+    await asyncio.gather(*(one(chat) for chat in chats))
+
+
 async def test_a_lower_overall_rate_is_learned_and_then_kept(
     fake_telegram: FakeTelegram,
 ) -> None:
@@ -87,14 +101,8 @@ async def test_deletions_counted_by_the_server_are_learned_and_wait_for_results(
         fake_telegram.open_chat(chat)
     limiter = limits.ChatRateLimiter()
     bot = await _bot(fake_telegram, limiter)
-
-    async def result_then_delete_status(chat: int) -> None:
-        status = await bot.send_message(chat, "Queued")
-        await bot.send_message(chat, "result")
-        await bot.delete_message(chat, status.message_id)
-
     try:
-        await asyncio.gather(*(result_then_delete_status(chat) for chat in chats))
+        await _results_replacing_status(bot, chats, ["result"])
     finally:
         await bot.shutdown()
     assert limiter.count_deletions, limiter.lessons
@@ -117,15 +125,8 @@ async def test_deletions_counted_at_telegrams_own_rate_keep_the_overall_rate(
         fake_telegram.open_chat(chat)
     limiter = limits.ChatRateLimiter()
     bot = await _bot(fake_telegram, limiter)
-
-    async def result_then_delete_status(chat: int) -> None:
-        status = await bot.send_message(chat, "Queued")
-        await bot.send_message(chat, "result")
-        await bot.delete_message(chat, status.message_id)
-        await bot.send_message(chat, "another result")
-
     try:
-        await asyncio.gather(*(result_then_delete_status(chat) for chat in chats))
+        await _results_replacing_status(bot, chats, ["result", "another result"])
     finally:
         await bot.shutdown()
     for chat in chats:

@@ -300,7 +300,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 return
             self._pending.popleft()
             if sent_at < self._overall_learned:
-                continue  # sent under the old model: nothing new
+                # Sent under the old model: its 429 says nothing the last lesson did not
+                # (a burst answered 429 at once is one).
+                continue
             # The server had taken its limit when this one arrived: `taken`, the ones it
             # accepted that left in the second before. Our windows count a message until
             # a second after its answer, later than the server does, so that many is kept
@@ -323,8 +325,6 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 # the answers come late and unevenly, and the messages that left in the
                 # second before say less than what our own window held as this one left.
                 overall = max(1, min(self.overall - 1, max(taken, held - 1)))
-            # A request that left before the last lesson was sent under the old model:
-            # its 429 says nothing that lesson did not (a burst answered 429 at once is one).
             if overall < self.overall:
                 self._overall_learned = self._clock()
                 self.overall = overall
