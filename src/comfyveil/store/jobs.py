@@ -662,7 +662,10 @@ class JobStore:
         on = elapsed = None
         if not row["queued"] and row["status"] == Status.RUNNING.value and row["backend"]:
             on = row["backend"]
-            if row["state"] not in ("waiting", "queued_on_backend"):
+            # Only a job ComfyUI has started runs there; one just claimed (no state yet),
+            # waiting for the GPU, sent ("submitted": ComfyUI may queue it behind the
+            # job running there) or queued on the backend waits behind that job.
+            if row["state"] == "running":
                 elapsed = max(0.0, float(row["elapsed"] or 0.0))
         found = eta_mod.estimate(
             eta_mod.estimator_from(runs),
