@@ -168,6 +168,23 @@ async def test_no_lease_is_taken_until_the_server_has_been_up_for_a_lease(db: Da
     assert [j.id for j in await db.jobs.recover_expired(0.05)] == [job.id]
 
 
+async def test_a_server_slow_to_open_gives_live_workers_a_whole_lease_after_it_answers(
+    db: Database,
+) -> None:
+    job = await db.jobs.enqueue(new_job(1))
+    claimed = await db.jobs.claim("w", lease_seconds=0.05)
+    assert claimed is not None
+    await asyncio.sleep(0.1)
+    async with db.pool.connection() as conn:
+        # As after a restart whose crash recovery outlasted the lease: the postmaster
+        # started long ago, but nobody has been answered since.
+        await conn.execute("DELETE FROM server_starts")
+    assert await db.jobs.recover_expired(0.3) == []  # its first answer
+    assert await db.jobs.recover_expired(0.3) == []
+    await asyncio.sleep(0.35)
+    assert [j.id for j in await db.jobs.recover_expired(0.3)] == [job.id]
+
+
 async def test_a_worker_restarted_under_its_id_gets_its_running_jobs_back_at_once(
     db: Database,
 ) -> None:

@@ -482,9 +482,9 @@ class JobStore:
 
         `submitted` and `backend` are kept so the next worker re-attaches to the prompt.
         A job out of attempts fails instead; one with a cancel request is cancelled.
-        Nothing is recovered until the database server has been up for `lease_seconds`
-        (the workers' lease): a lease that ran out while nobody could write to the
-        database says nothing about its worker.
+        Nothing is recovered until the database server has answered for `lease_seconds`
+        (the workers' lease) since it started: a lease that ran out while nobody could
+        write to the database, crash recovery included, says nothing about its worker.
         """
         rows = await self.db.all("recover_expired", lease_seconds=lease_seconds)
         for row in rows:

@@ -197,15 +197,25 @@ SELECT * FROM updated;
 -- Requeue running jobs whose worker stopped renewing its lease (keeping submitted/backend).
 -- A lease that ran out while this server was down or starting did so because nobody could
 -- write, not because its worker died: leases count only from lease_seconds after the
--- server started, which gives every live worker that long to renew once it is back.
-WITH expired AS (
+-- server first answered since it started (the first recover_expired then records it:
+-- migration 0020), which gives every live worker that long to renew once it is back.
+WITH started AS (
+    SELECT pg_postmaster_start_time() AS at
+), earlier_starts AS (
+    DELETE FROM server_starts WHERE started_at <> (SELECT at FROM started)
+), first_answer AS (
+    INSERT INTO server_starts (started_at) SELECT at FROM started
+    ON CONFLICT (started_at) DO NOTHING
+), expired AS (
     SELECT id, lease_owner AS old_owner,
            CASE WHEN cancel_requested THEN 'cancelled'::job_status
                 WHEN attempts >= max_attempts THEN 'failed'::job_status
                 ELSE 'queued'::job_status END AS new_status
     FROM jobs
     WHERE status = 'running' AND lease_expires_at < now()
-      AND pg_postmaster_start_time() < now() - make_interval(secs => %(lease_seconds)s)
+      -- No row yet (this is the first answer): NULL, and nothing is taken.
+      AND (SELECT answered_at FROM server_starts WHERE started_at = (SELECT at FROM started))
+          < now() - make_interval(secs => %(lease_seconds)s)
     FOR UPDATE SKIP LOCKED
 ), updated AS (
     UPDATE jobs j
