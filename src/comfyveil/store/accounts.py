@@ -26,7 +26,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil.i18n import N_
-from comfyveil.store import errors
+from comfyveil.store import errors, jobs, users
 
 WEB_ID_BASE = -(1 << 62)
 
@@ -142,6 +142,16 @@ class OutputInfo:
     kind: str
     mime: str
     size: int
+
+
+@dataclass(frozen=True)
+class Visitor:
+    """A signed-in visitor: the account, its session's CSRF token, and its users row
+    (None before the account's first job or setting wrote one)."""
+
+    account: Account
+    csrf: str
+    user: users.User | None
 
 
 _ACCOUNT_COLUMNS = (
@@ -351,15 +361,25 @@ class WebStore:
         )
         return token, csrf
 
-    async def session(self, token: str) -> tuple[Account, str] | None:
-        """The live session's account and CSRF token; None when expired, unknown or banned."""
+    async def session(self, token: str) -> Visitor | None:
+        """The live session's account, CSRF token and users row, in one round trip (every
+        page needs all three); None when expired, unknown or banned."""
         row = await self._one(
-            f"SELECT s.csrf, {', '.join('a.' + c.strip() for c in _ACCOUNT_COLUMNS.split(','))} "
+            f"SELECT s.csrf, {', '.join('a.' + c.strip() for c in _ACCOUNT_COLUMNS.split(','))}, "
+            "u.id AS u_id, u.role AS u_role, u.settings AS u_settings, "
+            "u.daily_quota AS u_daily_quota, u.created_at AS u_created_at, "
+            "u.updated_at AS u_updated_at "
             "FROM web_sessions s JOIN web_accounts a ON a.id = s.account_id "
+            "LEFT JOIN users u ON u.id = a.user_id "
             "WHERE s.token_hash = %(h)s AND s.expires_at > now() AND NOT a.disabled",
             {"h": digest(token)},
         )
-        return (Account.from_row(row), row["csrf"]) if row else None
+        if row is None:
+            return None
+        user = None
+        if row["u_id"] is not None:
+            user = users.User.from_row({k[2:]: v for k, v in row.items() if k.startswith("u_")})
+        return Visitor(Account.from_row(row), row["csrf"], user)
 
     async def end_session(self, token: str) -> None:
         await self._one("DELETE FROM web_sessions WHERE token_hash = %(h)s", {"h": digest(token)})
@@ -515,6 +535,29 @@ class WebStore:
             {"id": job_id},
         )
         return [OutputInfo(**r) for r in rows]
+
+    async def job_with_files(
+        self, job_id: uuid.UUID
+    ) -> tuple[jobs.Job, list[OutputInfo], list[tuple[int, str]]] | None:
+        """A job with its outputs (without their bytes) and the (index, mime) of its kept
+        input images, in one round trip: what a job's page shows."""
+        row = await self._one(
+            "SELECT j.*, "
+            "coalesce((SELECT json_agg(json_build_array(o.index, o.filename, o.kind, o.mime, "
+            "o.size) ORDER BY o.index) FROM job_outputs o WHERE o.job_id = j.id), '[]') "
+            "AS output_list, "
+            "coalesce((SELECT json_agg(json_build_array(i.index, i.mime) ORDER BY i.index) "
+            "FROM job_inputs i WHERE i.job_id = j.id), '[]') AS input_list "
+            "FROM jobs j WHERE j.id = %(id)s",
+            {"id": job_id},
+        )
+        if row is None:
+            return None
+        return (
+            jobs.Job.from_row(row),
+            [OutputInfo(*o) for o in row["output_list"]],
+            [(i, m) for i, m in row["input_list"]],
+        )
 
     async def input_list(self, job_id: uuid.UUID) -> list[tuple[int, str]]:
         """(index, mime) of a job's input images while they are kept."""

@@ -26,7 +26,14 @@ from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database
 from comfyveil.web import account_pages, admin, auth, job_pages, pages
-from comfyveil.web.page import SERVICES, WebServices, error_page, services, visit
+from comfyveil.web.page import (
+    SERVICES,
+    WebServices,
+    error_page,
+    preferences,
+    services,
+    visit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +78,9 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
         found = await svc.web.session(token)
         if found is not None:
             v = visit(request)
-            v.account, v.csrf = found
+            v.account, v.csrf, v.user = found.account, found.csrf, found.user
             v.session_token = token
-    settings = None
-    if visit(request).account is not None:
-        settings = await svc.db.users.settings(visit(request).account.user_id)  # type: ignore[union-attr]
+    settings = preferences(request) if visit(request).account is not None else None
     i18n.set_language(language_mod.choose(settings, request.headers.get("Accept-Language")))
     if request.method == "POST" and not await _form_read(request):
         # Refused before any handler: a handler reading the form again would see what

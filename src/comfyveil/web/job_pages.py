@@ -24,7 +24,6 @@ from comfyveil import tasks as background
 from comfyveil.desk import availability, failures
 from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
-from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output
 from comfyveil.desk.language import CHOICE
 from comfyveil.desk.submit import queue
@@ -33,7 +32,14 @@ from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
 from comfyveil.store import api_keys, jobs
 from comfyveil.web import auth
-from comfyveil.web.page import WebServices, render, require_account, services
+from comfyveil.web.page import (
+    WebServices,
+    preferences,
+    render,
+    require_account,
+    services,
+    who_is,
+)
 
 REFRESH_SECONDS = 2
 PAGE_SIZE = 24  # history rows per page
@@ -69,8 +75,12 @@ def _elapsed(job: jobs.Job) -> float | None:
 
 
 async def job_page(request: web.Request) -> web.Response:
-    account, job = await owned_job(request)
+    account = require_account(request)
     svc = services(request)
+    found = await svc.web.job_with_files(_job_id(request))
+    if found is None or found[0].user_id != account.user_id:
+        raise web.HTTPNotFound()
+    job, outputs, inputs = found
     position = eta = None
     if job.status in (jobs.Status.QUEUED, jobs.Status.RUNNING):
         # The one ETA every front end shows (store/eta.py); the place only moves forward,
@@ -83,10 +93,10 @@ async def job_page(request: web.Request) -> web.Response:
             # claimed between the two reads: show it running (its elapsed time), not as a
             # queued job with no place in the queue
             job = await svc.db.jobs.get(job.id) or job
-    outputs = await svc.web.output_list(job.id) if job.status is jobs.Status.SUCCEEDED else []
-    who = await who_for(svc, account)
+    if job.status is not jobs.Status.SUCCEEDED:
+        outputs = []
+    who = who_is(request)
     edits = availability.edits(svc.pool, [e for e in await svc.registry.all() if e.allows(who)])
-    inputs = await svc.web.input_list(job.id)
     progress = job.progress or {}
     percent = progress.get("percent")
     return render(
@@ -162,7 +172,7 @@ async def again(request: web.Request) -> web.Response:
         nonce = uuid.uuid4().hex
     try:
         new = await queue(
-            svc, await who_for(svc, account), entry, values, inputs, key=f"web:{account.id}:{nonce}"
+            svc, who_is(request), entry, values, inputs, key=f"web:{account.id}:{nonce}"
         )
     except errors.UsageError as exc:
         return render(request, "error.html", status=400, message=_(str(exc)))
@@ -309,8 +319,8 @@ async def gallery(request: web.Request) -> web.Response:
 
 
 async def settings_page(request: web.Request) -> web.Response:
-    account = require_account(request)
-    prefs = await services(request).db.users.settings(account.user_id)
+    require_account(request)
+    prefs = preferences(request)
     return await _settings(request, prefs, {}, saved=False)
 
 
@@ -350,7 +360,7 @@ async def key_create(request: web.Request) -> web.Response:
     form = await request.post()
     label = str(form.get("label") or "")[: api_keys.MAX_LABEL]
     key = await api_keys.ApiKeyStore(svc.db.pool).create(account.id, label)
-    prefs = await svc.db.users.settings(account.user_id)
+    prefs = preferences(request)
     return await _settings(request, prefs, {}, saved=False, new_key=key)
 
 

@@ -23,7 +23,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.words import status_word
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database, eta, web_state
+from comfyveil.store import database, eta, users, web_state
 from comfyveil.web import auth
 
 
@@ -94,6 +94,9 @@ class Visit:
 
     account: web_store.Account | None = None
     csrf: str = ""  # the session's CSRF token
+    # The account's users row, read with the session (None: none yet): its settings and
+    # role serve the whole request, so no page reads them again.
+    user: users.User | None = None
     session_token: str | None = None
     set_anon_cookie: str | None = None  # a new form cookie to set on the response
 
@@ -106,6 +109,12 @@ def visit(request: web.Request) -> Visit:
     if found is None:
         found = request[VISIT] = Visit()
     return found
+
+
+def preferences(request: web.Request) -> dict[str, Any]:
+    """The visitor's settings as read with the session ({} for none)."""
+    user = visit(request).user
+    return dict(user.settings) if user is not None else {}
 
 
 def services(request: web.Request) -> WebServices:
@@ -181,6 +190,12 @@ def require_account(request: web.Request) -> web_store.Account:
     if account is None:
         raise web.HTTPSeeOther("/login")
     return account
+
+
+def who_is(request: web.Request) -> access_mod.Who:
+    """The signed-in visitor as the access rules see them, from the users row read with
+    the session (no second read)."""
+    return access_mod.who_with(services(request), require_account(request), visit(request).user)
 
 
 def require_admin(request: web.Request) -> web_store.Account:

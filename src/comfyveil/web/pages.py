@@ -18,7 +18,6 @@ from aiohttp import web
 from comfyveil import errors, images
 from comfyveil.desk import availability
 from comfyveil.desk import registry as registry_mod
-from comfyveil.desk.access import who_for
 from comfyveil.desk.jobs import owned_output, parse_ref
 from comfyveil.desk.submit import IMAGE_PLACEHOLDER, queue
 from comfyveil.i18n import _, ltr
@@ -26,7 +25,15 @@ from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
 from comfyveil.store import jobs
 from comfyveil.web import forms
-from comfyveil.web.page import WebServices, error_page, render, require_account, services
+from comfyveil.web.page import (
+    WebServices,
+    error_page,
+    preferences,
+    render,
+    require_account,
+    services,
+    who_is,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +42,8 @@ PROMPT_SHOWN = 40  # characters of a result's prompt in its name
 
 
 async def home(request: web.Request) -> web.Response:
-    account = require_account(request)
     svc = services(request)
-    who = await who_for(svc, account)
+    who = who_is(request)
     entries = [e for e in await svc.registry.all() if e.allows(who)]
     # The chat's rule: a command no GPU can run now is marked, not offered.
     runnable = {e.name for e in availability.runnable(svc.pool, entries)}
@@ -78,7 +84,7 @@ async def form_page(request: web.Request) -> web.Response:
     account = require_account(request)
     svc = services(request)
     entry = await _entry(request)
-    prefs = await svc.db.users.settings(account.user_id)
+    prefs = preferences(request)
     given: dict[str, str] = {}
     chosen = request.query.get("from", "")
     for name in entry.workflow.image_params:
@@ -141,7 +147,7 @@ async def submit(request: web.Request) -> web.Response:
     values, field_errors = forms.read_values(entry, form)
     problem: str | None = None
     job: jobs.Job | None = None
-    who = await who_for(svc, account)
+    who = who_is(request)
     try:  # refused now, before an uploaded image is decoded (asked again when queued)
         await svc.db.jobs.check_limits(who.user_id, **svc.access.limits(who))
     except errors.UsageError as exc:
@@ -161,7 +167,7 @@ async def submit(request: web.Request) -> web.Response:
             problem = forms.sentence(_(str(exc)))
     if job is not None:
         raise web.HTTPSeeOther(f"/jobs/{job.id}")
-    prefs = await svc.db.users.settings(account.user_id)
+    prefs = preferences(request)
     fields = forms.build_fields(
         entry,
         prefs,
