@@ -27,6 +27,7 @@ from comfyveil.desk import language as web_language
 from comfyveil.desk.jobs import owned_output
 from comfyveil.desk.language import CHOICE
 from comfyveil.desk.submit import queue
+from comfyveil.desk.words import status_word
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
@@ -38,6 +39,7 @@ from comfyveil.web.page import (
     render,
     require_account,
     services,
+    when,
     who_is,
 )
 
@@ -297,9 +299,9 @@ async def history(request: web.Request) -> web.Response:
     rows = await services(request).web.history(
         account.user_id, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
-    return render(
-        request, "history.html", rows=rows[:PAGE_SIZE], page=page, more=len(rows) > PAGE_SIZE
-    )
+    # Each row's time and status word made here, not by template calls per row.
+    shown = [(r, when(r["created_at"]), status_word(r["status"])) for r in rows[:PAGE_SIZE]]
+    return render(request, "history.html", rows=shown, page=page, more=len(rows) > PAGE_SIZE)
 
 
 async def gallery(request: web.Request) -> web.Response:
@@ -308,10 +310,17 @@ async def gallery(request: web.Request) -> web.Response:
     items = await services(request).web.gallery(
         account.user_id, limit=GALLERY_PAGE + 1, offset=(page - 1) * GALLERY_PAGE
     )
+    # Each picture's text, formatted here: one translation for the page instead of a
+    # template call per picture (the gallery's cost was mostly those calls).
+    alt = _("%(command)s of %(when)s")
     return render(
         request,
         "gallery.html",
-        items=items[:GALLERY_PAGE],
+        items=[
+            (item, alt % {"command": i18n.ltr("/" + item.command),
+                          "when": i18n.ltr(item.created_at.strftime("%Y-%m-%d %H:%M"))})
+            for item in items[:GALLERY_PAGE]
+        ],
         page=page,
         more=len(items) > GALLERY_PAGE,
         images=MIMES,

@@ -22,6 +22,7 @@ from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.words import status_word
+from comfyveil.i18n import N_
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database, eta, users, web_state
 from comfyveil.web import auth
@@ -139,18 +140,33 @@ def when(moment: datetime.datetime, *, date_only: bool = False) -> markupsafe.Ma
     )
 
 
+HEADER_WORDS = {
+    "create": N_("Create"), "history": N_("History"), "gallery": N_("Gallery"),
+    "settings": N_("Settings"), "admin": N_("Admin"), "logout": N_("Log out"),
+}
+
+
+@functools.cache
+def _header_words(language: str) -> dict[str, str]:
+    """Every page's header in `language` (the current one): translated once per language,
+    not once per page (template calls are most of a small page's cost)."""
+    return {key: i18n._(text) for key, text in HEADER_WORDS.items()}
+
+
 def render(
     request: web.Request, template: str, *, status: int = 200, **context: Any
 ) -> web.Response:
     svc = services(request)
     account = visit(request).account
     csrf = visit(request).csrf
+    language = i18n.current()
     page = svc.templates.get_template(template).render(
         account=account,
         csrf=csrf,
         path=request.path,
-        lang=i18n.current(),
-        dir="rtl" if i18n.current() in i18n.RTL else "ltr",
+        lang=language,
+        dir="rtl" if language in i18n.RTL else "ltr",
+        header=_header_words(language),
         refresh=context.pop("refresh", None),
         **context,
     )

@@ -47,7 +47,9 @@ async def home(request: web.Request) -> web.Response:
     entries = [e for e in await svc.registry.all() if e.allows(who)]
     # The chat's rule: a command no GPU can run now is marked, not offered.
     runnable = {e.name for e in availability.runnable(svc.pool, entries)}
-    return render(request, "home.html", entries=entries, runnable=runnable,
+    # Each command's words looked up here, not by a template call per command.
+    entries_shown = [(e.name, e.title(), e.description(), e.name in runnable) for e in entries]
+    return render(request, "home.html", entries=entries_shown,
                   unavailable_mark=_(availability.UNAVAILABLE_MARK),
                   done=request.query.get("done"))
 
