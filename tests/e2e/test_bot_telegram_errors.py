@@ -45,7 +45,12 @@ async def test_a_user_who_blocked_the_bot_is_not_sent_to_again_and_others_are_se
             return current.status.finished and await db.jobs.undelivered("telegram") == []
 
         # The refused result leaves the queue of deliveries to make now: it waits for the
-        # delivery backoff (30 s), it does not knock again at once.
+        # delivery backoff (30 s), it does not knock again at once. (A delivery in flight
+        # is not "undelivered" either: the refused result itself is waited for first.)
+        await fake_telegram.wait_for(
+            lambda calls: [c for c in calls if not c.ok and to_chat(61, "sendPhoto")(c)],
+            timeout=20,
+        )
         await wait_for(delivered, timeout=20)
         refused = fake_telegram.calls(ok=False)
         assert refused and all("blocked" in str(c.error) for c in refused)
