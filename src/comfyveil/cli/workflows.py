@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import cli, config
-from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import notrace, workflow
 from comfyveil.errors import ComfyveilError, UsageError
@@ -164,6 +163,9 @@ async def check_backends(args: argparse.Namespace) -> int:
     width = max((len(wf.command) for wf, _ in workflows), default=4) + 1
     for backend in backends:
         try:
+            # Imported here: aiohttp alone is a third of the other subcommands' start-up.
+            from comfyveil.comfy import client as comfy_client
+
             async with comfy_client.ComfyClient(backend.url, name=backend.name) as client:
                 info = await client.object_info()
         except comfy_errors.ComfyError as exc:
