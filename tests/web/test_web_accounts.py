@@ -105,6 +105,15 @@ async def test_site_wide_throttle_refuses_logins_after_many_failures(db) -> None
         await auth.login(store, site, "nobody", "whatever passphrase")
 
 
+async def test_the_site_throttle_holds_from_its_default_of_30_failures_a_minute(db) -> None:
+    site = auth.SiteThrottle(WebState(db.pool))  # the default the web front end uses
+    for _ in range(auth.SITE_FAILURES_PER_MINUTE - 1):
+        await site.failed()
+    assert await site.wait_seconds() == 0
+    await site.failed()
+    assert 0 < await site.wait_seconds() <= 60
+
+
 async def test_post_without_csrf_token_is_refused(db, fake_comfy) -> None:
     async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
         await get_text(session, stack.url + "/login")  # has the form cookie, not the token
