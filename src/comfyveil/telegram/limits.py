@@ -34,9 +34,9 @@ Telegram publishes none of these numbers and changes them, so the model learns f
   answer to its last message, not from when that left, since Telegram counts arrivals.
 - Any other 429 is the overall limit, which becomes the messages the server accepted in
   the second before (counted once the earlier requests are answered), and one less than
-  ours when that is no fewer. A learned limit refused again comes down to one less than
-  what our window held as the refused message left, when that is more: under load the
-  answers come late and unevenly, and the second before undercounts.
+  ours when that is no fewer. A learned limit refused again comes down by one: under
+  load the answers come late and unevenly, arrivals bunch up, and the second before
+  undercounts (once 5 against a server allowing 10).
 - Results wait for their own chat's window each on its own timer, then take turns at
   the overall one; status traffic stays out for a second after a result waited there.
 
@@ -130,8 +130,8 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._leaving: dict[int, tuple[float, bool]] = {}  # in flight: (sent at, deletion)
         self._keys = itertools.count()
         self._last_taken: dict[int, float] = {}
-        # 429s to learn from: when each left, and how many our window held then.
-        self._pending: collections.deque[tuple[float, int]] = collections.deque()
+        # 429s to learn from: when each left.
+        self._pending: collections.deque[float] = collections.deque()
         self._overall_learned = self._private_learned = -1e9  # when the last lessons were
         self._private_gap_bound = MAX_PRIVATE_GAP  # the least bound a 429 put on the gap
         self._initial_private_gap = private_gap
@@ -208,7 +208,6 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         """Send one request; an uncounted one (a deletion while deletions are thought
         free) only has its answer watched, to learn when that is wrong."""
         now = self._clock()
-        held = len(self._sent) + self._inflight  # what our overall window held as it left
         if counted:
             self._record(chat_id, now)
             self._inflight += 1
@@ -217,7 +216,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         try:
             result = await callback(*args, **kwargs)
         except RetryAfter as exc:
-            self._learn(chat_id, now, _seconds(exc), deletion=deletion, held=held)
+            self._learn(chat_id, now, _seconds(exc), deletion=deletion)
             raise
         else:
             self._taken(chat_id, now, deletion)
@@ -256,7 +255,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             self._last_taken[chat_id] = sent_at
 
     def _learn(
-        self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool, held: int
+        self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool
     ) -> None:
         """Narrow the model after a 429 for a request sent at `sent_at` (see the module
         docstring for the reasoning)."""
@@ -289,13 +288,13 @@ class ChatRateLimiter(BaseRateLimiter[str]):
             # teaches nothing more.
             self._overall_learned = now
             return
-        self._pending.append((sent_at, held))
+        self._pending.append(sent_at)
         self._settle()
 
     def _settle(self) -> None:
         """Learn the overall limit from the 429s whose earlier requests are answered."""
         while self._pending:
-            sent_at, held = self._pending[0]
+            sent_at = self._pending[0]
             if any(t < sent_at for t, _ in self._leaving.values()):
                 return
             self._pending.popleft()
@@ -321,10 +320,11 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 continue  # not the overall window (a method's own flood control): wait only
             overall = max(1, min(taken, self.overall - 1))
             if self.overall < self._initial_overall:
-                # A model learned before, refused now, was a little too high. Under load
-                # the answers come late and unevenly, and the messages that left in the
-                # second before say less than what our own window held as this one left.
-                overall = max(1, min(self.overall - 1, max(taken, held - 1)))
+                # A model learned before, refused now, was a little too high: one less.
+                # The counts say less under load (answers come late and unevenly, and
+                # arrivals bunch up): a second lesson taken from them once came out at 5
+                # against a server allowing 10, half the rate for the rest of the run.
+                overall = max(1, self.overall - 1)
             if overall < self.overall:
                 self._overall_learned = self._clock()
                 self.overall = overall
