@@ -11,13 +11,15 @@ import logging
 import re
 
 import aiohttp
-import openai
 import pytest
 from PIL import Image
 
 from comfyveil import config, policy
 from comfyveil.store import api_keys, jobs
+from tests.lazy import lazy_import
 from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
+
+openai = lazy_import("openai")  # loaded by the first test that uses it
 
 KEY = re.compile(r"<code dir=\"ltr\">(cv-[A-Za-z0-9_-]+)</code>")
 PROMPT = "an astronaut on a red horse"

@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 import aiohttp
-import openai
 
 from comfyveil.store import accounts, api_keys
 from tests.fakes.comfyui import FakeComfyUI
+from tests.lazy import lazy_import
 from tests.web.support import client, get_text, sign_up, wait_for, web_stack
 from tests.web.test_web_cli import _config, _env
 from tests.web.test_web_jobs import JOB_URL, submit_form
 from tests.web.test_web_processes import serving
+
+openai = lazy_import("openai")  # loaded by the first test that uses it
 
 
 async def test_run_serves_the_api_by_default_and_not_when_switched_off(

@@ -12,13 +12,15 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from comfyveil.bench import records, report, runner
 from comfyveil.cli import bench as bench_cli
 from comfyveil.comfy import workflow
 from tests.fakes.comfyui import FakeComfyUI
+from tests.lazy import lazy_import
+
+jsonschema = lazy_import("jsonschema")  # loaded by the first test that uses it
 
 NODE_DELAY = 0.08  # seconds per executed node at speed 1.0 (long enough that a loaded
 # 2-core CI machine adds little to it)

@@ -8,7 +8,6 @@ import os
 import socket
 from typing import Any
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -16,6 +15,9 @@ from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors, events, results
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.comfy import FakeFactory
+from tests.lazy import lazy_import
+
+np = lazy_import("numpy")  # loaded by the first test that uses it
 
 
 def empty_image(width: int = 64, height: int = 48, prefix: str = "probe") -> dict[str, Any]:

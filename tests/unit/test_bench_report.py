@@ -5,10 +5,12 @@ import io
 import json
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from comfyveil.bench import compare, records, report
+from tests.lazy import lazy_import
+
+jsonschema = lazy_import("jsonschema")  # loaded by the first test that uses it
 
 
 def _run(

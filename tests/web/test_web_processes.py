@@ -12,16 +12,18 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from comfyveil.store import accounts
 from comfyveil.store.web_state import WebState
 from comfyveil.web import auth
 from tests.fakes.comfyui import FakeComfyUI
+from tests.lazy import lazy_import
 from tests.web.support import PASSPHRASE, client, csrf_of, get_text, wait_for
 from tests.web.test_web_cli import _config, _env
 from tests.web.test_web_jobs import JOB_URL, submit_form
+
+openai = lazy_import("openai")  # loaded by the first test that uses it
 
 
 @contextlib.asynccontextmanager
