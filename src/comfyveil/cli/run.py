@@ -68,6 +68,7 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
 
+
 async def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     telegram = bool(settings.telegram.token)

@@ -139,16 +139,12 @@ class Access:
         await self.users.update_settings(user_id, {}, remove=[ALLOWED_KEY])
 
 
-async def who_for(svc: Desk, account: accounts.Account) -> Who:
-    """The account as the chat's access rules see it (one rule for both front ends,
-    issue 22 §13): a linked account is its Telegram user, so ``[telegram] admins``,
-    ``allow``, ``open``, /allow and /ban decide for it as in the chat; an account of the
-    web alone came by invitation, which is its allowance. A web admin is an admin."""
-    return who_with(svc, account, await svc.access.users.get(account.user_id))
-
-
 def who_with(svc: Desk, account: accounts.Account, user: users.User | None) -> Who:
-    """`who_for` with the account's users row (None: none yet) read already."""
+    """The account as the chat's access rules see it, given its users row (None: none
+    yet) read already (one rule for both front ends, issue 22 §13): a linked account is
+    its Telegram user, so ``[telegram] admins``, ``allow``, ``open``, /allow and /ban
+    decide for it as in the chat; an account of the web alone came by invitation, which
+    is its allowance. A web admin is an admin."""
     who = svc.access.decide(account.user_id, account.chat_id, user)
     linked = account.user_id != account.chat_id
     is_admin = who.is_admin or account.is_admin

@@ -527,15 +527,6 @@ class WebStore:
             for r in rows
         ]
 
-    async def output_list(self, job_id: uuid.UUID) -> list[OutputInfo]:
-        """A job's outputs without their bytes (a page shows links, not data)."""
-        rows = await self._all(
-            "SELECT index, filename, kind, mime, size FROM job_outputs WHERE job_id = %(id)s "
-            "ORDER BY index",
-            {"id": job_id},
-        )
-        return [OutputInfo(**r) for r in rows]
-
     async def job_with_files(
         self, job_id: uuid.UUID
     ) -> tuple[jobs.Job, list[OutputInfo], list[tuple[int, str]]] | None:
@@ -558,14 +549,6 @@ class WebStore:
             [OutputInfo(*o) for o in row["output_list"]],
             [(i, m) for i, m in row["input_list"]],
         )
-
-    async def input_list(self, job_id: uuid.UUID) -> list[tuple[int, str]]:
-        """(index, mime) of a job's input images while they are kept."""
-        rows = await self._all(
-            "SELECT index, mime FROM job_inputs WHERE job_id = %(id)s ORDER BY index",
-            {"id": job_id},
-        )
-        return [(r["index"], r["mime"]) for r in rows]
 
     async def output_owner(self, job_id: uuid.UUID) -> int | None:
         row = await self._one("SELECT user_id FROM jobs WHERE id = %(id)s", {"id": job_id})
