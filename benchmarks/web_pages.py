@@ -106,7 +106,7 @@ async def _users(db: database.Database, count: int) -> list[dict[str, Any]]:
     users = []
     for n in range(count):
         token = await store.create_invite(is_admin=False, hours=1)
-        account = await store.sign_up(token, f"bench{n}", await auth.hash_passphrase("x" * 12))
+        account = await store.sign_up(token, f"bench{n}", await auth.Passphrases().hash("x" * 12))
         session, _ = await store.create_session(account.id, hours=1)
         jobs = []
         async with db.pool.connection() as conn:

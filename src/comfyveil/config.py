@@ -162,6 +162,9 @@ class WebConfig:
     invite_hours: float = 72.0
     hidden_service: bool = False  # the managed anon publishes the web port as a hidden service
     client_auth: tuple[str, ...] = ()  # hidden-service clients (key files as `anon expose`)
+    # argon2id's cost per passphrase hashed or checked (RFC 9106's second recommendation)
+    passphrase_memory_mib: int = 64
+    passphrase_iterations: int = 3
 
 
 @dataclass(frozen=True)
@@ -620,6 +623,10 @@ def _web(raw: Any) -> WebConfig:
         value = w.get(key, 1.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ConfigError(f"[web] {key} must be a number of hours above 0")
+    for key, most in (("passphrase_memory_mib", 4096), ("passphrase_iterations", 64)):
+        value = w.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ConfigError(f"[web] {key} must be a whole number from 1 to {most}")
     defaults = WebConfig()
     return WebConfig(
         enabled=bool(w.get("enabled", defaults.enabled)),
@@ -630,6 +637,8 @@ def _web(raw: Any) -> WebConfig:
         invite_hours=float(w.get("invite_hours", defaults.invite_hours)),
         hidden_service=bool(w.get("hidden_service", defaults.hidden_service)),
         client_auth=tuple(clients),
+        passphrase_memory_mib=w.get("passphrase_memory_mib", defaults.passphrase_memory_mib),
+        passphrase_iterations=w.get("passphrase_iterations", defaults.passphrase_iterations),
     )
 
 

@@ -129,6 +129,13 @@ def test_web_section_is_read_and_checked() -> None:
         config.from_mapping({"web": {"port": "x"}}, environ={})
     with pytest.raises(config.ConfigError, match="unknown key"):
         config.from_mapping({"web": {"colour": "red"}}, environ={})
+    cost = {"passphrase_memory_mib": 19, "passphrase_iterations": 2}
+    settings = config.from_mapping({"web": cost}, environ={})
+    assert (settings.web.passphrase_memory_mib, settings.web.passphrase_iterations) == (19, 2)
+    for wrong in ({"passphrase_memory_mib": 0}, {"passphrase_iterations": "3"},
+                  {"passphrase_memory_mib": 1.5}, {"passphrase_iterations": True}):
+        with pytest.raises(config.ConfigError, match="whole number"):
+            config.from_mapping({"web": wrong}, environ={})
 
 
 def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> None:

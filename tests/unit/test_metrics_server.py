@@ -152,9 +152,11 @@ async def test_web_sign_ins_are_counted_by_outcome() -> None:
         async def logged_in(self, account_id: int) -> None:
             pass
 
+    # cheap argon2: this test counts logins (why: CHEAP_PASSPHRASES, tests/web/support.py)
+    passphrases = auth.Passphrases(memory_mib=1, iterations=1)
     account = SimpleNamespace(
         id=1,
-        passphrase=await auth.hash_passphrase("correct horse battery"),
+        passphrase=await passphrases.hash("correct horse battery"),
         disabled=False,
         locked_until=None,
         created_at=dt.datetime.now(dt.UTC),
@@ -175,13 +177,13 @@ async def test_web_sign_ins_are_counted_by_outcome() -> None:
     store = Accounts(account)
     outcomes = ("succeeded", "failed", "refused")
     before = {o: _count("comfyveil_web_logins_total", outcome=o) for o in outcomes}
-    await auth.login(store, site(), "ada", "correct horse battery")  # type: ignore[arg-type]
+    await auth.login(store, site(), passphrases, "ada", "correct horse battery")  # type: ignore[arg-type]
     with pytest.raises(auth.LoginRefused):
-        await auth.login(store, site(), "ada", "wrong")  # type: ignore[arg-type]
+        await auth.login(store, site(), passphrases, "ada", "wrong")  # type: ignore[arg-type]
     throttled = site(per_minute=1)
     await throttled.failed()  # the site's one failure a minute is spent: refused before checking
     with pytest.raises(auth.LoginRefused):
-        await auth.login(store, throttled, "ada", "correct horse battery")  # type: ignore[arg-type]
+        await auth.login(store, throttled, passphrases, "ada", "correct horse battery")  # type: ignore[arg-type]
     after = {o: _count("comfyveil_web_logins_total", outcome=o) for o in outcomes}
     assert {o: after[o] - before[o] for o in outcomes} == {
         "succeeded": 1,

@@ -18,7 +18,7 @@ from comfyveil.cli import run as run_cli
 from comfyveil.comfy import pool
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database
-from comfyveil.web import server
+from comfyveil.web import auth, server
 from comfyveil.worker import Worker, WorkerOptions
 from tests.fakes.comfyui import FakeComfyUI
 
@@ -32,6 +32,15 @@ WORKER = WorkerOptions(
     job_timeout=60.0,
 )
 PASSPHRASE = "correct horse battery staple"
+# argon2 at 1 MiB and one pass, not the default 64 MiB and three: a default hash or check
+# costs 0.27 s of CPU, and these tests make about 150 of them. The default cost has its
+# own tests (test_web_accounts.py: a sign-up and login at the defaults, the stored hash's
+# parameters, the unknown name's hash), and `comfyveil run` in subprocesses keeps it.
+CHEAP_PASSPHRASES = {"passphrase_memory_mib": 1, "passphrase_iterations": 1}
+
+
+def cheap_passphrases() -> auth.Passphrases:
+    return auth.Passphrases(memory_mib=1, iterations=1)  # why: CHEAP_PASSPHRASES
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 NONCE = re.compile(r'name="nonce" value="([^"]+)"')
 
@@ -43,7 +52,9 @@ def settings_for(comfy: Sequence[FakeComfyUI], **web_options: Any) -> config.Set
     )
     limits = web_options.pop("limits", config.LimitsConfig(cooldown=0))
     extra = {k: web_options.pop(k) for k in ("policy", "telegram") if k in web_options}
-    web = config.WebConfig(**({"host": "127.0.0.1", "port": 0} | web_options))
+    web = config.WebConfig(
+        **({"host": "127.0.0.1", "port": 0} | CHEAP_PASSPHRASES | web_options)
+    )
     return config.Settings(backends=backends, limits=limits, web=web, **extra)
 
 

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from comfyveil import config
 from comfyveil.store.web_state import WebState
 from comfyveil.web import app as web_app
 from comfyveil.web import auth
-from tests.web.support import PASSPHRASE, client, csrf_of, get_text, sign_up, web_stack
+from tests.web.support import (
+    PASSPHRASE,
+    cheap_passphrases,
+    client,
+    csrf_of,
+    get_text,
+    sign_up,
+    web_stack,
+)
 
 
 async def test_security_headers_on_every_response_and_no_server_header(db, fake_comfy) -> None:
@@ -22,8 +31,18 @@ async def test_security_headers_on_every_response_and_no_server_header(db, fake_
         assert '<meta name="viewport"' in page
 
 
+# The argon2 cost a site gets unless its operator sets another (the other tests' is cheaper).
+DEFAULT_PASSPHRASES = {"passphrase_memory_mib": 64, "passphrase_iterations": 3}
+
+
+def test_the_default_passphrase_cost_is_rfc_9106s_second_recommendation() -> None:
+    defaults = config.WebConfig()
+    assert (defaults.passphrase_memory_mib, defaults.passphrase_iterations) == (64, 3)
+    assert config.from_mapping({}).web == defaults
+
+
 async def test_invitation_signs_up_once_and_logs_in(db, fake_comfy) -> None:
-    async with web_stack(db, [fake_comfy], worker=False) as stack:
+    async with web_stack(db, [fake_comfy], worker=False, **DEFAULT_PASSPHRASES) as stack:
         invite = await stack.invite()
         async with client() as alice:
             home = await sign_up(alice, invite, "alice")
@@ -35,7 +54,31 @@ async def test_invitation_signs_up_once_and_logs_in(db, fake_comfy) -> None:
             assert status == 404 and "not valid" in page
         account = await stack.store.account_by_name("ALICE")
         assert account is not None and account.user_id < -(1 << 62)
-        assert account.passphrase.startswith("$argon2id$")
+        assert account.passphrase.startswith("$argon2id$v=19$m=65536,t=3,p=4$")
+        async with client() as again:  # the passphrase opens the account at the default cost
+            status, page = await _login(again, stack.url, "alice", PASSPHRASE)
+            assert status == 200 and "Log out (alice)" in page
+        async with client() as guesser:
+            status, page = await _login(guesser, stack.url, "alice", "not the passphrase")
+            assert status == 403 and "Log out" not in page
+
+
+@pytest.mark.parametrize(("memory_mib", "iterations"), [(64, 3), (1, 1), (19, 2)])
+async def test_an_unknown_name_is_checked_at_the_cost_of_a_real_passphrase(
+    memory_mib: int, iterations: int
+) -> None:
+    """A wrong name must cost what a wrong passphrase costs, or timing tells which names
+    exist: the stand-in hash an unknown name is checked against has the site's parameters."""
+    passphrases = auth.Passphrases(memory_mib, iterations)
+    real = await passphrases.hash("a passphrase of someone's")
+    parameters = real.split("$")[:4]
+    assert passphrases.dummy_hash.split("$")[:4] == parameters
+    assert parameters[3] == f"m={memory_mib * 1024},t={iterations},p=4"
+    assert passphrases.hasher.verify(real, "a passphrase of someone's")
+    assert not await passphrases.verify(None, "a passphrase of someone's")
+    assert not await passphrases.verify(real, "another one")
+    assert await passphrases.verify(real, "a passphrase of someone's")
+    assert passphrases.dummy_hash != auth.Passphrases(memory_mib, iterations).dummy_hash
 
 
 async def test_signup_errors_are_beside_the_fields(db, fake_comfy) -> None:
@@ -100,9 +143,9 @@ async def test_site_wide_throttle_refuses_logins_after_many_failures(db) -> None
     store = __import__("comfyveil.store.accounts", fromlist=["WebStore"]).WebStore(db.pool)
     for _ in range(3):
         with pytest.raises(auth.LoginRefused, match="Wrong name"):
-            await auth.login(store, site, f"nobody{_}", "whatever passphrase")
+            await auth.login(store, site, cheap_passphrases(), f"nobody{_}", "whatever passphrase")
     with pytest.raises(auth.LoginRefused, match="Too many failed logins on this site"):
-        await auth.login(store, site, "nobody", "whatever passphrase")
+        await auth.login(store, site, cheap_passphrases(), "nobody", "whatever passphrase")
 
 
 async def test_the_site_throttle_holds_from_its_default_of_30_failures_a_minute(db) -> None:

@@ -19,7 +19,7 @@ from comfyveil.store.web_state import WebState
 from comfyveil.web import auth
 from tests.fakes.comfyui import FakeComfyUI
 from tests.lazy import lazy_import
-from tests.web.support import PASSPHRASE, client, csrf_of, get_text, wait_for
+from tests.web.support import PASSPHRASE, cheap_passphrases, client, csrf_of, get_text, wait_for
 from tests.web.test_web_cli import _config, _env
 from tests.web.test_web_jobs import JOB_URL, submit_form
 
@@ -133,9 +133,9 @@ async def test_the_site_wide_login_throttle_is_shared_by_every_process(db) -> No
     two = auth.SiteThrottle(WebState(db.pool), per_minute=2)  # another process's
     for name in ("nobody", "noone"):
         with pytest.raises(auth.LoginRefused, match="Wrong name"):
-            await auth.login(store, one, name, "whatever passphrase")
+            await auth.login(store, one, cheap_passphrases(), name, "whatever passphrase")
     with pytest.raises(auth.LoginRefused, match="Too many failed logins on this site"):
-        await auth.login(store, two, "nobody", "whatever passphrase")
+        await auth.login(store, two, cheap_passphrases(), "nobody", "whatever passphrase")
     assert 0 < await two.wait_seconds() <= 60
 
 

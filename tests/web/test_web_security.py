@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import time
 import uuid
 import zlib
 
@@ -21,6 +22,7 @@ from comfyveil.web import auth
 from tests.web.support import (
     CSRF,
     PASSPHRASE,
+    cheap_passphrases,
     client,
     csrf_of,
     get_text,
@@ -280,13 +282,13 @@ async def test_no_passphrase_is_hashed_for_an_invitation_or_link_that_is_not_ope
     db, fake_comfy, monkeypatch
 ) -> None:
     hashed: list[str] = []
-    real = auth.hash_passphrase
+    real = auth.Passphrases.hash
 
-    async def counting(passphrase: str) -> str:
+    async def counting(self: auth.Passphrases, passphrase: str) -> str:
         hashed.append(passphrase)
-        return await real(passphrase)
+        return await real(self, passphrase)
 
-    monkeypatch.setattr(auth, "hash_passphrase", counting)
+    monkeypatch.setattr(auth.Passphrases, "hash", counting)
     async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
         _, page = await get_text(session, stack.url + "/login")
         fields = {
@@ -304,9 +306,10 @@ async def test_no_passphrase_is_hashed_for_an_invitation_or_link_that_is_not_ope
         assert len(hashed) == 1
 
 
-async def test_passphrase_hashes_run_at_most_a_few_at_once(monkeypatch) -> None:
+async def test_passphrase_hashes_run_at_most_a_few_at_once() -> None:
     running = peak = 0
-    real = auth._hasher
+    passphrases = cheap_passphrases()
+    real = passphrases.hasher
 
     class Counting:
         def hash(self, passphrase: str) -> str:
@@ -314,12 +317,13 @@ async def test_passphrase_hashes_run_at_most_a_few_at_once(monkeypatch) -> None:
             running += 1
             peak = max(peak, running)
             try:
+                time.sleep(0.01)  # long enough for the others to start, were they allowed
                 return real.hash(passphrase)
             finally:
                 running -= 1
 
-    monkeypatch.setattr(auth, "_hasher", Counting())
-    await asyncio.gather(*(auth.hash_passphrase(f"passphrase {n}") for n in range(8)))
+    passphrases.hasher = Counting()  # type: ignore[assignment]
+    await asyncio.gather(*(passphrases.hash(f"passphrase {n}") for n in range(8)))
     assert 1 <= peak <= auth.HASHES_AT_ONCE
 
 

@@ -55,7 +55,12 @@ async def login(request: web.Request) -> web.Response:
     passphrase = _field(form, "passphrase", auth.MAX_PASSPHRASE * 4)
     try:
         account = await auth.login(
-            svc.web, svc.site, name, passphrase, device=request.cookies.get(auth.DEVICE_COOKIE)
+            svc.web,
+            svc.site,
+            svc.passphrases,
+            name,
+            passphrase,
+            device=request.cookies.get(auth.DEVICE_COOKIE),
         )
     except auth.LoginRefused as exc:
         return render(
@@ -105,7 +110,7 @@ async def signup(request: web.Request) -> web.Response:
         return render(request, "error.html", status=404, message=_(str(web_store.InviteInvalid())))
     if not errors:
         try:
-            account = await svc.web.sign_up(token, name, await auth.hash_passphrase(passphrase))
+            account = await svc.web.sign_up(token, name, await svc.passphrases.hash(passphrase))
         except web_store.NameTaken as exc:
             errors["name"] = _(str(exc))
         except web_store.InviteInvalid as exc:
@@ -188,6 +193,7 @@ async def link(request: web.Request) -> web.Response:
                 await auth.login(
                     svc.web,
                     svc.site,
+                    svc.passphrases,
                     linked.name,
                     _field(form, "passphrase", auth.MAX_PASSPHRASE * 4),
                     device=request.cookies.get(auth.DEVICE_COOKIE),
@@ -222,7 +228,7 @@ async def link(request: web.Request) -> web.Response:
             if not errors:
                 try:
                     created = await svc.web.sign_up_linked(
-                        token, name, await auth.hash_passphrase(passphrase)
+                        token, name, await svc.passphrases.hash(passphrase)
                     )
                 except web_store.NameTaken:
                     errors["name"] = _(str(web_store.NameTaken()))

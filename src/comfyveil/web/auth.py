@@ -18,6 +18,7 @@ waits there, and never starves the image checks and thumbnails of threads.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import datetime as dt
 import hashlib
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from argon2.low_level import ARGON2_VERSION
 
 from comfyveil import metrics
 from comfyveil.i18n import _
@@ -45,27 +47,51 @@ MIN_PASSPHRASE = 10
 MAX_PASSPHRASE = 1024
 MAX_NAME = 40
 
-# argon2id with the library's defaults (RFC 9106's second recommendation, 64 MiB).
-_hasher = PasswordHasher()
-# Verified when the name is unknown, so a wrong name costs as long as a wrong passphrase.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
-
-
 _hashing = concurrent.futures.ThreadPoolExecutor(HASHES_AT_ONCE, thread_name_prefix="argon2")
 
 
-async def hash_passphrase(passphrase: str) -> str:
-    return await asyncio.get_running_loop().run_in_executor(_hashing, _hasher.hash, passphrase)
+class Passphrases:
+    """argon2id hashing at the site's cost (`[web] passphrase_memory_mib` and
+    `passphrase_iterations`; by default the library's, RFC 9106's second recommendation:
+    64 MiB, 3 passes, 4 lanes). A hash keeps its own parameters, so a changed cost applies
+    to passphrases set after the change and every stored one still verifies."""
 
+    def __init__(self, memory_mib: int = 64, iterations: int = 3) -> None:
+        self.hasher = PasswordHasher(time_cost=iterations, memory_cost=memory_mib * 1024)
+        # Verified when the name is unknown, so a wrong name costs as long as a wrong
+        # passphrase. Written, not hashed (a hash costs a process 0.27 s of CPU at start):
+        # argon2 costs the same whatever the digest, and an unknown name never logs in.
+        self.dummy_hash = self._unmatchable_hash()
 
-async def verify_passphrase(stored: str | None, passphrase: str) -> bool:
-    def check() -> bool:
-        try:
-            return _hasher.verify(stored or _DUMMY_HASH, passphrase) and stored is not None
-        except (VerificationError, InvalidHashError):
-            return False
+    def _unmatchable_hash(self) -> str:
+        h = self.hasher
+        salt, digest = (
+            base64.b64encode(secrets.token_bytes(n)).decode().rstrip("=")
+            for n in (h.salt_len, h.hash_len)
+        )
+        return (
+            f"$argon2id$v={ARGON2_VERSION}$m={h.memory_cost},t={h.time_cost},"
+            f"p={h.parallelism}${salt}${digest}"
+        )
 
-    return await asyncio.get_running_loop().run_in_executor(_hashing, check)
+    async def hash(self, passphrase: str) -> str:
+        return await asyncio.get_running_loop().run_in_executor(
+            _hashing, self.hasher.hash, passphrase
+        )
+
+    async def verify(self, stored: str | None, passphrase: str) -> bool:
+        """Whether `passphrase` is the one `stored` was made of; None (no such account)
+        costs as long and is never right."""
+
+        def check() -> bool:
+            try:
+                return self.hasher.verify(stored or self.dummy_hash, passphrase) and (
+                    stored is not None
+                )
+            except (VerificationError, InvalidHashError):
+                return False
+
+        return await asyncio.get_running_loop().run_in_executor(_hashing, check)
 
 
 def device_token(account: web_store.Account) -> str:
@@ -151,6 +177,7 @@ class LoginRefused(Exception):
 async def login(
     web: web_store.WebStore,
     site: SiteThrottle,
+    passphrases: Passphrases,
     name: str,
     passphrase: str,
     *,
@@ -177,7 +204,7 @@ async def login(
             )
         )
     # Verified whatever follows, so every refusal takes as long as a wrong passphrase.
-    ok = await verify_passphrase(account.passphrase if account else None, passphrase)
+    ok = await passphrases.verify(account.passphrase if account else None, passphrase)
     now = dt.datetime.now(dt.UTC)
     locked = (
         account is not None and account.locked_until is not None and account.locked_until > now

@@ -40,6 +40,7 @@ class WebServices:
     pool: pool_mod.Pool | None = None
     forms: auth.FormTokens = field(default_factory=auth.FormTokens)
     site: auth.SiteThrottle = field(init=False)
+    passphrases: auth.Passphrases = field(init=False)
     places: eta.PlaceMemory = field(default_factory=eta.PlaceMemory)  # shown, per job
     etas: eta.EtaMemory = field(default_factory=eta.EtaMemory)  # shown, per job
     templates: jinja2.Environment = field(init=False)
@@ -47,6 +48,10 @@ class WebServices:
 
     def __post_init__(self) -> None:
         self.site = auth.SiteThrottle(web_state.WebState(self.db.pool))
+        web_settings = self.settings.web
+        self.passphrases = auth.Passphrases(
+            web_settings.passphrase_memory_mib, web_settings.passphrase_iterations
+        )
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("comfyveil.web", "templates"),
             autoescape=True,
