@@ -21,8 +21,10 @@ which the bot used before. Then ours again against fakes that enforce other limi
 the limiter's model, which it must learn from the 429s (`--scenarios`): 15 messages a
 second overall; deletions counted toward the 30; one message every 2 s per private chat
 with no burst. Each run has a fresh Python process of its own, on the same embedded
-PostgreSQL: in one process, what a run left behind slowed the next. Reported per run: results delivered, the rate results went out at against
-the server's cap (after the learning: from 3 s after the first 429 on, or over the whole
+PostgreSQL: in one process, what a run left behind slowed the next; and the simulated
+GPUs have a pool of connections of their own, as workers in other processes would.
+Reported per run: results delivered, the rate results went out at against the server's
+cap (after the learning: from 3 s after the first 429 on, or over the whole
 run when none came), 429 answers to results (and to results after the learning) and to
 status traffic, status posts and edits sent and shed, and what the limiter learned.
 Targets for ours in every scenario: every result delivered, results at >= 90 % of the
@@ -180,9 +182,12 @@ async def run_once(
     deliveries: set[asyncio.Task[None]] = set()
     image = _png()
     await bot.start()
+    # The GPUs' side has a pool of its own, as workers in their own processes do: a hundred
+    # slots polling on the bot's ten connections held its commands up for over 10 s.
+    gpu_db = await database.Database.open(url=db.url, run_migrations=False, max_size=20)
     slots = [
         asyncio.create_task(
-            _gpu_slot(failed, db, bot, seconds, done, stop, deliveries, image, f"gpu{i}")
+            _gpu_slot(failed, gpu_db, bot, seconds, done, stop, deliveries, image, f"gpu{i}")
         )
         for i in range(gpus)
     ]
@@ -211,6 +216,7 @@ async def run_once(
                 await slot
         for task in list(deliveries):
             task.cancel()
+        await gpu_db.close()
         await bot.stop_updates()
         await bot.close()
         await telegram.close()
