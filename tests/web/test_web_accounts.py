@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from argon2.exceptions import VerifyMismatchError
 
 from comfyveil import config
 from comfyveil.store.web_state import WebState
@@ -74,7 +75,10 @@ async def test_an_unknown_name_is_checked_at_the_cost_of_a_real_passphrase(
     parameters = real.split("$")[:4]
     assert passphrases.dummy_hash.split("$")[:4] == parameters
     assert parameters[3] == f"m={memory_mib * 1024},t={iterations},p=4"
-    assert passphrases.hasher.verify(real, "a passphrase of someone's")
+    # A valid hash that does not match: argon2 runs in full (an invalid one would be
+    # refused at once, and the refusal of an unknown name would be quick).
+    with pytest.raises(VerifyMismatchError):
+        passphrases.hasher.verify(passphrases.dummy_hash, "a passphrase of someone's")
     assert not await passphrases.verify(None, "a passphrase of someone's")
     assert not await passphrases.verify(real, "another one")
     assert await passphrases.verify(real, "a passphrase of someone's")
