@@ -49,15 +49,16 @@ async def get_json(
     raise AssertionError(f"{url} not reachable through anon within {within} s: {last!r}")
 
 
-async def refusal(proxy: str, url: str, *, timeout: float = 40) -> str | None:
-    """Why anon refused the request, in the product's words (None: it did not say why).
+async def refusal(proxy: str, url: str, *, timeout: float = 40) -> str:
+    """Why anon refused the request, in the product's words (or, where it gave no
+    hidden-service reason, the failure itself, to show in an assertion).
 
     Raises AssertionError if the request went through.
     """
     try:
         status, _ = await _get(proxy, url, timeout)
     except FAILURES as exc:
-        return proxy_mod.refusal(exc)
+        return proxy_mod.refusal(exc) or f"no hidden-service reason: {exc!r}"
     raise AssertionError(f"{url} answered HTTP {status} through anon")
 
 

@@ -190,6 +190,7 @@ class ManagedAnon(AnonClient):
         self._ready = asyncio.Event()
         self._stopping = False
         self._uploads: dict[str, int] = {}
+        self._uploads_pending: dict[str, int] = {}  # started, neither uploaded nor failed
         self._uploads_changed = asyncio.Condition()
 
     # -- public ------------------------------------------------------------------------
@@ -259,11 +260,19 @@ class ManagedAnon(AnonClient):
         return self._uploads.get(service_id, 0)
 
     async def wait_published(self, service_id: str, *, after: int = 0,
-                             within: float = 120.0) -> None:
-        """Wait for a descriptor upload beyond `after` uploads (see upload_count)."""
+                             within: float = 120.0, everywhere: bool = False) -> None:
+        """Wait for a descriptor upload beyond `after` uploads (see upload_count): the
+        service can be found. `everywhere`: and for the uploads of that publication to
+        every directory, so that no client can fetch the one before (after revoking a
+        client, a directory not reached yet still serves a descriptor its key opens)."""
+        def done() -> bool:
+            return self.upload_count(service_id) > after and not (
+                everywhere and self._uploads_pending.get(service_id, 0)
+            )
+
         async def _wait() -> None:
             async with self._uploads_changed:
-                await self._uploads_changed.wait_for(lambda: self.upload_count(service_id) > after)
+                await self._uploads_changed.wait_for(done)
 
         try:
             await asyncio.wait_for(_wait(), within)
@@ -474,12 +483,20 @@ class ManagedAnon(AnonClient):
             event = await queue.get()
             parts = event.text.split()
             logger.debug("anon event: %s", " ".join(parts[:3]))
-            if len(parts) >= 3 and parts[1] == "UPLOADED":
+            # One UPLOAD per directory when a publication starts, then UPLOADED or FAILED
+            # for each (FAILED also ends a fetch this anon made as a client: never below 0).
+            if len(parts) >= 3 and parts[1] in ("UPLOAD", "UPLOADED", "FAILED"):
                 service_id = parts[2].lower()
                 for suffix in hidden.KNOWN_SUFFIXES:
                     service_id = service_id.removesuffix(suffix)
+                pending = self._uploads_pending.get(service_id, 0)
                 async with self._uploads_changed:
-                    self._uploads[service_id] = self._uploads.get(service_id, 0) + 1
+                    if parts[1] == "UPLOAD":
+                        self._uploads_pending[service_id] = pending + 1
+                    else:
+                        self._uploads_pending[service_id] = max(0, pending - 1)
+                    if parts[1] == "UPLOADED":
+                        self._uploads[service_id] = self._uploads.get(service_id, 0) + 1
                     self._uploads_changed.notify_all()
 
     async def _terminate(self) -> None:
