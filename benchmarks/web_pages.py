@@ -104,9 +104,10 @@ async def _users(db: database.Database, count: int) -> list[dict[str, Any]]:
     store = web_store.WebStore(db.pool)
     png = _png()
     users = []
+    passphrases = auth.Passphrases.for_site(config.WebConfig())  # the default cost
     for n in range(count):
         token = await store.create_invite(is_admin=False, hours=1)
-        account = await store.sign_up(token, f"bench{n}", await auth.Passphrases().hash("x" * 12))
+        account = await store.sign_up(token, f"bench{n}", await passphrases.hash("x" * 12))
         session, _ = await store.create_session(account.id, hours=1)
         jobs = []
         async with db.pool.connection() as conn:

@@ -138,6 +138,7 @@ async def test_web_sign_ins_are_counted_by_outcome() -> None:
     import datetime as dt
 
     from comfyveil.web import auth
+    from tests.web.support import cheap_passphrases
 
     class Accounts:
         def __init__(self, account: object) -> None:
@@ -152,8 +153,7 @@ async def test_web_sign_ins_are_counted_by_outcome() -> None:
         async def logged_in(self, account_id: int) -> None:
             pass
 
-    # cheap argon2: this test counts logins (why: CHEAP_PASSPHRASES, tests/web/support.py)
-    passphrases = auth.Passphrases(memory_mib=1, iterations=1)
+    passphrases = cheap_passphrases()  # this test counts logins, not argon2's work
     account = SimpleNamespace(
         id=1,
         passphrase=await passphrases.hash("correct horse battery"),

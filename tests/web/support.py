@@ -40,7 +40,7 @@ CHEAP_PASSPHRASES = {"passphrase_memory_mib": 1, "passphrase_iterations": 1}
 
 
 def cheap_passphrases() -> auth.Passphrases:
-    return auth.Passphrases(memory_mib=1, iterations=1)  # why: CHEAP_PASSPHRASES
+    return auth.Passphrases.for_site(config.WebConfig(**CHEAP_PASSPHRASES))
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 NONCE = re.compile(r'name="nonce" value="([^"]+)"')
 

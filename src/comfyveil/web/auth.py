@@ -30,7 +30,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from argon2.low_level import ARGON2_VERSION
 
-from comfyveil import metrics
+from comfyveil import config, metrics
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 from comfyveil.store import web_state
@@ -52,11 +52,15 @@ _hashing = concurrent.futures.ThreadPoolExecutor(HASHES_AT_ONCE, thread_name_pre
 
 class Passphrases:
     """argon2id hashing at the site's cost (`[web] passphrase_memory_mib` and
-    `passphrase_iterations`; by default the library's, RFC 9106's second recommendation:
-    64 MiB, 3 passes, 4 lanes). A hash keeps its own parameters, so a changed cost applies
-    to passphrases set after the change and every stored one still verifies."""
+    `passphrase_iterations`, whose defaults are RFC 9106's second recommendation; 4
+    lanes). A hash keeps its own parameters, so a changed cost applies to passphrases set
+    after the change and every stored one still verifies."""
 
-    def __init__(self, memory_mib: int = 64, iterations: int = 3) -> None:
+    @classmethod
+    def for_site(cls, web: config.WebConfig) -> Passphrases:
+        return cls(web.passphrase_memory_mib, web.passphrase_iterations)
+
+    def __init__(self, memory_mib: int, iterations: int) -> None:
         self.hasher = PasswordHasher(time_cost=iterations, memory_cost=memory_mib * 1024)
         # Verified when the name is unknown, so a wrong name costs as long as a wrong
         # passphrase. Written, not hashed (a hash costs a process 0.27 s of CPU at start):

@@ -48,10 +48,7 @@ class WebServices:
 
     def __post_init__(self) -> None:
         self.site = auth.SiteThrottle(web_state.WebState(self.db.pool))
-        web_settings = self.settings.web
-        self.passphrases = auth.Passphrases(
-            web_settings.passphrase_memory_mib, web_settings.passphrase_iterations
-        )
+        self.passphrases = auth.Passphrases.for_site(self.settings.web)
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("comfyveil.web", "templates"),
             autoescape=True,
