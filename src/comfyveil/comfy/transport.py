@@ -2,7 +2,7 @@
 
 aiohttp, not httpx: a worker makes three or four requests per job, and on this path
 aiohttp spends about a quarter of httpx's CPU per request (measured on loopback, see
-the README's design notes), which is most of what a bot serving many users pays.
+docs/develop/design-notes.md), which is most of what a bot serving many users pays.
 
 Privacy: no User-Agent or Origin header; the environment's proxy variables are ignored
 (``trust_env=False``); through a SOCKS proxy the host name is resolved by the proxy
