@@ -147,8 +147,7 @@ def _example() -> tuple[list[tuple[str, str, str]], dict[str, str]]:
                 block = []
             after_header = False
             inline = _inline_comment(key.group(2))
-            if inline == "example":
-                inline = ""
+            inline = re.sub(r"^example\b[:;,]?\s*", "", inline)  # a value shown, not the default
             out.append((section, key.group(1), inline or " ".join(block)))
             block = []
             continue
