@@ -13,10 +13,14 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from PIL import Image
 
+from tests.api.test_api_openai import make_key
 from tests.fakes.comfyui import FakeComfyUI
+from tests.web.support import client, sign_up, web_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- runnable -->"
@@ -53,6 +57,8 @@ def runnable_examples() -> list[Example]:
 
 
 EXAMPLES = runnable_examples()
+SHELL = [e for e in EXAMPLES if e.language == "sh"]
+PYTHON = [e for e in EXAMPLES if e.language == "python"]
 
 
 def test_the_quick_start_chain_is_marked_runnable() -> None:
@@ -60,10 +66,9 @@ def test_the_quick_start_chain_is_marked_runnable() -> None:
     assert any("generate f" in e.code and "--image" in e.code for e in readme)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.where for e in EXAMPLES])
-async def test_a_runnable_example_runs(
-    example: Example, fake_comfy: FakeComfyUI, tmp_path: Path
-) -> None:
+def _checkout(tmp_path: Path, fake_comfy: FakeComfyUI) -> tuple[Path, dict[str, str]]:
+    """A reader's checkout (`.venv/bin/comfyveil`, a comfyveil.toml naming the fake) and
+    the environment to run an example in."""
     checkout = tmp_path / "checkout"
     bin_dir = checkout / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
@@ -79,14 +84,13 @@ async def test_a_runnable_example_runs(
         "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     }
-    command = (
-        ["bash", "-euo", "pipefail", "-c", example.code]
-        if example.language == "sh"
-        else [sys.executable, "-c", example.code]
-    )
+    return checkout, env
+
+
+async def _run(example: Example, command: list[str], cwd: Path, env: dict[str, str]) -> None:
     proc = await asyncio.create_subprocess_exec(
         *command,
-        cwd=checkout,
+        cwd=cwd,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -94,9 +98,41 @@ async def test_a_runnable_example_runs(
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     assert proc.returncode == 0, f"{example.where}\n{out.decode()}\n{err.decode()}"
     assert "Traceback" not in err.decode()
+
+
+@pytest.mark.parametrize("example", SHELL, ids=[e.where for e in SHELL])
+async def test_a_runnable_shell_example_runs(
+    example: Example, fake_comfy: FakeComfyUI, tmp_path: Path
+) -> None:
+    checkout, env = _checkout(tmp_path, fake_comfy)
+    await _run(example, ["bash", "-euo", "pipefail", "-c", example.code], checkout, env)
     if "generate" in example.code:
         # What the reader was promised: one image per generate, each edit fed the previous.
         made = sorted((checkout / "out").rglob("*.png"))
         assert len(made) == example.code.count("comfyveil generate"), made
         uploads = [u for u in fake_comfy.uploads if u.get("size", 0) > 100]
         assert len(uploads) == example.code.count("--image")
+
+
+@pytest.mark.parametrize("example", PYTHON, ids=[e.where for e in PYTHON])
+async def test_a_runnable_python_example_runs_against_the_images_api(
+    example: Example, db: Any, fake_comfy: FakeComfyUI, tmp_path: Path
+) -> None:
+    """Python examples talk to the images API: they run with the test server's address
+    and a key its settings page made in place of the example's own, as a reader would
+    put theirs."""
+    checkout, env = _checkout(tmp_path, fake_comfy)
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "reader")
+        key = await make_key(session, stack.url)
+        code = example.code.replace("http://127.0.0.1:8080", stack.url).replace(
+            '"cv-..."', f'"{key}"'
+        )
+        assert code != example.code, "the example names the API's address and a key"
+        await _run(example, [sys.executable, "-c", code], checkout, env)
+    if "images.generate" in example.code:
+        made = sorted(checkout.glob("*.png"))
+        assert made, "the example saves the image it was sent"
+        for path in made:
+            with Image.open(path) as image:
+                assert image.format == "PNG"

@@ -117,3 +117,16 @@ def test_changelog_has_an_unreleased_section_and_the_current_version() -> None:
     headings = re.findall(r"^## \[([^\]]+)\]", text, flags=re.MULTILINE)
     assert headings[0] == "Unreleased"
     assert version in headings
+
+
+def test_docs_and_comments_in_src_give_reasons_not_issue_numbers() -> None:
+    """A reader of the repository cannot open "issue 22 §8": the text says the reason."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    files += sorted((ROOT / "src").rglob("*.py"))
+    pattern = re.compile(r"\bissue \d+|notes: issue", re.IGNORECASE)
+    cited = [
+        str(p.relative_to(ROOT))
+        for p in files
+        if "pending" not in p.parts and pattern.search(p.read_text())
+    ]
+    assert cited == []
