@@ -95,7 +95,7 @@ def test_readme_links_only_to_files_that_exist() -> None:
 def test_no_doc_links_outside_the_repository() -> None:
     """A clone has no ../shared: the docs are written for the repository's readers."""
     pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    outside = [p.name for p in pages if "../shared" in p.read_text()]
+    outside = [p.name for p in pages if "pending" not in p.parts and "../shared" in p.read_text()]
     assert outside == []
 
 
