@@ -130,3 +130,9 @@ def test_docs_and_comments_in_src_give_reasons_not_issue_numbers() -> None:
         if "pending" not in p.parts and pattern.search(p.read_text())
     ]
     assert cited == []
+
+
+def test_every_benchmark_script_is_on_the_benchmarks_page() -> None:
+    page = (ROOT / "docs" / "benchmarks" / "index.md").read_text()
+    scripts = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
+    assert [s for s in scripts if f"| `{s}` |" not in page] == []
