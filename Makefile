@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test soak lint bench mutants screenshots clean
+.PHONY: install anon chromium systemd-analyze run test docs soak lint bench mutants screenshots clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,15 +54,21 @@ TEST_ENV := COMFYVEIL_ANON_DIR=$(abspath $(VENV)/anon) scripts/loopback-only
 # every CLI subprocess a test starts compiles the sources and rewrites the tests again.
 unexport PYTHONDONTWRITEBYTECODE
 
+# The docs site (mkdocs.yml) into site/; --strict fails on a broken internal link, a
+# missing page or a page left out of the navigation. A few seconds.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 test: install $(VENV)/anon/anon chromium systemd-analyze
 	$(BIN)/ruff check src tests benchmarks
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) --durations=15
 
 # The whole suite 5 times in a row: every failure with its test id (scripts/soak.py).
 soak: install $(VENV)/anon/anon chromium systemd-analyze
 	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS)
 
-# The README's screenshots, taken again by the browser tests into docs/.
+# The docs' screenshots, taken again by the browser tests into docs/.
 screenshots: install chromium
 	COMFYVEIL_SCREENSHOTS=docs $(TEST_ENV) $(BIN)/pytest -q -p no:cacheprovider tests/web/test_web_browser.py
 
@@ -72,4 +78,4 @@ mutants: install
 	$(BIN)/python scripts/mutants.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info

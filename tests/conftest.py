@@ -19,7 +19,7 @@ pytest_plugins = [
 DATA_DIR = Path(__file__).parent / "data"
 OBJECT_INFO_FILE = DATA_DIR / "comfyui-0.3.64-object_info.json"
 
-# The kinds of test (README, Tests), each a marker set here from where a test lives and
+# The kinds of test (docs/develop/tests.md), each a marker set here from where a test lives and
 # what it starts, so `pytest -m KIND` runs one kind:
 #   unit         no server, no PostgreSQL, no anon network      tests/unit, tests/anyone
 #   integration  a real PostgreSQL and/or fakes, in-process     tests/integration

@@ -34,7 +34,8 @@ class RedactingJsonFormatter(JsonFormatter):
         )
 
     def formatException(self, ei: Any) -> str:
-        # as the text lines do: database errors by type and SQLSTATE (issue 22 §8)
+        # as the text lines do: database errors by type and SQLSTATE, never their text, which
+        # may quote a prompt
         return redaction.redact(redaction.format_exception(ei))
 
     def format(self, record: logging.LogRecord) -> str:
@@ -47,7 +48,7 @@ def formatter(name: str) -> logging.Formatter:
 
 # Libraries whose debug lines carry message bodies: python-telegram-bot logs every update
 # and request (prompts, /web links), websockets every frame, aiohttp's server requests.
-# They stay at INFO whatever the verbosity (issue 22 §7).
+# They stay at INFO whatever the verbosity: -vv must not put prompts in the logs.
 QUIET_LIBRARIES = ("telegram", "websockets", "aiohttp", "httpx", "httpcore", "hpack")
 
 

@@ -186,7 +186,7 @@ async def test_a_prompt_that_ended_with_no_worker_is_fetched_not_run_again(
 async def test_with_memory_images_sent_to_a_dead_socket_are_made_again_and_nothing_stays(
     db: database.Database, fake_comfy_factory
 ) -> None:
-    # The cost of the operator's choice `no_trace = "memory"` (README, Leaving no trace).
+    # The cost of the operator's choice `no_trace = "memory"` (docs/privacy/no-trace.md).
     fake = await fake_comfy_factory(step_delay=0.2)
     job = await enqueue_edit(db, steps=5)
     quick_stop = dataclasses.replace(FAST, shutdown_grace=0.1)

@@ -5,7 +5,7 @@ invite -> sign up -> generate (fake ComfyUI) -> progress -> result -> download t
 original -> edit it -> cancel a slow job -> history -> forget -> log out; another account
 cannot open the first one's images by URL; a POST without the CSRF token is refused.
 The run takes screenshots of a form and a result page; `make screenshots` keeps them in
-docs/ for the README (a plain run keeps them in its temporary folder, so testing never
+docs/ for the docs site (a plain run keeps them in its temporary folder, so testing never
 changes tracked files).
 """
 

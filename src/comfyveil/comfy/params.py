@@ -140,7 +140,8 @@ class Param:
             raise self._fail(_("{name} must not be empty").format(name=self._shown))
         if _CONTROL.search(value):
             # NUL and lone surrogates make PostgreSQL refuse the row and quote it in its
-            # error; the rest draw nothing (issue 22 §8). Lines and tabs are text.
+            # error, which would put the prompt in a log; the rest draw nothing. Lines and tabs
+            # are text.
             raise self._fail(
                 _("{name} must not hold control characters").format(name=self._shown)
             )

@@ -2,13 +2,13 @@
 
 aiohttp, not httpx: a worker makes three or four requests per job, and on this path
 aiohttp spends about a quarter of httpx's CPU per request (measured on loopback, see
-the README's design notes), which is most of what a bot serving many users pays.
+docs/develop/design-notes.md), which is most of what a bot serving many users pays.
 
 Privacy: no User-Agent or Origin header; the environment's proxy variables are ignored
 (``trust_env=False``); through a SOCKS proxy the host name is resolved by the proxy
 (``rdns``), so `.anon` addresses work and no DNS query leaves this machine.
 
-A backend may be hostile (notes: issue 11): every answer is read up to a cap, a read or
+A backend may be hostile (a compromised GPU host): every answer is read up to a cap, a read or
 a write that makes no progress for `timeout` seconds fails, and a whole answer that is
 not streamed must arrive within `ANSWER_DEADLINE` timeouts. What went wrong is said
 plainly: a backend that was reached and then went silent "stopped answering", it is

@@ -141,10 +141,10 @@ class Access:
 
 def who_with(svc: Desk, account: accounts.Account, user: users.User | None) -> Who:
     """The account as the chat's access rules see it, given its users row (None: none
-    yet) read already (one rule for both front ends, issue 22 §13): a linked account is
-    its Telegram user, so ``[telegram] admins``, ``allow``, ``open``, /allow and /ban
-    decide for it as in the chat; an account of the web alone came by invitation, which
-    is its allowance. A web admin is an admin."""
+    yet) read already (one rule for both front ends, so the web is no way around a ban):
+    a linked account is its Telegram user, so ``[telegram] admins``, ``allow``, ``open``,
+    /allow and /ban decide for it as in the chat; an account of the web alone came by
+    invitation, which is its allowance. A web admin is an admin."""
     who = svc.access.decide(account.user_id, account.chat_id, user)
     linked = account.user_id != account.chat_id
     is_admin = who.is_admin or account.is_admin

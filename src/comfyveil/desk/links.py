@@ -46,8 +46,8 @@ async def link_by_code(
     pool: AsyncConnectionPool, code: str, user_id: int
 ) -> accounts.Account | None:
     """``/web CODE``: link the web account whose Settings page showed `code` to Telegram
-    user `user_id` (who sent it from their own Telegram, issue 22 §2); None when the code
-    is not valid (stale, mistyped, or used).
+    user `user_id` (who sent it from their own Telegram, which proves they own both);
+    None when the code is not valid (stale, mistyped, or used).
 
     Raises:
         NameTaken: `user_id` already has another web account.

@@ -74,7 +74,7 @@ async def queue(
     """Check and queue a job for `who`: the one way into the queue for every front end
     (the chat's commands, edits, /again and re-roll, the web's form, Run again and Edit
     this, the images API), so each passes the same access rule, the same content policy
-    (issue 22 §3) and the same availability rule (no job no GPU can run); then the
+    (no way in is a way around it) and the same availability rule (no job no GPU can run); then the
     limits, cooldown included, in the enqueue statement. `job_id` is the new job's id (a
     front end tells a retried request's existing job by it).
 

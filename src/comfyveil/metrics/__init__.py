@@ -105,7 +105,7 @@ BUILD_INFO = Gauge(
 )
 BUILD_INFO.labels(version=__version__).set(1)
 
-# Every metric family this module defines (alerts and the README may name only these).
+# Every metric family this module defines (alerts and the docs may name only these).
 NAMES = frozenset(
     m._name
     for m in (

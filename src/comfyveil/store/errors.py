@@ -117,7 +117,8 @@ def translate(exc: BaseException) -> StoreError:
         return StoreError("the database took too long to answer")
     if isinstance(exc, psycopg.Error):
         # Its text may quote the values refused (invalid input syntax for ...: "...",
-        # CONTEXT: JSON data ...): a prompt. Its SQLSTATE says enough (issue 22 §8).
+        # CONTEXT: JSON data ...): a prompt, which must never reach a log. Its SQLSTATE says
+        # enough.
         return StoreError(f"the database refused the request (SQLSTATE {exc.sqlstate or '?'})")
     return StoreError(f"the database could not complete the request: {_first_line(exc)}")
 

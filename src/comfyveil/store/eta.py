@@ -12,7 +12,7 @@ backend by backend, the running jobs included.
 
 The place in the queue moves forward only (`PlaceMemory`): round-robin may put another
 user's job ahead of one already shown "#1"; the place shown stays the smallest shown so
-far, as README promises states only move forward.
+far, as the docs promise states only move forward.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 PTB lets a bot bring its own `BaseRequest`; this one keeps PTB's contract (form fields,
 multipart uploads, `TimedOut` / `NetworkError`) and spends about a quarter of
-HTTPXRequest's CPU per call, measured on loopback (see the README's design notes). At
+HTTPXRequest's CPU per call, measured on loopback (see docs/develop/design-notes.md). At
 one photo per job and a long poll per few updates, that is most of a busy bot's CPU.
 
 aiohttp has no write timeout; a request's four timeouts together bound the whole call

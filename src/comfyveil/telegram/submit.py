@@ -228,7 +228,7 @@ async def submit(
     """
     new_id = uuid.uuid4()
     # the desk's one way into the queue: the access rule and the content policy again,
-    # whatever was checked before (issue 22 §3)
+    # whatever was checked before, so no way into the queue skips them
     job = await desk_submit.queue(services, who, entry, values, inputs, key=key, job_id=new_id)
     if job.id != new_id:
         logger.info("update seen before; job already queued",

@@ -7,7 +7,7 @@ works once, for LINK_MINUTES, and only in a private chat, where no one else sees
 
 Linking an existing web account starts on the web: its Settings page shows a short
 code, and ``/web CODE`` sent from the owner's own Telegram links the two; the chat and
-the web then share one history and one quota (issue 22 §2).
+the web then share one history and one quota.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ async def link_page(request: web.Request) -> web.Response:
     linked = await svc.web.account_of_user(telegram_user)
     if account is not None:
         # A link never links an account that is signed in: whoever sent /web may not be
-        # its owner (issue 22 §2). Linking starts in Settings, with a code the owner
+        # its owner, and would take it over. Linking starts in Settings, with a code the owner
         # sends to the bot from her own Telegram.
         mode = "already" if account.user_id == telegram_user else "other"
     else:
@@ -187,7 +187,7 @@ async def link(request: web.Request) -> web.Response:
             linked = await svc.web.account_of_user(telegram_user) if telegram_user else None
             if linked is None:
                 raise web_store.InviteInvalid(N_("There is no usable account to log into."))
-            # The link names the account; its passphrase still opens it (issue 22 §2),
+            # The link names the account; its passphrase still opens it (a link alone is no key),
             # with the login's locks and its one answer for every refusal.
             try:
                 await auth.login(

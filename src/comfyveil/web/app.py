@@ -84,7 +84,7 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
     i18n.set_language(language_mod.choose(settings, request.headers.get("Accept-Language")))
     if request.method == "POST" and not await _form_read(request):
         # Refused before any handler: a handler reading the form again would see what
-        # follows the undecodable field, unchecked (issue 22 §1).
+        # follows the undecodable field, unchecked, CSRF token and all.
         return error_page(
             request, 400, _("That form could not be read. Go back, reload the page and send "
                             "it again.")

@@ -50,7 +50,7 @@ THUMB_SIZE = 320
 THUMB_CACHE = 512  # thumbnails kept in memory (a few KB each)
 THUMB_DECODERS = 2  # thumbnails decoded at once
 # What a user owns stays out of the browser's cache: after logout or /forget nothing of it
-# is left on the device (issue 22 §15).
+# is left on the device, which others may share.
 NO_STORE = "no-store"
 
 
@@ -192,7 +192,8 @@ async def output(request: web.Request) -> web.StreamResponse:
     if found is None:
         raise web.HTTPNotFound()
     # Inline only what its bytes say is an image or a video; anything else (HTML, SVG,
-    # a "PNG" that is a page) is a download, never rendered on this site (issue 22 §12).
+    # a "PNG" that is a page) is a download, never rendered on this site: a hostile GPU
+    # host must not run script in our origin.
     mime = images.sniff_mime(found.data)
     response = web.Response(body=found.data, content_type=mime or "application/octet-stream")
     name = sinks.safe_name(found.filename)
