@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import aiohttp
 
@@ -12,8 +13,10 @@ from tests.api.test_api_openai import make_key
 from tests.fuzz import http
 from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
 
-# A short run in the suite; scripts/fuzz.py sends many more.
-COUNT = 60
+# A short run in the suite; scripts/fuzz.py (make fuzz) sends many more.
+COUNT = int(os.environ.get("FUZZ_HTTP_COUNT", "60"))
+# The campaign draws new inputs each run; the suite the same ones every time.
+SEED = None if "FUZZ_HTTP_COUNT" in os.environ else 0
 
 
 def _is_openai_error(payload: object) -> bool:
@@ -74,8 +77,8 @@ async def test_the_images_api_answers_every_body_without_a_server_error(
 ) -> None:
     # JSON nested past Python's stack: json raised RecursionError, a 500.
     bodies = [b"[" * 100_000, b'{"model": "f", "prompt": "x", "n": 1e400}']
-    bodies += await asyncio.to_thread(http.draw, http.RAW_BODIES, COUNT)
-    edits = await asyncio.to_thread(http.draw, http.EDIT_PARTS, COUNT // 3)
+    bodies += await asyncio.to_thread(http.draw, http.RAW_BODIES, COUNT, seed=SEED)
+    edits = await asyncio.to_thread(http.draw, http.EDIT_PARTS, COUNT // 3, seed=SEED)
     caplog.set_level(logging.WARNING)
     async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
         await sign_up(session, await stack.invite(), "fuzz")
@@ -90,7 +93,7 @@ async def test_a_commands_web_form_answers_every_submission_without_a_server_err
 ) -> None:
     # A non-ASCII CSRF token made hmac.compare_digest raise: a 500 and an ERROR line.
     forms = [{"csrf": "é", "prompt": "a fox"}]
-    forms += await asyncio.to_thread(http.draw, http.FORM_FIELDS, COUNT)
+    forms += await asyncio.to_thread(http.draw, http.FORM_FIELDS, COUNT, seed=SEED)
     caplog.set_level(logging.WARNING)
     async with web_stack(db, [fake_comfy]) as stack, client() as session:
         await sign_up(session, await stack.invite(), "fuzz")
