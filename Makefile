@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test docs soak lint bench mutants screenshots clean
+.PHONY: install anon chromium systemd-analyze run test docs soak lint bench mutants fuzz screenshots clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,13 @@ screenshots: install chromium
 # fail its tests. Minutes, not seconds; not part of `make test`.
 mutants: install
 	$(BIN)/python scripts/mutants.py
+
+# A long fuzzing campaign over every parser of a stranger's input (scripts/fuzz.py): a
+# million inputs by default (FUZZ_INPUTS=...), tens of minutes; not part of `make test`,
+# which runs each target briefly with a fixed seed (tests/fuzz).
+FUZZ_INPUTS ?= 1000000
+fuzz: install
+	$(TEST_ENV) $(BIN)/python scripts/fuzz.py --total $(FUZZ_INPUTS)
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import warnings
 from dataclasses import dataclass
 
@@ -83,6 +84,8 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
         with warnings.catch_warnings():
             # Pillow warns past MAX_IMAGE_PIXELS; our own limit below decides instead.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            # A JPEG's EXIF is read at open: Pillow warns of each bad tag of a crafted one.
+            warnings.simplefilter("ignore", UserWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
         found = _BOMB_PIXELS.search(str(exc))
@@ -110,6 +113,7 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                warnings.simplefilter("ignore", UserWarning)
                 image.load()
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise ImageRejected(
@@ -117,17 +121,33 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
             ) from exc
         fmt = image.format
         try:
-            cleaned, width, height = _without_metadata(image, data, fmt)
-        except metadata.MetadataError as exc:  # decodes, yet its container is crafted
+            with warnings.catch_warnings():
+                # Turning the picture reads its EXIF again: Pillow warns of each bad tag.
+                warnings.simplefilter("ignore", UserWarning)
+                cleaned, width, height = _without_metadata(image, data, fmt)
+        # It decodes, yet its container or its EXIF is crafted.
+        except (metadata.MetadataError, SyntaxError, OSError, ValueError, struct.error) as exc:
             raise ImageRejected(
                 _("That image is damaged or incomplete; send it again.") + " " + _(ASK)
             ) from exc
     return CheckedImage(cleaned, width, height, fmt, ACCEPTED_FORMATS[fmt])
 
 
+def _orientation(image: Image.Image) -> object:
+    """The EXIF orientation, or 1 when the EXIF block cannot be read: damaged EXIF says
+    nothing about the pixels, and the container's stripper drops it whole either way."""
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns of every tag that points past the block; a crafted one has many.
+            warnings.simplefilter("ignore", UserWarning)
+            return image.getexif().get(_ORIENTATION, 1)
+    except (SyntaxError, OSError, ValueError, struct.error, TypeError, KeyError):
+        return 1
+
+
 def _without_metadata(image: Image.Image, data: bytes, fmt: str) -> tuple[bytes, int, int]:
     """The image's bytes without metadata, its orientation applied; its new size."""
-    orientation = image.getexif().get(_ORIENTATION, 1)
+    orientation = _orientation(image)
     if orientation in (None, 1) or not isinstance(orientation, int):
         return metadata.strip(data), image.width, image.height
     turned = ImageOps.exif_transpose(image)

@@ -305,8 +305,14 @@ def strip_icc(profile: bytes) -> bytes:
     return bytes(out)
 
 
+# The chunks that draw the picture: kept by name, as PNG's and JPEG's are, so a chunk
+# whose name was changed (an `EXIF` renamed to anything else) cannot carry its text along.
+_WEBP_KEEP = frozenset({b"VP8 ", b"VP8L", b"ALPH", b"ANIM", b"ANMF"})
+
+
 def strip_webp(data: bytes) -> bytes:
-    """A WebP without its EXIF and XMP chunks; its ICC profile without text."""
+    """A WebP of its picture chunks only (no EXIF, XMP or unknown chunks); its ICC
+    profile without text."""
     if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
         raise MetadataError("not a WebP")
     (riff_size,) = struct.unpack("<I", data[4:8])
@@ -328,7 +334,7 @@ def strip_webp(data: bytes) -> bytes:
         elif kind == b"ICCP":
             out.append(data[pos : pos + 8] + strip_icc(data[pos + 8 : pos + 8 + size]))
             out.append(data[pos + 8 + size : end])
-        elif kind not in (b"EXIF", b"XMP "):
+        elif kind in _WEBP_KEEP:
             out.append(data[pos:end])
         pos = end
     body = b"WEBP" + b"".join(out)

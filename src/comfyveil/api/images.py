@@ -70,7 +70,7 @@ async def generations(request: web.Request) -> web.Response:
         raise ApiError(413, _("That upload is too large."))
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." nested past Python's stack
         raise bad_request(_("The request's body is not JSON.")) from None
     if not isinstance(body, dict):
         raise bad_request(_("The request's body is not JSON."))
@@ -158,7 +158,7 @@ async def _read(part: BodyPartReader, limit: int) -> bytes | None:
 def _count(value: Any) -> int:
     try:
         n = int(value) if not isinstance(value, bool) else -1
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 is JSON's infinity
         n = -1
     if isinstance(value, float) and not value.is_integer():
         n = -1

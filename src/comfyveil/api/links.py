@@ -8,6 +8,8 @@ import hmac
 import time
 import uuid
 
+from comfyveil import constant_time
+
 LINK_SECONDS = 600  # long enough for a client to fetch it, short enough to be harmless
 
 
@@ -25,4 +27,4 @@ def path(secret: bytes, job_id: uuid.UUID, index: int, *, now: float | None = No
 def valid(secret: bytes, job_id: uuid.UUID, index: int, expires: str, sig: str) -> bool:
     if not expires.isdigit() or int(expires) < time.time():
         return False
-    return hmac.compare_digest(signature(secret, job_id, index, int(expires)), sig)
+    return constant_time.same(sig, signature(secret, job_id, index, int(expires)))

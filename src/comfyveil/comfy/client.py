@@ -169,7 +169,7 @@ class ComfyClient(Following):
             return None
         try:
             return json.loads(response.body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested past Python's stack: not ours
             raise errors.BackendProtocolError(
                 f"backend {self.name} answered {method} {path} with something that is not JSON",
                 backend=self.name,

@@ -189,7 +189,7 @@ def parse_text(text: str) -> Event:
     """Parse one JSON text frame. Raises BackendProtocolError if it is not JSON."""
     try:
         message = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # a hostile server nests past the stack
         raise errors.BackendProtocolError("the backend sent a message that is not JSON") from exc
     return parse_message(message)
 
@@ -283,7 +283,7 @@ def parse_binary(frame: bytes) -> Event:
         if len(frame) >= 8 + length:
             try:
                 meta = json.loads(frame[8 : 8 + length])
-            except ValueError:
+            except (ValueError, RecursionError):
                 meta = None
             if isinstance(meta, Mapping):
                 return Preview(

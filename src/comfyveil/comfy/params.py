@@ -165,7 +165,10 @@ class Param:
     def _to_float(self, value: object) -> float:
         number: float | None = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # a whole number past any float: refused as infinity is
+                number = None
         elif isinstance(value, str):
             try:
                 number = float(value.strip())
@@ -191,8 +194,15 @@ class Param:
                 high=ltr(num(high) if high is not None else ""), value=ltr(num(number))))
         if self.step:
             base = low or 0
-            ratio = (number - base) / self.step
-            if abs(ratio - round(ratio)) > 1e-9:
+            if isinstance(number, int) and isinstance(base, int) and isinstance(self.step, int):
+                off_step = (number - base) % self.step != 0  # exact, at any size
+            else:
+                try:
+                    ratio = (number - base) / self.step
+                except OverflowError:  # a whole number past any float, with a float step
+                    ratio = math.inf
+                off_step = not math.isfinite(ratio) or abs(ratio - round(ratio)) > 1e-9
+            if off_step:
                 if base % self.step == 0:
                     text = _("{name} must be a multiple of {step} (got {value})")
                 else:
@@ -236,6 +246,10 @@ class Param:
 def num(value: float) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
+    if isinstance(value, int) and value.bit_length() > 64:
+        # str() refuses past 4 300 digits, and a sentence has no room for them anyway.
+        digits = int(value.bit_length() * math.log10(2))
+        return f"{'-' if value < 0 else ''}10^{digits}"
     return str(value)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from comfyveil import constant_time
 from comfyveil.i18n import N_
 from comfyveil.store import errors, jobs, users
 
@@ -428,7 +429,7 @@ class WebStore:
             return None
         now = time.time()
         fresh = (link_code(account, at=now), link_code(account, at=now - LINK_CODE_SECONDS))
-        if not any(hmac.compare_digest(code.strip().upper(), c.upper()) for c in fresh):
+        if not any(constant_time.same(code.strip().upper(), c.upper()) for c in fresh):
             return None
         return account
 

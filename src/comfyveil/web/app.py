@@ -9,14 +9,13 @@ rendered by Jinja2 with autoescape; no page has a script or an inline style.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from comfyveil import config, i18n
+from comfyveil import config, constant_time, i18n
 from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
@@ -120,7 +119,7 @@ async def _csrf_ok(request: web.Request) -> bool:
     if not isinstance(sent, str) or not sent:
         return False
     if visit(request).account is not None:
-        return hmac.compare_digest(sent, visit(request).csrf)
+        return constant_time.same(sent, visit(request).csrf)
     return services(request).forms.valid(request.cookies.get(auth.ANON_COOKIE), sent)
 
 

@@ -30,7 +30,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from argon2.low_level import ARGON2_VERSION
 
-from comfyveil import config, metrics
+from comfyveil import config, constant_time, metrics
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 from comfyveil.store import web_state
@@ -107,7 +107,7 @@ def device_token(account: web_store.Account) -> str:
 def _known_device(account: web_store.Account | None, cookie: str | None) -> bool:
     if account is None or not cookie:
         return False
-    return hmac.compare_digest(device_token(account), cookie)
+    return constant_time.same(cookie, device_token(account))
 
 
 def check_name(name: str) -> str | None:
@@ -149,7 +149,7 @@ class FormTokens:
     def valid(self, cookie: str | None, token: str | None) -> bool:
         if not cookie or not token:
             return False
-        return hmac.compare_digest(self.token_for(cookie), token)
+        return constant_time.same(token, self.token_for(cookie))
 
 
 @dataclass
