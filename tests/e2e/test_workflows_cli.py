@@ -148,3 +148,26 @@ async def test_generate_runs_a_command_added_to_the_database(
     unknown = await run_cli("generate", "nosuch", "a fox", "--server", fake_comfy.url,
                             "--config", "comfyveil.toml", cwd=tmp_path)
     assert unknown.code == 2 and "nosuch" in unknown.stderr
+
+
+async def test_add_and_check_say_which_option_is_the_seed_and_warn_of_a_fixed_one(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    added = await cli(tmp_path, database_url, "add", str(DATA / "seeded.toml"))
+    assert added.code == 0, added.stderr
+    assert "seed: --seed (node 3 seed); its default is not used" in added.stdout
+    toml = (DATA / "seeded.toml").read_text()
+    (tmp_path / "fixed.toml").write_text(
+        toml.replace('command = "seeded"', 'command = "fixed"').split("[params.seed]")[0]
+    )
+    (tmp_path / "fixed.json").write_text((DATA / "seeded.json").read_text())
+    fixed = await cli(tmp_path, database_url, "add", str(tmp_path / "fixed.toml"))
+    assert fixed.code == 0, fixed.stderr
+    assert "seed: none" in fixed.stdout
+    assert ("warning: KSampler (node 3) takes its seed from no option: every run with the "
+            "same options gives the same image") in fixed.stdout
+    run = await cli(tmp_path, database_url, "check", "--server", fake_comfy.url)
+    assert run.code == 0, run.stdout + run.stderr
+    said = [line.split(None, 1) for line in run.stdout.splitlines() if line.startswith("/")]
+    assert ["/wan", "seed: --seed (node 81 noise_seed)"] in said
+    assert any(c == "/fixed" and s.startswith("warning: KSampler (node 3)") for c, s in said)

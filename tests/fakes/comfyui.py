@@ -265,6 +265,9 @@ class FakeComfyUI:
         # What tests look at; kept across restart() (they record, they are not memory).
         self.prompts: list[dict[str, Any]] = []
         self.executions: Counter[str] = Counter()
+        # prompt id -> the nodes its last run took from the cache (kept when a client
+        # deletes the history entry, as the no-trace mode does)
+        self.cached_nodes: dict[str, list[str]] = {}
         self.uploads: list[dict[str, Any]] = []
         self.requests: list[RecordedRequest] = []
         self.interrupts: list[dict[str, Any]] = []
@@ -1064,6 +1067,7 @@ class FakeComfyUI:
         memo: dict[str, str] = {}
         signatures = {n: self._signature(job.prompt, n, memo) for n in order}
         cached = [n for n in order if self.cache_enabled and signatures[n] in self._cache]
+        self.cached_nodes[pid] = list(cached)
         await send("execution_cached",
                    {"nodes": cached, "prompt_id": pid, "timestamp": _now_ms()}, True)
         values: dict[str, list[Any]] = {}
