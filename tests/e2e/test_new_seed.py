@@ -41,9 +41,7 @@ def sampled_afresh(fake: FakeComfyUI, job_ids: list[uuid.UUID]) -> list[int]:
 async def finished_jobs(db: database.Database, count: int) -> list[uuid.UUID]:
     async def done() -> bool:
         async with db.pool.connection() as conn:
-            cursor = await conn.execute(
-                "SELECT count(*) AS n FROM jobs WHERE status = 'succeeded'"
-            )
+            cursor = await conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'succeeded'")
             row = await cursor.fetchone()
         return row is not None and int(row["n"]) >= count
 
@@ -53,9 +51,7 @@ async def finished_jobs(db: database.Database, count: int) -> list[uuid.UUID]:
         return [row["id"] for row in await cursor.fetchall()]
 
 
-async def test_reroll_and_again_in_the_chat_draw_new_seeds(
-    fake_telegram, db, fake_comfy
-) -> None:
+async def test_reroll_and_again_in_the_chat_draw_new_seeds(fake_telegram, db, fake_comfy) -> None:
     await add_seeded(db)
     async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
         stack.send(61, "/seeded a fox in snow")
