@@ -171,3 +171,29 @@ async def test_add_and_check_say_which_option_is_the_seed_and_warn_of_a_fixed_on
     said = [line.split(None, 1) for line in run.stdout.splitlines() if line.startswith("/")]
     assert ["/wan", "seed: --seed (node 81 noise_seed)"] in said
     assert any(c == "/fixed" and s.startswith("warning: KSampler (node 3)") for c, s in said)
+
+
+async def test_bench_and_models_check_find_a_command_added_with_workflows_add(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    """What `/seeded` runs in the chat, `bench --workflow seeded` measures and `models check
+    seeded` checks, as `generate seeded` runs it."""
+    assert (await cli(tmp_path, database_url, "add", str(DATA / "seeded.toml"))).code == 0
+    config = "comfyveil.toml"  # written by cli(): the database's URL
+    bench = await run_cli(
+        "bench", "--workflow", "seeded", "--backend", f"gpu={fake_comfy.url}", "--runs", "2",
+        "--warmup", "0", "--out", "bench", "--config", config, cwd=tmp_path,
+    )
+    assert bench.code == 0, bench.stdout + bench.stderr
+    assert "seeded" in bench.stdout and "failed" not in bench.stdout
+    checked = await run_cli(
+        "models", "check", "seeded", "--server", fake_comfy.url, "--config", config,
+        cwd=tmp_path,
+    )
+    assert checked.code == 0, checked.stdout + checked.stderr
+    assert "present    checkpoints/flux1-schnell-fp8.safetensors" in checked.stdout
+    unknown = await run_cli(
+        "bench", "--workflow", "nosuch", "--backend", f"gpu={fake_comfy.url}",
+        "--config", config, cwd=tmp_path,
+    )
+    assert unknown.code == 2 and "nosuch" in unknown.stderr
