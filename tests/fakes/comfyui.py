@@ -1066,7 +1066,8 @@ class FakeComfyUI:
         order = _execution_order(job.prompt, job.outputs)
         memo: dict[str, str] = {}
         signatures = {n: self._signature(job.prompt, n, memo) for n in order}
-        cached = [n for n in order if self.cache_enabled and signatures[n] in self._cache]
+        hits = {n for n in order if self.cache_enabled and signatures[n] in self._cache}
+        cached = [n for n in job.prompt if n in hits]  # listed in the prompt's own order
         self.cached_nodes[pid] = list(cached)
         await send("execution_cached",
                    {"nodes": cached, "prompt_id": pid, "timestamp": _now_ms()}, True)
@@ -1091,7 +1092,7 @@ class FakeComfyUI:
                 current = node_id
                 node = job.prompt[node_id]
                 class_type = node["class_type"]
-                if node_id in cached:
+                if node_id in hits:
                     outs, ui = self._cache[signatures[node_id]]
                     values[node_id] = outs  # not "executed": the real list leaves it out
                     if ui is not None:
