@@ -262,3 +262,26 @@ async def test_a_ban_refuses_the_keys_requests_at_once_and_a_lifted_one_lets_the
         assert await stack.job_count() == 0
         await db.users.set_role(user_id, "user")
         assert len((await api.images.generate(model="f", prompt=PROMPT)).data) == 1
+
+
+async def test_models_lists_only_what_some_gpu_can_run_now(db, fake_comfy_factory) -> None:
+    """As the chat's menu and the web's list do: a model no GPU can run is left out, not
+    listed to answer 503 to every request."""
+    schnell_only = {
+        "diffusion_models": ["flux1-schnell.safetensors"],
+        "text_encoders": ["clip_l.safetensors", "t5xxl_fp16.safetensors"],
+        "vae": ["ae.safetensors"],
+    }
+    comfy = await fake_comfy_factory(models=schnell_only)
+    async with web_stack(db, [comfy], api=True, worker=False) as stack, client() as s:
+        await sign_up(s, await stack.invite(), "lena")
+        api = sdk(stack.url, await make_key(s, stack.url))
+
+        async def listed() -> set[str]:
+            return {m.id for m in (await api.models.list()).data}
+
+        for _ in range(50):  # until the pool has read the GPU's models
+            if await listed() == {"f"}:
+                break
+            await asyncio.sleep(0.1)
+        assert await listed() == {"f"}  # not fd, sd3, wan or qwen: their files are missing

@@ -148,3 +148,52 @@ async def test_generate_runs_a_command_added_to_the_database(
     unknown = await run_cli("generate", "nosuch", "a fox", "--server", fake_comfy.url,
                             "--config", "comfyveil.toml", cwd=tmp_path)
     assert unknown.code == 2 and "nosuch" in unknown.stderr
+
+
+async def test_add_and_check_say_which_option_is_the_seed_and_warn_of_a_fixed_one(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    added = await cli(tmp_path, database_url, "add", str(DATA / "seeded.toml"))
+    assert added.code == 0, added.stderr
+    assert "seed: --seed (node 3 seed); its default is not used" in added.stdout
+    toml = (DATA / "seeded.toml").read_text()
+    (tmp_path / "fixed.toml").write_text(
+        toml.replace('command = "seeded"', 'command = "fixed"').split("[params.seed]")[0]
+    )
+    (tmp_path / "fixed.json").write_text((DATA / "seeded.json").read_text())
+    fixed = await cli(tmp_path, database_url, "add", str(tmp_path / "fixed.toml"))
+    assert fixed.code == 0, fixed.stderr
+    assert "seed: none" in fixed.stdout
+    assert ("warning: KSampler (node 3) takes its seed from no option: every run with the "
+            "same options gives the same image") in fixed.stdout
+    run = await cli(tmp_path, database_url, "check", "--server", fake_comfy.url)
+    assert run.code == 0, run.stdout + run.stderr
+    said = [line.split(None, 1) for line in run.stdout.splitlines() if line.startswith("/")]
+    assert ["/wan", "seed: --seed (node 81 noise_seed)"] in said
+    assert any(c == "/fixed" and s.startswith("warning: KSampler (node 3)") for c, s in said)
+
+
+async def test_bench_and_models_check_find_a_command_added_with_workflows_add(
+    tmp_path: Path, database_url: str, fake_comfy: FakeComfyUI
+) -> None:
+    """What `/seeded` runs in the chat, `bench --workflow seeded` measures and `models check
+    seeded` checks, as `generate seeded` runs it."""
+    assert (await cli(tmp_path, database_url, "add", str(DATA / "seeded.toml"))).code == 0
+    config = "comfyveil.toml"  # written by cli(): the database's URL
+    bench = await run_cli(
+        "bench", "--workflow", "seeded", "--backend", f"gpu={fake_comfy.url}", "--runs", "2",
+        "--warmup", "0", "--out", "bench", "--config", config, cwd=tmp_path,
+    )
+    assert bench.code == 0, bench.stdout + bench.stderr
+    assert "seeded" in bench.stdout and "failed" not in bench.stdout
+    checked = await run_cli(
+        "models", "check", "seeded", "--server", fake_comfy.url, "--config", config,
+        cwd=tmp_path,
+    )
+    assert checked.code == 0, checked.stdout + checked.stderr
+    assert "present    checkpoints/flux1-schnell-fp8.safetensors" in checked.stdout
+    unknown = await run_cli(
+        "bench", "--workflow", "nosuch", "--backend", f"gpu={fake_comfy.url}",
+        "--config", config, cwd=tmp_path,
+    )
+    assert unknown.code == 2 and "nosuch" in unknown.stderr

@@ -181,3 +181,56 @@ async def test_editing_workflow_uploads_a_generated_image(
     assert all(r.upload_s > 0 for r in result.records)
     assert slow.uploads and fast.uploads
     assert result.workflows[0].input_image is not None
+
+
+DATA = Path(__file__).parents[1] / "data" / "workflows"
+STILL = {  # no sampler, no input: nothing a run could change, so ComfyUI caches it all
+    "1": {"class_type": "EmptyImage",
+          "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+    "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "s"}},
+}
+
+
+def _loaded(name: str, toml: str, graph: str) -> workflow.Workflow:
+    return workflow.loads(name, toml, graph)
+
+
+async def test_every_run_executes_whatever_the_workflow_does_with_its_seed(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    """An int seed with a default (an operator's TOML), a sampler seed no option sets, and
+    an image workflow without a sampler: each measured run reaches ComfyUI's nodes, none
+    is answered from its cache."""
+    toml = (DATA / "seeded.toml").read_text()
+    graph = (DATA / "seeded.json").read_text()
+    defaulted = _loaded("defaulted", toml, graph)
+    fixed = _loaded("fixed", toml.split("[params.seed]")[0], graph)
+    invert = workflow.load(DATA / "invert.toml")
+    plan = runner.Plan(
+        backends=(runner.Backend("gpu", fake_comfy.url),),
+        workflows=(defaulted, fixed, invert), runs=2, warmup=1, timeout=30.0,
+    )
+    result = await runner.run(plan)
+    assert all(r.ok for r in result.records), [r.error for r in result.records]
+    assert len(result.records) == 6
+    sampled = [p for p in fake_comfy.prompts if p["prompt"]["3"]["class_type"] == "KSampler"]
+    assert len(sampled) == 2 * 3  # two sampling workflows, a warm-up and two runs each
+    assert all("3" not in fake_comfy.cached_nodes[p["prompt_id"]] for p in sampled)
+    inverted = [p["prompt_id"] for p in fake_comfy.prompts if p not in sampled]
+    assert inverted and all(fake_comfy.cached_nodes[pid] == [] for pid in inverted)
+
+
+async def test_a_run_answered_from_the_cache_is_refused_not_averaged(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    still = _loaded("still", 'command = "still"\nkind = "image"\n', json.dumps(STILL))
+    plan = runner.Plan(
+        backends=(runner.Backend("gpu", fake_comfy.url),),
+        workflows=(still,), runs=2, warmup=1, timeout=30.0,
+    )
+    result = await runner.run(plan)
+    assert [r.ok for r in result.records] == [False, False]
+    assert all(r.error == runner.CACHED_RUN for r in result.records)
+    assert "its sampler did not run" in report.render_markdown(result)
+    _, rows = report.headline(["still"], report.columns(result))
+    assert rows[0][1] == f"{report.MISSING} (2 failed)", rows  # no time from a cache hit

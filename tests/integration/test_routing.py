@@ -245,3 +245,16 @@ def test_ran_cold_reads_the_loaders_from_the_cached_nodes() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_a_bench_run_answered_from_the_cache_teaches_nothing(tmp_path: Path) -> None:
+    """A results.json from a bench that still averaged cache hits (every node cached, none
+    executed, milliseconds) must not teach the router that a run takes 1 ms."""
+    file = bench_results(tmp_path / "old.json", "gpu0", flux(), [4.0, 0.001])
+    doc = json.loads(file.read_text())
+    doc["records"][1].update(cached_nodes=7, nodes=[])
+    doc["records"][0].update(nodes=[{"node": "13", "class_type": "KSampler", "seconds": 3.9}])
+    file.write_text(json.dumps(doc))
+    estimator = routing.Estimator()
+    assert estimator.seed_from_bench(file) == 1
+    assert estimator.run_seconds("gpu0", flux().name) == 4.0

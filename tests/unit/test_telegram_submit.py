@@ -107,3 +107,16 @@ def test_help_gives_an_options_own_translation_then_the_catalogs() -> None:
         assert described(entry("f"), "steps") == i18n._(steps_description) != steps_description
     with i18n.using("en"):
         assert described(own, "steps") == steps_description
+
+
+def test_help_shows_no_default_for_a_seed_that_is_drawn_each_run() -> None:
+    """/help said "default 1" for an operator's `[params.seed] type = "int", default = 1`,
+    while each run draws its own seed."""
+    from pathlib import Path
+
+    toml = Path(__file__).parents[1] / "data" / "workflows" / "seeded.toml"
+    wf = workflow.load(toml)
+    row = SimpleNamespace(title=wf.title, description=wf.description)
+    help_ = registry.Entry("seeded", row, wf).help()  # type: ignore[arg-type]
+    seed = next(o for o in help_.options if o.name == "seed")
+    assert seed.default is None

@@ -230,6 +230,50 @@ def test_validate_draws_within_a_seed_params_own_max() -> None:
 
 
 @pytest.mark.parametrize(
+    "seed_binding",
+    [
+        'type = "seed"\ndefault = 1',  # a seed with a default
+        'type = "int"\ndefault = 1',  # an int on the sampler's seed input, as operators write
+        'type = "int"',  # an int whose default is the graph's value (42)
+    ],
+)
+def test_a_seed_is_drawn_afresh_whatever_its_default(seed_binding: str) -> None:
+    """The same seed would repeat the last image (and ComfyUI would answer it from its
+    cache): a seed not given is drawn for every run, a default never wins."""
+    wf = toy(BINDINGS.replace('type = "seed"', seed_binding))
+    assert wf.seed_params == ("seed",)
+    seeds = {wf.validate({"prompt": "x"}, rng=random.Random(i))["seed"] for i in range(20)}
+    assert len(seeds) == 20
+    assert wf.validate({"prompt": "x", "seed": 5})["seed"] == 5  # one asked for is kept
+    job = wf.validate({"prompt": "x"})
+    assert wf.without_seeds(job) == {k: v for k, v in job.items() if k != "seed"}
+
+
+def test_a_seed_set_through_a_primitive_is_a_seed_and_an_unbound_one_is_named() -> None:
+    graph = copy.deepcopy(GRAPH)
+    graph["11"] = {"class_type": "PrimitiveInt", "inputs": {"value": 7}}
+    graph["3"]["inputs"]["seed"] = ["11", 0]
+    noise = BINDINGS.replace('[params.seed]\nnode = "3"\ninput = "seed"\ntype = "seed"',
+                             '[params.noise]\nnode = "11"\ninput = "value"\ntype = "int"')
+    wf = toy(noise, graph)
+    assert wf.seed_params == ("noise",) and wf.fixed_seeds() == []
+    assert len({wf.validate({"prompt": "x"})["noise"] for _ in range(5)}) == 5
+    no_seed = BINDINGS.replace('[params.seed]\nnode = "3"\ninput = "seed"\ntype = "seed"\n'
+                               'aliases = ["n"]', "")
+    unbound = toy(no_seed)
+    assert unbound.seed_params == () and unbound.fixed_seeds() == [("3", "KSampler", "seed")]
+    # A sampler that adds no noise (Wan's second one) has a seed that does not matter.
+    quiet = copy.deepcopy(GRAPH)
+    quiet["3"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        **{k: v for k, v in GRAPH["3"]["inputs"].items() if k not in ("seed", "denoise")},
+        "add_noise": "disable", "noise_seed": 0, "start_at_step": 0, "end_at_step": 4,
+        "return_with_leftover_noise": "disable"}}
+    assert toy(no_seed, quiet).fixed_seeds() == []
+    quiet["3"]["inputs"]["add_noise"] = "enable"
+    assert toy(no_seed, quiet).fixed_seeds() == [("3", "KSamplerAdvanced", "noise_seed")]
+
+
+@pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"steps": "20"}, "steps must be between 1 and 8 (got 20)"),

@@ -16,6 +16,7 @@ from comfyveil.api.context import SERVICES, ApiServices, caller, services
 from comfyveil.api.errors import ApiError
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
+from comfyveil.desk import availability
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
@@ -50,9 +51,12 @@ async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The commands this key may run, as OpenAI lists models."""
+    """The commands this key may run and some GPU can run now, as OpenAI lists models
+    (the chat's menu and the web's list leave out the same ones)."""
     svc, who = await caller(request)
-    entries = [e for e in await svc.registry.all() if e.allows(who)]
+    entries = availability.runnable(
+        svc.pool, [e for e in await svc.registry.all() if e.allows(who)]
+    )
     data = [
         {"id": e.name, "object": "model", "created": 0, "owned_by": "comfyveil"} for e in entries
     ]

@@ -6,8 +6,11 @@ Every run therefore gets its own seed, and the same seed on every backend: measu
 run i uses `seed_base + i`, warm-up run j uses `seed_base - 1 - j` (never one a
 measured run uses). A new seed makes the sampler and everything after it run again,
 while loaders and text encoders stay cached after the warm-up, as they do for a chat
-user asking again. A workflow without a seed input cannot be kept off the cache;
-its runs report `cached_nodes` and the report says so.
+user asking again. A sampler seed that no parameter sets gets the run's seed written
+into the graph, and a workflow with no sampler at all uploads its input image with the
+run's seed in a PNG text chunk (new bytes, so LoadImage and all after it run again).
+A run that still comes back from the cache (every node, or a sampler, in
+`execution_cached`) measured nothing: it is refused as a failed run, never averaged.
 
 Sequential mode (the default) runs each workflow on one backend at a time, so the
 backends do not compete for the host. Parallel mode warms every backend up, then lets
@@ -24,8 +27,10 @@ import hashlib
 import io
 import logging
 import random
+import struct
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -33,6 +38,7 @@ from typing import Any, Literal, Protocol
 
 from comfyveil import __version__
 from comfyveil.bench import records, timing
+from comfyveil.comfy.template import SEED_INPUTS
 from comfyveil.errors import ComfyveilError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -50,6 +56,12 @@ BENCH_PROMPTS = {
     "video": "a red fox walking through fresh snow at dawn, slow camera pan",
     "edit": "turn the square into a red circle",
 }
+
+CACHED_RUN = (
+    "ComfyUI answered this run from its cache (its sampler did not run), so it measured "
+    "nothing and is left out; give the workflow a seed parameter or an input that changes "
+    "per run (comfyveil workflows check names a fixed seed)"
+)
 
 ProxyFor = Callable[[str, str], "str | None"]
 
@@ -172,7 +184,46 @@ def environment(backend: Backend, stats: Any) -> records.BackendEnv:
 
 
 def _seed_params(wf: Any) -> list[str]:
+    """The parameters that set a sampler's seed (an int bound to one counts too)."""
+    names = getattr(wf, "seed_params", None)
+    if names is not None:
+        return list(names)
     return [name for name, p in wf.params.items() if p.type == "seed"]
+
+
+def _fixed_seeds(wf: Any) -> list[tuple[str, str]]:
+    """(node, input) of the sampler seeds no parameter sets."""
+    fixed = getattr(wf, "fixed_seeds", None)
+    return [(node, name) for node, _class, name in fixed()] if callable(fixed) else []
+
+
+def _seeded(wf: Any) -> bool:
+    """Whether a run's seed reaches the graph (through a parameter or written into it)."""
+    return bool(_seed_params(wf) or _fixed_seeds(wf))
+
+
+def _tagged_png(data: bytes, seed: int) -> bytes:
+    """`data` (a PNG) with a text chunk naming the run: the same pixels, new bytes, so
+    ComfyUI's LoadImage (whose cache key is the file's hash) loads it again."""
+    signature = b"\x89PNG\r\n\x1a\n"
+    if not data.startswith(signature) or not data.endswith(b"IEND\xaeB`\x82"):
+        return data  # not a PNG we can tag; a cached run is refused afterwards
+    body = b"tEXt" + b"comfyveil-bench-run\x00" + str(seed).encode()
+    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+    return data[:-12] + chunk + data[-12:]
+
+
+def _cache_answered(graph: Mapping[str, Any], cached: set[str]) -> bool:
+    """Whether ComfyUI answered the run from its cache: every node, or a node that samples
+    with a seed, listed in `execution_cached`."""
+    if not cached:
+        return False
+    if set(graph) <= cached:
+        return True
+    return any(
+        node in cached and SEED_INPUTS & set(graph[node].get("inputs") or {})
+        for node in graph
+    )
 
 
 def _seed_param(wf: Any) -> str | None:
@@ -391,7 +442,7 @@ class Runner:
     def _not_run(self, wf: Any, backend: str, index: int, why: str) -> records.RunRecord:
         return records.RunRecord(
             workflow=wf.name, backend=backend, run=index,
-            seed=self._seed(index, False) if _seed_param(wf) else None, ok=False, error=why,
+            seed=self._seed(index, False) if _seeded(wf) else None, ok=False, error=why,
         )
 
     async def _one(
@@ -420,8 +471,8 @@ class Runner:
     async def _measure(
         self, client: Client, backend: Backend, wf: Any, index: int, warmup: bool
     ) -> records.RunRecord:
-        seed_param = _seed_param(wf)
-        seed = self._seed(index, warmup) if seed_param else None
+        run_seed = self._seed(index, warmup)
+        seed = run_seed if _seeded(wf) else None
         values = self._values(wf, seed)
         started_at = time.time()
         partial: dict[str, Any] = {}
@@ -431,11 +482,15 @@ class Runner:
             if image_params:
                 t = time.monotonic()
                 image = self._input_image()
+                if seed is None:
+                    image = _tagged_png(image, run_seed)
                 for param in image_params:
                     uploaded = await client.upload_image(image, INPUT_IMAGE_NAME)
                     values[param] = _get(uploaded, "reference") or _get(uploaded, "name")
                 partial["upload_s"] = time.monotonic() - t
-            graph = wf.apply(wf.validate(values, rng=random.Random(seed)))
+            graph = wf.apply(wf.validate(values, rng=random.Random(run_seed)))
+            for node, name in _fixed_seeds(wf):
+                graph[node]["inputs"][name] = run_seed
             timer.class_types = _class_types(graph)
             prompt_id = str(uuid.uuid4())
             partial["prompt_id"] = prompt_id
@@ -454,6 +509,13 @@ class Runner:
                 workflow=wf.name, backend=backend.name, run=index, seed=seed, ok=False,
                 error=_error_text(exc), nodes=timer.nodes(), started_at=started_at,
                 execution_s=timer.execution_s, cached_nodes=len(timer.cached), **partial,
+            )
+        cached = _cached_set(result, timer)
+        if _cache_answered(graph, cached):
+            return records.RunRecord(
+                workflow=wf.name, backend=backend.name, run=index, seed=seed, ok=False,
+                error=CACHED_RUN, nodes=(), started_at=started_at,
+                cached_nodes=len(cached), **partial,
             )
         return records.RunRecord(
             workflow=wf.name, backend=backend.name, run=index, seed=seed, ok=True,
@@ -493,9 +555,13 @@ def _nodes(result: Any, timer: timing.RunTimer) -> tuple[records.NodeTime, ...]:
     )
 
 
-def _cached(result: Any, timer: timing.RunTimer) -> int:
+def _cached_set(result: Any, timer: timing.RunTimer) -> set[str]:
     timings = _get(result, "timings")
-    return len(set(_get(timings, "cached_nodes") or ()) | timer.cached)
+    return {str(n) for n in _get(timings, "cached_nodes") or ()} | set(timer.cached)
+
+
+def _cached(result: Any, timer: timing.RunTimer) -> int:
+    return len(_cached_set(result, timer))
 
 
 def _server_seconds(result: Any, timer: timing.RunTimer) -> float | None:

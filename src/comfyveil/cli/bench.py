@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import datetime
 import io
+import random
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,9 +66,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--image", type=Path, default=None, metavar="FILE",
                         help="input image for editing workflows (default: a generated test image)")
-    parser.add_argument("--seed", type=int, default=runner.DEFAULT_SEED, metavar="N",
-                        help="run i uses seed N+i on every backend "
-                        f"(default {runner.DEFAULT_SEED})")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="run i uses seed N+i on every backend (default: drawn at random "
+                        "for each bench, so a bench run again is not answered from "
+                        "ComfyUI's cache; results.json records it)")
     parser.add_argument("--metric", choices=("server", "wall"), default="server",
                         help="seconds in the table: the server's execution time (default) "
                         "or wall time from submit to done")
@@ -111,17 +113,20 @@ def parse_backends(items: list[str]) -> list[runner.Backend]:
     return backends
 
 
-def load_workflows(names: list[str], settings: config.Settings) -> tuple[Any, ...]:
+async def load_workflows(names: list[str], settings: config.Settings) -> tuple[Any, ...]:
+    """The shipped seed workflows, or those named: a shipped name, a file, a workflow under
+    `[workflows] dirs`, or a command added with `comfyveil workflows add` (as `generate`)."""
+    from comfyveil.cli import _find
     from comfyveil.comfy import workflow
 
+    if names:
+        return tuple(await _find.find_workflows(settings, names))
     try:
-        if not names:
-            known = workflow.shipped()
-            order = [n for n in SEED_ORDER if n in known] + sorted(set(known) - set(SEED_ORDER))
-            return tuple(known[n] for n in order)
-        return tuple(workflow.find(name, settings.workflow_dirs) for name in names)
-    except workflow.WorkflowError as exc:  # a name or file the user gave: exit code 2
+        known = await asyncio.to_thread(workflow.shipped)
+    except workflow.WorkflowError as exc:
         raise UsageError(str(exc)) from exc
+    order = [n for n in SEED_ORDER if n in known] + sorted(set(known) - set(SEED_ORDER))
+    return tuple(known[n] for n in order)
 
 
 def _read_image(path: Path) -> bytes:
@@ -195,6 +200,16 @@ def live_progress(total: int) -> Iterator[Callable[[runner.Progress], None]]:
         yield listener
 
 
+def seed_base(given: int | None) -> int:
+    """The first measured run's seed: the one given, or a fresh one. A bench repeated with
+    the seeds of the last one would find its last prompt in ComfyUI's cache."""
+    if given is not None:
+        if given < 1:
+            raise UsageError("--seed must be at least 1 (warm-up runs use the seeds below it)")
+        return given
+    return random.randint(1_000_000, 2**31)
+
+
 async def run_bench(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError("--runs must be at least 1")
@@ -205,12 +220,12 @@ async def run_bench(args: argparse.Namespace) -> int:
         runner.Backend(b.name, b.url) for b in settings.backend_list()
     ]
     values = _run_args.parse_assignments(args.values)
-    workflows = await asyncio.to_thread(load_workflows, args.workflow, settings)
+    workflows = await load_workflows(args.workflow, settings)
     runner.check_values(workflows, values)
     image = await asyncio.to_thread(_read_image, args.image) if args.image else None
     plan = runner.Plan(
         backends=tuple(backends), workflows=workflows, runs=args.runs, warmup=args.warmup,
-        values=values, image=image, seed_base=args.seed, parallel=args.parallel,
+        values=values, image=image, seed_base=seed_base(args.seed), parallel=args.parallel,
         metric=args.metric, timeout=args.timeout,
     )
     configs = [backend_config(settings, b.name, b.url) for b in backends]

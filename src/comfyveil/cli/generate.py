@@ -17,10 +17,11 @@ from typing import Any
 from comfyveil import cli, config
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
-from comfyveil.comfy import bindings, execute, workflow
+from comfyveil.cli._find import find_workflow
 from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import execute, workflow
 from comfyveil.comfy import limits as comfy_limits
-from comfyveil.errors import ComfyveilError, UsageError
+from comfyveil.errors import UsageError
 
 
 def register(subparsers: Any) -> None:
@@ -79,29 +80,6 @@ def server_backend(settings: config.Settings, server: str | None) -> config.Back
 
 def _anon_progress(percent: int, summary: str) -> None:
     print(f"anon: {percent}% {summary}", file=sys.stderr, flush=True)
-
-
-async def find_workflow(settings: config.Settings, name: str) -> workflow.Workflow:
-    """A shipped workflow, one under `[workflows] dirs`, a NAME.toml path, or else a
-    command the database holds (`workflows add`): what the bot would run for `/name`."""
-    try:
-        return workflow.find(name, extra_dirs=settings.workflow_dirs)
-    except workflow.WorkflowError as exc:
-        not_found = exc
-    # Only a database that exists is asked: a typo must not start an embedded PostgreSQL.
-    has_database = settings.database.url is not None or settings.database_dir.is_dir()
-    if not has_database or not bindings.COMMAND_RE.match(name.removeprefix("/")):
-        raise UsageError(str(not_found)) from not_found
-    from comfyveil.store import database  # only when the files did not have it
-
-    try:
-        async with await database.Database.open(settings) as db:
-            command = await db.commands.get(name.removeprefix("/"))
-    except ComfyveilError:
-        command = None  # no database to ask: the files' answer stands
-    if command is None:
-        raise UsageError(str(not_found)) from not_found
-    return command.to_workflow()
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from comfyveil import cli, config
+from comfyveil.cli import _find
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import manifest, workflow
@@ -76,20 +77,23 @@ def register(subparsers: Any) -> None:
     install.set_defaults(handler=install_models)
 
 
-def _workflows(names: Sequence[str], settings: config.Settings) -> list[workflow.Workflow]:
-    try:
-        if not names:
-            known = workflow.shipped()
-            for directory in settings.workflow_dirs:
-                known.update(workflow.load_dir(directory))
-            return sorted(known.values(), key=lambda w: w.command)
+async def _workflows(
+    names: Sequence[str], settings: config.Settings
+) -> list[workflow.Workflow]:
+    """Every shipped workflow and those under `[workflows] dirs`, or the ones named: a
+    shipped name, a file, or a command added with `comfyveil workflows add`."""
+    if names:
         found: dict[str, workflow.Workflow] = {}
-        for name in names:
-            wf = workflow.find(name, settings.workflow_dirs)
+        for wf in await _find.find_workflows(settings, names):
             found.setdefault(wf.name, wf)
         return list(found.values())
+    try:
+        known = workflow.shipped()
+        for directory in settings.workflow_dirs:
+            known.update(workflow.load_dir(directory))
     except workflow.WorkflowError as exc:
         raise UsageError(str(exc)) from exc
+    return sorted(known.values(), key=lambda w: w.command)
 
 
 def _unlisted(wf: workflow.Workflow) -> list[str]:
@@ -115,7 +119,7 @@ def _command_word(wf: workflow.Workflow) -> str:
 
 async def check_models(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
-    workflows = _workflows(args.commands, settings)
+    workflows = await _workflows(args.commands, settings)
     if args.server and args.verify:
         raise UsageError("--verify reads the files, so it needs --comfyui-dir, not --server")
     if args.server:
@@ -202,7 +206,7 @@ async def _check_server(url: str, workflows: Sequence[workflow.Workflow]) -> int
 
 async def install_models(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
-    workflows = _workflows(args.commands, settings)
+    workflows = await _workflows(args.commands, settings)
     bare = [f"/{wf.command}" for wf in workflows if not wf.models]
     if bare:
         raise UsageError(f"{', '.join(bare)} lists no model files ([[models]] tables in its "

@@ -110,7 +110,40 @@ async def add_workflow(args: argparse.Namespace) -> int:
     state = "enabled" if added.enabled else "disabled"
     replaced = f", replacing {_what(existing)}" if existing is not None and not same else ""
     print(f"/{added.command} -> {added.workflow} ({state}){replaced}")
+    for line in seed_lines(wf):
+        print(f"  {line}")
     return 0
+
+
+def seed_lines(wf: workflow.Workflow) -> list[str]:
+    """Which option is the workflow's seed, and a warning for each sampler seed that no
+    option sets (every run with the same options would repeat the same image, which
+    ComfyUI answers from its cache)."""
+    lines = []
+    seeds = wf.seed_params
+    for name in seeds:
+        p = wf.params[name]
+        where = ", ".join(f"node {t.node} {t.input}" for t in p.targets)
+        note = ""
+        if p.default is not None:
+            note = "; its default is not used: each run draws a new seed"
+        lines.append(f"seed: --{name} ({where}){note}")
+        if name != "seed":
+            lines.append(
+                f"note: the chat and the web show, fix and re-roll an option called seed; "
+                f"rename --{name} to seed for its re-roll buttons"
+            )
+    if not seeds:
+        lines.append("seed: none")
+    for node, class_type, input_name in wf.fixed_seeds():
+        lines.append(
+            f"warning: {class_type} (node {node}) takes its {input_name} from no option: "
+            + ("every run with the same options gives the same image"
+               if not seeds else "that sampler's noise is the same in every run")
+            + f"; bind it with [params.seed] node = \"{node}\", input = \"{input_name}\", "
+            'type = "seed"'
+        )
+    return lines
 
 
 def _what(command: commands_store.Command) -> str:
@@ -178,6 +211,10 @@ async def check_backends(args: argparse.Namespace) -> int:
             print(f"{backend.name}  /{wf.command:<{width}} {verdict}{label}"
                   f"{_trace_note(wf, info, backend)}")
             worst = worst or (1 if problems else 0)
+    # Not a backend's problem, so it does not change the exit code.
+    for wf, label in workflows:
+        for line in seed_lines(wf):
+            print(f"/{wf.command:<{width}} {line}{label}")
     return worst
 
 

@@ -144,6 +144,8 @@ class Estimator:
             name, workflow = record.get("backend"), record.get("workflow")
             if not (record.get("ok") is True and isinstance(seconds, int | float)):
                 continue
+            if record.get("cached_nodes") and not record.get("nodes"):
+                continue  # answered from ComfyUI's cache (an older bench kept it): not a run
             if not isinstance(name, str) or not isinstance(workflow, str):
                 continue
             self.learn(backend or name, workflow, float(seconds))

@@ -22,12 +22,17 @@ from comfyveil.comfy.requirements import (
     combo_options,
     graph_problems,
     input_spec,
+    is_link,
     model_folder,
     sorted_ids,
 )
 from comfyveil.i18n import _, ltr
 
-__all__ = ["Workflow"]
+__all__ = ["SEED_INPUTS", "Workflow"]
+
+# The inputs through which ComfyUI's samplers take their noise seed: KSampler's `seed`,
+# KSamplerAdvanced's, SamplerCustom's and RandomNoise's `noise_seed`.
+SEED_INPUTS = frozenset({"seed", "noise_seed"})
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,58 @@ class Workflow:
         prompt = self.params.get("prompt")
         return "prompt" if prompt is not None and prompt.type == "text" else None
 
+    @functools.cached_property
+    def seed_params(self) -> tuple[str, ...]:
+        """Names of the parameters that set a sampler's seed: those of type ``seed``, and
+        an ``int`` bound to a seed input (``seed``, ``noise_seed``) or to a node whose
+        output feeds one (a primitive holding the seed). A run that is not given one draws
+        it afresh, whatever its default: the same seed would make ComfyUI answer the same
+        image from its cache."""
+        feeders = self._seed_feeders()
+        names = []
+        for name, p in self.params.items():
+            if p.type == "seed" or (
+                p.type == "int"
+                and any(t.input in SEED_INPUTS or t.node in feeders for t in p.targets)
+            ):
+                names.append(name)
+        return tuple(names)
+
+    def fixed_seeds(self) -> list[tuple[str, str, str]]:
+        """(node id, class type, input) of each sampler seed that adds noise and that no
+        parameter sets: its value never changes from run to run."""
+        bound = {(t.node, t.input) for p in self.params.values() for t in p.targets}
+        bound_nodes = {node for node, _input in bound}
+        fixed = []
+        for node_id in sorted_ids(self.graph):
+            node = self.graph[node_id]
+            inputs = node.get("inputs") or {}
+            if inputs.get("add_noise") in ("disable", False):
+                continue  # a sampler that adds no noise: its seed does not matter
+            for input_name in sorted(SEED_INPUTS & set(inputs)):
+                value = inputs[input_name]
+                if is_link(value):
+                    reached = str(value[0]) in bound_nodes
+                else:
+                    reached = (node_id, input_name) in bound
+                if not reached:
+                    fixed.append((node_id, str(node.get("class_type")), input_name))
+        return fixed
+
+    def _seed_feeders(self) -> frozenset[str]:
+        """Ids of the nodes whose output is linked into a seed input."""
+        feeders = set()
+        for node in self.graph.values():
+            for input_name, value in (node.get("inputs") or {}).items():
+                if input_name in SEED_INPUTS and is_link(value):
+                    feeders.add(str(value[0]))
+        return frozenset(feeders)
+
+    def without_seeds(self, values: Mapping[str, object]) -> dict[str, object]:
+        """`values` less every seed: what running a job again with a new seed takes."""
+        seeds = set(self.seed_params)
+        return {k: v for k, v in values.items() if k not in seeds}
+
     def param(self, name_or_alias: str) -> Param:
         """The parameter called `name_or_alias` (a name or an alias).
 
@@ -118,7 +175,8 @@ class Workflow:
         """Check and complete a user's values; the result is what `apply` takes.
 
         Strings are coerced (``--set steps=4`` arrives as ``"4"``), bounds are checked,
-        defaults filled in, and a seed drawn for each seed parameter not given. Values of
+        defaults filled in, and a seed drawn for each seed parameter not given (see
+        `seed_params`; its default, if any, is never used). Values of
         ``None`` count as not given. Image values pass through unchanged.
 
         Raises:
@@ -132,16 +190,19 @@ class Workflow:
             if value is not None:
                 given[name] = value
         draw = rng if rng is not None else random.Random()
+        seeds = self.seed_params
         result: dict[str, object] = {}
         for name, p in self.params.items():
             if name in given:
                 result[name] = p.convert(given[name])
-            elif p.default is not None:
-                result[name] = p.default
-            elif p.type == "seed":
+            elif name in seeds:
+                # Drawn even when a default is declared: the same seed would repeat the
+                # last image, and ComfyUI would answer it from its cache.
                 low = int(p.min) if p.min is not None else 0
                 high = int(p.max) if p.max is not None else SEED_MAX
                 result[name] = draw.randint(low, high)
+            elif p.default is not None:
+                result[name] = p.default
             elif p.required:
                 if p.description:
                     text = _("{name} is required: {hint}").format(

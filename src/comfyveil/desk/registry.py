@@ -97,8 +97,10 @@ class Entry:
         options = []
         for name in names:
             p = wf.params[name]
-            default = p.default
-            if default is None and p.type not in ("seed", "image"):
+            # A seed has no default to show: each run draws its own.
+            seed = name in wf.seed_params
+            default = None if seed else p.default
+            if default is None and not seed and p.type != "image":
                 default = graph_value(wf, name)
             options.append(
                 OptionHelp(

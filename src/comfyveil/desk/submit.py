@@ -136,7 +136,7 @@ async def again(
                     "again with the image."
                 ).format(command=ltr(f"/{job.command}"))
             )
-    values = {k: v for k, v in job.params.items() if k != "seed"}
+    values = entry.workflow.without_seeds(job.params)
     await check_policy(services, entry.name, policy_texts(entry.workflow, values))
     validated = entry.workflow.validate(values)
     return entry, validated, inputs

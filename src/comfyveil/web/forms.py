@@ -99,10 +99,10 @@ def default_of(entry: registry.Entry, name: str, prefs: Mapping[str, Any]) -> ob
         return clamp(int(prefs["steps"]), p)
     if name == "seed" and prefs.get("seed_mode") == "fixed" and isinstance(prefs.get("seed"), int):
         return prefs["seed"]
+    if p.type == "image" or name in entry.workflow.seed_params:
+        return None  # a seed left empty is drawn afresh for each run, its default never used
     if p.default is not None:
         return p.default
-    if p.type in ("seed", "image"):
-        return None
     if p.required and p.type == "text":
         return None  # the graph's sample prompt is not the user's: a required text starts empty
     return registry.graph_value(entry.workflow, name)
@@ -157,7 +157,7 @@ def build_fields(
             f.max = _num(high) if high is not None else None
             f.step = _num(p.step) if p.step else ("1" if p.type != "float" else "any")
             f.value = "" if shown is None else str(shown)
-            if p.type == "seed":
+            if name in entry.workflow.seed_params:
                 f.placeholder = _("random")
                 f.help = (
                     _("{help}; empty: a random seed").format(help=f.help)

@@ -167,7 +167,7 @@ async def again(request: web.Request) -> web.Response:
                     "or upload the image again."
                 ),
             )
-    values = {k: v for k, v in job.params.items() if k != "seed"}
+    values = entry.workflow.without_seeds(job.params)
     form = await request.post()
     nonce = form.get("nonce")
     if not isinstance(nonce, str) or not nonce.isalnum() or len(nonce) > 80:
