@@ -115,3 +115,49 @@ async def test_not_modified_and_a_rate_limit_do_not_stop_the_status_or_the_resul
         await fake_telegram.wait_for(
             lambda _: status.result["message_id"] in fake_telegram.deleted(64), timeout=10
         )
+
+
+async def test_an_update_the_bot_cannot_read_is_skipped_and_polling_goes_on(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db, caplog
+) -> None:
+    # A message whose date is text: PTB's Update.de_json raised TypeError inside its
+    # polling loop, which catches only TelegramError, and the bot heard nothing more.
+    fake_telegram._push_update({"message": {"message_id": 1, "date": "soon", "chat": 5}})
+    fake_telegram._push_update({"callback_query": {"id": "1"}})  # a required field missing
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(64, f"/f a fox after the noise {SMALL}")
+        photo = await stack.result(64)
+        assert photo.result["caption"].startswith("/f")
+    skipped = [r for r in caplog.records if getattr(r, "action", "") == "update_unreadable"]
+    assert len(skipped) == 2
+    assert all("soon" not in r.getMessage() for r in caplog.records)
+
+
+async def test_an_answer_larger_than_any_the_bot_api_sends_is_refused_unread() -> None:
+    from aiohttp import web
+
+    from comfyveil.telegram import request as bot_request
+
+    async def huge(_request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(_request)
+        chunk = b"x" * (1024 * 1024)
+        for _ in range(bot_request.MAX_ANSWER_BYTES // len(chunk) + 2):
+            await response.write(chunk)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/bot1:x/getMe", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = bot_request.AiohttpRequest()
+    await client.initialize()
+    try:
+        with pytest.raises(bot_request.AnswerTooLarge):
+            await client.do_request(f"http://127.0.0.1:{port}/bot1:x/getMe", "POST")
+    finally:
+        await client.shutdown()
+        await runner.cleanup()

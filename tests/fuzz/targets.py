@@ -26,7 +26,7 @@ from PIL import Image
 
 from comfyveil import images, metadata
 from comfyveil.comfy import bindings, params
-from comfyveil.telegram import callbacks_data, parse
+from comfyveil.telegram import callbacks_data, parse, updates
 
 
 @dataclass(frozen=True)
@@ -524,4 +524,63 @@ CALLBACK = Target(
     "telegram/callbacks_data.py: the data of a pressed inline button",
 )
 
-PURE_TARGETS = (CHAT, ASPECT, VALUES, WORKFLOW, IMAGE, STRIP, CALLBACK)
+
+# --- getUpdates' answers (Telegram misbehaving, or whatever answers in its place) ------
+
+_MESSAGE = {
+    "message_id": 7, "date": 1_760_000_000,
+    "chat": {"id": 60, "type": "private", "first_name": "Ann"},
+    "from": {"id": 60, "is_bot": False, "first_name": "Ann", "language_code": "fa"},
+    "text": "/f a fox --steps 4",
+    "entities": [{"type": "bot_command", "offset": 0, "length": 2}],
+}
+_UPDATE_KEYS = ["update_id", "message", "edited_message", "callback_query", "my_chat_member",
+                "message_id", "date", "chat", "from", "text", "entities", "photo", "id",
+                "type", "offset", "length", "caption", "reply_to_message", "data"]
+
+
+def _mutated_update(case: tuple[int, list[tuple[int, str, Any]]]) -> Any:
+    update: Any = {"update_id": case[0], "message": json.loads(json.dumps(_MESSAGE))}
+    for depth, key, value in case[1]:
+        target = update
+        for _ in range(depth):  # walk into nested objects as deep as the mutation says
+            inner = [v for v in target.values() if isinstance(v, dict)] if isinstance(
+                target, dict) else []
+            if not inner:
+                break
+            target = inner[0]
+        if isinstance(target, dict):
+            target[key] = value
+    return update
+
+
+_ANSWERS = st.lists(
+    st.one_of(
+        st.tuples(st.integers(1, 2**40), st.lists(st.tuples(st.integers(0, 3),
+                                                           st.sampled_from(_UPDATE_KEYS), _JSON),
+                                                 max_size=4)).map(_mutated_update),
+        _JSON,
+    ),
+    max_size=5,
+).map(lambda result: json.dumps({"ok": True, "result": result}).encode())
+
+
+def _updates(body: bytes) -> None:
+    from telegram import Update
+
+    try:
+        cleaned = updates.readable(body)
+    except updates.NoUpdateId:
+        return  # a network error to PTB: its polling loop waits and asks again
+    for update in json.loads(cleaned)["result"]:
+        Update.de_json(update, None)  # every update left reads
+
+
+UPDATES = Target(
+    "bot-api-updates",
+    _ANSWERS,
+    _updates,
+    "telegram/updates.py: getUpdates' answer, each update readable by PTB or skipped",
+)
+
+PURE_TARGETS = (CHAT, ASPECT, VALUES, WORKFLOW, IMAGE, STRIP, CALLBACK, UPDATES)

@@ -117,3 +117,12 @@ def test_an_infinite_image_count_is_refused_as_any_bad_count() -> None:
         with pytest.raises(api_errors.ApiError) as refused:
             api_images._count(value)
         assert refused.value.status == 400
+
+
+@SHORT
+@given(targets.UPDATES.inputs)
+# A message whose date is text, and an update without its id (a network error to PTB).
+@example(b'{"ok": true, "result": [{"update_id": 5, "message": {"date": "soon"}}]}')
+@example(b'{"ok": true, "result": [{"message": {}}]}')
+def test_bot_api_updates(body: bytes) -> None:
+    targets.UPDATES.check(body)

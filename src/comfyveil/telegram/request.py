@@ -25,11 +25,15 @@ from telegram.error import NetworkError, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
 from comfyveil import metrics, proxy, redaction
+from comfyveil.telegram import updates
 
 _TIMED_OUT = (TimeoutError, *proxy.TIMED_OUT)
 # Anything else aiohttp raises (a ValueError for a bad header) would reach PTB, which
 # quotes its repr in "Unknown error in HTTP implementation: ...".
 _FAILED = (aiohttp.ClientError, *proxy.ERRORS, OSError, ValueError, RuntimeError)
+# The largest answer read: a file a bot may download is at most 20 MB, every other answer
+# is JSON of a few kilobytes; a peer that sends more is refused, not buffered.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 @functools.cache
@@ -165,9 +169,11 @@ class AiohttpRequest(BaseRequest):
                 method, url, data=body, timeout=timeout,
                 headers={"User-Agent": self.USER_AGENT}, allow_redirects=False,
             ) as response:
-                answer = response.status, await response.read()
+                body = await _read_at_most(response, MAX_ANSWER_BYTES)
                 metrics.telegram_request(_method(url), _outcome(response.status))
-                return answer
+                if response.status == 200 and _method(url) == "getUpdates":
+                    body = updates.readable(body)
+                return response.status, body
         except _TIMED_OUT:
             failure = TimedOut()
         except _FAILED as exc:
@@ -177,6 +183,24 @@ class AiohttpRequest(BaseRequest):
         # aiohttp's errors quote the URL, which holds the bot token, and a traceback
         # prints every exception of the chain.
         raise failure
+
+
+class AnswerTooLarge(NetworkError):
+    """The Bot API (or what answers in its place) sent more than any answer may hold."""
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's body, refused past `limit` bytes without reading further."""
+    if response.content_length is not None and response.content_length > limit:
+        raise AnswerTooLarge(f"the answer is {response.content_length} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(f"the answer is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _method(url: str) -> str:
