@@ -3,6 +3,7 @@ request (the key's account)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -10,13 +11,14 @@ from aiohttp import web
 from comfyveil import config, i18n
 from comfyveil import policy as policy_mod
 from comfyveil.api.errors import ApiError
+from comfyveil.api.retries import Sweeper
 from comfyveil.api.waiter import Waiter
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import language as language_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
-from comfyveil.store import accounts, api_keys, database
+from comfyveil.store import accounts, api_keys, api_requests, database
 
 
 @dataclass
@@ -30,10 +32,17 @@ class ApiServices:
     keys: api_keys.ApiKeyStore
     pool: pool_mod.Pool | None = None
     waiter: Waiter = field(init=False)
+    requests: api_requests.ApiRequestStore = field(init=False)
+    sweeper: Sweeper = field(init=False)
+    # a request's note that its client left, written even while the request is cancelled
+    leaving: set[asyncio.Future[None]] = field(default_factory=set)
     link_secret: bytes = b""  # read from the database at start, shared by every process
 
     def __post_init__(self) -> None:
         self.waiter = Waiter(self.db)
+        self.requests = api_requests.ApiRequestStore(self.db.pool)
+        api = self.settings.api
+        self.sweeper = Sweeper(self.requests, grace=api.retry_grace, keep=api.retry_keep)
 
 
 SERVICES = web.AppKey("api_services", ApiServices)
