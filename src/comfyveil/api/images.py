@@ -331,7 +331,7 @@ def _shape(ask: Ask) -> Shape:
     )
 
 
-QUALITIES = ("low", "medium", "high", "auto")
+QUALITIES = ("low", "medium", "high", "xhigh", "max", "auto")
 
 
 def _prompt_limit(svc: ApiServices, entry: registry.Entry, prompt: str) -> None:
