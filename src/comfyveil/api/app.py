@@ -101,6 +101,8 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     svc.waiter.start()
     svc.sweeper.start()
     yield
+    if svc.leaving:  # the last answers' notes, so a retry elsewhere finds their jobs
+        await asyncio.wait(set(svc.leaving), timeout=5)
     await svc.sweeper.close()
     await svc.waiter.close()
 

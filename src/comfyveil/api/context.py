@@ -34,8 +34,8 @@ class ApiServices:
     waiter: Waiter = field(init=False)
     requests: api_requests.ApiRequestStore = field(init=False)
     sweeper: Sweeper = field(init=False)
-    # a request's note that its client left, written even while the request is cancelled
-    leaving: set[asyncio.Future[None]] = field(default_factory=set)
+    # notes that a request's client is done, written after its answer (see retries.leave)
+    leaving: set[asyncio.Task[None]] = field(default_factory=set)
     link_secret: bytes = b""  # read from the database at start, shared by every process
 
     def __post_init__(self) -> None:

@@ -401,8 +401,10 @@ async def _answer(
     taken = (
         await svc.requests.take_over(account.id, fingerprint) if fingerprint is not None else None
     )
+    row: asyncio.Future[int] | None = None  # the request's row, written beside the wait
     if taken is not None:
-        tracked: int | None = taken.id
+        row = asyncio.get_running_loop().create_future()
+        row.set_result(taken.id)
         job_ids = list(taken.job_ids)
         mark: int | None = None
     else:
@@ -430,11 +432,8 @@ async def _answer(
         job_ids = [job.id for job in queued]
         if any(job.status is not jobs.Status.QUEUED for job in queued):
             mark = None  # an Idempotency-Key's jobs from before: read them
-        tracked = (
-            await svc.requests.open(account.id, fingerprint, job_ids)
-            if fingerprint is not None
-            else None
-        )
+        if fingerprint is not None:
+            row = asyncio.ensure_future(svc.requests.open(account.id, fingerprint, job_ids))
     answer = streaming.Answer(request, shape, edit=edit)
     handed = False
     try:
@@ -455,11 +454,10 @@ async def _answer(
             return await answer.completed(data)
         return web.json_response({"created": int(time.time()), "data": data})
     finally:
-        if tracked is not None:
-            leaving = asyncio.ensure_future(svc.requests.leave(tracked, handed=handed))
-            svc.leaving.add(leaving)
-            leaving.add_done_callback(svc.leaving.discard)
-            await asyncio.shield(leaving)
+        if row is not None:  # after the answer, off its path (and even if cancelled)
+            task = retries.leave(svc.requests, row, handed=handed)
+            svc.leaving.add(task)
+            task.add_done_callback(svc.leaving.discard)
 
 
 async def _queue(

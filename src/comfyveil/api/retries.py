@@ -64,6 +64,25 @@ async def unless_gone(request: web.Request, work: Awaitable[T]) -> tuple[bool, T
             task.cancel()
 
 
+def leave(
+    store: api_requests.ApiRequestStore, row: asyncio.Future[int], *, handed: bool
+) -> asyncio.Task[None]:
+    """Note, in the background, that the request's client is done with its row: `handed`
+    its answer, or gone without it (then a retry may take the jobs over)."""
+
+    async def left() -> None:
+        try:
+            await store.leave(await row, handed=handed)
+        except Exception as exc:  # the row stays open; the stale sweep drops it later
+            logger.warning(
+                "could not note that an API client left: %s",
+                type(exc).__name__,
+                extra={"action": "api_leave_failed"},
+            )
+
+    return asyncio.create_task(left(), name="api-leave")
+
+
 class Sweeper:
     """Gives up, in every API process, the requests nobody came back for (several
     processes may sweep one database: each takes rows the others have not locked)."""
