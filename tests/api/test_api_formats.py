@@ -5,6 +5,7 @@ the exact requests Open WebUI and LibreChat send."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from pathlib import Path
@@ -107,6 +108,42 @@ async def test_stream_answers_openais_events_and_the_sdk_iterates_them(db, fake_
         failing = await api.images.generate(model="f", prompt=PROMPT, stream=True)
         with pytest.raises(openai.APIError, match="The workflow failed on the GPU"):
             _ = [event async for event in failing]
+
+
+async def test_a_long_stream_says_it_is_alive_and_the_sdk_reads_past_it(
+    db, fake_comfy, monkeypatch
+) -> None:
+    from comfyveil.api import retries
+
+    monkeypatch.setattr(retries, "KEEPALIVE", 0.1)
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "eli")
+        key = await make_key(session, stack.url)
+        fake_comfy.pause()
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "f", "prompt": PROMPT, "size": "256x256", "stream": True}
+        async with (
+            aiohttp.ClientSession(headers=headers) as raw,
+            raw.post(stack.url + "/v1/images/generations", json=body) as r,
+        ):
+            assert r.status == 200 and r.content_type == "text/event-stream"
+            assert await r.content.readline() == b": keep-alive\n"  # while the job waits
+            fake_comfy.resume()
+            rest = (await r.content.read()).decode()
+        assert "event: image_generation.completed\n" in rest
+        assert rest.count("event: ") == 1
+        # the SDK skips the comments
+        fake_comfy.pause()
+        api = sdk(stack.url, key)
+        stream = await api.images.generate(model="f", prompt=PROMPT, size="256x256", stream=True)
+
+        async def later() -> None:
+            await asyncio.sleep(0.3)  # a few keep-alives first
+            fake_comfy.resume()
+
+        resuming = asyncio.create_task(later())
+        assert [e.type async for e in stream] == ["image_generation.completed"]
+        await resuming
 
 
 async def test_every_field_clients_send_is_taken_and_the_roughs_read_well(db, fake_comfy) -> None:

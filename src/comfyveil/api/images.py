@@ -441,7 +441,9 @@ async def _answer(
         if shape.stream:
             await answer.open()
         try:
-            present, data = await retries.unless_gone(request, work)
+            present, data = await retries.unless_gone(
+                request, work, tick=answer.ping if shape.stream else None
+            )
         except ApiError as problem:
             handed = True  # the client hears it: the request is over
             if shape.stream:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiohttp import web
@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 WATCH = 0.05  # seconds between looks at a waiting request's connection
+KEEPALIVE = 15.0  # seconds between a waiting stream's keep-alive comments
 
 
 class Fingerprint:
@@ -46,14 +47,32 @@ def connected(request: web.Request) -> bool:
     return transport is not None and not transport.is_closing()
 
 
-async def unless_gone(request: web.Request, work: Awaitable[T]) -> tuple[bool, T | None]:
+async def unless_gone(
+    request: web.Request,
+    work: Awaitable[T],
+    *,
+    tick: Callable[[], Awaitable[None]] | None = None,
+    every: float | None = None,
+) -> tuple[bool, T | None]:
     """Run `work` while the client is connected: (True, its result), or (False, None) as
     soon as the client has gone (the work is stopped; the web server goes on with a
-    handler whose client left, so the request must notice it itself)."""
+    handler whose client left, so the request must notice it itself). `tick` is called
+    each `every` seconds meanwhile (a stream's keep-alive, so no proxy or client read
+    timeout takes a long job's silence for a dead server)."""
+    every = KEEPALIVE if every is None else every
     task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    due = loop.time() + every
     try:
         while not task.done():
-            if not connected(request):
+            alive = connected(request)
+            if alive and tick is not None and loop.time() >= due:
+                due = loop.time() + every
+                try:
+                    await tick()
+                except (ConnectionError, RuntimeError):
+                    alive = False
+            if not alive:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 return False, None

@@ -53,6 +53,11 @@ class Answer:
         )
         await self.response.prepare(self.request)
 
+    async def ping(self) -> None:
+        """A comment line: ignored by every SSE reader, it shows the stream is alive."""
+        assert self.response is not None
+        await self.response.write(b": keep-alive\n\n")
+
     async def _event(self, name: str, data: dict[str, Any]) -> None:
         assert self.response is not None
         await self.response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
