@@ -110,6 +110,34 @@ async def test_stream_answers_openais_events_and_the_sdk_iterates_them(db, fake_
             _ = [event async for event in failing]
 
 
+async def test_partial_images_are_the_samplers_previews_and_only_when_asked(
+    db, fake_comfy_factory
+) -> None:
+    comfy = await fake_comfy_factory(previews=True, step_delay=0.3)
+    async with web_stack(db, [comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "fay")
+        api = sdk(stack.url, await make_key(session, stack.url))
+        plain = await api.images.generate(model="f", prompt=PROMPT, size="256x256")
+        assert plain.data[0].b64_json
+        stream = await api.images.generate(
+            model="f", prompt=PROMPT, size="256x256", stream=True, partial_images=2
+        )
+        events = [event async for event in stream]
+        kinds = [e.type for e in events]
+        assert kinds[-1] == "image_generation.completed"
+        partials = events[:-1]
+        assert 1 <= len(partials) <= 2, kinds
+        assert all(e.type == "image_generation.partial_image" for e in partials)
+        assert [e.partial_image_index for e in partials] == list(range(len(partials)))
+        for e in partials:  # a preview frame, not the result
+            assert opened(base64.b64decode(e.b64_json))[1] != (256, 256)
+        async with db.pool.connection() as conn:
+            cursor = await conn.execute("SELECT job_id, seq FROM job_previews")
+            rows = await cursor.fetchall()
+        # only the stream's job had its previews written; the plain request's had none
+        assert len(rows) == 1 and rows[0]["seq"] >= 1
+
+
 async def test_a_long_stream_says_it_is_alive_and_the_sdk_reads_past_it(
     db, fake_comfy, monkeypatch
 ) -> None:

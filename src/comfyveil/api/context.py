@@ -18,7 +18,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import language as language_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
-from comfyveil.store import accounts, api_keys, api_requests, database
+from comfyveil.store import accounts, api_keys, api_requests, database, previews
 
 
 @dataclass
@@ -33,6 +33,7 @@ class ApiServices:
     pool: pool_mod.Pool | None = None
     waiter: Waiter = field(init=False)
     requests: api_requests.ApiRequestStore = field(init=False)
+    previews: previews.PreviewStore = field(init=False)
     sweeper: Sweeper = field(init=False)
     # notes that a request's client is done, written after its answer (see retries.leave)
     leaving: set[asyncio.Task[None]] = field(default_factory=set)
@@ -41,6 +42,7 @@ class ApiServices:
     def __post_init__(self) -> None:
         self.waiter = Waiter(self.db)
         self.requests = api_requests.ApiRequestStore(self.db.pool)
+        self.previews = previews.PreviewStore(self.db.pool)
         api = self.settings.api
         self.sweeper = Sweeper(self.requests, grace=api.retry_grace, keep=api.retry_keep)
 

@@ -51,6 +51,7 @@ class Ask:
     stream: Any = False
     quality: Any = None
     background: Any = None
+    partial_images: Any = None
     images: list[jobs.InputImage] = field(default_factory=list)
     mask: bool = False
     # a digest of the whole request, for a retry to find the jobs of its first try
@@ -58,7 +59,7 @@ class Ask:
 
     def take(self, name: str, value: Any) -> None:
         """A field of the request: the ones that change the answer are kept; `style`,
-        `moderation`, `user`, `safety_identifier`, `partial_images` and any other are
+        `moderation`, `user`, `safety_identifier` and any other are
         accepted and left aside (documented), never stored."""
         if name == "model":
             self.model = value if isinstance(value, str) else ""
@@ -77,6 +78,7 @@ KEPT = (
     "stream",
     "quality",
     "background",
+    "partial_images",
 )
 
 
@@ -299,6 +301,7 @@ class Shape:
     stream: bool
     quality: str
     background: str
+    partials: int  # sampler previews to stream before each image (OpenAI's 0-3)
 
 
 def _shape(ask: Ask) -> Shape:
@@ -326,11 +329,15 @@ def _shape(ask: Ask) -> Shape:
     quality = ask.quality if ask.quality in QUALITIES else "auto"
     # no workflow draws a transparent background: the answer says "opaque", as it is
     background = "opaque" if ask.background in ("transparent", "opaque") else "auto"
-    return Shape(
-        response_format, output_format, compression, _flag(ask.stream), quality, background
-    )
+    stream = _flag(ask.stream)
+    try:
+        partials = min(max(int(ask.partial_images or 0), 0), MAX_PARTIALS) if stream else 0
+    except (TypeError, ValueError):
+        partials = 0
+    return Shape(response_format, output_format, compression, stream, quality, background, partials)
 
 
+MAX_PARTIALS = 3  # OpenAI's bound on partial_images
 QUALITIES = ("low", "medium", "high", "xhigh", "max", "auto")
 
 
@@ -440,6 +447,8 @@ async def _answer(
         work = _results(svc, job_ids, shape, _base(request, svc), mark)
         if shape.stream:
             await answer.open()
+            if shape.partials:
+                await answer.follow(svc.previews, job_ids)
         try:
             present, data = await retries.unless_gone(
                 request, work, tick=answer.ping if shape.stream else None
@@ -456,6 +465,7 @@ async def _answer(
             return await answer.completed(data)
         return web.json_response({"created": int(time.time()), "data": data})
     finally:
+        await answer.stop()  # the previews, whatever the answer became
         if row is not None:  # after the answer, off its path (and even if cancelled)
             task = retries.leave(svc.requests, row, handed=handed)
             svc.leaving.add(task)

@@ -1,29 +1,42 @@
 """``stream=true``: the answer as Server-Sent Events, in the shapes OpenAI's SDK reads
 into its ``ImageGenStreamEvent`` / ``ImageEditStreamEvent``: a ``*.completed`` event per
 image (``image_generation.*`` for a generation, ``image_edit.*`` for an edit), or an
-``error`` event carrying OpenAI's error object, which the SDK raises. Partial images are
-not sent: the workers do not pass the backends' sampler previews on to the API, so every
-stream is what OpenAI sends for ``partial_images = 0``."""
+``error`` event carrying OpenAI's error object, which the SDK raises. With
+``partial_images`` (1-3), the sampler's previews come first as ``*.partial_image`` events,
+as many as the backend sends up to that number (the workers write a job's newest preview
+frame to the database when its client asked: store/previews.py); a backend that sends no
+previews gives the completed event alone."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
+import logging
 import time
+import uuid
 from typing import Any, Protocol
 
 from aiohttp import web
 from PIL import Image
 
+from comfyveil import metadata
 from comfyveil.api.errors import ApiError
 from comfyveil.api.formats import MIME_FORMATS
+from comfyveil.store import errors as store_errors
+from comfyveil.store import previews as previews_mod
+
+logger = logging.getLogger(__name__)
+
+PREVIEW_POLL = 0.2  # seconds between looks for a newer preview while a stream waits
 
 
 class Shaped(Protocol):
     output_format: str | None
     quality: str
     background: str
+    partials: int
 
 
 # OpenAI bills tokens; a self-hosted GPU does not, so every count is 0
@@ -41,6 +54,7 @@ class Answer:
         self.shape = shape
         self.prefix = "image_edit" if edit else "image_generation"
         self.response: web.StreamResponse | None = None
+        self._following: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Send the headers: the client knows at once that events will come."""
@@ -53,6 +67,58 @@ class Answer:
         )
         await self.response.prepare(self.request)
 
+    async def follow(self, store: previews_mod.PreviewStore, job_ids: list[uuid.UUID]) -> None:
+        """Ask for the jobs' previews and send each newer one as a partial image, up to
+        `partials` a job, until the results are sent."""
+        try:
+            await store.want(job_ids)
+        except store_errors.StoreError:
+            return  # no previews: the completed events still come
+        self._following = asyncio.create_task(self._follow(store, job_ids), name="api-previews")
+
+    async def _follow(self, store: previews_mod.PreviewStore, job_ids: list[uuid.UUID]) -> None:
+        seen = dict.fromkeys(job_ids, 0)
+        sent = dict.fromkeys(job_ids, 0)
+        index = 0
+        while any(n < self.shape.partials for n in sent.values()):
+            await asyncio.sleep(PREVIEW_POLL)
+            for job_id in job_ids:
+                if sent[job_id] >= self.shape.partials:
+                    continue
+                try:
+                    found = await store.newer(job_id, seen[job_id])
+                except store_errors.StoreError:
+                    continue
+                if found is None:
+                    continue
+                seen[job_id] = found.seq
+                try:
+                    image = metadata.strip(found.data)
+                    size, kind = _described(image)
+                except (OSError, ValueError, SyntaxError):
+                    continue  # a frame Pillow cannot read is not shown
+                await self._event(
+                    f"{self.prefix}.partial_image",
+                    {
+                        "type": f"{self.prefix}.partial_image",
+                        "b64_json": base64.b64encode(image).decode("ascii"),
+                        "created_at": int(time.time()),
+                        "size": size,
+                        "quality": self.shape.quality,
+                        "background": self.shape.background,
+                        "output_format": kind,
+                        "partial_image_index": index,
+                    },
+                )
+                sent[job_id] += 1
+                index += 1
+
+    async def stop(self) -> None:
+        task, self._following = self._following, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     async def ping(self) -> None:
         """A comment line: ignored by every SSE reader, it shows the stream is alive."""
         assert self.response is not None
@@ -64,6 +130,7 @@ class Answer:
 
     async def completed(self, results: list[dict[str, Any]]) -> web.StreamResponse:
         assert self.response is not None
+        await self.stop()
         for item in results:
             encoded = item["b64_json"]
             size, kind = _described(base64.b64decode(encoded))
@@ -85,6 +152,7 @@ class Answer:
 
     async def error(self, problem: ApiError) -> web.StreamResponse:
         assert self.response is not None
+        await self.stop()
         body = {
             "message": problem.message,
             "type": problem.type,
