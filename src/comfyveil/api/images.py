@@ -19,7 +19,7 @@ from aiohttp import BodyPartReader, web
 from comfyveil import errors, images
 from comfyveil import policy as policy_mod
 from comfyveil.api import formats, links, retries, streaming
-from comfyveil.api.context import ACCOUNT, ApiServices, caller
+from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
@@ -108,7 +108,7 @@ def _fingerprint(request: web.Request, route: str) -> retries.Fingerprint | None
     """None for a request with its own Idempotency-Key (the key says what a retry is)."""
     if IDEMPOTENCY.match(request.headers.get("Idempotency-Key", "")):
         return None
-    return retries.Fingerprint(route, request[ACCOUNT].id)
+    return retries.Fingerprint(route, request[ACCOUNT].id, services(request).link_secret)
 
 
 async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:

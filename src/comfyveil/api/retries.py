@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -29,10 +30,11 @@ KEEPALIVE = 15.0  # seconds between a waiting stream's keep-alive comments
 
 class Fingerprint:
     """A digest of what makes two requests the same: the route, the account and every
-    field and file of the body, in order (never kept or logged as text)."""
+    field and file of the body, in order (never kept or logged as text). Keyed with the
+    site's secret, so the database's copy cannot be matched against guessed prompts."""
 
-    def __init__(self, route: str, account_id: int) -> None:
-        self._hash = hashlib.sha256(f"{route}\0{account_id}\0".encode())
+    def __init__(self, route: str, account_id: int, secret: bytes) -> None:
+        self._hash = hmac.new(secret, f"{route}\0{account_id}\0".encode(), hashlib.sha256)
 
     def add(self, name: str, data: bytes) -> None:
         self._hash.update(hashlib.sha256(name.encode()).digest())

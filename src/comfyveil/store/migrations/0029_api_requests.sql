@@ -15,7 +15,7 @@
 CREATE TABLE api_requests (
     id           bigserial PRIMARY KEY,
     account_id   bigint NOT NULL REFERENCES web_accounts (id) ON DELETE CASCADE,
-    fingerprint  bytea NOT NULL,          -- sha256 of the route, the account and the body
+    fingerprint  bytea NOT NULL,          -- HMAC-SHA256 of the route, the account and the body
     job_ids      uuid[] NOT NULL,
     clients      integer NOT NULL DEFAULT 1,  -- requests waiting for these jobs now
     state        text NOT NULL DEFAULT 'open'
