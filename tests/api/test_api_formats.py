@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 from pathlib import Path
 
 import aiohttp
@@ -261,9 +262,13 @@ async def test_open_webui_and_librechat_requests_as_they_send_them(db, fake_comf
             # JSON with data URLs, as OpenAI's newer clients send an edit; a model that
             # takes no prompt (an operator's /invert) takes the prompt and leaves it
             url = "data:image/png;base64," + base64.b64encode(png()).decode()
+            noise = io.BytesIO()  # a larger body (~260 KB), as an image list
+            Image.frombytes("RGB", (256, 256), os.urandom(256 * 256 * 3)).save(noise, "PNG")
+            big = "data:image/png;base64," + base64.b64encode(noise.getvalue()).decode()
             for body in (
                 {"model": "invert", "prompt": "make it pop", "images": [{"image_url": url}]},
                 {"model": "qwen", "prompt": "add a hat", "image": url},
+                {"model": "qwen", "prompt": "add a hat", "image[]": [big]},
             ):
                 async with raw.post(stack.url + "/v1/images/edits", json=body) as r:
                     answer = await r.json()
@@ -272,4 +277,4 @@ async def test_open_webui_and_librechat_requests_as_they_send_them(db, fake_comf
             bad = {"model": "qwen", "prompt": "x", "image": "https://example.invalid/a.png"}
             async with raw.post(stack.url + "/v1/images/edits", json=bad) as r:
                 assert r.status == 400 and "data: URL" in (await r.json())["error"]["message"]
-        assert await stack.job_count() == 6
+        assert await stack.job_count() == 7

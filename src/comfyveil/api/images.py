@@ -114,11 +114,15 @@ def _fingerprint(request: web.Request, route: str) -> retries.Fingerprint | None
 async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, _("That upload is too large."))
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise ApiError(413, _("That upload is too large."))
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):  # a read may return less
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, _("That upload is too large."))
+        chunks.append(chunk)
     try:
-        body = json.loads(raw)
+        body = json.loads(b"".join(chunks))
     except ValueError:
         raise bad_request(_("The request's body is not JSON.")) from None
     if not isinstance(body, dict):
