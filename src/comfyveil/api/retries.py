@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from comfyveil import metrics
 from comfyveil import tasks as background
 from comfyveil.store import api_requests
 
@@ -131,11 +132,12 @@ class Sweeper:
         while True:
             try:
                 cancelled = await self.store.settle(grace=self.grace, keep=self.keep)
-                for job_id in cancelled:
+                for job in cancelled:
                     logger.info(
                         "job of a request whose client went away given up",
-                        extra={"action": "api_abandoned", "job_id": str(job_id)},
+                        extra={"action": "api_abandoned", "job_id": str(job.id)},
                     )
+                    metrics.job_ended(job)  # a queued one ends now; a claimed one later
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the next round tries again

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from comfyveil.store import errors
+from comfyveil.store import errors, jobs
 
 STALE_SECONDS = 86_400.0  # a row a crashed process never let go of is dropped after this
 
@@ -80,13 +80,13 @@ class ApiRequestStore:
         )
         return int(rows[0]["attached"]) if rows else 0
 
-    async def settle(self, *, grace: float, keep: float, limit: int = 100) -> list[uuid.UUID]:
+    async def settle(self, *, grace: float, keep: float, limit: int = 100) -> list[jobs.Job]:
         """Give up what nobody came back for: a request left longer than `grace` seconds
         ago has its jobs that never reached a GPU cancelled (queued ones at once, claimed
         ones by asking their worker; the quota comes back with the cancel) and is
         forgotten; one whose jobs all reached a GPU is kept for a retry until `keep`
-        seconds after it was left. The jobs cancelled now."""
-        cancelled: list[uuid.UUID] = []
+        seconds after it was left. The jobs cancelled (or asked to stop) now."""
+        cancelled: list[jobs.Job] = []
         async with (
             errors.wrap_exceptions(),
             self.pool.connection() as conn,
@@ -103,7 +103,7 @@ class ApiRequestStore:
             ).fetchall()
             for row in due:
                 stopped = await (await conn.execute(_CANCEL, {"ids": row["job_ids"]})).fetchall()
-                cancelled += [r["id"] for r in stopped]
+                cancelled += [jobs.Job.from_row(r) for r in stopped]
                 if stopped:
                     await conn.execute(
                         "DELETE FROM api_requests WHERE id = %(id)s", {"id": row["id"]}
@@ -148,5 +148,5 @@ WITH target AS (
 ), dropped AS (
     DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated WHERE status = 'cancelled')
 )
-SELECT id FROM updated
+SELECT * FROM updated
 """
