@@ -55,6 +55,7 @@ class Answer:
         self.prefix = "image_edit" if edit else "image_generation"
         self.response: web.StreamResponse | None = None
         self._following: asyncio.Task[None] | None = None
+        self._followed: tuple[previews_mod.PreviewStore, list[uuid.UUID]] | None = None
 
     async def open(self) -> None:
         """Send the headers: the client knows at once that events will come."""
@@ -75,6 +76,7 @@ class Answer:
         except store_errors.StoreError:
             return  # no previews: the completed events still come
         self._following = asyncio.create_task(self._follow(store, job_ids), name="api-previews")
+        self._followed = (store, job_ids)
 
     async def _follow(self, store: previews_mod.PreviewStore, job_ids: list[uuid.UUID]) -> None:
         seen = dict.fromkeys(job_ids, 0)
@@ -118,6 +120,13 @@ class Answer:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        followed, self._followed = self._followed, None
+        if followed is not None:
+            store, job_ids = followed
+            try:
+                await store.drop(job_ids)
+            except store_errors.StoreError:
+                pass  # the rows go with their jobs anyway
 
     async def ping(self) -> None:
         """A comment line: ignored by every SSE reader, it shows the stream is alive."""

@@ -63,3 +63,7 @@ class PreviewStore:
         if not rows:
             return None
         return Preview(rows[0]["seq"], rows[0]["mime"], bytes(rows[0]["data"]))
+
+    async def drop(self, job_ids: list[uuid.UUID]) -> None:
+        """Forget the jobs' previews once their stream is over: the result supersedes them."""
+        await self._all("DELETE FROM job_previews WHERE job_id = ANY(%(ids)s)", {"ids": job_ids})
