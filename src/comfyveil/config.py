@@ -172,6 +172,13 @@ class ApiConfig:
     # The images API (OpenAI's, under /v1 of the web port): on wherever the web front end
     # is, as it answers only a key an account made on purpose; off: /v1 is not there.
     enabled: bool = True
+    # A request whose client went away (timeout, closed connection) waits this many
+    # seconds for the client's retry to take its jobs over; then its jobs that have not
+    # reached a GPU are cancelled and their quota given back.
+    retry_grace: float = 30.0
+    # A job of such a request that did reach a GPU runs to its end and is kept this many
+    # seconds after its client left, for a retry to collect.
+    retry_keep: float = 300.0
 
 
 DEFAULT_METRICS_PORT = 9464  # the port Prometheus' exporter list gives comfyveil's kind
@@ -420,7 +427,7 @@ RULES: dict[str, dict[str, Rule]] = {
     },
     "privacy": {"job_retention_days": _POSITIVE_SECONDS},
     "workflows": {"dirs": Rule("texts")},
-    "api": {"enabled": _BOOL},
+    "api": {"enabled": _BOOL, "retry_grace": _SECONDS, "retry_keep": _SECONDS},
     "metrics": {
         "enabled": _BOOL, "host": _TEXT, "port": Rule("int", low=0, high=65535),
     },

@@ -41,6 +41,8 @@ CHEAP_PASSPHRASES = {"passphrase_memory_mib": 1, "passphrase_iterations": 1}
 
 def cheap_passphrases() -> auth.Passphrases:
     return auth.Passphrases.for_site(config.WebConfig(**CHEAP_PASSPHRASES))
+
+
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 NONCE = re.compile(r'name="nonce" value="([^"]+)"')
 
@@ -52,9 +54,7 @@ def settings_for(comfy: Sequence[FakeComfyUI], **web_options: Any) -> config.Set
     )
     limits = web_options.pop("limits", config.LimitsConfig(cooldown=0))
     extra = {k: web_options.pop(k) for k in ("policy", "telegram") if k in web_options}
-    web = config.WebConfig(
-        **({"host": "127.0.0.1", "port": 0} | CHEAP_PASSPHRASES | web_options)
-    )
+    web = config.WebConfig(**({"host": "127.0.0.1", "port": 0} | CHEAP_PASSPHRASES | web_options))
     return config.Settings(backends=backends, limits=limits, web=web, **extra)
 
 
@@ -83,14 +83,14 @@ async def web_stack(
     comfy: Sequence[FakeComfyUI],
     *,
     worker: bool = True,
-    api: bool = False,
+    api: bool | config.ApiConfig = False,
     **web_options: Any,
 ) -> AsyncIterator[WebStack]:
     """The web front end; `api`: with the images API under /v1 (`[api] enabled`, off here
-    unless asked: these tests are of the pages), composed as `comfyveil run` does."""
-    settings = dataclasses.replace(
-        settings_for(comfy, **web_options), api=config.ApiConfig(enabled=api)
-    )
+    unless asked: these tests are of the pages; or the whole [api] table), composed as
+    `comfyveil run` does."""
+    api_config = api if isinstance(api, config.ApiConfig) else config.ApiConfig(enabled=api)
+    settings = dataclasses.replace(settings_for(comfy, **web_options), api=api_config)
     await db.commands.seed()
     async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
         runner = Worker(db, backends, sinks=[], options=WORKER)

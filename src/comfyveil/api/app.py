@@ -3,6 +3,7 @@ its services, the key of each request, errors in OpenAI's shape, and the routes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil import policy as policy_mod
-from comfyveil.api import images, links
+from comfyveil.api import formats, images, links
 from comfyveil.api.context import SERVICES, ApiServices, caller, services
 from comfyveil.api.errors import ApiError
 from comfyveil.comfy import pool as pool_mod
@@ -83,12 +84,17 @@ async def file(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound() from None
     expires = request.query.get("expires", "")
     sig = request.query.get("sig", "")
-    if not links.valid(svc.link_secret, job_id, index, expires, sig):
+    fmt = request.query.get("format", "")
+    if not links.valid(svc.link_secret, job_id, index, expires, sig, fmt=fmt):
         raise ApiError(403, _("That link has expired or is not valid."), code="invalid_link")
     found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)
     if found is None or found.mime not in MIMES:
         raise web.HTTPNotFound()
-    response = web.Response(body=found.data, content_type=found.mime)
+    data, mime = found.data, found.mime
+    if fmt in formats.FORMATS:  # the output_format the request asked for
+        data = await asyncio.to_thread(formats.convert, data, mime, fmt, None)
+        mime = formats.FORMATS[fmt]
+    response = web.Response(body=data, content_type=mime)
     response.headers["Cache-Control"] = "private, no-store"
     return response
 
@@ -97,7 +103,11 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     svc = app[SERVICES]
     svc.link_secret = await web_state.WebState(svc.db.pool).secret(LINK_SECRET)
     svc.waiter.start()
+    svc.sweeper.start()
     yield
+    if svc.leaving:  # the last answers' notes, so a retry elsewhere finds their jobs
+        await asyncio.wait(set(svc.leaving), timeout=5)
+    await svc.sweeper.close()
     await svc.waiter.close()
 
 

@@ -3,6 +3,7 @@ request (the key's account)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -10,13 +11,14 @@ from aiohttp import web
 from comfyveil import config, i18n
 from comfyveil import policy as policy_mod
 from comfyveil.api.errors import ApiError
+from comfyveil.api.retries import Sweeper
 from comfyveil.api.waiter import Waiter
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import language as language_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
-from comfyveil.store import accounts, api_keys, database
+from comfyveil.store import accounts, api_keys, api_requests, database, previews
 
 
 @dataclass
@@ -30,10 +32,19 @@ class ApiServices:
     keys: api_keys.ApiKeyStore
     pool: pool_mod.Pool | None = None
     waiter: Waiter = field(init=False)
+    requests: api_requests.ApiRequestStore = field(init=False)
+    previews: previews.PreviewStore = field(init=False)
+    sweeper: Sweeper = field(init=False)
+    # notes that a request's client is done, written after its answer (see retries.leave)
+    leaving: set[asyncio.Task[None]] = field(default_factory=set)
     link_secret: bytes = b""  # read from the database at start, shared by every process
 
     def __post_init__(self) -> None:
         self.waiter = Waiter(self.db)
+        self.requests = api_requests.ApiRequestStore(self.db.pool)
+        self.previews = previews.PreviewStore(self.db.pool)
+        api = self.settings.api
+        self.sweeper = Sweeper(self.requests, grace=api.retry_grace, keep=api.retry_keep)
 
 
 SERVICES = web.AppKey("api_services", ApiServices)

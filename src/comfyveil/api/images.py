@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 import uuid
@@ -17,8 +18,8 @@ from aiohttp import BodyPartReader, web
 
 from comfyveil import errors, images
 from comfyveil import policy as policy_mod
-from comfyveil.api import links
-from comfyveil.api.context import ACCOUNT, ApiServices, caller
+from comfyveil.api import formats, links, retries, streaming
+from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
@@ -45,11 +46,50 @@ class Ask:
     n: Any = 1
     size: Any = None
     response_format: Any = None
+    output_format: Any = None
+    output_compression: Any = None
+    stream: Any = False
+    quality: Any = None
+    background: Any = None
+    partial_images: Any = None
     images: list[jobs.InputImage] = field(default_factory=list)
     mask: bool = False
+    # a digest of the whole request, for a retry to find the jobs of its first try
+    fingerprint: retries.Fingerprint | None = None
+
+    def take(self, name: str, value: Any) -> None:
+        """A field of the request: the ones that change the answer are kept; `style`,
+        `moderation`, `user`, `safety_identifier` and any other are
+        accepted and left aside (documented), never stored."""
+        if name == "model":
+            self.model = value if isinstance(value, str) else ""
+        elif name == "prompt":
+            self.prompt = value if isinstance(value, str) else None
+        elif name in KEPT:
+            setattr(self, name, value)
+
+
+KEPT = (
+    "n",
+    "size",
+    "response_format",
+    "output_format",
+    "output_compression",
+    "stream",
+    "quality",
+    "background",
+    "partial_images",
+)
 
 
 def unknown_model(name: object) -> ApiError:
+    if not isinstance(name, str) or not name.strip():
+        return ApiError(
+            400,
+            _("Name a model: GET /v1/models lists the ones this key may use."),
+            param="model",
+            code="model_not_found",
+        )
     return ApiError(
         404,
         _("There is no model {name} for this key; GET /v1/models lists them.").format(
@@ -64,36 +104,118 @@ def job_uuid(text: str) -> uuid.UUID:
     return uuid.UUID(text)
 
 
-async def generations(request: web.Request) -> web.Response:
-    svc, who = await caller(request)
-    if request.content_length is not None and request.content_length > MAX_JSON:
+def _fingerprint(request: web.Request, route: str) -> retries.Fingerprint | None:
+    """None for a request with its own Idempotency-Key (the key says what a retry is)."""
+    if IDEMPOTENCY.match(request.headers.get("Idempotency-Key", "")):
+        return None
+    return retries.Fingerprint(route, request[ACCOUNT].id, services(request).link_secret)
+
+
+async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, _("That upload is too large."))
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):  # a read may return less
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, _("That upload is too large."))
+        chunks.append(chunk)
     try:
-        body = await request.json()
+        body = json.loads(b"".join(chunks))
     except (ValueError, RecursionError):  # "[[[[..." nested past Python's stack
         raise bad_request(_("The request's body is not JSON.")) from None
     if not isinstance(body, dict):
         raise bad_request(_("The request's body is not JSON."))
-    prompt = body.get("prompt")
-    ask = Ask(
-        model=body.get("model") if isinstance(body.get("model"), str) else "",
-        prompt=prompt if isinstance(prompt, str) else None,
-        n=body.get("n", 1),
-        size=body.get("size"),
-        response_format=body.get("response_format"),
-    )
+    return body
+
+
+def _from_json(body: dict[str, Any], fingerprint: retries.Fingerprint | None) -> Ask:
+    ask = Ask(fingerprint=fingerprint)
+    for name, value in body.items():
+        ask.take(name, value)
+    if fingerprint is not None:
+        fingerprint.add("json", json.dumps(body, sort_keys=True).encode())
+    return ask
+
+
+async def generations(request: web.Request) -> web.StreamResponse:
+    svc, who = await caller(request)
+    body = await _json_body(request, MAX_JSON)
+    ask = _from_json(body, _fingerprint(request, "generations"))
     if ask.prompt is None:
         raise bad_request(_("Give a prompt."), param="prompt")
     return await _answer(request, svc, who, ask, edit=False)
 
 
-async def edits(request: web.Request) -> web.Response:
+async def edits(request: web.Request) -> web.StreamResponse:
     svc, who = await caller(request)
+    limits = svc.settings.limits
+    if request.content_type == "application/json":
+        # the JSON form: images as data URLs ("image", "image[]" or "images":
+        # [{"image_url": ...}]), as OpenAI's newer clients send them
+        body = await _json_body(request, MAX_JSON + MAX_IMAGES * limits.max_image_bytes * 4 // 3)
+        ask = _from_json(body, _fingerprint(request, "edits"))
+        for name in ("image", "image[]", "images"):
+            for item in _listed(body.get(name)):
+                url = item.get("image_url") if isinstance(item, dict) else item
+                await _add_image(ask, _data_url(url), svc)
+        if body.get("mask") is not None:
+            ask.mask = True
+    else:
+        ask = await _from_multipart(request, svc)
+    if ask.prompt is None:
+        raise bad_request(_("Give a prompt."), param="prompt")
+    return await _answer(request, svc, who, ask, edit=True)
+
+
+def _listed(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _data_url(value: Any) -> bytes:
+    """The bytes of a ``data:image/...;base64,`` URL (a web address is not fetched: the
+    server never reaches out to where a client points it)."""
+    text = value if isinstance(value, str) else ""
+    head, comma, payload = text.partition(",")
+    if not comma or not head.startswith("data:") or not head.endswith(";base64"):
+        raise bad_request(_("Send each image as a file or as a data: URL."), param="image")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except ValueError:
+        raise bad_request(
+            _("Send each image as a file or as a data: URL."), param="image"
+        ) from None
+
+
+async def _add_image(ask: Ask, data: bytes, svc: ApiServices) -> None:
+    limits = svc.settings.limits
+    if len(ask.images) >= MAX_IMAGES:
+        raise bad_request(_("That request has too many parts."), param="image")
+    try:
+        checked = await asyncio.to_thread(
+            images.check_image,
+            data,
+            max_bytes=limits.max_image_bytes,
+            max_pixels=limits.max_image_pixels,
+        )
+    except errors.UsageError as exc:
+        raise from_usage(exc) from None
+    if ask.fingerprint is not None:
+        ask.fingerprint.add("image", data)
+    ask.images.append(
+        jobs.InputImage(filename=f"api.{MIMES[checked.mime]}", mime=checked.mime, data=checked.data)
+    )
+
+
+async def _from_multipart(request: web.Request, svc: ApiServices) -> Ask:
     try:
         reader = await request.multipart()
     except (AssertionError, ValueError, KeyError):
         raise bad_request(_("Send the edit as multipart/form-data.")) from None
-    ask = Ask()
+    ask = Ask(fingerprint=_fingerprint(request, "edits"))
     limits = svc.settings.limits
     for _i in range(MAX_PARTS + 1):
         part = await reader.next()
@@ -109,38 +231,18 @@ async def edits(request: web.Request) -> web.Response:
             if name == "mask":
                 ask.mask = True
                 continue
-            if len(ask.images) >= MAX_IMAGES:
-                raise bad_request(_("That request has too many parts."), param="image")
-            try:
-                checked = await asyncio.to_thread(
-                    images.check_image,
-                    data,
-                    max_bytes=limits.max_image_bytes,
-                    max_pixels=limits.max_image_pixels,
-                )
-            except errors.UsageError as exc:
-                raise from_usage(exc) from None
-            ask.images.append(
-                jobs.InputImage(
-                    filename=f"api.{MIMES[checked.mime]}", mime=checked.mime, data=checked.data
-                )
-            )
+            await _add_image(ask, data, svc)
             continue
         raw = await _read(part, MAX_FIELD)
         if raw is None:
             raise ApiError(413, _("That upload is too large."), param=name)
+        if ask.fingerprint is not None:
+            ask.fingerprint.add(name, raw)
         text = raw.decode("utf-8", "replace")
-        if name == "model":
-            ask.model = text
-        elif name == "prompt":
-            ask.prompt = text
-        elif name in ("n", "size", "response_format"):
-            setattr(ask, name, text)
+        ask.take(name, text)
     else:
         raise bad_request(_("That request has too many parts."))
-    if ask.prompt is None:
-        raise bad_request(_("Give a prompt."), param="prompt")
-    return await _answer(request, svc, who, ask, edit=True)
+    return ask
 
 
 async def _read(part: BodyPartReader, limit: int) -> bytes | None:
@@ -163,7 +265,9 @@ def _count(value: Any) -> int:
     if isinstance(value, float) and not value.is_integer():
         n = -1
     if not 1 <= n <= MAX_N:
-        raise bad_request(_("n is the number of images, from 1 to {n}.").format(n=MAX_N), param="n")
+        raise bad_request(
+            _("The number of images (n) is from 1 to {n}.").format(n=MAX_N), param="n"
+        )
     return n
 
 
@@ -175,7 +279,7 @@ def _size(entry: registry.Entry, value: Any) -> dict[str, object]:
     found = SIZE.match(value) if isinstance(value, str) else None
     if found is None:
         raise bad_request(
-            _("size is the image's width and height in pixels, such as 1024x1024."),
+            _("The size is the image's width and height in pixels, such as 1024x1024."),
             param="size",
         )
     params = entry.workflow.params
@@ -184,16 +288,88 @@ def _size(entry: registry.Entry, value: Any) -> dict[str, object]:
     return {"width": int(found.group(1)), "height": int(found.group(2))}
 
 
+def _flag(value: Any) -> bool:
+    """`stream` as JSON (true) or a form field ("true")."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return value is True
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the results are answered."""
+
+    response_format: str  # b64_json or url
+    output_format: str | None  # png, jpeg, webp; None: as the workflow saved it
+    compression: int | None
+    stream: bool
+    quality: str
+    background: str
+    partials: int  # sampler previews to stream before each image (OpenAI's 0-3)
+
+
+def _shape(ask: Ask) -> Shape:
+    response_format = ask.response_format or "b64_json"
+    if response_format not in FORMATS:
+        raise bad_request(_("The response_format is b64_json or url."), param="response_format")
+    output_format = ask.output_format or None
+    if output_format is not None:
+        output_format = str(output_format).strip().lower()
+        if output_format not in formats.FORMATS:
+            raise bad_request(_("The output_format is png, jpeg or webp."), param="output_format")
+    compression = ask.output_compression
+    if compression is not None and compression != "":
+        try:
+            compression = int(compression) if not isinstance(compression, bool) else -1
+        except (TypeError, ValueError):
+            compression = -1
+        if not 0 <= compression <= 100:
+            raise bad_request(
+                _("The output_compression is a whole number from 0 to 100."),
+                param="output_compression",
+            )
+    else:
+        compression = None
+    quality = ask.quality if ask.quality in QUALITIES else "auto"
+    # no workflow draws a transparent background: the answer says "opaque", as it is
+    background = "opaque" if ask.background in ("transparent", "opaque") else "auto"
+    stream = _flag(ask.stream)
+    try:
+        partials = min(max(int(ask.partial_images or 0), 0), MAX_PARTIALS) if stream else 0
+    except (TypeError, ValueError):
+        partials = 0
+    return Shape(response_format, output_format, compression, stream, quality, background, partials)
+
+
+MAX_PARTIALS = 3  # OpenAI's bound on partial_images
+QUALITIES = ("low", "medium", "high", "xhigh", "max", "auto")
+
+
+def _prompt_limit(svc: ApiServices, entry: registry.Entry, prompt: str) -> None:
+    """The chat's limit on a prompt's length, in the chat's words: the binding one of the
+    operator's [limits] and the workflow's own."""
+    wf = entry.workflow
+    limit = svc.settings.limits.max_prompt_length
+    own = wf.params[wf.prompt_param].max_length if wf.prompt_param is not None else None
+    if own is not None:
+        limit = min(limit, own)
+    if len(prompt) > limit:
+        raise bad_request(
+            _("The prompt is {length} characters long; the limit is {limit}.").format(
+                length=len(prompt), limit=limit
+            ),
+            param="prompt",
+        )
+
+
 async def _answer(
     request: web.Request, svc: ApiServices, who: access_mod.Who, ask: Ask, *, edit: bool
-) -> web.Response:
+) -> web.StreamResponse:
     entry = await svc.registry.get(ask.model) if ask.model else None
     if entry is None or not entry.allows(who):
         raise unknown_model(ask.model)
     n = _count(ask.n)
-    response_format = ask.response_format or "b64_json"
-    if response_format not in FORMATS:
-        raise bad_request(_("response_format is b64_json or url."), param="response_format")
+    shape = _shape(ask)
     wf = entry.workflow
     wanted = len(wf.image_params)
     if ask.mask:
@@ -222,36 +398,82 @@ async def _answer(
             ),
             param="image",
         )
-    if wf.prompt_param is None:
-        raise bad_request(
-            _("The model {name} takes no prompt.").format(name=entry.name), param="prompt"
-        )
-    why = availability.reason(svc.pool, wf)
-    if why is not None:
-        raise ApiError(503, availability.refusal(entry, why), type="server_error", code="no_gpu")
-    values: dict[str, object] = {wf.prompt_param: ask.prompt, **_size(entry, ask.size)}
+    # A model without a prompt (an upscaler) takes the prompt every client sends, unread.
+    values: dict[str, object] = {**_size(entry, ask.size)}
+    if wf.prompt_param is not None:
+        _prompt_limit(svc, entry, ask.prompt or "")
+        values[wf.prompt_param] = ask.prompt
     for name in wf.image_params:
         values[name] = submit.IMAGE_PLACEHOLDER
+    account = request[ACCOUNT]
+    fingerprint = ask.fingerprint.digest() if ask.fingerprint is not None else None
+    # A retry of a request whose client went away takes its jobs over (before the checks
+    # below: they passed for those jobs, and a GPU down now does not undo them).
+    taken = (
+        await svc.requests.take_over(account.id, fingerprint) if fingerprint is not None else None
+    )
+    row: asyncio.Future[int] | None = None  # the request's row, written beside the wait
+    if taken is not None:
+        row = asyncio.get_running_loop().create_future()
+        row.set_result(taken.id)
+        job_ids = list(taken.job_ids)
+        mark: int | None = None
+    else:
+        why = availability.reason(svc.pool, wf)
+        if why is not None:
+            raise ApiError(
+                503, availability.refusal(entry, why), type="server_error", code="no_gpu"
+            )
+        try:
+            # A bad size or prompt is answered before anything is queued; the limits are
+            # asked by the store with each job (`submit.queue`), not once more before.
+            wf.validate(values)
+            await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
+        except policy_mod.PromptRefused as exc:
+            raise ApiError(
+                400, _(str(exc)), param="prompt", code="content_policy_violation"
+            ) from None
+        except errors.UsageError as exc:
+            problem = from_usage(exc)
+            if problem.param in ("width", "height"):
+                problem.param = "size"
+            raise problem from None
+        mark = svc.waiter.mark()  # before queueing: the news of each job is heard from here
+        queued = await _queue(request, svc, who, entry, values, ask.images, n)
+        job_ids = [job.id for job in queued]
+        if any(job.status is not jobs.Status.QUEUED for job in queued):
+            mark = None  # an Idempotency-Key's jobs from before: read them
+        if fingerprint is not None:
+            row = asyncio.ensure_future(svc.requests.open(account.id, fingerprint, job_ids))
+    answer = streaming.Answer(request, shape, edit=edit)
+    handed = False
     try:
-        # A bad size or prompt is answered before anything is queued; the limits are
-        # asked by the store with each job (`submit.queue`), not once more before.
-        wf.validate(values)
-        await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
-    except policy_mod.PromptRefused as exc:
-        raise ApiError(400, _(str(exc)), param="prompt", code="content_policy_violation") from None
-    except errors.UsageError as exc:
-        problem = from_usage(exc)
-        if problem.param in ("width", "height"):
-            problem.param = "size"
-        raise problem from None
-    mark = svc.waiter.mark()  # before queueing: the news of each job is heard from here
-    queued = await _queue(request, svc, who, entry, values, ask.images, n)
-    created = int(time.time())
-    data: list[dict[str, Any]] = []
-    for job in queued:
-        since = mark if job.status is jobs.Status.QUEUED else None
-        data += await _results(svc, job.id, response_format, _base(request, svc), since)
-    return web.json_response({"created": created, "data": data})
+        work = _results(svc, job_ids, shape, _base(request, svc), mark)
+        if shape.stream:
+            await answer.open()
+            if shape.partials:
+                await answer.follow(svc.previews, job_ids)
+        try:
+            present, data = await retries.unless_gone(
+                request, work, tick=answer.ping if shape.stream else None
+            )
+        except ApiError as problem:
+            handed = True  # the client hears it: the request is over
+            if shape.stream:
+                return await answer.error(problem)
+            raise
+        if not present or data is None:
+            return web.Response(status=499)  # nobody is there to read it
+        handed = True
+        if shape.stream:
+            return await answer.completed(data)
+        return web.json_response({"created": int(time.time()), "data": data})
+    finally:
+        await answer.stop()  # the previews, whatever the answer became
+        if row is not None:  # after the answer, off its path (and even if cancelled)
+            task = retries.leave(svc.requests, row, handed=handed)
+            svc.leaving.add(task)
+            task.add_done_callback(svc.leaving.discard)
 
 
 async def _queue(
@@ -288,7 +510,16 @@ def _base(request: web.Request, svc: ApiServices) -> str:
 
 
 async def _results(
-    svc: ApiServices, job_id: uuid.UUID, response_format: str, base: str, since: int | None
+    svc: ApiServices, job_ids: list[uuid.UUID], shape: Shape, base: str, since: int | None
+) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = []
+    for job_id in job_ids:
+        data += await _result(svc, job_id, shape, base, since)
+    return data
+
+
+async def _result(
+    svc: ApiServices, job_id: uuid.UUID, shape: Shape, base: str, since: int | None
 ) -> list[dict[str, Any]]:
     status, job = await svc.waiter.finished(job_id, queued_at=since)
     if status is None or status is jobs.Status.CANCELLED:
@@ -302,6 +533,19 @@ async def _results(
         error = job.error if job is not None else None
         raise ApiError(500, failures.sentence(error), type="server_error", code="job_failed")
     outputs = [o for o in await svc.db.jobs.outputs(job_id) if o.mime in MIMES]
-    if response_format == "url":
-        return [{"url": base + links.path(svc.link_secret, job_id, o.index)} for o in outputs]
-    return [{"b64_json": base64.b64encode(o.data).decode("ascii")} for o in outputs]
+    if shape.response_format == "url":
+        return [
+            {
+                "url": base
+                + links.path(svc.link_secret, job_id, o.index, fmt=shape.output_format or "")
+            }
+            for o in outputs
+        ]
+    found: list[dict[str, Any]] = []
+    for o in outputs:
+        data = o.data
+        if shape.output_format is not None or shape.compression is not None:
+            wanted = shape.output_format or formats.MIME_FORMATS.get(o.mime, "png")
+            data = await asyncio.to_thread(formats.convert, data, o.mime, wanted, shape.compression)
+        found.append({"b64_json": base64.b64encode(data).decode("ascii")})
+    return found

@@ -13,18 +13,24 @@ from comfyveil import constant_time
 LINK_SECONDS = 600  # long enough for a client to fetch it, short enough to be harmless
 
 
-def signature(secret: bytes, job_id: uuid.UUID, index: int, expires: int) -> str:
-    message = f"{job_id}:{index}:{expires}".encode()
+def signature(secret: bytes, job_id: uuid.UUID, index: int, expires: int, fmt: str = "") -> str:
+    # the output format is signed too, when one was asked (a link names one file)
+    message = (f"{job_id}:{index}:{expires}" + (f":{fmt}" if fmt else "")).encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def path(secret: bytes, job_id: uuid.UUID, index: int, *, now: float | None = None) -> str:
+def path(
+    secret: bytes, job_id: uuid.UUID, index: int, *, now: float | None = None, fmt: str = ""
+) -> str:
     expires = int(now if now is not None else time.time()) + LINK_SECONDS
-    sig = signature(secret, job_id, index, expires)
-    return f"/v1/files/{job_id}/{index}?expires={expires}&sig={sig}"
+    sig = signature(secret, job_id, index, expires, fmt)
+    shown = f"&format={fmt}" if fmt else ""
+    return f"/v1/files/{job_id}/{index}?expires={expires}&sig={sig}{shown}"
 
 
-def valid(secret: bytes, job_id: uuid.UUID, index: int, expires: str, sig: str) -> bool:
+def valid(
+    secret: bytes, job_id: uuid.UUID, index: int, expires: str, sig: str, *, fmt: str = ""
+) -> bool:
     if not expires.isdigit() or int(expires) < time.time():
         return False
-    return constant_time.same(sig, signature(secret, job_id, index, int(expires)))
+    return constant_time.same(sig, signature(secret, job_id, index, int(expires), fmt))

@@ -19,7 +19,7 @@ from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import events, execute, notrace, pool, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
-from comfyveil.store import jobs
+from comfyveil.store import jobs, previews
 from comfyveil.store.traces import JobTraces
 from comfyveil.worker.options import (
     DB_RETRY_DELAY,
@@ -31,6 +31,9 @@ from comfyveil.worker.options import (
 )
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
+
+
+PREVIEW_INTERVAL = 0.25  # seconds between two preview writes of one job
 
 
 @dataclass(eq=False)
@@ -56,6 +59,11 @@ class Running:
     # written: until then a successor can still fetch its images.
     cleanup: list[execute.Cleanup] = field(default_factory=list)
     cleanup_on: pool.Backend | None = None
+    # The backend's newest preview frame not yet written (mime, bytes), for a client that
+    # asked to see partial images; None for `previews_wanted` until it has been asked.
+    preview_next: tuple[str, bytes] | None = None
+    previews_wanted: bool | None = None
+    preview_task: asyncio.Task[None] | None = None
 
 
 class _Patient:
@@ -558,6 +566,8 @@ class JobRunner:
                     "max": event.max,
                     "percent": percent,
                 }
+            elif isinstance(event, events.Preview):
+                self._record_preview(running, event)
             if data is not None:
                 slot = running.slot
                 if slot is not None:
@@ -565,6 +575,35 @@ class JobRunner:
                 self._record_progress(running, data, force=force)
 
         return on_event
+
+    def _record_preview(self, running: Running, event: events.Preview) -> None:
+        """Keep the newest preview frame for the job's client, written in the background
+        (never on the job's path), at most every PREVIEW_INTERVAL, and only for a job
+        whose client asked for partial images."""
+        if running.progress_closed or running.previews_wanted is False:
+            return
+        running.preview_next = (event.mime, event.image)
+        if running.preview_task is None or running.preview_task.done():
+            task = asyncio.create_task(
+                self._write_previews(running), name=f"preview-{running.job.id}"
+            )
+            running.preview_task = task
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+
+    async def _write_previews(self, running: Running) -> None:
+        store = previews.PreviewStore(self.db.pool)
+        try:
+            if running.previews_wanted is None:
+                running.previews_wanted = await store.wanted(running.job.id)
+            while running.previews_wanted and not running.progress_closed:
+                frame, running.preview_next = running.preview_next, None
+                if frame is None:
+                    return
+                await store.save(running.job.id, *frame)
+                await asyncio.sleep(PREVIEW_INTERVAL)
+        except store_errors.StoreError as exc:  # previews are best effort
+            logger.info("preview not saved: %s", exc, extra={"action": "preview_unsaved"})
 
     def _record_progress(
         self, running: Running, data: Mapping[str, Any], *, force: bool = False

@@ -1,0 +1,152 @@
+"""The images API's requests (migration 0029): which jobs a request without an
+Idempotency-Key queued, whether a client still waits for them, and when the last one
+went. OpenAI's SDK retries a request that timed out or lost its connection with the same
+body, so a retry takes over the jobs its first try left instead of paying for new ones;
+jobs nobody takes over are given up (`settle`). Only a digest of the request is kept,
+never its prompt."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from comfyveil.store import errors, jobs
+
+STALE_SECONDS = 86_400.0  # a row a crashed process never let go of is dropped after this
+
+
+@dataclass(frozen=True)
+class Taken:
+    id: int
+    job_ids: tuple[uuid.UUID, ...]
+
+
+class ApiRequestStore:
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def take_over(self, account_id: int, fingerprint: bytes) -> Taken | None:
+        """The oldest request of this account with this digest that no client waits for
+        now, made this client's (None: there is none; the request queues its own jobs).
+        A request some client still waits for is never taken: two identical requests
+        alive at once are two requests."""
+        rows = await self._all(
+            "UPDATE api_requests SET clients = 1, left_at = NULL, attached = attached + 1 "
+            "WHERE id = (SELECT id FROM api_requests "
+            "  WHERE account_id = %(a)s AND fingerprint = %(f)s "
+            "    AND state IN ('open', 'kept') AND clients = 0 "
+            "  ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            "RETURNING id, job_ids",
+            {"a": account_id, "f": fingerprint},
+        )
+        if not rows:
+            return None
+        return Taken(rows[0]["id"], tuple(rows[0]["job_ids"]))
+
+    async def open(self, account_id: int, fingerprint: bytes, job_ids: list[uuid.UUID]) -> int:
+        """Remember a request that queued `job_ids`, with its client waiting."""
+        rows = await self._all(
+            "INSERT INTO api_requests (account_id, fingerprint, job_ids) "
+            "VALUES (%(a)s, %(f)s, %(j)s) RETURNING id",
+            {"a": account_id, "f": fingerprint, "j": job_ids},
+        )
+        return int(rows[0]["id"])
+
+    async def leave(self, request_id: int, *, handed: bool) -> None:
+        """The client is done: `handed` its answer (the row is forgotten: a new identical
+        request is a new one), or gone without it (a retry may take the jobs over)."""
+        if handed:
+            await self._all("DELETE FROM api_requests WHERE id = %(id)s", {"id": request_id})
+            return
+        await self._all(
+            "UPDATE api_requests SET clients = greatest(clients - 1, 0), "
+            "left_at = CASE WHEN clients <= 1 THEN now() ELSE left_at END "
+            "WHERE id = %(id)s",
+            {"id": request_id},
+        )
+
+    async def attached(self, request_id: int) -> int:
+        """How many retries took this request over (0 once it is forgotten)."""
+        rows = await self._all(
+            "SELECT attached FROM api_requests WHERE id = %(id)s", {"id": request_id}
+        )
+        return int(rows[0]["attached"]) if rows else 0
+
+    async def settle(self, *, grace: float, keep: float, limit: int = 100) -> list[jobs.Job]:
+        """Give up what nobody came back for: a request left longer than `grace` seconds
+        ago has its jobs that never reached a GPU cancelled (queued ones at once, claimed
+        ones by asking their worker; the quota comes back with the cancel) and is
+        forgotten; one whose jobs all reached a GPU is kept for a retry until `keep`
+        seconds after it was left. The jobs cancelled (or asked to stop) now."""
+        cancelled: list[jobs.Job] = []
+        async with (
+            errors.wrap_exceptions(),
+            self.pool.connection() as conn,
+            conn.transaction(),
+        ):
+            due = await (
+                await conn.execute(
+                    "SELECT id, job_ids FROM api_requests "
+                    "WHERE state = 'open' AND clients = 0 "
+                    "  AND left_at < now() - make_interval(secs => %(g)s) "
+                    "ORDER BY left_at LIMIT %(n)s FOR UPDATE SKIP LOCKED",
+                    {"g": grace, "n": limit},
+                )
+            ).fetchall()
+            for row in due:
+                stopped = await (await conn.execute(_CANCEL, {"ids": row["job_ids"]})).fetchall()
+                cancelled += [jobs.Job.from_row(r) for r in stopped]
+                if stopped:
+                    await conn.execute(
+                        "DELETE FROM api_requests WHERE id = %(id)s", {"id": row["id"]}
+                    )
+                else:
+                    await conn.execute(
+                        "UPDATE api_requests SET state = 'kept' WHERE id = %(id)s",
+                        {"id": row["id"]},
+                    )
+            await conn.execute(
+                "DELETE FROM api_requests WHERE (state = 'kept' AND clients = 0 "
+                "  AND left_at < now() - make_interval(secs => %(k)s)) "
+                "OR created_at < now() - make_interval(secs => %(s)s)",
+                {"k": keep, "s": STALE_SECONDS},
+            )
+        return cancelled
+
+
+# A queued job is cancelled at once; one claimed but not yet sent to a GPU is asked to
+# stop (its worker then never sends it, and ends it cancelled). One sent runs to its end.
+_CANCEL = """
+WITH target AS (
+    SELECT id, status AS old_status FROM jobs
+    WHERE id = ANY(%(ids)s)
+      AND (status = 'queued' OR (status = 'running' AND NOT submitted AND NOT cancel_requested))
+    FOR UPDATE
+), updated AS (
+    UPDATE jobs j
+    SET status = CASE WHEN t.old_status = 'queued' THEN 'cancelled'::job_status
+                      ELSE j.status END,
+        finished_at = CASE WHEN t.old_status = 'queued' THEN now() ELSE j.finished_at END,
+        cancel_requested = true,
+        updated_at = now()
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.*
+), event AS (
+    INSERT INTO job_events (job_id, kind, status, data)
+    SELECT id, CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END,
+           status, jsonb_build_object('abandoned', true)
+    FROM updated
+), dropped AS (
+    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated WHERE status = 'cancelled')
+)
+SELECT * FROM updated
+"""

@@ -1,0 +1,151 @@
+"""Retries never pay twice: OpenAI's SDK retries a request that timed out with the same
+body and no Idempotency-Key; the retry takes over the jobs its first try queued. A job
+nobody comes back for is cancelled if it never reached a GPU (its quota given back) and
+kept for a retry if it did. Two identical requests that are both alive are two."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Callable
+
+import httpx
+import pytest
+from PIL import Image
+
+from comfyveil import config
+from tests.api.test_api_openai import PROMPT, make_key
+from tests.lazy import lazy_import
+from tests.web.support import client, sign_up, wait_for, web_stack
+
+openai = lazy_import("openai")  # loaded by the first test that uses it
+
+FAST_GRACE = config.ApiConfig(retry_grace=0.3, retry_keep=300.0)
+
+
+def counting(sent: list[httpx.Request]) -> httpx.AsyncClient:
+    """An HTTP client for the SDK that notes each request it sends (each try)."""
+
+    async def note(request: httpx.Request) -> None:
+        sent.append(request)
+
+    return openai.DefaultAsyncHttpxClient(event_hooks={"request": [note]})
+
+
+async def statuses(stack) -> list[str]:
+    async with stack.db.pool.connection() as conn:
+        rows = await (await conn.execute("SELECT status FROM jobs ORDER BY created_at")).fetchall()
+    return [str(r["status"]) for r in rows]
+
+
+async def until(check: Callable[[], bool]) -> None:
+    async def met() -> bool:
+        return check()
+
+    await wait_for(met, timeout=30, interval=0.02)
+
+
+async def test_the_sdks_own_retries_after_timeouts_get_one_job_and_its_image(
+    db, fake_comfy
+) -> None:
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "tim")
+        key = await make_key(session, stack.url)
+        sent: list[httpx.Request] = []
+        # the default retries (2); each try gives up before the job is done
+        api = openai.AsyncOpenAI(
+            base_url=f"{stack.url}/v1", api_key=key, timeout=3.0, http_client=counting(sent)
+        )
+        fake_comfy.pause()  # the GPU holds the job until the SDK has retried
+        asking = asyncio.create_task(api.images.generate(model="f", prompt=PROMPT, size="256x256"))
+        await until(lambda: len(sent) >= 2 or asking.done())
+        assert not asking.done(), "the first try timed out and was retried"
+        fake_comfy.resume()
+        result = await asyncio.wait_for(asking, 60)
+        data = base64.b64decode(result.data[0].b64_json or "")
+        with Image.open(io.BytesIO(data)) as image:
+            assert image.size == (256, 256)
+        assert await statuses(stack) == ["succeeded"]  # one job, not one per try
+
+
+async def test_a_client_that_gives_up_gets_its_waiting_job_cancelled_and_quota_back(
+    db, fake_comfy
+) -> None:
+    limits = config.LimitsConfig(daily_quota=1, cooldown=0)
+    async with (
+        web_stack(db, [fake_comfy], api=FAST_GRACE, limits=limits, worker=False) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "ugo")
+        api = openai.AsyncOpenAI(
+            base_url=f"{stack.url}/v1",
+            api_key=await make_key(session, stack.url),
+            timeout=1.0,
+            max_retries=0,
+        )
+        with pytest.raises(openai.APITimeoutError):
+            await api.images.generate(model="f", prompt=PROMPT)
+        cancelled = False
+
+        async def given_up() -> bool:
+            nonlocal cancelled
+            cancelled = await statuses(stack) == ["cancelled"]
+            return cancelled
+
+        await wait_for(given_up, timeout=30)
+        # the day's one job is free again: a new request is queued, not refused
+        with pytest.raises(openai.APITimeoutError):
+            await api.images.generate(model="f", prompt="another " + PROMPT)
+        assert (await statuses(stack))[0] == "cancelled" and len(await statuses(stack)) == 2
+
+
+async def test_a_started_job_is_kept_for_a_retry_and_two_live_requests_are_two(
+    db, fake_comfy
+) -> None:
+    async with web_stack(db, [fake_comfy], api=FAST_GRACE) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "vic")
+        key = await make_key(session, stack.url)
+        impatient = openai.AsyncOpenAI(
+            base_url=f"{stack.url}/v1", api_key=key, timeout=1.0, max_retries=0
+        )
+        fake_comfy.pause()  # on the GPU (claimed and sent), not finished
+
+        with pytest.raises(openai.APITimeoutError):
+            await impatient.images.generate(model="f", prompt=PROMPT, size="256x256")
+
+        async def on_gpu() -> bool:
+            found = await stack.db.jobs.list_for_user(await _user(stack, "vic"))
+            return bool(found) and found[0].submitted
+
+        await wait_for(on_gpu, timeout=30)
+        fake_comfy.resume()
+
+        async def done() -> bool:
+            return await statuses(stack) == ["succeeded"]
+
+        await wait_for(done, timeout=30)
+
+        async def kept() -> bool:  # past the grace: kept for a retry, not given up
+            async with stack.db.pool.connection() as conn:
+                cursor = await conn.execute("SELECT state FROM api_requests")
+                return [r["state"] for r in await cursor.fetchall()] == ["kept"]
+
+        await wait_for(kept, timeout=30)
+        patient = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0)
+        again = await patient.images.generate(model="f", prompt=PROMPT, size="256x256")
+        assert again.data[0].b64_json and await statuses(stack) == ["succeeded"]
+
+        # handed out once: the same request now is a new one; and two at once are two
+        both = await asyncio.gather(
+            patient.images.generate(model="f", prompt=PROMPT, size="256x256"),
+            patient.images.generate(model="f", prompt=PROMPT, size="256x256"),
+        )
+        assert all(r.data[0].b64_json for r in both)
+        assert await statuses(stack) == ["succeeded"] * 3
+
+
+async def _user(stack, name: str) -> int:
+    account = await stack.store.account_by_name(name)
+    assert account is not None
+    return account.user_id
