@@ -1,0 +1,142 @@
+"""An input image scaled down to the size its workflow uses, in the fewest bytes that
+change nothing the workflow sees (pure, CPU-bound: call through `shrink_async`).
+
+The pixels are made as ComfyUI's ``LoadImage`` makes them (EXIF orientation applied,
+converted to RGB, the alpha dropped) and scaled with Lanczos, the filter ComfyUI's own
+``lanczos`` scaling uses (Pillow's), so an ``ImageScaleToTotalPixels`` that follows gets
+the very pixels it would have made itself. They are then sent as the smallest of:
+
+- the original file, untouched (ComfyUI scales it itself, as it did before);
+- lossless PNG of the scaled pixels, and for a drawn image (a screenshot: few bits a
+  pixel as PNG) lossless WebP;
+- JPEG (4:4:4, no chroma subsampling) of the scaled pixels at the lowest quality whose
+  decoded pixels keep a PSNR of `MIN_PSNR` dB against the lossless ones (an error of
+  about one level in 255), checked for each image: a photo's fine grain needs 98-99.
+
+A file Pillow cannot read, an animation (ComfyUI loads its frames as a batch), a 16-bit
+or float image, one whose alpha the workflow uses, or one with more pixels than the
+limit (read from its header, before anything is decoded) is sent as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import threading
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageChops, ImageOps, ImageStat
+
+from comfyveil.comfy.fit import Fit
+
+__all__ = ["MIN_PSNR", "Shrunk", "psnr", "shrink", "shrink_async"]
+
+MIN_PSNR = 45.0  # dB between the sent pixels and the lossless ones
+_JPEG_QUALITIES = (90, 92, 94, 95, 96, 97, 98, 99, 100)  # the lowest that keeps MIN_PSNR
+_DRAWN_BITS = 8  # bits a pixel as PNG: fewer is a drawn image, not a photo
+_FORMATS = {"JPEG", "PNG", "WEBP"}
+_MODES = {"RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1"}
+_MIME = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+# Scaling a 40-megapixel photo holds ~300 MB of pixels: at most two at once. A thread's
+# semaphore: the worker's jobs may run on more than one event loop (tests, the CLI).
+_AT_ONCE = threading.BoundedSemaphore(2)
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """What to send instead of the original."""
+
+    data: bytes
+    mime: str
+    width: int
+    height: int
+
+
+def shrink(data: bytes, fit: Fit, *, max_pixels: int) -> Shrunk | None:
+    """The image `data` at the size `fit` gives, in its smallest faithful encoding; None
+    to send the original as it is (it is already that size, or is one to leave alone)."""
+    if not fit.limited:
+        return None
+    try:
+        with _AT_ONCE, warnings.catch_warnings():
+            # Our own limit decides (the image passed it when the user sent it).
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                return _shrink(image, data, fit, max_pixels)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return None  # sent as it is: the backend says what it makes of it
+
+
+async def shrink_async(data: bytes, fit: Fit, *, max_pixels: int) -> Shrunk | None:
+    """`shrink` off the event loop (at most two at a time)."""
+    if not fit.limited:
+        return None
+    return await asyncio.to_thread(shrink, data, fit, max_pixels=max_pixels)
+
+
+def _shrink(image: Image.Image, data: bytes, fit: Fit, max_pixels: int) -> Shrunk | None:
+    width, height = image.size
+    if (
+        image.format not in _FORMATS
+        or image.mode not in _MODES
+        or getattr(image, "n_frames", 1) > 1
+        or width * height > max_pixels
+    ):
+        return None
+    if fit.uses_mask and ("A" in image.getbands() or "transparency" in image.info):
+        return None  # the mask is the alpha at the image's own size
+    turned = ImageOps.exif_transpose(image)
+    target = fit.size(*turned.size)
+    if target[0] >= turned.width and target[1] >= turned.height:
+        return None
+    scaled = turned.convert("RGB").resize(target, Image.Resampling.LANCZOS)
+    best = Shrunk(data, _MIME[image.format], width, height)
+    for candidate in _encodings(scaled):
+        if len(candidate.data) < len(best.data):
+            best = candidate
+    return None if best.data is data else best
+
+
+def _encodings(scaled: Image.Image) -> list[Shrunk]:
+    png = _encode(scaled, "PNG")
+    found = [png]
+    if len(png.data) * 8 < _DRAWN_BITS * scaled.width * scaled.height:
+        # A drawn image (a screenshot): WebP's lossless mode often takes a third off PNG;
+        # on a photo it saves next to nothing for seconds of CPU.
+        found.append(_encode(scaled, "WEBP", lossless=True))
+    jpeg = _jpeg(scaled)
+    return found if jpeg is None else [*found, jpeg]
+
+
+def _jpeg(scaled: Image.Image) -> Shrunk | None:
+    """The JPEG at the lowest quality that keeps MIN_PSNR (a binary search: the error
+    falls as the quality rises), or None when even the highest does not."""
+    low, high = 0, len(_JPEG_QUALITIES) - 1
+    best: Shrunk | None = None
+    while low <= high:
+        middle = (low + high) // 2
+        jpeg = _encode(
+            scaled, "JPEG", quality=_JPEG_QUALITIES[middle], subsampling=0, optimize=True
+        )
+        with Image.open(io.BytesIO(jpeg.data)) as decoded:
+            kept = psnr(scaled, decoded.convert("RGB")) >= MIN_PSNR
+        if kept:
+            best, high = jpeg, middle - 1
+        else:
+            low = middle + 1
+    return best
+
+
+def _encode(image: Image.Image, fmt: str, **options: object) -> Shrunk:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)  # Pillow writes no EXIF or text unless asked
+    return Shrunk(buffer.getvalue(), _MIME[fmt], image.width, image.height)
+
+
+def psnr(a: Image.Image, b: Image.Image) -> float:
+    """Peak signal-to-noise ratio of two RGB images of one size, in dB (inf: equal)."""
+    squares = ImageStat.Stat(ImageChops.difference(a, b)).sum2
+    mse = sum(squares) / (a.width * a.height * len(squares))
+    return math.inf if mse == 0 else 10 * math.log10(255 * 255 / mse)
