@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import pytest
 
 from comfyveil.comfy import fit, workflow
+from tests.fixtures.photos import comfy_total_pixels
 
 IMAGE = """
 command = "e"
@@ -20,13 +20,6 @@ node = "1"
 input = "image"
 type = "image"
 """
-
-
-def comfy_total_pixels(width: int, height: int, megapixels: float) -> tuple[int, int]:
-    """ImageScaleToTotalPixels.upscale of ComfyUI 0.3.64, written out."""
-    total = int(megapixels * 1024 * 1024)
-    scale_by = math.sqrt(total / (width * height))
-    return round(width * scale_by), round(height * scale_by)
 
 
 def graph(*middle: tuple[str, str, dict[str, Any]], use: str = "VAEEncode") -> dict[str, Any]:
