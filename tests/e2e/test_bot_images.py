@@ -185,3 +185,7 @@ async def test_a_large_file_reaches_the_gpu_host_at_the_size_qwen_uses(
     assert size_of(sent) == comfy_total_pixels(800, 600, 0.25) and len(sent) < len(data)
     job = (await db.jobs.list_for_user(29, limit=1))[0]
     assert (await db.jobs.inputs(job.id))[0].data == data
+    # The result comes back once, as the PNG ComfyUI wrote, not a recompressed preview.
+    views = [r for r in fake_comfy.requests if r.path.removeprefix("/api") == "/view"]
+    assert len(views) == 1 and "preview" not in views[0].query
+    assert (await db.jobs.outputs(job.id))[0].data.startswith(b"\x89PNG")
