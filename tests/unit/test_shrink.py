@@ -124,3 +124,12 @@ def test_an_animation_goes_as_it_is() -> None:
 async def test_shrinking_runs_off_the_event_loop() -> None:
     sent = await shrink.shrink_async(encoded(photo(), "PNG"), BOX, max_pixels=LIMIT)
     assert sent is not None and (sent.width, sent.height) == TARGET
+
+
+def test_grain_that_needs_the_highest_quality_is_still_encoded() -> None:
+    # Pure noise: JPEG at quality 100 takes more than the 2 bytes a pixel Pillow's
+    # optimizing writer holds; it is written anyway, or PNG wins.
+    rnd = random.Random(3)
+    noise = Image.frombytes("RGB", (800, 600), rnd.randbytes(800 * 600 * 3))
+    sent = shrink.shrink(encoded(noise, "PNG", compress_level=1), BOX, max_pixels=LIMIT)
+    assert sent is not None and (sent.width, sent.height) == TARGET

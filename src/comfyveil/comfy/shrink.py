@@ -131,7 +131,15 @@ def _jpeg(scaled: Image.Image) -> Shrunk | None:
 
 def _encode(image: Image.Image, fmt: str, **options: object) -> Shrunk:
     buffer = io.BytesIO()
-    image.save(buffer, fmt, **options)  # Pillow writes no EXIF or text unless asked
+    try:
+        image.save(buffer, fmt, **options)  # Pillow writes no EXIF or text unless asked
+    except OSError:
+        if not options.get("optimize"):
+            raise
+        # Pillow's optimizing JPEG writer holds 2 bytes a pixel: grain at quality 99+
+        # takes more. Without the optimization it streams.
+        buffer = io.BytesIO()
+        image.save(buffer, fmt, **{**options, "optimize": False})
     return Shrunk(buffer.getvalue(), _MIME[fmt], image.width, image.height)
 
 
