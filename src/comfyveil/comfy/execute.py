@@ -80,6 +80,7 @@ class Outcome:
     run_seconds: float  # submit to done, as the caller saw it
     download_seconds: float
     uploaded: Mapping[str, str] = field(default_factory=dict)  # param -> name in the graph
+    fit_seconds: float = 0.0  # scaling the inputs down before the upload (CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +299,7 @@ async def execute(
     deadline = None if timeout is None else loop.time() + timeout
     watch = _Watch()
     started = time.perf_counter()
-    run_started = started
+    run_started = fitted = started
     pid = prompt_id or str(uuid.uuid4())
     pending: list[notrace.Trace] = list(left)
     savers: dict[str, str] = {}
@@ -312,6 +313,7 @@ async def execute(
             async with timer:
                 if inputs and not attach:
                     inputs = await fit_inputs(wf, values, inputs, client.limits.max_input_pixels)
+                fitted = time.perf_counter()
                 if how != "off":
                     todo = {} if attach else dict(inputs or {})
                     names = {p: notrace.upload_trace(image.mime) for p, image in todo.items()}
@@ -369,7 +371,7 @@ async def execute(
                 await _stop_quietly(client, pid)
             raise watch.timed_out(client.name, timeout) from exc
         finished = True
-        upload_seconds = run_started - started
+        upload_seconds = run_started - fitted
         run_seconds = time.perf_counter() - run_started
         on_disk = list(result.outputs)  # a SaveImageWebsocket writes no file, lists none
         if how != "off":
@@ -430,6 +432,7 @@ async def execute(
             run_seconds=run_seconds,
             download_seconds=time.perf_counter() - download_started,
             uploaded=uploaded,
+            fit_seconds=fitted - started,
         )
     except asyncio.CancelledError:
         how = "off"  # it may still run: its traces stay written down for a successor
