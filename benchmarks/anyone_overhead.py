@@ -452,7 +452,7 @@ def table(result: dict[str, Any]) -> str:
             ("  result (MB)", "result_bytes", 1e-6),
         ):
             a, b = o[key] * scale, n[key] * scale
-            ratio = f"{b / a:8.2f}" if a else f"{'-':>8}"
+            ratio = f"{b / a:8.2f}" if a > 1e-3 else f"{'-':>8}"
             lines.append(f"{label:44} {a:10.3f} {b:10.3f} {ratio}")
     return "\n".join(lines)
 
