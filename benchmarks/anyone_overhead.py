@@ -465,7 +465,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{'':44} {'today':>10} {'new':>10} {'ratio':>8}")
         for label, key, scale in (
             ("job: upload + run + download (s, median)", "total_s", 1),
-            ("  scaling the input down, CPU (s)", "fit_s", 1),
+            ("  scaling the input down (s, wall)", "fit_s", 1),
             ("  job less the scaling (s)", "circuit_s", 1),
             ("  upload (s)", "upload_s", 1),
             ("  download (s)", "download_s", 1),
