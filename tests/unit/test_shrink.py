@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import random
+import threading
+from typing import Any
 
 import pytest
 from PIL import Image, ImageDraw
@@ -100,6 +102,8 @@ def test_a_turned_phone_photo_is_turned_as_comfyui_loads_it() -> None:
     sent = shrink.shrink(data, BOX, max_pixels=LIMIT)
     assert sent is not None and (sent.width, sent.height) == (300, 400)
     assert not opened(sent.data).getexif()  # no camera, no orientation left to apply
+    # Turned, it is 400 high: within the size, so it goes as it is (with its orientation).
+    assert shrink.shrink(encoded(photo(400, 300), "JPEG", exif=exif), BOX, max_pixels=LIMIT) is None
 
 
 def test_alpha_is_dropped_as_comfyuis_image_output_drops_it() -> None:
@@ -121,9 +125,18 @@ def test_an_animation_goes_as_it_is() -> None:
     assert shrink.shrink(out.getvalue(), BOX, max_pixels=LIMIT) is None
 
 
-async def test_shrinking_runs_off_the_event_loop() -> None:
+async def test_shrinking_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[threading.Thread] = []
+    real = shrink.shrink
+
+    def recording(*args: Any, **kwargs: Any) -> shrink.Shrunk | None:
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shrink, "shrink", recording)
     sent = await shrink.shrink_async(encoded(photo(), "PNG"), BOX, max_pixels=LIMIT)
     assert sent is not None and (sent.width, sent.height) == TARGET
+    assert threads and threads[0] is not threading.main_thread()
 
 
 def test_grain_that_needs_the_highest_quality_is_still_encoded() -> None:
