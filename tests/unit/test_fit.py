@@ -158,3 +158,19 @@ def test_a_size_key_is_for_images_only() -> None:
     text = IMAGE + '\n[params.word]\nnode = "1"\ninput = "image"\ntype = "text"\nmax_side = 9\n'
     with pytest.raises(workflow.WorkflowError, match="image only"):
         fit_of(graph(), text)
+
+
+def test_sides_rounded_to_steps_are_never_undercut() -> None:
+    # Newer ComfyUI rounds each side to a multiple of resolution_steps: up to 64 more here.
+    need = fit_of(
+        graph(
+            (
+                "2",
+                "ImageScaleToTotalPixels",
+                {"megapixels": 1.0, "upscale_method": "lanczos", "resolution_steps": 64},
+            )
+        )
+    )
+    width, height = need.size(4000, 3000)
+    made = (round(4000 * 0.2955 / 64) * 64, round(3000 * 0.2955 / 64) * 64)  # what it makes
+    assert width >= made[0] and height >= made[1] and width * height < 1.3 * 1024 * 1024

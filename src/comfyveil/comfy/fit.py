@@ -7,7 +7,8 @@ eleven it throws away. So before an image is uploaded, its size is looked up her
 - from the graph, following the image out of its ``LoadImage``: an
   ``ImageScaleToTotalPixels`` (its ``megapixels``, rounded as ComfyUI rounds it, so the
   pre-scaled image is exactly the size the node would have made and the node then has
-  nothing to do), an ``ImageScale`` (its ``width``/``height``), and ``ImageScaleBy``
+  nothing to do; with a newer ComfyUI's ``resolution_steps``, a margin of one step), an
+  ``ImageScale`` (its ``width``/``height``), and ``ImageScaleBy``
   factors before either; the size the next node (a ``VAEEncode``, an encoder) sees is
   the size that counts. Where the image reaches any other node at its own size, or the
   mask is used, the graph sets no bound;
@@ -120,9 +121,14 @@ def _follow(
         if megapixels is None or megapixels <= 0:
             return None
         total = int(megapixels * 1024 * 1024)  # as ComfyUI computes it
-        if factor == 1.0:
+        steps = _number(inputs.get("resolution_steps", 1))
+        if steps is None or steps < 1:
+            return None
+        if factor == 1.0 and steps == 1:
             return lambda w, h: _total_pixels(w, h, total)
-        return lambda w, h: _scaled(w, h, math.sqrt(total / (w * h)) / factor)
+        # Sides rounded to multiples of `steps` (newer ComfyUI): up to that much larger.
+        margin = int(steps) if steps > 1 else 0
+        return lambda w, h: _grown(_scaled(w, h, math.sqrt(total / (w * h)) / factor), margin)
     if kind == "ImageScale":
         width, height = _number(inputs.get("width")), _number(inputs.get("height"))
         if width is None or height is None or width < 0 or height < 0:
@@ -170,6 +176,10 @@ def _box(width: int, height: int, factor: float) -> _Sizer:
         return _scaled(w, h, scale / factor)
 
     return size
+
+
+def _grown(size: Size, margin: int) -> Size:
+    return size[0] + margin, size[1] + margin
 
 
 def _total_pixels(w: int, h: int, total: int) -> Size:
