@@ -314,6 +314,7 @@ async def execute(
                 if inputs and not attach:
                     inputs = await fit_inputs(wf, values, inputs, client.limits.max_input_pixels)
                 fitted = time.perf_counter()
+                watch.enter("upload")  # the scaling moved no bytes: no stall until now
                 if how != "off":
                     todo = {} if attach else dict(inputs or {})
                     names = {p: notrace.upload_trace(image.mime) for p, image in todo.items()}
