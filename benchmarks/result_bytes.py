@@ -29,7 +29,7 @@ from PIL import PngImagePlugin
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.photos import photo  # noqa: E402
+from tests.fixtures.photos import textured  # noqa: E402
 
 from comfyveil.comfy import template, workflow  # noqa: E402
 
@@ -57,13 +57,13 @@ def comfy_png(wf: workflow.Workflow, roughness: float, seed: int, size: tuple[in
     info = PngImagePlugin.PngInfo()
     info.add_text("prompt", json.dumps(template.thaw(wf.graph)))
     out = io.BytesIO()
-    photo(*size, seed=seed, rough=roughness).save(out, "PNG", pnginfo=info, compress_level=4)
+    textured(*size, seed=seed, rough=roughness).save(out, "PNG", pnginfo=info, compress_level=4)
     return len(out.getvalue())
 
 
 def jpeg_bytes(roughness: float, seed: int, size: tuple[int, int]) -> int:
     out = io.BytesIO()
-    photo(*size, seed=seed, rough=roughness).save(out, "JPEG", quality=90)
+    textured(*size, seed=seed, rough=roughness).save(out, "JPEG", quality=90)
     return len(out.getvalue())
 
 
