@@ -23,6 +23,16 @@ client authorization, reached through our anon's SOCKS port, on a private Anyone
 started here: 3 directory authorities, 5 relays, a GPU-host anon and a client anon,
 all on 127.0.0.1 (the test suite's builder, tests/fixtures/anyone.py).
 
+Edits (`--edit-runs`, 0 to skip): a /qwen-shaped job (LoadImage -> ImageScaleToTotalPixels
+1 MP -> SaveImage, tests/data/scale_copy) through the hidden service with a 12-megapixel
+JPEG photo and a 4-megapixel PNG screenshot, today's way (the input uploaded as it came)
+and the new (scaled to the 1 megapixel the workflow uses before the upload, `comfy.fit`
+and `comfy.shrink`), alternating on the same circuit. Beside each, the circuit's floor:
+the job's bytes (upload + the 1-megapixel PNG result) over the bare socket's throughput
+measured in the same run. The photo is synthetic: octaves of noise whose contrast falls
+with their size as a photo's does, a 12-megapixel JPEG of about 4.5 MB as a phone's is;
+the screenshot is a photo in an app's frame, text beside it.
+
 Safety: the script re-runs itself under scripts/loopback-only (a network namespace with
 only loopback, where the machine allows it), sets COMFYVEIL_ANYONE_FORBID_PUBLIC=1 and
 passes the private network explicitly; nothing can reach the public network.
@@ -59,16 +69,18 @@ os.environ["COMFYVEIL_ANYONE_FORBID_PUBLIC"] = "1"
 from PIL import Image  # noqa: E402
 from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 from tests.fixtures import anyone as anyone_fixtures  # noqa: E402
+from tests.fixtures.photos import phone_jpeg, screenshot_png  # noqa: E402
 
 from comfyveil import config  # noqa: E402
 from comfyveil import proxy as proxy_mod  # noqa: E402
 from comfyveil.anyone import hidden, process, runtime  # noqa: E402
 from comfyveil.comfy import client as comfy_client  # noqa: E402
 from comfyveil.comfy import errors as comfy_errors  # noqa: E402
-from comfyveil.comfy import execute, workflow  # noqa: E402
+from comfyveil.comfy import execute, fit, shrink, workflow  # noqa: E402
 from comfyveil.comfy.results import OutputFile  # noqa: E402
 
 WORKFLOW = REPO / "tests" / "data" / "noise_copy.toml"
+EDIT_WORKFLOW = REPO / "tests" / "data" / "scale_copy.toml"
 SIDE = 600  # 600 x 600 RGB noise: a PNG of about 1.08 MB
 BIG = 20_000_000  # bytes of the video-sized result
 BIG_NAME = "big-result.bin"
@@ -97,6 +109,92 @@ async def one_job(client: comfy_client.ComfyClient, wf: workflow.Workflow) -> di
         "download_s": outcome.download_seconds,
         "bytes": float(moved),
     }
+
+
+async def _as_it_came(
+    wf: workflow.Workflow,
+    values: Any,
+    inputs: Any,
+    max_pixels: int,
+) -> dict[str, execute.InputImage]:
+    return dict(inputs)  # today's code: every input uploaded as the user sent it
+
+
+def _cpu_seconds(data: bytes, need: fit.Fit) -> float:
+    """The CPU time scaling `data` takes: what it costs on an idle core, whatever the
+    load of this machine (the wall time is printed too)."""
+    started = time.thread_time()
+    shrink.shrink(data, need, max_pixels=50_000_000)
+    return time.thread_time() - started
+
+
+async def edit_job(
+    client: comfy_client.ComfyClient,
+    wf: workflow.Workflow,
+    image: execute.InputImage,
+    *,
+    new: bool,
+) -> dict[str, float]:
+    """One edit, today's way or the new; the bytes that went up and came back."""
+    sent: list[int] = []
+    upload = client.upload_image
+
+    async def counted(data: bytes, *args: Any, **kwargs: Any) -> Any:
+        sent.append(len(data))
+        return await upload(data, *args, **kwargs)
+
+    client.upload_image = counted  # type: ignore[method-assign]
+    fitted = execute.fit_inputs
+    if not new:
+        execute.fit_inputs = _as_it_came  # type: ignore[assignment]
+    try:
+        values = wf.validate({"image": image.upload_name})
+        started = time.perf_counter()
+        outcome = await execute.execute(client, wf, values, {"image": image}, timeout=300)
+        total = time.perf_counter() - started
+    finally:
+        execute.fit_inputs = fitted  # type: ignore[assignment]
+        del client.upload_image
+    result = sum(len(f.data) for f in outcome.files)
+    return {
+        "total_s": total,
+        "fit_s": outcome.fit_seconds,
+        "upload_s": outcome.upload_seconds,
+        "download_s": outcome.download_seconds,
+        "circuit_s": total - outcome.fit_seconds,
+        "up_bytes": float(sum(sent)),
+        "result_bytes": float(result),
+    }
+
+
+async def edits(
+    client: comfy_client.ComfyClient, wf: workflow.Workflow, runs: int
+) -> dict[str, Any]:
+    """Each input through the hidden service, today's way and the new in turn."""
+    found: dict[str, Any] = {}
+    for name, make, mime in (
+        ("photo_12mp_jpeg", phone_jpeg, "image/jpeg"),
+        ("screenshot_4mp_png", screenshot_png, "image/png"),
+    ):
+        image = execute.InputImage(await asyncio.to_thread(make), mime)
+        need = fit.fit_for(wf.apply({}), wf.params["image"])
+        started = time.perf_counter()
+        shrink_cpu_s = await asyncio.to_thread(_cpu_seconds, image.data, need)
+        shrink_s = time.perf_counter() - started
+        await edit_job(client, wf, image, new=True)  # warm-up: both names uploaded once
+        await edit_job(client, wf, image, new=False)
+        old, new = [], []
+        for _ in range(runs):
+            old.append(await edit_job(client, wf, image, new=False))
+            new.append(await edit_job(client, wf, image, new=True))
+        found[name] = {
+            "input_bytes": len(image.data),
+            "shrink_s": shrink_s,
+            "shrink_cpu_s": shrink_cpu_s,
+            "old": old,
+            "new": new,
+        }
+    return found
 
 
 async def small_requests(client: comfy_client.ComfyClient, count: int) -> list[float]:
@@ -179,6 +277,32 @@ async def measure(
     }
 
 
+def edit_summary(found: dict[str, Any], circuit_mb_s: float) -> dict[str, Any]:
+    """Medians of each edit case, today's and the new, with the circuit's floor."""
+    out: dict[str, Any] = {}
+    for name, case in found.items():
+        row: dict[str, Any] = {
+            "input_bytes": case["input_bytes"],
+            "shrink_s": case["shrink_s"],
+            "shrink_cpu_s": case["shrink_cpu_s"],
+        }
+        for way in ("old", "new"):
+            jobs = case[way]
+            med = {k: statistics.median(j[k] for j in jobs) for k in jobs[0]}
+            moved = med["up_bytes"] + med["result_bytes"]
+            row[way] = {**med, "floor_s": moved / (circuit_mb_s * 1e6)}
+        row["ratio"] = row["new"]["total_s"] / row["old"]["total_s"]
+        row["circuit_ratio"] = row["new"]["circuit_s"] / row["old"]["circuit_s"]
+        row["floor_ratio"] = row["new"]["floor_s"] / row["old"]["floor_s"]
+        # The job with its scaling at the CPU time it takes (a bot with a core to spare).
+        row["idle_core_ratio"] = (row["new"]["circuit_s"] + row["shrink_cpu_s"]) / row["old"][
+            "total_s"
+        ]
+        row["upload_ratio"] = row["new"]["upload_s"] / row["old"]["upload_s"]
+        out[name] = row
+    return out
+
+
 def summary(data: dict[str, Any]) -> dict[str, float]:
     jobs = data["jobs"]
     med = {
@@ -196,11 +320,13 @@ def summary(data: dict[str, Any]) -> dict[str, float]:
     }
 
 
-async def main(runs: int, requests: int) -> dict[str, Any]:
+async def main(runs: int, requests: int, edit_runs: int) -> dict[str, Any]:
     anon_dir = anyone_fixtures.ANON_DIR
     if anon_dir is None:
         raise SystemExit("anon is not installed: run `comfyveil anon install --dir .venv/anon`")
     wf = workflow.load(WORKFLOW)
+    edit_wf = workflow.load(EDIT_WORKFLOW)
+    found: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="anyone-bench-") as tmp:
         base = Path(tmp)
         net = anyone_fixtures.PrivateAnyoneNetwork(anon_dir, base / "net")
@@ -252,6 +378,8 @@ async def main(runs: int, requests: int) -> dict[str, Any]:
                     hidden_run = await measure(
                         client, wf, runs, requests, (address, 80, proxy), router.anon
                     )
+                    if edit_runs:
+                        found = await edits(client, edit_wf, edit_runs)
         finally:
             if gpu_host is not None:
                 await gpu_host.close()
@@ -269,6 +397,7 @@ async def main(runs: int, requests: int) -> dict[str, Any]:
         "added_s": h["total_s"] - d["total_s"],
         "big_share_of_circuit": h["big_ours_mb_s"] / h["big_circuit_mb_s"],
         "setup_s": ready_s,
+        "edits": edit_summary(found, h["big_circuit_mb_s"]) if found else {},
     }
 
 
@@ -287,6 +416,27 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'':44} {'direct':>10} {'anyone':>10} {'ratio':>8}"]
     for label, a, b in rows:
         lines.append(f"{label:44} {a:10.3f} {b:10.3f} {b / a:8.2f}")
+    for name, row in result["edits"].items():
+        o, n = row["old"], row["new"]
+        lines.append("")
+        lines.append(
+            f"edit through anon, {name} ({row['input_bytes'] / 1e6:.2f} MB; scaling it "
+            f"took {row['shrink_s']:.2f} s, {row['shrink_cpu_s']:.2f} s of CPU)"
+        )
+        lines.append(f"{'':44} {'today':>10} {'new':>10} {'ratio':>8}")
+        for label, key, scale in (
+            ("job: upload + run + download (s, median)", "total_s", 1),
+            ("  scaling the input down (s, wall)", "fit_s", 1),
+            ("  job less the scaling (s)", "circuit_s", 1),
+            ("  upload (s)", "upload_s", 1),
+            ("  download (s)", "download_s", 1),
+            ("  circuit floor: bytes / throughput (s)", "floor_s", 1),
+            ("  uploaded (MB)", "up_bytes", 1e-6),
+            ("  result (MB)", "result_bytes", 1e-6),
+        ):
+            a, b = o[key] * scale, n[key] * scale
+            ratio = f"{b / a:8.2f}" if a > 1e-3 else f"{'-':>8}"
+            lines.append(f"{label:44} {a:10.3f} {b:10.3f} {ratio}")
     return "\n".join(lines)
 
 
@@ -294,8 +444,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="measured jobs per route")
     parser.add_argument("--requests", type=int, default=20, help="small HTTP requests per route")
+    parser.add_argument(
+        "--edit-runs", type=int, default=3, help="edits per input and way (0: none)"
+    )
     opts = parser.parse_args()
-    figures = asyncio.run(main(opts.runs, opts.requests))
+    figures = asyncio.run(main(opts.runs, opts.requests, opts.edit_runs))
     print(table(figures))
     print(
         f"\njob latency through anon: {figures['latency_ratio']:.2f}x direct; "
@@ -307,4 +460,11 @@ if __name__ == "__main__":
         f"a 20 MB result comes at {figures['big_share_of_circuit']:.0%} of the circuit's "
         f"own throughput (target: at least 50 %)"
     )
+    for name, row in figures["edits"].items():
+        print(
+            f"edit with a {name}: the job takes {row['ratio']:.2f}x today's through anon "
+            f"(target: at most 0.40x); {row['idle_core_ratio']:.2f}x with the scaling at its "
+            f"CPU time; less the scaling {row['circuit_ratio']:.2f}x; "
+            f"its bytes' floor {row['floor_ratio']:.2f}x"
+        )
     print(json.dumps(figures))

@@ -16,6 +16,7 @@ from PIL import Image
 
 from comfyveil import config, policy
 from comfyveil.store import api_keys, jobs
+from tests.fixtures.photos import comfy_total_pixels, photo_png, size_of
 from tests.lazy import lazy_import
 from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
 
@@ -123,6 +124,18 @@ async def test_edit_with_an_image_and_a_mask_refused_in_words(db, fake_comfy) ->
             await api.images.edit(
                 model="qwen", image=("in.png", b"not a png", "image/png"), prompt="x"
             )
+
+
+async def test_a_large_edit_reaches_the_gpu_host_at_the_size_qwen_uses(db, fake_comfy) -> None:
+    data = photo_png(1200, 1000)  # qwen scales its input to 1 megapixel first
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "ivo")
+        api = sdk(stack.url, await make_key(session, stack.url))
+        await api.images.edit(model="qwen", image=("in.png", data, "image/png"), prompt="a hat")
+        sent = [u["data"] for u in fake_comfy.uploads if not u["overwrite"]][-1]
+        assert size_of(sent) == comfy_total_pixels(1200, 1000, 1.0) and len(sent) < len(data)
+        job = (await stack.db.jobs.list_for_user(await _user(stack, "ivo")))[0]
+        assert (await stack.db.jobs.inputs(job.id))[0].data == data
 
 
 async def _user(stack, name: str) -> int:

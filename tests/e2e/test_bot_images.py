@@ -7,6 +7,7 @@ from comfyveil import config
 from tests.e2e.bot_support import SMALL, png, running_bot
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
+from tests.fixtures.photos import comfy_total_pixels, photo_png, size_of
 from tests.integration.worker_support import sent_values
 
 
@@ -168,3 +169,23 @@ async def test_image_limits_are_exact_for_a_file_sent_to_the_bot(
             assert str(reply.result["text"]).startswith(refusal)
     assert len(user_uploads(fake_comfy)) == 1
     assert len(await db.jobs.list_for_user(28, limit=5)) == 0
+
+
+async def test_a_large_file_reaches_the_gpu_host_at_the_size_qwen_uses(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    """The workflow scales its input to --megapixels first: only that much is sent; the
+    kept input (for /again) stays the user's own."""
+    data = photo_png(800, 600)
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(29, document=(data, "in.png", "image/png"),
+                   caption="/qwen a hat --steps 2 --megapixels 0.25")
+        await stack.result(29)
+    sent = last_upload(fake_comfy)
+    assert size_of(sent) == comfy_total_pixels(800, 600, 0.25) and len(sent) < len(data)
+    job = (await db.jobs.list_for_user(29, limit=1))[0]
+    assert (await db.jobs.inputs(job.id))[0].data == data
+    # The result comes back once, as the PNG ComfyUI wrote, not a recompressed preview.
+    views = [r for r in fake_comfy.requests if r.path.removeprefix("/api") == "/view"]
+    assert len(views) == 1 and "preview" not in views[0].query
+    assert (await db.jobs.outputs(job.id))[0].data.startswith(b"\x89PNG")

@@ -11,6 +11,7 @@ import aiohttp
 from PIL import Image
 
 from comfyveil.store import accounts, jobs
+from tests.fixtures.photos import comfy_total_pixels, photo_png, size_of
 from tests.web.support import NONCE, client, csrf_of, get_text, sign_up, wait_for, web_stack
 
 JOB_URL = re.compile(r"/jobs/([0-9a-f-]{36})$")
@@ -238,6 +239,28 @@ async def test_an_uploaded_input_is_shown_to_its_owner_only(db, fake_comfy_facto
         async with other.get(f"{stack.url}/jobs/{job_id}/in/0") as r:
             assert r.status == 404
         await finished(stack, job_id)
+
+
+async def test_a_large_upload_reaches_the_gpu_host_at_the_size_qwen_uses(
+    db, fake_comfy
+) -> None:
+    data = photo_png(800, 600)
+    async with web_stack(db, [fake_comfy]) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "uma")
+        response = await submit_form(
+            session,
+            stack.url,
+            "qwen",
+            {"prompt": "make it blue", "steps": "2", "megapixels": "0.25"},
+            files={"image": data},
+        )
+        assert response.status == 200, await response.text()
+        job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
+        await finished(stack, job_id)
+        sent = [u["data"] for u in fake_comfy.uploads if not u["overwrite"]][-1]
+        assert size_of(sent) == comfy_total_pixels(800, 600, 0.25) and len(sent) < len(data)
+        async with session.get(f"{stack.url}/jobs/{job_id}/in/0") as r:
+            assert await r.read() == data  # the kept input is the user's own
 
 
 async def test_a_failed_job_says_one_plain_sentence_and_only_admins_see_the_detail(

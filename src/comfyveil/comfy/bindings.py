@@ -48,6 +48,8 @@ _PARAM_KEYS = frozenset(
         "label",
         "aliases",
         "free_text",
+        "max_pixels",
+        "max_side",
     }
 )
 _NUMERIC_TYPES = ("int", "float", "seed")
@@ -336,6 +338,10 @@ def _parse_param(name: str, table: object, graph: Mapping[str, Any], where: str)
     if free_text and ptype != "text":
         raise WorkflowError(f"{where}: only a text parameter can take the free text")
     required = bool(_get(table, "required", bool, where))
+    sizes = {key: _get(table, key, int, where) for key in ("max_pixels", "max_side")}
+    for key, value in sizes.items():
+        if value is not None and (ptype != "image" or value < 1):
+            raise WorkflowError(f"{where}: {key} applies to image only and must be at least 1")
 
     description, descriptions = _texts(table, "description", where)
     label, labels = _texts(table, "label", where)
@@ -356,6 +362,8 @@ def _parse_param(name: str, table: object, graph: Mapping[str, Any], where: str)
         step=step,
         aliases=tuple(aliases),
         free_text=free_text,
+        max_pixels=sizes["max_pixels"],
+        max_side=sizes["max_side"],
     )
     default = table.get("default")
     if default is not None and (required or ptype in ("image",)):

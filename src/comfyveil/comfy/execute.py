@@ -8,7 +8,9 @@ to the backend's temp folder under a random name instead, so do the images (or, 
 `no_trace = "memory"`, they come back over the WebSocket), and all of them are
 overwritten and the history entry deleted when the job ends (`comfy.notrace`), or, for a
 caller that must first store the result (`cleanup`), once it says so. Outputs lose
-their metadata (`comfyveil.metadata`) unless asked not to.
+their metadata (`comfyveil.metadata`) unless asked not to. An input larger than the
+workflow can use is scaled down to that size before it is sent (`fit_inputs`): over a
+slow link a job's time is its bytes.
 
 One deadline covers the whole job, upload, run and download, so a backend that
 trickles its answer or stops reading ends the job in time; the outputs one job may
@@ -34,7 +36,7 @@ from typing import IO, Any, Literal
 
 from comfyveil import metadata
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import errors, events, notrace, results, workflow
+from comfyveil.comfy import errors, events, fit, notrace, results, shrink, workflow
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class Outcome:
     run_seconds: float  # submit to done, as the caller saw it
     download_seconds: float
     uploaded: Mapping[str, str] = field(default_factory=dict)  # param -> name in the graph
+    fit_seconds: float = 0.0  # scaling the inputs down before the upload (CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,25 @@ class _Watch:
             f"the job took longer than {limit} on backend {backend} and was stopped",
             backend=backend,
         )
+
+
+async def fit_inputs(
+    wf: workflow.Workflow,
+    values: Mapping[str, object],
+    inputs: Mapping[str, InputImage],
+    max_pixels: int,
+) -> dict[str, InputImage]:
+    """Each input at the largest size `wf` can use it at with these `values`, in the
+    fewest bytes that change nothing it sees (`comfy.fit`, `comfy.shrink`); the caller's
+    images (the user's originals, kept for a re-roll) are not changed."""
+    graph = wf.apply({k: v for k, v in values.items() if k not in inputs})
+    fitted: dict[str, InputImage] = {}
+    for param, image in inputs.items():
+        found = wf.params.get(param)
+        need = fit.fit_for(graph, found) if found is not None else fit.Fit()
+        smaller = await shrink.shrink_async(image.data, need, max_pixels=max_pixels)
+        fitted[param] = image if smaller is None else InputImage(smaller.data, smaller.mime)
+    return fitted
 
 
 async def upload_inputs(
@@ -277,7 +299,7 @@ async def execute(
     deadline = None if timeout is None else loop.time() + timeout
     watch = _Watch()
     started = time.perf_counter()
-    run_started = started
+    run_started = fitted = started
     pid = prompt_id or str(uuid.uuid4())
     pending: list[notrace.Trace] = list(left)
     savers: dict[str, str] = {}
@@ -289,6 +311,10 @@ async def execute(
         timer = asyncio.timeout_at(deadline)
         try:
             async with timer:
+                if inputs and not attach:
+                    inputs = await fit_inputs(wf, values, inputs, client.limits.max_input_pixels)
+                fitted = time.perf_counter()
+                watch.enter("upload")  # the scaling moved no bytes: no stall until now
                 if how != "off":
                     todo = {} if attach else dict(inputs or {})
                     names = {p: notrace.upload_trace(image.mime) for p, image in todo.items()}
@@ -346,7 +372,7 @@ async def execute(
                 await _stop_quietly(client, pid)
             raise watch.timed_out(client.name, timeout) from exc
         finished = True
-        upload_seconds = run_started - started
+        upload_seconds = run_started - fitted
         run_seconds = time.perf_counter() - run_started
         on_disk = list(result.outputs)  # a SaveImageWebsocket writes no file, lists none
         if how != "off":
@@ -407,6 +433,7 @@ async def execute(
             run_seconds=run_seconds,
             download_seconds=time.perf_counter() - download_started,
             uploaded=uploaded,
+            fit_seconds=fitted - started,
         )
     except asyncio.CancelledError:
         how = "off"  # it may still run: its traces stay written down for a successor

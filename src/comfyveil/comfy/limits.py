@@ -33,10 +33,12 @@ UPLOAD_CHUNK = 1 << 16  # bytes written at a time, each within the inactivity ti
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one job may bring back from a backend."""
+    """What one job may bring back from a backend, and the largest input image it decodes
+    to scale it down before the upload (a larger one goes as it is)."""
 
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     max_outputs: int = DEFAULT_MAX_OUTPUTS
+    max_input_pixels: int = config.DEFAULT_MAX_IMAGE_PIXELS
 
     @property
     def ws_binary_bytes(self) -> int:
@@ -45,7 +47,7 @@ class Limits:
 
 def outputs(limits: config.LimitsConfig) -> Limits:
     """The caps a ComfyUI client applies to one job's outputs, from `[limits]`."""
-    return Limits(limits.max_output_bytes, limits.max_outputs)
+    return Limits(limits.max_output_bytes, limits.max_outputs, limits.max_image_pixels)
 
 
 def size_text(size: int) -> str:

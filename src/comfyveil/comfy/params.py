@@ -63,6 +63,10 @@ class Param:
     label: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     descriptions: tuple[tuple[str, str], ...] = ()
+    # An image parameter's largest useful size, set by an operator where the graph does
+    # not show it (`comfy.fit`): the image is scaled down to it before it is uploaded.
+    max_pixels: int | None = None
+    max_side: int | None = None
 
     def label_in(self, language: str | None) -> str:
         """The label in `language`, else the default label ("" when none was given)."""
@@ -117,6 +121,8 @@ class Param:
             **({"label": self.label} if self.label else {}),
             **({"labels": dict(self.labels)} if self.labels else {}),
             **({"descriptions": dict(self.descriptions)} if self.descriptions else {}),
+            **({"max_pixels": self.max_pixels} if self.max_pixels is not None else {}),
+            **({"max_side": self.max_side} if self.max_side is not None else {}),
         }
 
     def _fail(self, message: str) -> ParamError:

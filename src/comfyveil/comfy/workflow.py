@@ -47,6 +47,10 @@ Keys of a parameter:
   ``min = 256, step = 16`` means multiples of 16: the front end maps an aspect ratio onto
   ``width``/``height`` with it), ``max_length`` for text, ``choices`` for choice,
   ``description`` (one line of help), ``aliases = ["n"]`` (other names for the option).
+- ``max_pixels`` and ``max_side`` (image only): the largest size the workflow can use
+  the image at, where its graph does not show it (`comfy.fit` reads an
+  ``ImageScaleToTotalPixels`` or ``ImageScale`` after the ``LoadImage`` itself): the
+  image is scaled down to it before it is uploaded. The user's original is kept.
 - ``free_text = true`` marks the text parameter that receives the free text of a command
   (``/f a red fox``); without one, the text parameter named ``prompt`` does.
 
