@@ -3,6 +3,7 @@ its services, the key of each request, errors in OpenAI's shape, and the routes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil import policy as policy_mod
-from comfyveil.api import images, links
+from comfyveil.api import images, job_events, jobs, links, openapi
 from comfyveil.api.context import SERVICES, ApiServices, caller, services
 from comfyveil.api.errors import ApiError
 from comfyveil.comfy import pool as pool_mod
@@ -126,4 +127,18 @@ def build(
     app.router.add_post("/images/generations", images.generations)
     app.router.add_post("/images/edits", images.edits)
     app.router.add_get("/files/{job}/{index}", file)
+    add_job_routes(app)
     return app
+
+
+def add_job_routes(app: web.Application) -> None:
+    """The jobs API beside the images API, on the same keys, and the document of both."""
+    app[job_events.CLOSING] = asyncio.Event()
+    app.on_shutdown.append(job_events.close_streams)
+    app.router.add_post("/jobs", jobs.create)
+    app.router.add_get("/jobs", jobs.listing)
+    app.router.add_get("/jobs/{job}", jobs.show)
+    app.router.add_delete("/jobs/{job}", jobs.delete)
+    app.router.add_get("/jobs/{job}/events", job_events.stream)
+    app.router.add_get("/jobs/{job}/outputs/{index}", jobs.output)
+    app.router.add_get("/openapi.json", openapi.document)
