@@ -113,7 +113,9 @@ async def _read_json(request: web.Request, svc: ApiServices) -> Ask:
     if given is None:
         given = []
     if not isinstance(given, list):
-        raise bad_request(_("images is a list of data URLs."), param="images")
+        raise bad_request(
+            _("images is a list of data URLs, such as data:image/png;base64,..."), param="images"
+        )
     if len(given) > MAX_IMAGES:
         raise bad_request(_("That request has too many parts."), param="images")
     for item in given:
@@ -185,7 +187,7 @@ async def _read_multipart(request: web.Request, svc: ApiServices) -> Ask:
                 ask.options = json.loads(text)
             except ValueError:
                 raise bad_request(
-                    _('options is an object of option names and values, such as {"steps": 4}.'),
+                    _("options is a JSON object of option names and values."),
                     param="options",
                 ) from None
     raise bad_request(_("That request has too many parts."))
@@ -231,7 +233,7 @@ def _values(entry: registry.Entry, ask: Ask) -> dict[str, object]:
     given = ask.options if ask.options is not None else {}
     if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
         raise bad_request(
-            _('options is an object of option names and values, such as {"steps": 4}.'),
+            _("options is a JSON object of option names and values."),
             param="options",
         )
     try:
