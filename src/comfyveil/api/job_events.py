@@ -49,6 +49,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     async with sse_response(request, headers={"Cache-Control": "no-store"}) as sse:
         with svc.waiter.watching(job.id) as news, contextlib.suppress(ConnectionError):
             first = True
+            described: dict[str, Any] | None = None
             while not closing.is_set():
                 news.clear()  # before the reads: news after them wakes the wait below
                 for event in await store.events_after(job.id, sent_event):
@@ -71,7 +72,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
                     break
                 if _micros(found) > sent_update:
                     sent_update = _micros(found)
-                    described = await job_view.describe(svc, found)
+                    described = await job_view.describe(svc, found, known=described)
                     await sse.send(
                         json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
                     )

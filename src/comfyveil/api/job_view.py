@@ -11,7 +11,7 @@ from typing import Any
 from comfyveil.api.context import ApiServices
 from comfyveil.desk import failures
 from comfyveil.desk.words import status_word
-from comfyveil.store import eta, jobs
+from comfyveil.store import api_jobs, eta, jobs
 
 # The states a client reads; "waiting": claimed by a worker, waiting for a GPU to take it.
 STATES = ("queued", "waiting", "running", "succeeded", "failed", "cancelled")
@@ -46,7 +46,7 @@ def _whole(value: object) -> int | None:
     return int(value)
 
 
-def output_info(job_id: uuid.UUID, output: jobs.Output) -> dict[str, Any]:
+def output_info(job_id: uuid.UUID, output: api_jobs.OutputInfo) -> dict[str, Any]:
     return {
         "index": output.index,
         "type": output.kind,
@@ -57,12 +57,16 @@ def output_info(job_id: uuid.UUID, output: jobs.Output) -> dict[str, Any]:
 
 
 async def describe(
-    svc: ApiServices, job: jobs.Job, outputs: list[jobs.Output] | None = None
+    svc: ApiServices, job: jobs.Job, *, known: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The job as GET /v1/jobs/{id} answers it (`outputs`: read here when None)."""
+    """The job as GET /v1/jobs/{id} answers it. `known`: an earlier description of the
+    same job in the same state (a stream's last), whose place and ETA stand while only
+    its progress moved: the queue is not read again at each step."""
     state = state_of(job.status, job.progress)
     position = eta_seconds = None
-    if not job.status.finished:
+    if known is not None and known.get("state") == state:
+        position, eta_seconds = known.get("position"), known.get("eta_seconds")
+    elif not job.status.finished:
         wait = await svc.db.jobs.wait(
             job.id, backends=eta.backends_up(svc.pool, svc.settings.backend_list())
         )
@@ -75,8 +79,9 @@ async def describe(
     if job.status is jobs.Status.SUCCEEDED:
         step = steps
         percent = 100.0
-    if job.status is jobs.Status.SUCCEEDED and outputs is None:
-        outputs = await svc.db.jobs.outputs(job.id)
+    outputs: list[api_jobs.OutputInfo] = []
+    if job.status is jobs.Status.SUCCEEDED:
+        outputs = await api_jobs.ApiJobStore(svc.db.pool).outputs(job.id)
     seed = job.params.get("seed")
     return {
         "id": str(job.id),
@@ -95,9 +100,7 @@ async def describe(
         "started_at": time_text(job.started_at),
         "finished_at": time_text(job.finished_at),
         "seed": seed if isinstance(seed, int) else None,
-        "outputs": [output_info(job.id, o) for o in outputs or []]
-        if job.status is jobs.Status.SUCCEEDED
-        else [],
+        "outputs": [output_info(job.id, o) for o in outputs],
         "error": {"message": failures.sentence(job.error)}
         if job.status is jobs.Status.FAILED
         else None,

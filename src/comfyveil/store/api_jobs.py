@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil.store import errors
 from comfyveil.store.jobs import Job, JobEvent
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    index: int
+    filename: str
+    kind: str
+    mime: str
+    size: int
 
 
 class ApiJobStore:
@@ -48,6 +58,15 @@ class ApiJobStore:
             {"j": job_id, "a": after},
         )
         return [JobEvent.from_row(r) for r in rows]
+
+    async def outputs(self, job_id: uuid.UUID) -> list[OutputInfo]:
+        """What the job's outputs are, without their bytes."""
+        rows = await self._all(
+            'SELECT "index", filename, kind, mime, octet_length(data) AS size '
+            'FROM job_outputs WHERE job_id = %(j)s ORDER BY "index"',
+            {"j": job_id},
+        )
+        return [OutputInfo(**r) for r in rows]
 
     async def forget_finished(self, job_id: uuid.UUID, user_id: int) -> bool:
         """Delete one finished job of the user with its files and history; False when it
