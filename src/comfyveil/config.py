@@ -172,6 +172,13 @@ class ApiConfig:
     # The images API (OpenAI's, under /v1 of the web port): on wherever the web front end
     # is, as it answers only a key an account made on purpose; off: /v1 is not there.
     enabled: bool = True
+    # Webhook endpoints on loopback or private addresses are refused: a key's owner must
+    # not make this server call into the network it sits in. true: allow them (a
+    # receiver on the same host or LAN).
+    webhook_private_targets: bool = False
+    # How webhook deliveries leave: "direct", or "anon" through the Anyone client's
+    # SOCKS port, so a receiver does not learn the server's address.
+    webhooks_via: str = "direct"
 
 
 DEFAULT_METRICS_PORT = 9464  # the port Prometheus' exporter list gives comfyveil's kind
@@ -420,7 +427,10 @@ RULES: dict[str, dict[str, Rule]] = {
     },
     "privacy": {"job_retention_days": _POSITIVE_SECONDS},
     "workflows": {"dirs": Rule("texts")},
-    "api": {"enabled": _BOOL},
+    "api": {
+        "enabled": _BOOL, "webhook_private_targets": _BOOL,
+        "webhooks_via": Rule("text", choices=("direct", "anon")),
+    },
     "metrics": {
         "enabled": _BOOL, "host": _TEXT, "port": Rule("int", low=0, high=65535),
     },
