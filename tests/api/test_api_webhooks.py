@@ -253,3 +253,24 @@ async def test_loopback_targets_are_refused_with_the_default(db, database_url, f
             await _submit(api, s.url)
         await wait_for(lambda: _tried(store.WebhookStore(db.pool), hook_id))
         assert rec.got == []
+
+
+async def test_an_images_request_whose_client_went_away_is_told_by_webhook(db, fake_comfy) -> None:
+    async with stack(db, [fake_comfy], **PRIVATE_OK) as s, receiver() as rec:
+        key, user = await s.key()
+        hook_id, _secret = await store.WebhookStore(db.pool).create(
+            await _account(db, user), rec.url
+        )
+        async with session(key) as api:
+            body = {"model": "f", "prompt": PROMPT, "size": "256x256"}
+            async with api.post(s.url + "/v1/images/generations", json=body) as r:
+                assert r.status == 200
+        (job,) = await db.jobs.list_for_user(user)
+        # its client was there to the end: no webhook
+        assert await store.WebhookStore(db.pool).deliveries(hook_id) == []
+        for _twice in range(2):  # the hook the images API calls when its client went away
+            await sender_mod.client_went_away(db, job.id)
+        await wait_for(lambda: _true(len(rec.got) == 1))
+        event = json.loads(rec.got[0][0])
+        assert event["type"] == "job.succeeded" and event["data"]["id"] == str(job.id)
+        assert len(await store.WebhookStore(db.pool).deliveries(hook_id)) == 1

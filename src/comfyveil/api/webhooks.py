@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import uuid
 from collections.abc import Callable
 
 import aiohttp
@@ -37,6 +38,13 @@ MAX_RETRY = 3600.0
 POLL = 5.0  # seconds between looks for retries come due, without news
 PARALLEL = 8  # endpoints sent to at once by one process
 USER_AGENT = "comfyveil-webhooks"
+
+
+async def client_went_away(db: database.Database, job_id: uuid.UUID) -> None:
+    """The hook for a request of the images API whose client went away: its job's end
+    (succeeded, failed or cancelled) reaches the account's webhook endpoints, as a job
+    of the jobs API does. Safe to call more than once, before or after the job ends."""
+    await store.WebhookStore(db.pool).watch(job_id)
 
 
 def retry_in(attempts: int) -> float:

@@ -1,7 +1,7 @@
 """Webhook endpoints of web accounts and their outbox (migration 0031).
 
 A job of the jobs API that ends writes one delivery per endpoint of its account in the
-transaction that ended it (a trigger); `queue_job` does the same for any other job (an
+transaction that ended it (a trigger); `watch` makes any other job do the same (an
 images request whose client went away). A sender takes an endpoint with `claim` (one
 delivery in flight per endpoint, across processes), sends its oldest due delivery and
 records the answer; failures wait longer each time and are given up after a day."""
@@ -81,6 +81,17 @@ class WebhookStore:
             {"id": webhook_id, "a": account_id},
         )
         return bool(rows)
+
+    async def watch(self, job_id: uuid.UUID) -> int:
+        """Tell the end of a job of another front end by webhook too, as the jobs API's
+        are told: when it ends, or now if it has ended. How many deliveries were queued
+        now (0 while it runs)."""
+        await self._all(
+            "INSERT INTO webhook_jobs (job_id) SELECT id FROM jobs WHERE id = %(j)s "
+            "ON CONFLICT DO NOTHING",
+            {"j": job_id},
+        )
+        return await self.queue_job(job_id)
 
     async def queue_job(self, job_id: uuid.UUID) -> int:
         """Queue the events of a finished job for its account's endpoints (each once:

@@ -32,6 +32,12 @@ CREATE TABLE webhook_deliveries (
 CREATE INDEX webhook_deliveries_due_idx ON webhook_deliveries (webhook_id, next_at, id)
     WHERE delivered_at IS NULL AND given_up_at IS NULL;
 
+-- Jobs of other front ends whose end is told by webhook too (an images request whose
+-- client went away: `WebhookStore.watch`).
+CREATE TABLE webhook_jobs (
+    job_id  uuid PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE
+);
+
 -- The events of one finished job for every endpoint of its owner's account; each once.
 CREATE FUNCTION comfyveil_queue_webhooks(target uuid) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -68,13 +74,14 @@ BEGIN
 END;
 $$;
 
--- A job of the jobs API (its key says so) that ends queues its events in the same
--- transaction; an images request whose client went away calls the function itself.
+-- A job of the jobs API (its key says so), or one watched, that ends queues its events in
+-- the same transaction.
 CREATE FUNCTION comfyveil_job_ended_webhooks() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.status IN ('succeeded', 'failed', 'cancelled') AND EXISTS (
-        SELECT 1 FROM jobs WHERE id = NEW.job_id AND idempotency_key LIKE 'apijob:%'
+    IF NEW.status IN ('succeeded', 'failed', 'cancelled') AND (
+        EXISTS (SELECT 1 FROM jobs WHERE id = NEW.job_id AND idempotency_key LIKE 'apijob:%')
+        OR EXISTS (SELECT 1 FROM webhook_jobs WHERE job_id = NEW.job_id)
     ) THEN
         PERFORM comfyveil_queue_webhooks(NEW.job_id);
     END IF;
