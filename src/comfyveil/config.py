@@ -45,7 +45,9 @@ DEFAULT_STATUS_DELAY = 1.0  # seconds before a job's status message is posted
 ROOT_DATA_DIR = Path("/var/lib/comfyveil")
 
 
-def default_data_dir(environ: Mapping[str, str] | None = None, *, euid: int | None = None) -> Path:
+def default_data_dir(
+    environ: Mapping[str, str] | None = None, *, euid: int | None = None
+) -> Path:
     """Where comfyveil keeps its embedded database, anon state and outputs.
 
     Root's default is /var/lib/comfyveil, as for a system service: in /root the embedded
@@ -155,9 +157,7 @@ class WebConfig:
     enabled: bool = True  # `comfyveil run` serves the web front end too
     host: str = "127.0.0.1"
     port: int = 8080
-    public_url: str | None = (
-        None  # how users reach it (links printed at start); else http://host:port
-    )
+    public_url: str | None = None  # how users reach it (links printed at start); else http://host:port
     session_hours: float = 7 * 24.0
     invite_hours: float = 72.0
     hidden_service: bool = False  # the managed anon publishes the web port as a hidden service
@@ -311,13 +311,14 @@ class Rule:
                 return f"{what} {'>' if self.above else '>='} {_num(self.low)}"
             return what
         return {
-            "bool": "true or false"
-            if not self.choices
-            else "true, false, " + ", ".join(f'"{c}"' for c in self.choices),
-            "text": "a text in quotes" if not self.choices else "one of " + ", ".join(self.choices),
+            "bool": "true or false" if not self.choices else
+                    "true, false, " + ", ".join(f'"{c}"' for c in self.choices),
+            "text": "a text in quotes" if not self.choices else
+                    "one of " + ", ".join(self.choices),
             "ids": "a list of numeric Telegram ids",
             "texts": "a list of texts in quotes",
-            "endpoint": "HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:9050) or unix:/PATH",
+            "endpoint": "HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:9050) "
+                        "or unix:/PATH",
         }[self.kind]
 
     def check(self, label: str, value: Any) -> Any:
@@ -339,8 +340,7 @@ class Rule:
             ok = isinstance(value, str) and (not self.choices or value in self.choices)
         elif self.kind == "ids":
             ok = isinstance(value, list) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value
-            )
+                isinstance(v, int) and not isinstance(v, bool) for v in value)
             value = tuple(value) if ok else value
         elif self.kind == "texts":
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -398,63 +398,41 @@ RULES: dict[str, dict[str, Rule]] = {
     "top level": {"data_dir": _TEXT},
     "database": {"url": Rule("text", secret=True), "data_dir": _TEXT},
     "telegram": {
-        "token_file": _TEXT,
-        "api_url": _TEXT,
-        "admins": Rule("ids"),
-        "allow": Rule("ids"),
-        "open": _BOOL,
-        "poll_timeout": _SECONDS,
-        "status_delay": _SECONDS,
+        "token_file": _TEXT, "api_url": _TEXT, "admins": Rule("ids"), "allow": Rule("ids"),
+        "open": _BOOL, "poll_timeout": _SECONDS, "status_delay": _SECONDS,
     },
     "backends": {
-        "name": _TEXT,
-        "url": _TEXT,
-        "via": Rule("text", choices=("auto", "direct", "anyone")),
-        "auth_key_file": _TEXT,
-        "tags": Rule("texts"),
-        "max_waiting": Rule("int", low=0, high=1000),
-        "bench": _TEXT,
+        "name": _TEXT, "url": _TEXT, "via": Rule("text", choices=("auto", "direct", "anyone")),
+        "auth_key_file": _TEXT, "tags": Rule("texts"),
+        "max_waiting": Rule("int", low=0, high=1000), "bench": _TEXT,
         "no_trace": Rule("bool", choices=("temp", "memory")),
     },
     "limits": {
-        "daily_quota": Rule("int", low=0),
-        "max_queued": Rule("int", low=1),
-        "cooldown": _SECONDS,
-        "max_prompt_length": Rule("int", low=1),
-        "max_image_bytes": Rule("int", low=1),
-        "max_image_pixels": Rule("int", low=1),
+        "daily_quota": Rule("int", low=0), "max_queued": Rule("int", low=1),
+        "cooldown": _SECONDS, "max_prompt_length": Rule("int", low=1),
+        "max_image_bytes": Rule("int", low=1), "max_image_pixels": Rule("int", low=1),
         "max_output_bytes": Rule("int", low=1, high=MAX_OUTPUT_BYTES_CEILING),
         "max_outputs": Rule("int", low=1, high=10_000),
     },
     "worker": {
-        "lease_seconds": _POSITIVE_SECONDS,
-        "max_attempts": Rule("int", low=1),
-        "job_timeout": _POSITIVE_SECONDS,
-        "poll_interval": _POSITIVE_SECONDS,
+        "lease_seconds": _POSITIVE_SECONDS, "max_attempts": Rule("int", low=1),
+        "job_timeout": _POSITIVE_SECONDS, "poll_interval": _POSITIVE_SECONDS,
         "routing": Rule("text", choices=("finish", "idle")),
-        "max_wait_offline": _POSITIVE_SECONDS,
-        "stop_grace": _SECONDS,
+        "max_wait_offline": _POSITIVE_SECONDS, "stop_grace": _SECONDS,
     },
     "anyone": {
-        "enabled": _BOOL,
-        "binary": _TEXT,
-        "socks": Rule("endpoint"),
-        "control": Rule("endpoint"),
-        "cookie_file": _TEXT,
-        "telegram": _BOOL,
+        "enabled": _BOOL, "binary": _TEXT, "socks": Rule("endpoint"),
+        "control": Rule("endpoint"), "cookie_file": _TEXT, "telegram": _BOOL,
         "private_network": _TEXT,
     },
     "privacy": {"job_retention_days": _POSITIVE_SECONDS},
     "workflows": {"dirs": Rule("texts")},
     "api": {
-        "enabled": _BOOL,
-        "webhook_private_targets": _BOOL,
+        "enabled": _BOOL, "webhook_private_targets": _BOOL,
         "webhooks_via": Rule("text", choices=("direct", "anon")),
     },
     "metrics": {
-        "enabled": _BOOL,
-        "host": _TEXT,
-        "port": Rule("int", low=0, high=65535),
+        "enabled": _BOOL, "host": _TEXT, "port": Rule("int", low=0, high=65535),
     },
     "log": {"format": Rule("text", choices=("text", "json"))},
 }
@@ -471,10 +449,7 @@ def _rule_for_default(default: Any) -> Rule:
 
 
 def _checked(
-    section: str,
-    table: dict[str, Any],
-    *,
-    label: str | None = None,
+    section: str, table: dict[str, Any], *, label: str | None = None,
     defaults: type | None = None,
 ) -> dict[str, Any]:
     """`table` with each value checked against its rule (see RULES)."""
@@ -499,35 +474,12 @@ def from_mapping(
     top = _take(
         raw,
         "top level",
-        {
-            "data_dir",
-            "database",
-            "telegram",
-            "backends",
-            "limits",
-            "worker",
-            "anyone",
-            "privacy",
-            "workflows",
-            "web",
-            "api",
-            "policy",
-            "metrics",
-            "log",
-        },
+        {"data_dir", "database", "telegram", "backends", "limits", "worker", "anyone", "privacy",
+         "workflows", "web", "api",
+         "policy", "metrics", "log"},
     )
-    for name in (
-        "database",
-        "telegram",
-        "limits",
-        "worker",
-        "anyone",
-        "privacy",
-        "workflows",
-        "api",
-        "metrics",
-        "log",
-    ):
+    for name in ("database", "telegram", "limits", "worker", "anyone", "privacy", "workflows",
+                 "api", "metrics", "log"):
         if not isinstance(top.get(name, {}), dict):
             raise ConfigError(f"{name} must be a table: [{name}]")
     top.update(_checked("top level", {k: v for k, v in top.items() if k == "data_dir"}))
@@ -539,14 +491,11 @@ def from_mapping(
         data_dir=_path(db["data_dir"], base) if "data_dir" in db else None,
     )
 
-    tg = _checked(
+    tg = _checked("telegram", _take(
+        top.get("telegram", {}),
         "telegram",
-        _take(
-            top.get("telegram", {}),
-            "telegram",
-            {"token_file", "api_url", "admins", "allow", "open", "poll_timeout", "status_delay"},
-        ),
-    )
+        {"token_file", "api_url", "admins", "allow", "open", "poll_timeout", "status_delay"},
+    ))
     token = env.get("COMFYVEIL_TELEGRAM_TOKEN") or credential(TOKEN_CREDENTIAL, env)
     if not token and "token_file" in tg:
         token = read_secret_file(_path(tg["token_file"], base), "telegram token")
@@ -567,15 +516,11 @@ def from_mapping(
     for index, item in enumerate(raw_backends):
         if not isinstance(item, dict):
             raise ConfigError("backends must be an array of tables: [[backends]]")
-        b = _checked(
-            "backends",
-            _take(
-                item,
-                f"backends #{index + 1}",
-                {"name", "url", "via", "auth_key_file", "tags", "max_waiting", "bench", "no_trace"},
-            ),
-            label=f"[[backends]] #{index + 1} ",
-        )
+        b = _checked("backends", _take(
+            item, f"backends #{index + 1}",
+            {"name", "url", "via", "auth_key_file", "tags", "max_waiting", "bench",
+             "no_trace"},
+        ), label=f"[[backends]] #{index + 1} ")
         if "url" not in b:
             raise ConfigError(f"backend #{index + 1} has no url")
         backends.append(
@@ -593,44 +538,33 @@ def from_mapping(
     names = [b.name for b in backends]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise ConfigError(
-            f"two backends are named {', '.join(twice)}; give each [[backends]] "
-            "its own name (one is gpuN when it has none: the N-th from 0)"
-        )
+        raise ConfigError(f"two backends are named {', '.join(twice)}; give each [[backends]] "
+                          "its own name (one is gpuN when it has none: the N-th from 0)")
 
-    limits = LimitsConfig(
-        **_checked(
-            "limits",
-            _take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__)),
-            defaults=LimitsConfig,
-        )
-    )
-    worker = WorkerConfig(
-        **_checked(
-            "worker",
-            _take(top.get("worker", {}), "worker", set(WorkerConfig.__annotations__)),
-            defaults=WorkerConfig,
-        )
-    )
-    an = _checked(
-        "anyone",
-        _take(
-            top.get("anyone", {}),
-            "anyone",
-            {"enabled", "binary", "socks", "control", "cookie_file", "telegram", "private_network"},
-        ),
-        defaults=AnyoneConfig,
-    )
+    limits = LimitsConfig(**_checked(
+        "limits", _take(top.get("limits", {}), "limits", set(LimitsConfig.__annotations__)),
+        defaults=LimitsConfig,
+    ))
+    worker = WorkerConfig(**_checked(
+        "worker", _take(top.get("worker", {}), "worker", set(WorkerConfig.__annotations__)),
+        defaults=WorkerConfig,
+    ))
+    an = _checked("anyone", _take(
+        top.get("anyone", {}), "anyone",
+        {"enabled", "binary", "socks", "control", "cookie_file", "telegram", "private_network"},
+    ), defaults=AnyoneConfig)
     anyone = AnyoneConfig(
         enabled=bool(an.get("enabled", True)),
-        binary=_path(an["binary"], base)
-        if "binary" in an
-        else (Path(env["ANON_BINARY"]) if env.get("ANON_BINARY") else None),
+        binary=_path(an["binary"], base) if "binary" in an else (
+            Path(env["ANON_BINARY"]) if env.get("ANON_BINARY") else None
+        ),
         socks=an.get("socks"),
         control=an.get("control"),
         cookie_file=_path(an["cookie_file"], base) if "cookie_file" in an else None,
         telegram=bool(an.get("telegram", False)),
-        private_network=(_path(an["private_network"], base) if "private_network" in an else None),
+        private_network=(
+            _path(an["private_network"], base) if "private_network" in an else None
+        ),
     )
     if anyone.control and not anyone.socks:
         raise ConfigError("[anyone] control needs [anyone] socks: both name the daemon you run")
@@ -639,44 +573,29 @@ def from_mapping(
             "[anyone] private_network and [anyone] socks cannot both be set: the network is "
             "chosen by the daemon you run"
         )
-    privacy = PrivacyConfig(
-        **_checked(
-            "privacy",
-            _take(top.get("privacy", {}), "privacy", set(PrivacyConfig.__annotations__)),
-            defaults=PrivacyConfig,
-        )
-    )
+    privacy = PrivacyConfig(**_checked(
+        "privacy", _take(top.get("privacy", {}), "privacy", set(PrivacyConfig.__annotations__)),
+        defaults=PrivacyConfig,
+    ))
     wf = _checked("workflows", _take(top.get("workflows", {}), "workflows", {"dirs"}))
     workflow_dirs = tuple(_path(d, base) for d in wf.get("dirs", []))
-    metrics = MetricsConfig(
-        **_checked(
-            "metrics",
-            _take(top.get("metrics", {}), "metrics", set(MetricsConfig.__annotations__)),
-            defaults=MetricsConfig,
-        )
-    )
+    metrics = MetricsConfig(**_checked(
+        "metrics", _take(top.get("metrics", {}), "metrics", set(MetricsConfig.__annotations__)),
+        defaults=MetricsConfig,
+    ))
     if metrics.host.endswith((".anon", ".anyone", ".onion")):
         raise ConfigError("[metrics] host must be a local address, never a hidden service")
-    log = LogConfig(
-        **_checked(
-            "log",
-            _take(top.get("log", {}), "log", set(LogConfig.__annotations__)),
-            defaults=LogConfig,
-        )
-    )
+    log = LogConfig(**_checked(
+        "log", _take(top.get("log", {}), "log", set(LogConfig.__annotations__)),
+        defaults=LogConfig,
+    ))
     web = _web(top.get("web", {}))
-    api = ApiConfig(
-        **_checked(
-            "api",
-            _take(top.get("api", {}), "api", set(ApiConfig.__annotations__)),
-            defaults=ApiConfig,
-        )
-    )
-    if (
-        metrics.enabled
-        and web.enabled
-        and metrics.port
-        and (metrics.host, metrics.port) == (web.host, web.port)
+    api = ApiConfig(**_checked(
+        "api", _take(top.get("api", {}), "api", set(ApiConfig.__annotations__)),
+        defaults=ApiConfig,
+    ))
+    if metrics.enabled and web.enabled and metrics.port and (metrics.host, metrics.port) == (
+        web.host, web.port
     ):
         raise ConfigError(
             "[metrics] port and [web] port are the same; the metrics need their own port"
@@ -706,12 +625,8 @@ def _web(raw: Any) -> WebConfig:
         raise ConfigError("[web] port must be a port number (1-65535; 0: any free port)")
     clients = w.get("client_auth", [])
     if not isinstance(clients, list) or not all(
-        isinstance(c, str)
-        and c
-        and len(c) <= 64
-        and c.replace("-", "").replace("_", "").isalnum()
-        and c.isascii()
-        for c in clients
+        isinstance(c, str) and c and len(c) <= 64 and c.replace("-", "").replace("_", "").isalnum()
+        and c.isascii() for c in clients
     ):
         raise ConfigError("[web] client_auth must be a list of client names (letters, digits, - _)")
     for key in ("session_hours", "invite_hours"):

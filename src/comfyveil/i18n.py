@@ -157,9 +157,8 @@ def ltr(text: object) -> str:
 def date_time(moment: datetime.datetime) -> str:
     """A date and time as the current language writes it short ("3 Dec 09:15", "12月3日
     09:15"), in UTC like every time the bot shows."""
-    return format_datetime(
-        moment, "dd MMM HH:mm", tzinfo=datetime.UTC, locale=LANGUAGES.get(_current.get(), DEFAULT)
-    )
+    return format_datetime(moment, "dd MMM HH:mm", tzinfo=datetime.UTC,
+                           locale=LANGUAGES.get(_current.get(), DEFAULT))
 
 
 def full_stop() -> str:

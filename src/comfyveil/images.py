@@ -77,11 +77,8 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
     if not data:
         raise ImageRejected(_("That file is empty.") + " " + _(ASK))
     if len(data) > max_bytes:
-        raise ImageRejected(
-            _("That file is {size}; the limit is {limit}.").format(
-                size=_megabytes(len(data)), limit=_megabytes(max_bytes)
-            )
-        )
+        raise ImageRejected(_("That file is {size}; the limit is {limit}.").format(
+            size=_megabytes(len(data)), limit=_megabytes(max_bytes)))
     try:
         with warnings.catch_warnings():
             # Pillow warns past MAX_IMAGE_PIXELS; our own limit below decides instead.
@@ -90,37 +87,26 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int) -> CheckedImage
     except Image.DecompressionBombError as exc:
         found = _BOMB_PIXELS.search(str(exc))
         size = _megapixels(int(found.group(1))) if found else _("too large to open")
-        raise ImageRejected(
-            _("That image is {size}; the limit is {limit}.").format(
-                size=size, limit=_megapixels(max_pixels)
-            )
-        ) from exc
+        raise ImageRejected(_("That image is {size}; the limit is {limit}.").format(
+            size=size, limit=_megapixels(max_pixels))) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         for signature, kind in _UNSUPPORTED_IMAGES:
             if data[4 : 4 + len(signature)] == signature:
                 raise ImageRejected(
                     _("That photo is in {kind} format, which is not supported.").format(
-                        kind=ltr(kind)
-                    )
-                    + " "
-                    + _(ASK)
+                        kind=ltr(kind)) + " " + _(ASK)
                 ) from exc
-        raise ImageRejected(
-            _("That file is not an image ({looks}).").format(looks=_looks_like(data)) + " " + _(ASK)
-        ) from exc
+        raise ImageRejected(_("That file is not an image ({looks}).").format(
+            looks=_looks_like(data)) + " " + _(ASK)) from exc
     with image:
         width, height = image.size
         if image.format not in ACCEPTED_FORMATS:
             kind = image.format or "unknown"
-            raise ImageRejected(
-                _("That image is a {kind} file.").format(kind=ltr(kind)) + " " + _(ASK)
-            )
+            raise ImageRejected(_("That image is a {kind} file.").format(kind=ltr(kind)) + " "
+                                + _(ASK))
         if width * height > max_pixels:
-            raise ImageRejected(
-                _("That image is {size}; the limit is {limit}.").format(
-                    size=_megapixels(width * height), limit=_megapixels(max_pixels)
-                )
-            )
+            raise ImageRejected(_("That image is {size}; the limit is {limit}.").format(
+                size=_megapixels(width * height), limit=_megapixels(max_pixels)))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -185,19 +171,8 @@ def _megabytes(size: int) -> str:
 
 # What a browser may show inline, by the file's own bytes (not its name: a GPU host names
 # its files). HEIC/AVIF share MP4's `ftyp` box: only the video brands count.
-_MP4_BRANDS = (
-    b"isom",
-    b"iso2",
-    b"iso4",
-    b"iso5",
-    b"iso6",
-    b"mp41",
-    b"mp42",
-    b"avc1",
-    b"M4V ",
-    b"dash",
-    b"qt  ",
-)
+_MP4_BRANDS = (b"isom", b"iso2", b"iso4", b"iso5", b"iso6", b"mp41", b"mp42", b"avc1", b"M4V ",
+               b"dash", b"qt  ")
 
 
 def sniff_mime(data: bytes) -> str | None:

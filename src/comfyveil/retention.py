@@ -35,11 +35,8 @@ async def purge_once(
     deleted."""
     purged = await db.jobs.purge_expired(dt.timedelta(days=privacy.job_retention_days))
     if purged:
-        logger.info(
-            "purged %d finished jobs past retention",
-            purged,
-            extra={"action": "jobs_purged", "count": purged},
-        )
+        logger.info("purged %d finished jobs past retention", purged,
+                    extra={"action": "jobs_purged", "count": purged})
     if backends is not None:
         await sweep(db, backends, await db.traces.settled())
     return purged
@@ -74,18 +71,14 @@ async def sweep(
                 await client.cancel(prompt_id)
             gone = await notrace.scrub(client, prompt_id, files, wait=SWEEP_WAIT)
         except comfy_errors.ComfyError as exc:
-            logger.info(
-                "could not clean backend %s: %s", name, exc, extra={"action": "sweep_failed"}
-            )
+            logger.info("could not clean backend %s: %s", name, exc,
+                        extra={"action": "sweep_failed"})
             continue
         await db.traces.drop(name, gone)
         removed += len(gone)
     if removed:
-        logger.info(
-            "removed %d traces of jobs from backends",
-            removed,
-            extra={"action": "backends_swept", "count": removed},
-        )
+        logger.info("removed %d traces of jobs from backends", removed,
+                    extra={"action": "backends_swept", "count": removed})
     return removed
 
 
@@ -111,5 +104,6 @@ async def purge_forever(
         try:
             await purge_once(db, privacy, backends)
         except store_errors.StoreError as exc:  # the database is down: try again later
-            logger.warning("could not purge old jobs: %s", exc, extra={"action": "purge_failed"})
+            logger.warning("could not purge old jobs: %s", exc,
+                           extra={"action": "purge_failed"})
         await asyncio.sleep(interval)

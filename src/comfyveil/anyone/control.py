@@ -96,7 +96,9 @@ class ControlConnection:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), within)
         except (OSError, TimeoutError) as exc:
-            raise errors.ControlError(f"cannot reach anon's control port at {host}:{port}") from exc
+            raise errors.ControlError(
+                f"cannot reach anon's control port at {host}:{port}"
+            ) from exc
         return await cls._authenticated(reader, writer, cookie_file)
 
     @classmethod
@@ -105,16 +107,15 @@ class ControlConnection:
     ) -> ControlConnection:
         """A control port on a Unix socket (our own anon)."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), within)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(path)), within)
         except (OSError, TimeoutError) as exc:
             raise errors.ControlError(f"cannot reach anon's control socket {path}") from exc
         return await cls._authenticated(reader, writer, cookie_file)
 
     @classmethod
     async def _authenticated(
-        cls,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         cookie_file: Path | None,
     ) -> ControlConnection:
         conn = cls(reader, writer)
@@ -213,11 +214,8 @@ class ControlConnection:
     async def authenticate(self, cookie_file: Path | None = None) -> None:
         info = await self.request("PROTOCOLINFO 1")
         auth_line = next((ln.text for ln in info.lines if ln.text.startswith("AUTH ")), "")
-        methods = (
-            set(re.search(r"METHODS=(\S+)", auth_line).group(1).split(","))
-            if ("METHODS=" in auth_line)
-            else set()
-        )
+        methods = set(re.search(r"METHODS=(\S+)", auth_line).group(1).split(",")) if (
+            "METHODS=" in auth_line) else set()
         if "NULL" in methods:
             await self.request("AUTHENTICATE")
             return

@@ -58,7 +58,8 @@ def generate_keypair() -> tuple[bytes, bytes]:
     """A fresh x25519 (private, public) key pair, raw 32 bytes each."""
     private = x25519.X25519PrivateKey.generate()
     raw = serialization.Encoding.Raw
-    priv = private.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    priv = private.private_bytes(raw, serialization.PrivateFormat.Raw,
+                                 serialization.NoEncryption())
     pub = private.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
     return priv, pub
 

@@ -104,10 +104,8 @@ def mismatched_files(directory: Path, plat: str | None = None) -> list[str]:
     return bad
 
 
-def find_binary(
-    settings: config.Settings | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Path:
+def find_binary(settings: config.Settings | None = None, environ: Mapping[str, str] | None = None,
+                ) -> Path:
     """The anon binary to run: [anyone] binary, else ANON_BINARY, else the installed one."""
     env = os.environ if environ is None else environ
     settings = settings or config.load(environ=env)
@@ -129,10 +127,8 @@ async def anon_version(binary: Path) -> str:
     """What `anon --version` says, e.g. '0.4.9.11-live'."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            str(binary),
-            "--version",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            str(binary), "--version",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
         out, _ = await asyncio.wait_for(proc.communicate(), 30)
     except (OSError, TimeoutError) as exc:
@@ -148,14 +144,8 @@ async def _npm_pack(npm: str, workdir: Path) -> Path:
     logger.info("fetching %s with npm pack", spec)
     try:
         proc = await asyncio.create_subprocess_exec(
-            npm,
-            "pack",
-            spec,
-            "--ignore-scripts",
-            "--silent",
-            cwd=workdir,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            npm, "pack", spec, "--ignore-scripts", "--silent",
+            cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         _, err = await asyncio.wait_for(proc.communicate(), NPM_TIMEOUT)
     except TimeoutError as exc:

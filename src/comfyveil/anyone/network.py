@@ -21,25 +21,12 @@ from comfyveil.anyone import errors
 FORBID_PUBLIC_ENV = "COMFYVEIL_ANYONE_FORBID_PUBLIC"
 
 # Options a private network must keep as we set them: overriding one could leave loopback.
-_GUARDED = frozenset(
-    {
-        "testingtornetwork",
-        "dirauthority",
-        "usedefaultfallbackdirs",
-        "outboundbindaddress",
-        "fallbackdir",
-        "bridge",
-        "usebridges",
-        "alternatedirauthority",
-        "outboundbindaddressor",
-        "outboundbindaddressexit",
-        "outboundbindaddresspt",
-        "socks5proxy",
-        "httpsproxy",
-        "socks4proxy",
-        "clienttransportplugin",
-    }
-)
+_GUARDED = frozenset({
+    "testingtornetwork", "dirauthority", "usedefaultfallbackdirs", "outboundbindaddress",
+    "fallbackdir", "bridge", "usebridges", "alternatedirauthority", "outboundbindaddressor",
+    "outboundbindaddressexit", "outboundbindaddresspt", "socks5proxy", "httpsproxy",
+    "socks4proxy", "clienttransportplugin",
+})
 _ADDRESS = re.compile(r"\b(\d{1,3}(?:\.\d{1,3}){3}):\d+\b")
 
 

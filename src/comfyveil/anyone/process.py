@@ -83,25 +83,23 @@ class AnonClient:
             return proxy.unix_url(str(self.socks_path), user, self.isolation_secret)
         if self.socks_port is None:
             raise errors.AnonError("the Anyone client has no SOCKS port yet")
-        return (
-            f"socks5h://{quote(user, safe='')}:{self.isolation_secret}"
-            f"@{self.socks_host}:{self.socks_port}"
-        )
+        return (f"socks5h://{quote(user, safe='')}:{self.isolation_secret}"
+                f"@{self.socks_host}:{self.socks_port}")
 
 
 def _split_hostport(value: str, what: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
-        raise errors.AnonError(f"{what} must look like 127.0.0.1:PORT or unix:/path, not {value!r}")
+        raise errors.AnonError(
+            f"{what} must look like 127.0.0.1:PORT or unix:/path, not {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class AttachedAnon(AnonClient):
     """An anon (or Tor) daemon the operator runs: we only use its ports."""
 
-    def __init__(
-        self, *, socks: str, control_address: str | None = None, cookie_file: Path | None = None
-    ) -> None:
+    def __init__(self, *, socks: str, control_address: str | None = None,
+                 cookie_file: Path | None = None) -> None:
         super().__init__()
         if socks.startswith("unix:"):
             self.socks_path = Path(socks.removeprefix("unix:")).expanduser()
@@ -110,8 +108,7 @@ class AttachedAnon(AnonClient):
         self._control_address = control_address
         self._control_path = (
             Path(control_address.removeprefix("unix:")).expanduser()
-            if control_address and control_address.startswith("unix:")
-            else None
+            if control_address and control_address.startswith("unix:") else None
         )
         self._cookie_file = cookie_file
         self.control: control.ControlConnection | None = None
@@ -262,14 +259,12 @@ class ManagedAnon(AnonClient):
         """How many hidden-service descriptor uploads anon reported for this service."""
         return self._uploads.get(service_id, 0)
 
-    async def wait_published(
-        self, service_id: str, *, after: int = 0, within: float = 120.0, everywhere: bool = False
-    ) -> None:
+    async def wait_published(self, service_id: str, *, after: int = 0,
+                             within: float = 120.0, everywhere: bool = False) -> None:
         """Wait for a descriptor upload beyond `after` uploads (see upload_count): the
         service can be found. `everywhere`: and for the uploads of that publication to
         every directory, so that no client can fetch the one before (after revoking a
         client, a directory not reached yet still serves a descriptor its key opens)."""
-
         def done() -> bool:
             return self.upload_count(service_id) > after and not (
                 everywhere and self._uploads_pending.get(service_id, 0)
@@ -282,26 +277,22 @@ class ManagedAnon(AnonClient):
         try:
             await asyncio.wait_for(_wait(), within)
         except TimeoutError as exc:
-            raise errors.HiddenServiceError("the hidden service was not published in time") from exc
+            raise errors.HiddenServiceError(
+                "the hidden service was not published in time"
+            ) from exc
 
     def address_of(self, spec: hidden.HiddenServiceSpec) -> str:
         """A persistent service's address, e.g. 'abc...xyz.anon'."""
         return hidden.read_address(spec.directory)
 
     async def add_ephemeral(
-        self,
-        target: str,
-        *,
-        port: int = 80,
-        client_auth_v3: Iterable[str] = (),
-        wait: bool = True,
-        within: float = 120.0,
+        self, target: str, *, port: int = 80, client_auth_v3: Iterable[str] = (),
+        wait: bool = True, within: float = 120.0,
     ) -> str:
         """Publish a temporary hidden service (gone when anon stops); returns its address."""
         conn = self.require_control()
-        service = await conn.add_onion(
-            {port: target}, client_auth_v3=client_auth_v3, discard_key=True
-        )
+        service = await conn.add_onion({port: target}, client_auth_v3=client_auth_v3,
+                                       discard_key=True)
         if wait:
             await self.wait_published(service.service_id, within=within)
         return service.service_id + (self.suffix or ".anon")
@@ -409,12 +400,8 @@ class ManagedAnon(AnonClient):
         out = await asyncio.to_thread((self.data_dir / "anon.out").open, "ab")
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                str(self.binary),
-                "-f",
-                str(anonrc),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
+                str(self.binary), "-f", str(anonrc),
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
                 start_new_session=True,
             )
         except OSError as exc:
@@ -426,7 +413,8 @@ class ManagedAnon(AnonClient):
             await asyncio.wait_for(self._connect_and_bootstrap(), self.bootstrap_timeout)
         except TimeoutError as exc:
             raise errors.BootstrapTimeout(
-                f"anon did not connect to the Anyone network within {self.bootstrap_timeout:.0f} s"
+                f"anon did not connect to the Anyone network within "
+                f"{self.bootstrap_timeout:.0f} s"
             ) from exc
         self._ready.set()
 
@@ -475,7 +463,8 @@ class ManagedAnon(AnonClient):
         self._event_task = asyncio.create_task(self._watch_events(queue), name="anon-events")
         last = -1
         while True:
-            phase = (await self.control.getinfo("status/bootstrap-phase"))["status/bootstrap-phase"]
+            phase = (await self.control.getinfo("status/bootstrap-phase"))[
+                "status/bootstrap-phase"]
             match = re.search(r"PROGRESS=(\d+)", phase)
             progress = int(match.group(1)) if match else 0
             summary_match = re.search(r'SUMMARY="([^"]*)"', phase)
@@ -552,16 +541,10 @@ class ManagedAnon(AnonClient):
             except Exception as exc:
                 # No traceback at the default verbosity: a restart that fails is news, a
                 # stack is not; -vv shows it.
-                reason = (
-                    str(exc)
-                    if isinstance(exc, errors.AnonError)
-                    else (f"{type(exc).__name__}: {exc}")
-                )
-                logger.warning(
-                    "anon restart failed: %s; retrying in %.1f s",
-                    reason,
-                    min(delay * 2, RESTART_BACKOFF[1]),
-                )
+                reason = str(exc) if isinstance(exc, errors.AnonError) else (
+                    f"{type(exc).__name__}: {exc}")
+                logger.warning("anon restart failed: %s; retrying in %.1f s", reason,
+                               min(delay * 2, RESTART_BACKOFF[1]))
                 logger.debug("anon restart failure", exc_info=True)
                 with contextlib.suppress(Exception):
                     await self._terminate()
@@ -600,9 +583,7 @@ def state_dir(settings: config.Settings) -> Path:
 
 
 def from_settings(
-    settings: config.Settings,
-    *,
-    network: network_mod.Network | None,
+    settings: config.Settings, *, network: network_mod.Network | None,
     hidden_services: Sequence[hidden.HiddenServiceSpec] = (),
     on_progress: ProgressCallback | None = None,
 ) -> AnonClient:
@@ -611,11 +592,8 @@ def from_settings(
     Our own anon gets the client keys of every backend with auth_key_file.
     """
     if settings.anyone.socks:
-        return AttachedAnon(
-            socks=settings.anyone.socks,
-            control_address=settings.anyone.control,
-            cookie_file=settings.anyone.cookie_file,
-        )
+        return AttachedAnon(socks=settings.anyone.socks, control_address=settings.anyone.control,
+                            cookie_file=settings.anyone.cookie_file)
     return ManagedAnon(
         network=network,
         binary=install.find_binary(settings),

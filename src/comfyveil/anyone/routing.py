@@ -32,7 +32,9 @@ def is_hidden_host(host: str, suffixes: tuple[str, ...] = HIDDEN_SUFFIXES) -> bo
     return any(host.endswith(suffix) for suffix in suffixes)
 
 
-def proxy_url_for(backend: config.BackendConfig, anon: process.AnonClient | None) -> str | None:
+def proxy_url_for(
+    backend: config.BackendConfig, anon: process.AnonClient | None
+) -> str | None:
     """The SOCKS proxy URL for this backend, or None to connect directly.
 
     Raises:
@@ -43,7 +45,7 @@ def proxy_url_for(backend: config.BackendConfig, anon: process.AnonClient | None
     suffix = hidden_suffix(urlsplit(backend.url).hostname or "")
     if suffix is not None and backend.via == "direct":
         raise config.ConfigError(
-            f"backend {backend.name}: its {suffix} address is a hidden service, reached "
+            f'backend {backend.name}: its {suffix} address is a hidden service, reached '
             f'only through the Anyone network; remove via = "direct"'
         )
     if suffix is None and backend.via != "anyone":
@@ -63,10 +65,14 @@ def proxy_url_for(backend: config.BackendConfig, anon: process.AnonClient | None
     return anon.socks_url(f"backend-{backend.name}")
 
 
-def telegram_proxy_url(settings: config.Settings, anon: process.AnonClient | None) -> str | None:
+def telegram_proxy_url(
+    settings: config.Settings, anon: process.AnonClient | None
+) -> str | None:
     """The proxy for python-telegram-bot's proxy setting when [anyone] telegram is on."""
     if not settings.anyone.telegram:
         return None
     if anon is None:
-        raise errors.AnonError("[anyone] telegram is on, but the Anyone client is not running")
+        raise errors.AnonError(
+            "[anyone] telegram is on, but the Anyone client is not running"
+        )
     return anon.socks_url("telegram")

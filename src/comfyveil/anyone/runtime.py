@@ -69,9 +69,8 @@ class Router:
         try:
             await new_identity()
         except errors.AnonError as exc:
-            logger.info(
-                "could not renew anon's circuits: %s", exc, extra={"action": "newnym_failed"}
-            )
+            logger.info("could not renew anon's circuits: %s", exc,
+                        extra={"action": "newnym_failed"})
 
 
 def _routed(backend: config.BackendConfig) -> bool:
@@ -82,9 +81,7 @@ def _routed(backend: config.BackendConfig) -> bool:
 
 
 def needs_anon(
-    settings: config.Settings,
-    backends: Sequence[config.BackendConfig],
-    *,
+    settings: config.Settings, backends: Sequence[config.BackendConfig], *,
     telegram: bool = False,
 ) -> list[str]:
     """What needs anon, in words (empty: nothing; anon is not started)."""
@@ -105,7 +102,9 @@ def choose_network(
     return network_mod.PublicNetwork()
 
 
-def _key_files(settings: config.Settings, backends: Sequence[config.BackendConfig]) -> list[Path]:
+def _key_files(
+    settings: config.Settings, backends: Sequence[config.BackendConfig]
+) -> list[Path]:
     files: list[Path] = []
     for backend in (*settings.backends, *backends):
         if backend.auth_key_file and backend.auth_key_file not in files:
@@ -182,8 +181,7 @@ async def anon_for(
         )
     if settings.anyone.socks:
         async with process.AttachedAnon(
-            socks=settings.anyone.socks,
-            control_address=settings.anyone.control,
+            socks=settings.anyone.socks, control_address=settings.anyone.control,
             cookie_file=settings.anyone.cookie_file,
         ) as attached:
             logger.info("using the operator's anon at %s", settings.anyone.socks)
@@ -195,12 +193,8 @@ async def anon_for(
     keys = _key_files(settings, backends)
     with _state_dir(process.state_dir(settings)) as data_dir:
         anon = process.ManagedAnon(
-            network=chosen,
-            binary=binary,
-            data_dir=data_dir,
-            client_keys=keys,
-            on_progress=on_progress,
-            bootstrap_timeout=bootstrap_timeout,
+            network=chosen, binary=binary, data_dir=data_dir, client_keys=keys,
+            on_progress=on_progress, bootstrap_timeout=bootstrap_timeout,
             hidden_services=hidden_services,
         )
         logger.info("starting anon for %s", ", ".join(needs))

@@ -21,21 +21,8 @@ from comfyveil.bench import records, stats
 
 MISSING = "n/a"
 CSV_FIELDS = (
-    "workflow",
-    "backend",
-    "run",
-    "seed",
-    "ok",
-    "error",
-    "wall_s",
-    "execution_s",
-    "upload_s",
-    "download_s",
-    "sampler_its",
-    "outputs",
-    "output_bytes",
-    "cached_nodes",
-    "prompt_id",
+    "workflow", "backend", "run", "seed", "ok", "error", "wall_s", "execution_s", "upload_s",
+    "download_s", "sampler_its", "outputs", "output_bytes", "cached_nodes", "prompt_id",
 )
 
 
@@ -128,21 +115,9 @@ def detail(result: records.BenchResult) -> tuple[list[str], list[list[str]]]:
     """Spread and the other measurements, one row per workflow and backend."""
     metric_name = "server" if result.metric == "server" else "wall"
     header = [
-        "template",
-        "backend",
-        "ok",
-        "failed",
-        f"mean s ({metric_name})",
-        "median s",
-        "p90 s",
-        "stdev s",
-        "min-max s",
-        "wall mean s",
-        "server mean s",
-        "sampler it/s",
-        "upload s",
-        "download s",
-        "outputs",
+        "template", "backend", "ok", "failed", f"mean s ({metric_name})", "median s", "p90 s",
+        "stdev s", "min-max s", "wall mean s", "server mean s", "sampler it/s", "upload s",
+        "download s", "outputs",
     ]
     rows = []
     for wf in result.workflows:
@@ -154,25 +129,16 @@ def detail(result: records.BenchResult) -> tuple[list[str], list[list[str]]]:
             ok = [r for r in runs if r.ok]
             spread = MISSING if s.min is None else f"{s.min:.2f}-{s.max:.2f}"
             its = _mean_of([r.sampler_its for r in ok])
-            rows.append(
-                [
-                    wf.name,
-                    backend.name,
-                    str(s.n),
-                    str(s.failed),
-                    _seconds(s.mean),
-                    _seconds(s.median),
-                    _seconds(s.p90),
-                    _seconds(s.stdev),
-                    spread,
-                    _seconds(_mean_of([r.wall_s for r in ok])),
-                    _seconds(_mean_of([r.execution_s for r in ok])),
-                    MISSING if its is None else f"{its:.2f}",
-                    _seconds(_mean_of([r.upload_s for r in ok])) if wf.input_image else "-",
-                    _seconds(_mean_of([r.download_s for r in ok])),
-                    str(sum(r.outputs for r in ok)),
-                ]
-            )
+            rows.append([
+                wf.name, backend.name, str(s.n), str(s.failed), _seconds(s.mean),
+                _seconds(s.median), _seconds(s.p90), _seconds(s.stdev), spread,
+                _seconds(_mean_of([r.wall_s for r in ok])),
+                _seconds(_mean_of([r.execution_s for r in ok])),
+                MISSING if its is None else f"{its:.2f}",
+                _seconds(_mean_of([r.upload_s for r in ok])) if wf.input_image else "-",
+                _seconds(_mean_of([r.download_s for r in ok])),
+                str(sum(r.outputs for r in ok)),
+            ])
     return header, rows
 
 
@@ -194,15 +160,11 @@ def node_table(result: records.BenchResult, workflow: str) -> tuple[list[str], l
         per_backend[backend.name] = times
     header = ["node", *(f"{b.name} mean s" for b in result.backends)]
     rows = [
-        [
-            labels[node],
-            *(
-                _seconds(statistics.fmean(per_backend[b.name][node]))
-                if per_backend[b.name].get(node)
-                else MISSING
-                for b in result.backends
-            ),
-        ]
+        [labels[node], *(
+            _seconds(statistics.fmean(per_backend[b.name][node]))
+            if per_backend[b.name].get(node) else MISSING
+            for b in result.backends
+        )]
         for node in order
     ]
     return header, rows
@@ -217,17 +179,10 @@ def environment(result: records.BenchResult) -> tuple[list[str], list[list[str]]
             continue
         vram = MISSING if b.vram_bytes is None else f"{b.vram_bytes / 2**30:.1f}"
         python = (b.python_version or MISSING).split(" ")[0]
-        rows.append(
-            [
-                b.name,
-                b.url,
-                b.gpu or MISSING,
-                vram,
-                b.comfyui_version or MISSING,
-                b.pytorch_version or MISSING,
-                python,
-            ]
-        )
+        rows.append([
+            b.name, b.url, b.gpu or MISSING, vram, b.comfyui_version or MISSING,
+            b.pytorch_version or MISSING, python,
+        ])
     return header, rows
 
 
@@ -235,8 +190,7 @@ def render_markdown(result: records.BenchResult) -> str:
     names = [wf.name for wf in result.workflows]
     what = (
         "server execution time (execution_start to execution_success)"
-        if result.metric == "server"
-        else "wall time from submit to done"
+        if result.metric == "server" else "wall time from submit to done"
     )
     parts = [
         "# comfyveil benchmark",

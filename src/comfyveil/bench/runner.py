@@ -69,10 +69,7 @@ class Client(Protocol):
     """What the runner needs from `comfyveil.comfy.client.ComfyClient`."""
 
     async def run(
-        self,
-        prompt: dict[str, Any],
-        *,
-        prompt_id: str | None = None,
+        self, prompt: dict[str, Any], *, prompt_id: str | None = None,
         on_event: Callable[[Any], Any] | None = None,
     ) -> Any: ...
 
@@ -293,8 +290,7 @@ class Runner:
         except (ComfyveilError, OSError, TimeoutError) as exc:
             text = _error_text(exc)
             state.down = (
-                text
-                if backend.name in text
+                text if backend.name in text
                 else f"backend {backend.name} could not be reached: {text}"
             )
             logger.info("backend %s unreachable at start", backend.name)
@@ -383,13 +379,10 @@ class Runner:
             wall_s=wall,
             outputs=outputs,
             outputs_per_minute=outputs / (wall / 60) if wall > 0 else 0.0,
-            runs_per_backend={
-                s.backend.name: sum(1 for r in ok if r.backend == s.backend.name) for s in states
-            },
-            outputs_per_backend={
-                s.backend.name: sum(r.outputs for r in ok if r.backend == s.backend.name)
-                for s in states
-            },
+            runs_per_backend={s.backend.name: sum(
+                1 for r in ok if r.backend == s.backend.name) for s in states},
+            outputs_per_backend={s.backend.name: sum(
+                r.outputs for r in ok if r.backend == s.backend.name) for s in states},
         )
 
     def _seed(self, index: int, warmup: bool) -> int:
@@ -397,12 +390,8 @@ class Runner:
 
     def _not_run(self, wf: Any, backend: str, index: int, why: str) -> records.RunRecord:
         return records.RunRecord(
-            workflow=wf.name,
-            backend=backend,
-            run=index,
-            seed=self._seed(index, False) if _seed_param(wf) else None,
-            ok=False,
-            error=why,
+            workflow=wf.name, backend=backend, run=index,
+            seed=self._seed(index, False) if _seed_param(wf) else None, ok=False, error=why,
         )
 
     async def _one(
@@ -462,32 +451,15 @@ class Runner:
             partial["download_s"] = time.monotonic() - t
         except (ComfyveilError, OSError, TimeoutError) as exc:
             return records.RunRecord(
-                workflow=wf.name,
-                backend=backend.name,
-                run=index,
-                seed=seed,
-                ok=False,
-                error=_error_text(exc),
-                nodes=timer.nodes(),
-                started_at=started_at,
-                execution_s=timer.execution_s,
-                cached_nodes=len(timer.cached),
-                **partial,
+                workflow=wf.name, backend=backend.name, run=index, seed=seed, ok=False,
+                error=_error_text(exc), nodes=timer.nodes(), started_at=started_at,
+                execution_s=timer.execution_s, cached_nodes=len(timer.cached), **partial,
             )
         return records.RunRecord(
-            workflow=wf.name,
-            backend=backend.name,
-            run=index,
-            seed=seed,
-            ok=True,
-            execution_s=_server_seconds(result, timer),
-            nodes=_nodes(result, timer),
-            sampler_its=timer.sampler_its(),
-            outputs=len(sizes),
-            output_bytes=sum(sizes),
-            cached_nodes=_cached(result, timer),
-            started_at=started_at,
-            **partial,
+            workflow=wf.name, backend=backend.name, run=index, seed=seed, ok=True,
+            execution_s=_server_seconds(result, timer), nodes=_nodes(result, timer),
+            sampler_its=timer.sampler_its(), outputs=len(sizes), output_bytes=sum(sizes),
+            cached_nodes=_cached(result, timer), started_at=started_at, **partial,
         )
 
 
@@ -552,3 +524,4 @@ async def run(
     return await Runner(
         plan, proxy_for=proxy_for, on_progress=on_progress, client_factory=client_factory
     ).run()
+

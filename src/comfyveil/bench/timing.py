@@ -105,8 +105,7 @@ class RunTimer:
     def sampler_its(self) -> float | None:
         """Sampler iterations per second, or None when no sampler reported progress."""
         samplers = [
-            p
-            for node, p in self._progress.items()
+            p for node, p in self._progress.items()
             if p.max > 1 and "sampler" in self.class_types.get(node, "sampler").lower()
         ]
         steps = sum(p.last_value - p.first_value for p in samplers)

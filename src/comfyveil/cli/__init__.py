@@ -53,18 +53,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"comfyveil {__version__}")
     parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
+        "-v", "--verbose", action="count", default=0,
         help="more log output; -vv also prints tracebacks",
     )
     parser.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        default=None,
+        "--log-format", choices=logs.FORMATS, default=None,
         help="text (default) or json: one object a line, for journald or Loki "
-        "(default: [log] format)",
+             "(default: [log] format)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, summary in SUBCOMMANDS.items():

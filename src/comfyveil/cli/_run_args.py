@@ -21,19 +21,11 @@ def add_workflow_run(parser: argparse.ArgumentParser) -> None:
 
 def add_images_and_values(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--image",
-        action="append",
-        default=[],
-        type=Path,
-        metavar="FILE",
+        "--image", action="append", default=[], type=Path, metavar="FILE",
         help="an input image, for workflows that take one (repeat for several)",
     )
     parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        dest="values",
-        metavar="NAME=VALUE",
+        "--set", action="append", default=[], dest="values", metavar="NAME=VALUE",
         help="set a workflow parameter, e.g. --set steps=4 (repeatable)",
     )
 
@@ -67,10 +59,7 @@ def read_image(path: Path, settings: config.Settings) -> images.CheckedImage:
 
 def add_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path(),
-        metavar="DIR",
+        "--out", type=Path, default=Path(), metavar="DIR",
         help="save the outputs into DIR, created when missing (default: the current "
         "folder); each saved path is printed on its own line",
     )

@@ -1,7 +1,7 @@
 """`comfyveil anon`: install the anon binary, publish ComfyUI as a hidden service.
 
-comfyveil anon install [--dir DIR]
-comfyveil anon expose --target 127.0.0.1:8188 --client bot [--revoke NAME] [--no-auth]
+    comfyveil anon install [--dir DIR]
+    comfyveil anon expose --target 127.0.0.1:8188 --client bot [--revoke NAME] [--no-auth]
 """
 
 from __future__ import annotations
@@ -24,50 +24,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     inst = commands.add_parser("install", help="install the pinned anon binary")
     inst.add_argument("--dir", type=Path, help="install here (default: DATA_DIR/anon)")
-    inst.add_argument(
-        "--tarball", type=Path, help="use this already downloaded npm tarball instead of npm pack"
-    )
+    inst.add_argument("--tarball", type=Path,
+                      help="use this already downloaded npm tarball instead of npm pack")
     inst.add_argument("--force", action="store_true", help="fetch again even if installed")
     inst.add_argument("--config", type=Path, help="settings file")
     inst.set_defaults(handler=_install)
 
     exp = commands.add_parser(
-        "expose",
-        help="publish a local service (ComfyUI) as a hidden service",
+        "expose", help="publish a local service (ComfyUI) as a hidden service",
         description="Publish a local service as a persistent hidden service with client "
         "authorization, and keep it online until interrupted.",
     )
     exp.add_argument("--target", required=True, help="local address, e.g. 127.0.0.1:8188")
     exp.add_argument("--name", default="comfyui", help="service name (its directory)")
     exp.add_argument("--port", type=int, default=80, help="port on the hidden address")
-    exp.add_argument(
-        "--client",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="authorize a new client and write its key file (repeatable)",
-    )
-    exp.add_argument(
-        "--revoke",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="remove a client's authorization (repeatable)",
-    )
-    exp.add_argument(
-        "--no-auth",
-        action="store_true",
-        help="anyone who learns the address may connect (not recommended)",
-    )
-    exp.add_argument(
-        "--private-network",
-        type=Path,
-        metavar="FILE",
-        help="join a private test network: a file of DirAuthority lines",
-    )
-    exp.add_argument(
-        "--once", action="store_true", help="exit once the service is published (it goes offline)"
-    )
+    exp.add_argument("--client", action="append", default=[], metavar="NAME",
+                     help="authorize a new client and write its key file (repeatable)")
+    exp.add_argument("--revoke", action="append", default=[], metavar="NAME",
+                     help="remove a client's authorization (repeatable)")
+    exp.add_argument("--no-auth", action="store_true",
+                     help="anyone who learns the address may connect (not recommended)")
+    exp.add_argument("--private-network", type=Path, metavar="FILE",
+                     help="join a private test network: a file of DirAuthority lines")
+    exp.add_argument("--once", action="store_true",
+                     help="exit once the service is published (it goes offline)")
     exp.add_argument("--config", type=Path, help="settings file")
     exp.set_defaults(handler=_expose)
 
@@ -102,11 +82,8 @@ def _target(value: str) -> str:
     if problem:
         raise UsageError(f"--target must look like 127.0.0.1:8188: {problem} ({value!r})")
     if address is not None and not address.is_loopback:
-        print(
-            f"warning: --target {value} is not on this machine's loopback; the hop from "
-            "anon to ComfyUI leaves the machine unencrypted",
-            file=sys.stderr,
-        )
+        print(f"warning: --target {value} is not on this machine's loopback; the hop from "
+              "anon to ComfyUI leaves the machine unencrypted", file=sys.stderr)
     return value
 
 
@@ -141,8 +118,7 @@ async def _expose(args: argparse.Namespace) -> int:
 
     network: network_mod.Network = (
         network_mod.PrivateNetwork.from_file(args.private_network)
-        if args.private_network
-        else network_mod.PublicNetwork()
+        if args.private_network else network_mod.PublicNetwork()
     )
 
     def progress(percent: int, summary: str) -> None:
@@ -163,11 +139,9 @@ async def _expose(args: argparse.Namespace) -> int:
             key_file = base / "client-keys" / f"{args.name}-{name}.auth_private"
             hidden.write_client_key_file(key_file, service_id, key)
             print(f"client {name}: key file {key_file} (copy it to the bot host, mode 0600)")
-        print(
-            "on the bot host:\n  [[backends]]\n"
-            f'  url = "http://{address}{"" if args.port == 80 else f":{args.port}"}"\n'
-            '  auth_key_file = "/path/to/that/key file"'
-        )
+        print("on the bot host:\n  [[backends]]\n"
+              f'  url = "http://{address}{"" if args.port == 80 else f":{args.port}"}"\n'
+              '  auth_key_file = "/path/to/that/key file"')
         await anon.wait_published(service_id)
         print("published; press Ctrl-C to stop" if not args.once else "published")
         sys.stdout.flush()

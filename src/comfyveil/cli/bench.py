@@ -29,11 +29,8 @@ from comfyveil.errors import UsageError
 
 # The seed's table, in its order; other shipped workflows follow by name.
 SEED_ORDER = (
-    "sd3.5_simple_example",
-    "flux_schnell_full_text_to_image",
-    "flux_dev_full_text_to_image",
-    "video_wan2_2_14B_t2v",
-    "image_qwen_image_edit_2509",
+    "sd3.5_simple_example", "flux_schnell_full_text_to_image", "flux_dev_full_text_to_image",
+    "video_wan2_2_14B_t2v", "image_qwen_image_edit_2509",
 )
 EXIT_OK = 0
 EXIT_FAILED_RUNS = 1
@@ -49,89 +46,44 @@ def register(subparsers: Any) -> None:
         "base of the speedup, (t_base - t_other) / t_base.",
     )
     parser.add_argument(
-        "--backend",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
+        "--backend", action="append", default=[], metavar="NAME=URL",
         help="a ComfyUI server to measure (repeat; default: the configured backends)",
     )
     parser.add_argument(
-        "--workflow",
-        action="append",
-        default=[],
-        metavar="W",
+        "--workflow", action="append", default=[], metavar="W",
         help="a shipped workflow name or a workflow file (repeat; default: the five "
         "shipped seed workflows)",
     )
+    parser.add_argument("--runs", type=int, default=runner.DEFAULT_RUNS, metavar="N",
+                        help="measured runs per workflow and backend "
+                        f"(default {runner.DEFAULT_RUNS})")
+    parser.add_argument("--warmup", type=int, default=runner.DEFAULT_WARMUP, metavar="N",
+                        help=f"warm-up runs, not counted (default {runner.DEFAULT_WARMUP})")
     parser.add_argument(
-        "--runs",
-        type=int,
-        default=runner.DEFAULT_RUNS,
-        metavar="N",
-        help=f"measured runs per workflow and backend (default {runner.DEFAULT_RUNS})",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=runner.DEFAULT_WARMUP,
-        metavar="N",
-        help=f"warm-up runs, not counted (default {runner.DEFAULT_WARMUP})",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        dest="values",
-        metavar="NAME=VALUE",
+        "--set", action="append", default=[], dest="values", metavar="NAME=VALUE",
         help="fix a workflow parameter for every run, e.g. --set steps=20 (repeatable)",
     )
-    parser.add_argument(
-        "--image",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="input image for editing workflows (default: a generated test image)",
-    )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=runner.DEFAULT_SEED,
-        metavar="N",
-        help=f"run i uses seed N+i on every backend (default {runner.DEFAULT_SEED})",
-    )
-    parser.add_argument(
-        "--metric",
-        choices=("server", "wall"),
-        default="server",
-        help="seconds in the table: the server's execution time (default) "
-        "or wall time from submit to done",
-    )
-    parser.add_argument(
-        "--parallel",
-        action="store_true",
-        help="run all backends at once from one shared queue and report outputs per minute",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=runner.DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help="give up on a run after this long",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="where to write the results (default bench-results/<UTC time>)",
-    )
+    parser.add_argument("--image", type=Path, default=None, metavar="FILE",
+                        help="input image for editing workflows (default: a generated test image)")
+    parser.add_argument("--seed", type=int, default=runner.DEFAULT_SEED, metavar="N",
+                        help="run i uses seed N+i on every backend "
+                        f"(default {runner.DEFAULT_SEED})")
+    parser.add_argument("--metric", choices=("server", "wall"), default="server",
+                        help="seconds in the table: the server's execution time (default) "
+                        "or wall time from submit to done")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run all backends at once from one shared queue and report "
+                        "outputs per minute")
+    parser.add_argument("--timeout", type=float, default=runner.DEFAULT_TIMEOUT,
+                        metavar="SECONDS", help="give up on a run after this long")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where to write the results (default bench-results/<UTC time>)")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.set_defaults(handler=run_bench)
 
     sub = parser.add_subparsers(dest="bench_command", metavar="compare", required=False)
     cmp = sub.add_parser(
-        "compare",
-        help="print the table between two earlier results.json files",
+        "compare", help="print the table between two earlier results.json files",
         description="Match workflows by name; every backend of A and of B becomes a column; "
         "the base is the first backend of A.",
     )
@@ -224,12 +176,8 @@ def live_progress(total: int) -> Iterator[Callable[[runner.Progress], None]]:
 
     console = Console(stderr=True)
     with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=False,
     ) as progress:
         task = progress.add_task("starting", total=total)
 
@@ -241,10 +189,8 @@ def live_progress(total: int) -> Iterator[Callable[[runner.Progress], None]]:
             progress.advance(task)
             record = event.record
             if record is not None and not record.ok:
-                console.print(
-                    f"[red]{event.workflow} on {event.backend}, {what} failed:[/] {record.error}",
-                    highlight=False,
-                )
+                console.print(f"[red]{event.workflow} on {event.backend}, {what} failed:[/] "
+                              f"{record.error}", highlight=False)
 
         yield listener
 
@@ -263,16 +209,9 @@ async def run_bench(args: argparse.Namespace) -> int:
     runner.check_values(workflows, values)
     image = await asyncio.to_thread(_read_image, args.image) if args.image else None
     plan = runner.Plan(
-        backends=tuple(backends),
-        workflows=workflows,
-        runs=args.runs,
-        warmup=args.warmup,
-        values=values,
-        image=image,
-        seed_base=args.seed,
-        parallel=args.parallel,
-        metric=args.metric,
-        timeout=args.timeout,
+        backends=tuple(backends), workflows=workflows, runs=args.runs, warmup=args.warmup,
+        values=values, image=image, seed_base=args.seed, parallel=args.parallel,
+        metric=args.metric, timeout=args.timeout,
     )
     configs = [backend_config(settings, b.name, b.url) for b in backends]
     async with runtime.anon_for(settings, configs, on_progress=_anon_progress) as router:
@@ -287,10 +226,8 @@ async def run_bench(args: argparse.Namespace) -> int:
     print(report.markdown_table(*report.headline(names, report.columns(result))))
     if result.parallel is not None:
         p = result.parallel
-        print(
-            f"\nall backends at once: {p.outputs_per_minute:.2f} outputs per minute "
-            f"({p.outputs} outputs in {p.wall_s:.1f} s)"
-        )
+        print(f"\nall backends at once: {p.outputs_per_minute:.2f} outputs per minute "
+              f"({p.outputs} outputs in {p.wall_s:.1f} s)")
     failed = result.failed
     if failed:
         print(f"\n{len(failed)} run(s) failed; see {paths['md']}", file=sys.stderr)
@@ -304,3 +241,4 @@ async def run_compare(args: argparse.Namespace) -> int:
     print(f"A: {args.a} ({a.started_at})\nB: {args.b} ({b.started_at})\n")
     print(compare.render(compare.compare(a, b)), end="")
     return EXIT_OK
+

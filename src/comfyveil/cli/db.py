@@ -21,8 +21,7 @@ from comfyveil.store import database, embedded
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "db",
-        help=cli.SUBCOMMANDS["db"],
+        "db", help=cli.SUBCOMMANDS["db"],
         description="Manage comfyveil's PostgreSQL schema.",
     )
     actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
@@ -32,10 +31,7 @@ def register(subparsers: Any) -> None:
     ):
         action = actions.add_parser(name, help=text, description=text.capitalize() + ".")
         action.add_argument(
-            "--config",
-            type=Path,
-            default=None,
-            metavar="FILE",
+            "--config", type=Path, default=None, metavar="FILE",
             help="settings file (default: COMFYVEIL_CONFIG, else ./comfyveil.toml)",
         )
         action.set_defaults(handler=handler)

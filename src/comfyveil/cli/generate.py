@@ -32,24 +32,18 @@ def register(subparsers: Any) -> None:
     )
     _run_args.add_workflow_run(parser)
     parser.add_argument(
-        "--server",
-        default=None,
-        metavar="URL",
+        "--server", default=None, metavar="URL",
         help=f"ComfyUI server (default: first configured backend, else "
         f"{config.DEFAULT_COMFYUI_URL})",
     )
     _run_args.add_out(parser)
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.add_argument(
-        "--timeout",
-        type=float,
-        default=config.DEFAULT_JOB_TIMEOUT,
-        metavar="SECONDS",
+        "--timeout", type=float, default=config.DEFAULT_JOB_TIMEOUT, metavar="SECONDS",
         help="give up when the job (upload, run and download) has not finished after this long",
     )
     parser.add_argument(
-        "--keep-metadata",
-        action="store_true",
+        "--keep-metadata", action="store_true",
         help="keep ComfyUI's prompt and workflow inside the saved files (to drag them back "
         "into ComfyUI); by default every output is saved without metadata",
     )
@@ -139,15 +133,9 @@ async def run(args: argparse.Namespace) -> int:
         ):
             # Streamed into --out as they arrive: a huge output never sits in memory.
             outcome = await execute.execute(
-                client,
-                wf,
-                validated,
-                inputs,
-                on_event=progress.on_event,
-                timeout=args.timeout,
-                out_dir=args.out,
-                no_trace=backend.no_trace,
-                keep_metadata=args.keep_metadata,
+                client, wf, validated, inputs, on_event=progress.on_event,
+                timeout=args.timeout, out_dir=args.out,
+                no_trace=backend.no_trace, keep_metadata=args.keep_metadata,
             )
     finally:
         progress.close()

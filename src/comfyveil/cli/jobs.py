@@ -1,9 +1,9 @@
 """`comfyveil jobs`: look at the queue and cancel jobs from the command line.
 
-comfyveil jobs                 # everyone's recent jobs (the whole queue)
-comfyveil jobs list --user 42  # one user's (0: those queued with `comfyveil submit`)
-comfyveil jobs show JOB_ID     # the full id, or the short one the chat shows (#226bb674)
-comfyveil jobs cancel JOB_ID
+    comfyveil jobs                 # everyone's recent jobs (the whole queue)
+    comfyveil jobs list --user 42  # one user's (0: those queued with `comfyveil submit`)
+    comfyveil jobs show JOB_ID     # the full id, or the short one the chat shows (#226bb674)
+    comfyveil jobs cancel JOB_ID
 """
 
 from __future__ import annotations
@@ -27,20 +27,18 @@ def register(subparsers: Any) -> None:
         description="List recent jobs, show one job, or cancel one.",
     )
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
-    parser.set_defaults(handler=list_jobs, user=None, all_users=False, limit=20, status=None)
+    parser.set_defaults(
+        handler=list_jobs, user=None, all_users=False, limit=20, status=None
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     listing = actions.add_parser("list", help="recent jobs, newest first")
     listing.add_argument(
-        "--user",
-        type=int,
-        default=None,
+        "--user", type=int, default=None,
         help=f"only this user's jobs (a Telegram user id; {CLI_USER_ID}: jobs queued with "
         "`comfyveil submit`); by default every user's",
     )
     listing.add_argument(
-        "--all",
-        dest="all_users",
-        action="store_true",
+        "--all", dest="all_users", action="store_true",
         help="every user's jobs (the default; kept for scripts)",
     )
     listing.add_argument("--limit", type=int, default=20)
@@ -103,14 +101,11 @@ async def list_jobs(args: argparse.Namespace) -> int:
     if not found:
         print("no jobs" if args.user is None else f"no jobs of user {args.user}")
         return 0
-    print(
-        f"{'ID':36}  {'USER':>12}  {'COMMAND':8}  {'STATUS':9}  {'BACKEND':8}  {'TRIES':5}  CREATED"
-    )
+    print(f"{'ID':36}  {'USER':>12}  {'COMMAND':8}  {'STATUS':9}  {'BACKEND':8}  "
+          f"{'TRIES':5}  CREATED")
     for job in found:
-        print(
-            f"{job.id!s:36}  {job.user_id:>12}  {job.command:8}  {job.status.value:9}  "
-            f"{job.backend or '-':8}  {job.attempts:5}  {_time(job.created_at)}"
-        )
+        print(f"{job.id!s:36}  {job.user_id:>12}  {job.command:8}  {job.status.value:9}  "
+              f"{job.backend or '-':8}  {job.attempts:5}  {_time(job.created_at)}")
     return 0
 
 

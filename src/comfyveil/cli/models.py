@@ -35,68 +35,43 @@ T = TypeVar("T")
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "models",
-        help=cli.SUBCOMMANDS["models"],
+        "models", help=cli.SUBCOMMANDS["models"],
         description="Check and install the model files of commands on a GPU host.",
     )
     actions = parser.add_subparsers(dest="models_action", metavar="ACTION", required=True)
 
     check = actions.add_parser(
-        "check",
-        help="say which model files each command has, lacks, or has wrong",
+        "check", help="say which model files each command has, lacks, or has wrong",
         description="Per command, each model file: present, missing, or present with the "
         "wrong size (or hash, with --verify). Exits 1 when a file is not in place.",
     )
-    check.add_argument(
-        "commands",
-        nargs="*",
-        metavar="COMMAND",
-        help="a command (f, wan) or a NAME.toml; default: every one",
-    )
+    check.add_argument("commands", nargs="*", metavar="COMMAND",
+                       help="a command (f, wan) or a NAME.toml; default: every one")
     where = check.add_mutually_exclusive_group(required=True)
-    where.add_argument(
-        "--comfyui-dir",
-        type=Path,
-        metavar="DIR",
-        help="the ComfyUI folder (the one holding models/)",
-    )
-    where.add_argument(
-        "--server", metavar="URL", help="ask this running ComfyUI which files it sees instead"
-    )
-    check.add_argument(
-        "--verify",
-        action="store_true",
-        help="hash every file (reads all of them: minutes for large ones)",
-    )
+    where.add_argument("--comfyui-dir", type=Path, metavar="DIR",
+                       help="the ComfyUI folder (the one holding models/)")
+    where.add_argument("--server", metavar="URL",
+                       help="ask this running ComfyUI which files it sees instead")
+    check.add_argument("--verify", action="store_true",
+                       help="hash every file (reads all of them: minutes for large ones)")
     check.add_argument("--config", type=Path, default=None, metavar="FILE")
     check.set_defaults(handler=check_models)
 
     install = actions.add_parser(
-        "install",
-        help="download the missing model files, verified",
+        "install", help="download the missing model files, verified",
         description="Download what the commands' model files lack from the Hugging Face "
         "hub (HF_ENDPOINT for a mirror), check each one's sha256, then move it into "
         "place. Free disk space is checked first; an interrupted download resumes.",
     )
-    install.add_argument(
-        "commands", nargs="+", metavar="COMMAND", help="a command (f, wan) or a NAME.toml"
-    )
-    install.add_argument(
-        "--comfyui-dir",
-        type=Path,
-        metavar="DIR",
-        required=True,
-        help="the ComfyUI folder (the one holding models/)",
-    )
-    install.add_argument(
-        "--quiet", action="store_true", help="no progress bars and no report; errors only"
-    )
-    install.add_argument(
-        "--via-anon",
-        action="store_true",
-        help="download through the Anyone network, so the hub does not "
-        "learn which host fetches what",
-    )
+    install.add_argument("commands", nargs="+", metavar="COMMAND",
+                         help="a command (f, wan) or a NAME.toml")
+    install.add_argument("--comfyui-dir", type=Path, metavar="DIR", required=True,
+                         help="the ComfyUI folder (the one holding models/)")
+    install.add_argument("--quiet", action="store_true",
+                         help="no progress bars and no report; errors only")
+    install.add_argument("--via-anon", action="store_true",
+                         help="download through the Anyone network, so the hub does not "
+                         "learn which host fetches what")
     install.add_argument("--config", type=Path, default=None, metavar="FILE")
     install.set_defaults(handler=install_models)
 
@@ -123,9 +98,8 @@ def _unlisted(wf: workflow.Workflow) -> list[str]:
     for model in wf.models:
         for alias in FOLDER_ALIASES.get(model.folder, ()):
             listed.add((alias, model.filename))
-    return [
-        f"{folder}/{name}" for folder, name in wf.required_models() if (folder, name) not in listed
-    ]
+    return [f"{folder}/{name}" for folder, name in wf.required_models()
+            if (folder, name) not in listed]
 
 
 def _label(wf: workflow.Workflow) -> str:
@@ -160,13 +134,10 @@ async def check_models(args: argparse.Namespace) -> int:
             print("  " + _state_line(state))
         for relative in _unlisted(wf):
             folder, _sep, name = relative.partition("/")
-            there = any(
-                (models / alias / name).is_file() for alias in FOLDER_ALIASES.get(folder, (folder,))
-            )
-            print(
-                f"  {'present' if there else 'missing':<10} {relative}  (no [[models]] "
-                "table: install it by hand)"
-            )
+            there = any((models / alias / name).is_file()
+                        for alias in FOLDER_ALIASES.get(folder, (folder,)))
+            print(f"  {'present' if there else 'missing':<10} {relative}  (no [[models]] "
+                  "table: install it by hand)")
             worst = worst or (0 if there else 1)
         if not wf.models:
             print("  no [[models]] tables in its NAME.toml")
@@ -176,16 +147,11 @@ async def check_models(args: argparse.Namespace) -> int:
             worst = 1
             size = local.human_size(sum(s.model.size for s in todo))
             files = "1 file" if len(todo) == 1 else f"{len(todo)} files"
-            print(
-                f"  {files} to install ({size}): "
-                + local.install_command([_command_word(wf)], args.comfyui_dir)
-            )
+            print(f"  {files} to install ({size}): "
+                  + local.install_command([_command_word(wf)], args.comfyui_dir))
         else:
-            print(
-                "  the file is in place"
-                if len(states) == 1
-                else f"  all {len(states)} files in place"
-            )
+            print("  the file is in place" if len(states) == 1
+                  else f"  all {len(states)} files in place")
     return worst
 
 
@@ -196,14 +162,13 @@ def _state_line(state: local.FileState) -> str:
         checked = "  sha256 ok" if state.sha256 else ""
         return f"{'present':<10} {model.relative}  {size}{checked}"
     if state.state == local.WRONG_SIZE:
-        return f"{'wrong size':<10} {state.path}: {state.size} bytes, expected {model.size}"
+        return (f"{'wrong size':<10} {state.path}: {state.size} bytes, expected "
+                f"{model.size}")
     if state.state == local.WRONG_HASH:
-        return f"{'wrong hash':<10} {state.path}: sha256 {state.sha256}, expected {model.sha256}"
-    resume = (
-        f"  ({local.human_size(state.partial)} downloaded; install resumes)"
-        if state.partial
-        else ""
-    )
+        return (f"{'wrong hash':<10} {state.path}: sha256 {state.sha256}, expected "
+                f"{model.sha256}")
+    resume = (f"  ({local.human_size(state.partial)} downloaded; install resumes)"
+              if state.partial else "")
     return f"{'missing':<10} {model.relative}  {size}{resume}"
 
 
@@ -228,10 +193,8 @@ async def _check_server(url: str, workflows: Sequence[workflow.Workflow]) -> int
                     print(f"  {'present' if seen else 'missing':<10} {folder}/{name}")
                 if missing:
                     worst = 1
-                    print(
-                        f"  {missing} missing; on the GPU host: "
-                        + local.install_command([_command_word(wf)])
-                    )
+                    print(f"  {missing} missing; on the GPU host: "
+                          + local.install_command([_command_word(wf)]))
     except comfy_errors.ComfyError as exc:
         raise cli.ComfyveilError(str(exc)) from exc
     return worst
@@ -242,10 +205,8 @@ async def install_models(args: argparse.Namespace) -> int:
     workflows = _workflows(args.commands, settings)
     bare = [f"/{wf.command}" for wf in workflows if not wf.models]
     if bare:
-        raise UsageError(
-            f"{', '.join(bare)} lists no model files ([[models]] tables in its "
-            "NAME.toml): nothing to install from it"
-        )
+        raise UsageError(f"{', '.join(bare)} lists no model files ([[models]] tables in its "
+                         "NAME.toml): nothing to install from it")
     try:
         files = manifest.dedupe([wf.models for wf in workflows])
     except manifest.ManifestError as exc:
@@ -263,11 +224,10 @@ async def install_models(args: argparse.Namespace) -> int:
     if not missing:
         if not args.quiet:
             total = local.human_size(sum(s.model.size for s in states))
-            what = "the model file" if len(states) == 1 else f"the {len(states)} model files"
-            print(
-                f"nothing to do: {what} of {names} {'is' if len(states) == 1 else 'are'} "
-                f"in place ({total})"
-            )
+            what = ("the model file" if len(states) == 1
+                    else f"the {len(states)} model files")
+            print(f"nothing to do: {what} of {names} {'is' if len(states) == 1 else 'are'} "
+                  f"in place ({total})")
         return 0
     problem = local.space_problem(missing)
     if problem:
@@ -283,20 +243,17 @@ async def install_models(args: argparse.Namespace) -> int:
         size = local.human_size(sum(s.model.size for s in missing))
         seconds = f"{time.monotonic() - started:.0f} s"
         if len(missing) < len(states):
-            print(
-                f"installed {len(missing)} of the {len(states)} model files of {names} "
-                f"({size}) in {seconds}; the others were in place"
-            )
+            print(f"installed {len(missing)} of the {len(states)} model files of {names} "
+                  f"({size}) in {seconds}; the others were in place")
         else:
-            what = "the model file" if len(states) == 1 else f"the {len(states)} model files"
+            what = ("the model file" if len(states) == 1
+                    else f"the {len(states)} model files")
             print(f"installed {what} of {names} ({size}) in {seconds}")
     return 0
 
 
 async def _install_via_anon(
-    args: argparse.Namespace,
-    settings: config.Settings,
-    missing: list[local.FileState],
+    args: argparse.Namespace, settings: config.Settings, missing: list[local.FileState],
     token: str | None,
 ) -> None:
     from comfyveil.anyone import runtime
@@ -313,11 +270,13 @@ async def _install_via_anon(
             await _download_all(missing, token, quiet=args.quiet)
 
 
-async def _download_all(missing: list[local.FileState], token: str | None, *, quiet: bool) -> None:
+async def _download_all(missing: list[local.FileState], token: str | None, *,
+                        quiet: bool) -> None:
     with _download_progress(missing, quiet=quiet) as bars:
         for state in missing:
             on_bytes = bars(state)
-            await _in_thread(hub.download, state.model, state.path, token=token, on_bytes=on_bytes)
+            await _in_thread(hub.download, state.model, state.path, token=token,
+                             on_bytes=on_bytes)
             if not quiet:
                 print(f"placed {state.path} (sha256 checked)", file=sys.stderr)
 
@@ -341,13 +300,9 @@ def _download_progress(
     )
 
     progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=False,
     )
     total = progress.add_task("total", total=sum(s.model.size for s in missing))
 
@@ -365,9 +320,8 @@ def _download_progress(
 
 
 @contextmanager
-def _hash_progress(
-    model: manifest.ModelFile, *, enabled: bool
-) -> Iterator[Callable[[int], None] | None]:
+def _hash_progress(model: manifest.ModelFile, *, enabled: bool) -> Iterator[
+        Callable[[int], None] | None]:
     if not enabled or not sys.stderr.isatty():
         with nullcontext():
             yield None
@@ -375,13 +329,8 @@ def _hash_progress(
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    progress = Progress(
-        TextColumn("sha256 {task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    progress = Progress(TextColumn("sha256 {task.description}"), BarColumn(),
+                        DownloadColumn(), console=Console(stderr=True), transient=True)
     task = progress.add_task(model.filename, total=model.size)
     with progress:
         yield lambda count: progress.advance(task, count)

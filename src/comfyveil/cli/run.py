@@ -55,10 +55,7 @@ def register(subparsers: Any) -> None:
         "Ctrl-C. The bot token comes from COMFYVEIL_TELEGRAM_TOKEN or [telegram] token_file.",
     )
     parser.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="FILE",
+        "--config", type=Path, default=None, metavar="FILE",
         help="settings file (default: COMFYVEIL_CONFIG, else ./comfyveil.toml)",
     )
     parser.set_defaults(handler=run)
@@ -108,8 +105,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     logs.apply_settings(settings)
     published = (
         await asyncio.to_thread(web_hidden.prepare, settings)
-        if web and settings.web.hidden_service
-        else None
+        if web and settings.web.hidden_service else None
     )
 
     stop = asyncio.Event()
@@ -128,9 +124,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
         async with contextlib.AsyncExitStack() as stack:
             router = await stack.enter_async_context(
                 runtime.anon_for(
-                    settings,
-                    settings.backend_list(),
-                    telegram=telegram,
+                    settings, settings.backend_list(), telegram=telegram,
                     hidden_services=[published.spec] if published else (),
                     also=['webhooks ([api] webhooks_via = "anon")']
                     if web and settings.api.enabled and settings.api.webhooks_via == "anon"
@@ -141,24 +135,17 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             stack.push_async_callback(db.close)
             await db.commands.seed()
             backends = await stack.enter_async_context(
-                pool.Pool(
-                    settings.backend_list(),
-                    proxy_for=router.proxy_for,
-                    on_down=router.backend_down,
-                    limits=comfy_limits.outputs(settings.limits),
-                    routing=settings.worker.routing,
-                )
+                pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
+                          on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
+                          routing=settings.worker.routing)
             )
             worker_cli.say_unreachable(backends)
             bot = (
                 app.TelegramBot(settings, db, pool=backends, proxy=router.telegram_proxy())
-                if telegram
-                else None
+                if telegram else None
             )
             worker = Worker(
-                db,
-                backends,
-                sinks=[bot.sink] if bot is not None else [],
+                db, backends, sinks=[bot.sink] if bot is not None else [],
                 options=WorkerOptions(
                     lease_seconds=settings.worker.lease_seconds,
                     poll_interval=settings.worker.poll_interval,
@@ -170,43 +157,30 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             if bot is not None:
                 await bot.start()
                 stack.push_async_callback(bot.close)
-                print(
-                    f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
-                    flush=True,
-                )
+                print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
+                      flush=True)
             if web:
                 site = await web_server.start(
-                    settings,
-                    db,
-                    pool=backends,
-                    mounts=mounts(
-                        settings,
-                        db,
-                        backends,
-                        webhook_proxy=lambda: (
-                            router.anon.socks_url("webhooks") if router.anon is not None else None
-                        ),
-                    ),
+                    settings, db, pool=backends,
+                    mounts=mounts(settings, db, backends, webhook_proxy=lambda: (
+                        router.anon.socks_url("webhooks") if router.anon is not None else None
+                    )),
                 )
                 stack.push_async_callback(site.close)
                 print(f"comfyveil: web front end at {site.url}", flush=True)
                 links = site.url
                 if published is not None:
                     address = await web_hidden.announce(published, router.anon, stack)
-                    print(
-                        f"comfyveil: web front end as a hidden service: http://{address}",
-                        flush=True,
-                    )
+                    print(f"comfyveil: web front end as a hidden service: http://{address}",
+                          flush=True)
                     links = settings.web.public_url or f"http://{address}"
                 invite = await web_server.first_invite(settings, db, links)
                 if invite is not None:
-                    print(f"comfyveil: first admin invitation (works once): {invite}", flush=True)
+                    print(f"comfyveil: first admin invitation (works once): {invite}",
+                          flush=True)
                 if bot is None:
-                    print(
-                        "comfyveil: no Telegram token, so the web front end runs alone; "
-                        "Ctrl-C stops it",
-                        flush=True,
-                    )
+                    print("comfyveil: no Telegram token, so the web front end runs alone; "
+                          "Ctrl-C stops it", flush=True)
             purge = asyncio.create_task(
                 retention.purge_forever(db, settings.privacy, backends=backends),
                 name="retention",

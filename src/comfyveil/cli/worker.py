@@ -38,26 +38,17 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--config", type=Path, default=None, metavar="FILE")
     parser.add_argument(
-        "--id",
-        dest="worker_id",
-        default=None,
-        metavar="NAME",
+        "--id", dest="worker_id", default=None, metavar="NAME",
         help="this worker's name in the job log (default: host-pid-random)",
     )
     parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
+        "--out", type=Path, default=None, metavar="DIR",
         help="also write every finished job's outputs into DIR",
     )
     parser.add_argument(
-        "--grace",
-        type=float,
-        default=None,
-        metavar="SECONDS",
+        "--grace", type=float, default=None, metavar="SECONDS",
         help="on stop, how long running jobs may take to finish before they are handed back "
-        "(default: [worker] stop_grace)",
+             "(default: [worker] stop_grace)",
     )
     parser.set_defaults(handler=run)
 
@@ -81,11 +72,8 @@ def say_unreachable(backends: pool.Pool) -> None:
             reason = backend.last_error or f"backend {backend.name} cannot be reached"
             if f"backend {backend.name}" not in reason:
                 reason = f"backend {backend.name}: {reason}"
-            print(
-                f"comfyveil: {reason}; jobs wait for the GPUs that answer",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"comfyveil: {reason}; jobs wait for the GPUs that answer",
+                  file=sys.stderr, flush=True)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -96,22 +84,17 @@ async def run(args: argparse.Namespace) -> int:
         await db.commands.seed()
         async with (
             runtime.anon_for(settings, settings.backend_list()) as router,
-            pool.Pool(
-                settings.backend_list(),
-                proxy_for=router.proxy_for,
-                on_down=router.backend_down,
-                limits=comfy_limits.outputs(settings.limits),
-                routing=settings.worker.routing,
-            ) as backends,
+            pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
+                      on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
+                      routing=settings.worker.routing) as backends,
         ):
             say_unreachable(backends)
             options = options_from(settings, args)
             worker = Worker(db, backends, sinks=delivery, options=options)
 
             def on_signal() -> None:  # the grace is the whole stop, closing included
-                worker.stop(
-                    deadline=worker_options.stop_deadline(options.shutdown_grace, time.monotonic())
-                )
+                worker.stop(deadline=worker_options.stop_deadline(
+                    options.shutdown_grace, time.monotonic()))
 
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -31,8 +31,7 @@ ROLES = commands_store.DEFAULT_ROLES
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "workflows",
-        help=cli.SUBCOMMANDS["workflows"],
+        "workflows", help=cli.SUBCOMMANDS["workflows"],
         description="Manage the chat commands and the ComfyUI workflows behind them.",
     )
     # `comfyveil workflows` alone lists them, like `comfyveil jobs`.
@@ -50,12 +49,11 @@ def register(subparsers: Any) -> None:
     add = action("add", add_workflow, "add an operator's workflow (NAME.toml, NAME.json beside)")
     add.add_argument("toml", type=Path, metavar="NAME.toml")
     add.add_argument("--disabled", action="store_true", help="add it switched off")
-    add.add_argument("--admins-only", action="store_true", help="only admins may use the command")
     add.add_argument(
-        "--replace",
-        action="store_true",
-        help="replace the command of the same name (shipped or added before)",
+        "--admins-only", action="store_true", help="only admins may use the command"
     )
+    add.add_argument("--replace", action="store_true",
+                     help="replace the command of the same name (shipped or added before)")
     for name, handler, text in (
         ("enable", enable, "let users run a command"),
         ("disable", disable, "stop users from running a command"),
@@ -64,13 +62,8 @@ def register(subparsers: Any) -> None:
         sub = action(name, handler, text)
         sub.add_argument("command", metavar="COMMAND")
     check = action("check", check_backends, "show what each backend lacks for each command")
-    check.add_argument(
-        "--server",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="check this ComfyUI server instead of the configured backends",
-    )
+    check.add_argument("--server", action="append", default=[], metavar="URL",
+                       help="check this ComfyUI server instead of the configured backends")
 
 
 @asynccontextmanager
@@ -106,12 +99,11 @@ async def add_workflow(args: argparse.Namespace) -> int:
         same = existing is not None and (existing.hash, existing.source) == (wf.hash, "operator")
         if existing is not None and not args.replace and not same:
             raise UsageError(
-                f"/{existing.command} already runs {_what(existing)}; add --replace to replace it"
+                f"/{existing.command} already runs {_what(existing)}; "
+                "add --replace to replace it"
             )
         added = await db.commands.add(
-            wf,
-            args.toml.read_text(encoding="utf-8"),
-            graph_text,
+            wf, args.toml.read_text(encoding="utf-8"), graph_text,
             enabled=not args.disabled,
             allowed_roles=("admin",) if args.admins_only else ROLES,
         )
@@ -150,7 +142,9 @@ async def remove(args: argparse.Namespace) -> int:
         if existing is None:
             raise UsageError(f"there is no command /{args.command.removeprefix('/')}")
         if existing.source == "shipped":
-            raise UsageError(f"/{existing.command} is shipped with comfyveil; disable it instead")
+            raise UsageError(
+                f"/{existing.command} is shipped with comfyveil; disable it instead"
+            )
         await db.commands.remove(args.command)
     print(f"/{existing.command} removed")
     return 0
@@ -161,8 +155,7 @@ async def check_backends(args: argparse.Namespace) -> int:
     settings = config.load(args.config)
     backends = (
         [config.BackendConfig(name=f"server{i}", url=u) for i, u in enumerate(args.server)]
-        if args.server
-        else list(settings.backend_list())
+        if args.server else list(settings.backend_list())
     )
     if not backends:
         raise UsageError("no backends to check: name one with --server URL or in [backends]")
@@ -182,10 +175,8 @@ async def check_backends(args: argparse.Namespace) -> int:
         for wf, label in workflows:
             problems = wf.check(info)
             verdict = "ok" if not problems else "; ".join(problems)
-            print(
-                f"{backend.name}  /{wf.command:<{width}} {verdict}{label}"
-                f"{_trace_note(wf, info, backend)}"
-            )
+            print(f"{backend.name}  /{wf.command:<{width}} {verdict}{label}"
+                  f"{_trace_note(wf, info, backend)}")
             worst = worst or (1 if problems else 0)
     return worst
 
@@ -235,8 +226,6 @@ def _trace_note(
     ]
     memory = notrace.mode(backend.no_trace) == "memory"
     if memory and notrace.WEBSOCKET_SAVER not in info and notrace.to_websocket(wf.graph)[1]:
-        notes.append(
-            f"{notrace.WEBSOCKET_SAVER} is missing: images are written to the "
-            "GPU host's disk and overwritten once downloaded"
-        )
+        notes.append(f"{notrace.WEBSOCKET_SAVER} is missing: images are written to the "
+                     "GPU host's disk and overwritten once downloaded")
     return "".join(f"\n    no trace: {note}" for note in notes)

@@ -28,7 +28,9 @@ KINDS = ("image", "video")
 COMMAND_RE = re.compile(r"^[a-z0-9_]{1,32}$")  # Telegram's rule for bot commands
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
-_TOP_KEYS = frozenset({"command", "title", "description", "kind", "params", "spoiler", "models"})
+_TOP_KEYS = frozenset(
+    {"command", "title", "description", "kind", "params", "spoiler", "models"}
+)
 _PARAM_KEYS = frozenset(
     {
         "node",

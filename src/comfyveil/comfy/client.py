@@ -317,7 +317,9 @@ class ComfyClient(Following):
         if done is not None:
             return done
         state = await self.queue()
-        item = next((i for i in (*state.running, *state.pending) if i.prompt_id == prompt_id), None)
+        item = next(
+            (i for i in (*state.running, *state.pending) if i.prompt_id == prompt_id), None
+        )
         client_id = item.extra_data.get("client_id") if item is not None else None
         if not isinstance(client_id, str) or not client_id:
             return await self._poll(prompt_id, on_event)

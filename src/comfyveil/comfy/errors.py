@@ -299,10 +299,8 @@ class WorkflowRejected(ComfyError):
         if kind == "value_not_in_list":
             return f"{_first_line(details) or input_name}: {message} (node {node_id}, {class_type})"
         text = _first_line(details)
-        return (
-            f"{message}: {text} (node {node_id}, {class_type})"
-            if text
-            else (f"{message} (node {node_id}, {class_type})")
+        return f"{message}: {text} (node {node_id}, {class_type})" if text else (
+            f"{message} (node {node_id}, {class_type})"
         )
 
 

@@ -206,7 +206,9 @@ def parse_message(message: Any) -> Event:
     try:
         return _PARSERS[kind](pid, data) if kind in _PARSERS else Unknown(pid, kind, message)
     except (TypeError, ValueError, KeyError) as exc:
-        raise errors.BackendProtocolError(f"the backend sent a malformed {kind} message") from exc
+        raise errors.BackendProtocolError(
+            f"the backend sent a malformed {kind} message"
+        ) from exc
 
 
 def _status(pid: str | None, data: Mapping[str, Any]) -> Event:
@@ -236,7 +238,9 @@ _PARSERS: dict[str, Any] = {
     "execution_cached": lambda pid, d: ExecutionCached(
         pid, _ids(d.get("nodes")), _int(d.get("timestamp"))
     ),
-    "executing": lambda pid, d: Executing(pid, _str(d.get("node")), _str(d.get("display_node"))),
+    "executing": lambda pid, d: Executing(
+        pid, _str(d.get("node")), _str(d.get("display_node"))
+    ),
     "progress": lambda pid, d: Progress(
         pid, _str(d.get("node")), float(d["value"]), float(d["max"])
     ),

@@ -26,33 +26,12 @@ from comfyveil.errors import ComfyveilError
 __all__ = ["FOLDERS", "ManifestError", "ModelFile", "parse"]
 
 # ComfyUI's models/ subfolders (folder_paths.py of 0.3.x), the old names included.
-FOLDERS = frozenset(
-    {
-        "checkpoints",
-        "configs",
-        "loras",
-        "vae",
-        "text_encoders",
-        "clip",
-        "diffusion_models",
-        "unet",
-        "clip_vision",
-        "style_models",
-        "embeddings",
-        "diffusers",
-        "vae_approx",
-        "controlnet",
-        "t2i_adapter",
-        "gligen",
-        "upscale_models",
-        "latent_upscale_models",
-        "hypernetworks",
-        "photomaker",
-        "classifiers",
-        "model_patches",
-        "audio_encoders",
-    }
-)
+FOLDERS = frozenset({
+    "checkpoints", "configs", "loras", "vae", "text_encoders", "clip", "diffusion_models",
+    "unet", "clip_vision", "style_models", "embeddings", "diffusers", "vae_approx",
+    "controlnet", "t2i_adapter", "gligen", "upscale_models", "latent_upscale_models",
+    "hypernetworks", "photomaker", "classifiers", "model_patches", "audio_encoders",
+})
 _KEYS = frozenset({"repo", "path", "revision", "folder", "size", "sha256", "name"})
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -103,7 +82,9 @@ def parse(raw: object, where: str) -> tuple[ModelFile, ...]:
         model = _parse_one(table, here)
         previous = seen.get(model.relative)
         if previous is not None:
-            raise ManifestError(f"{here}: {model.relative} is already listed by models #{previous}")
+            raise ManifestError(
+                f"{here}: {model.relative} is already listed by models #{previous}"
+            )
         seen[model.relative] = index
         files.append(model)
     return tuple(files)
@@ -148,12 +129,7 @@ def _parse_one(table: object, where: str) -> ModelFile:
     if "name" in table:
         name = _relative(_text(table, "name", where), "name", where)
     return ModelFile(
-        repo=repo,
-        path=path,
-        folder=folder,
-        size=size,
-        sha256=sha256,
-        revision=revision,
+        repo=repo, path=path, folder=folder, size=size, sha256=sha256, revision=revision,
         name=name,
     )
 

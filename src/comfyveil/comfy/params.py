@@ -131,19 +131,19 @@ class Param:
         if not isinstance(value, str):
             raise self._fail(_("{name} must be text").format(name=self._shown))
         if self.max_length is not None and len(value) > self.max_length:
-            raise self._fail(
-                n_(
-                    "{name} is too long ({length} character, at most {limit})",
-                    "{name} is too long ({length} characters, at most {limit})",
-                    len(value),
-                ).format(name=self._shown, length=ltr(len(value)), limit=ltr(self.max_length))
-            )
+            raise self._fail(n_(
+                "{name} is too long ({length} character, at most {limit})",
+                "{name} is too long ({length} characters, at most {limit})",
+                len(value),
+            ).format(name=self._shown, length=ltr(len(value)), limit=ltr(self.max_length)))
         if self.required and not value.strip():
             raise self._fail(_("{name} must not be empty").format(name=self._shown))
         if _CONTROL.search(value):
             # NUL and lone surrogates make PostgreSQL refuse the row and quote it in its
             # error; the rest draw nothing (issue 22 §8). Lines and tabs are text.
-            raise self._fail(_("{name} must not hold control characters").format(name=self._shown))
+            raise self._fail(
+                _("{name} must not hold control characters").format(name=self._shown)
+            )
         return value
 
     def _to_int(self, value: object) -> int:
@@ -158,11 +158,8 @@ class Param:
                 return int(value.strip())
             except ValueError:
                 pass
-        raise self._fail(
-            _("{name} must be a whole number (got {value})").format(
-                name=self._shown, value=ltr(show(value))
-            )
-        )
+        raise self._fail(_("{name} must be a whole number (got {value})").format(
+            name=self._shown, value=ltr(show(value))))
 
     def _to_float(self, value: object) -> float:
         number: float | None = None
@@ -174,11 +171,8 @@ class Param:
             except ValueError:
                 number = None
         if number is None or not math.isfinite(number):
-            raise self._fail(
-                _("{name} must be a number (got {value})").format(
-                    name=self._shown, value=ltr(show(value))
-                )
-            )
+            raise self._fail(_("{name} must be a number (got {value})").format(
+                name=self._shown, value=ltr(show(value))))
         return number
 
     def _check_range(self, number: int | float) -> int | float:
@@ -191,14 +185,9 @@ class Param:
                 text = _("{name} must be at least {low} (got {value})")
             else:
                 text = _("{name} must be at most {high} (got {value})")
-            raise self._fail(
-                text.format(
-                    name=self._shown,
-                    low=ltr(num(low) if low is not None else ""),
-                    high=ltr(num(high) if high is not None else ""),
-                    value=ltr(num(number)),
-                )
-            )
+            raise self._fail(text.format(
+                name=self._shown, low=ltr(num(low) if low is not None else ""),
+                high=ltr(num(high) if high is not None else ""), value=ltr(num(number))))
         if self.step:
             base = low or 0
             ratio = (number - base) / self.step
@@ -207,14 +196,9 @@ class Param:
                     text = _("{name} must be a multiple of {step} (got {value})")
                 else:
                     text = _("{name} must be {base} plus a multiple of {step} (got {value})")
-                raise self._fail(
-                    text.format(
-                        name=self._shown,
-                        base=ltr(num(base)),
-                        step=ltr(num(self.step)),
-                        value=ltr(num(number)),
-                    )
-                )
+                raise self._fail(text.format(
+                    name=self._shown, base=ltr(num(base)), step=ltr(num(self.step)),
+                    value=ltr(num(number))))
         return number
 
     def _to_bool(self, value: object) -> bool:
@@ -228,22 +212,16 @@ class Param:
                 return True
             if word in _FALSE:
                 return False
-        raise self._fail(
-            _("{name} must be yes or no (got {value})").format(
-                name=self._shown, value=ltr(show(value))
-            )
-        )
+        raise self._fail(_("{name} must be yes or no (got {value})").format(
+            name=self._shown, value=ltr(show(value))))
 
     def _to_choice(self, value: object) -> object:
         for choice in self.choices or ():
             if value == choice or (isinstance(value, str) and value.strip() == str(choice)):
                 return choice
         options = ", ".join(str(c) for c in self.choices or ())
-        raise self._fail(
-            _("{name} must be one of: {options} (got {value})").format(
-                name=self._shown, options=ltr(options), value=ltr(show(value))
-            )
-        )
+        raise self._fail(_("{name} must be one of: {options} (got {value})").format(
+            name=self._shown, options=ltr(options), value=ltr(show(value))))
 
     def _to_image(self, value: object) -> object:
         if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):

@@ -252,7 +252,9 @@ class Pool:
         self._proxy_for = proxy_for
         self._on_down = on_down
         # `limits`: what one job may bring back from a backend ([limits] in the config).
-        self._client_factory = client_factory or functools.partial(_default_client, limits=limits)
+        self._client_factory = client_factory or functools.partial(
+            _default_client, limits=limits
+        )
         self.probe_interval = probe_interval
         self.backends: dict[str, Backend] = {}
         self._stack = contextlib.AsyncExitStack()
@@ -365,9 +367,8 @@ class Pool:
                 if on_wait is not None and not told:
                     told = True
                     # stored in English; the chat says it in the job's language
-                    await on_wait(
-                        N_("waiting for a GPU") if not able else N_("waiting for a free GPU")
-                    )
+                    await on_wait(N_("waiting for a GPU") if not able
+                                  else N_("waiting for a free GPU"))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), self.probe_interval)
 
@@ -403,8 +404,7 @@ class Pool:
             if self.cold_cost(best_free, wf) <= 0:
                 return best_free
             warm = [
-                b
-                for b in able
+                b for b in able
                 if not b.free and b.load < OVERFLOW * b.capacity and self.cold_cost(b, wf) <= 0
             ]
             if not warm:
@@ -489,9 +489,7 @@ class Pool:
             except ValueError as exc:
                 raise config.ConfigError(f"backend {cfg.name}: bench: {exc}") from None
             logger.info(
-                "backend %s: %d benchmark runs seed its run-time estimates",
-                cfg.name,
-                taken,
+                "backend %s: %d benchmark runs seed its run-time estimates", cfg.name, taken,
                 extra={"action": "estimates_seeded", "backend": cfg.name},
             )
 
@@ -519,7 +517,9 @@ class Pool:
         await self._notify()
 
     @contextlib.asynccontextmanager
-    async def slot(self, wf: workflow.Workflow, job_id: str, **kwargs: Any) -> AsyncIterator[Slot]:
+    async def slot(
+        self, wf: workflow.Workflow, job_id: str, **kwargs: Any
+    ) -> AsyncIterator[Slot]:
         held = await self.acquire(wf, job_id, **kwargs)
         try:
             yield held
@@ -545,10 +545,7 @@ class Pool:
         backend.next_probe = time.monotonic() + delay
         if backend.healthy:
             logger.warning(
-                "backend %s is down (%s); probing again in %.1f s",
-                backend.name,
-                reason,
-                delay,
+                "backend %s is down (%s); probing again in %.1f s", backend.name, reason, delay,
                 extra={"action": "backend_down", "backend": backend.name},
             )
         backend.healthy = False
@@ -586,8 +583,7 @@ class Pool:
         backend.next_probe = time.monotonic() + self.probe_interval
         if not backend.healthy:
             logger.info(
-                "backend %s is up",
-                backend.name,
+                "backend %s is up", backend.name,
                 extra={"action": "backend_up", "backend": backend.name},
             )
         backend.healthy = True

@@ -107,8 +107,7 @@ class Workflow:
             options = ", ".join(sorted(self.params)) or "-"
             raise ParamError(
                 _("unknown option {option}; options: {options}").format(
-                    option=ltr(f"--{clip(name_or_alias, 40)}"), options=ltr(options)
-                ),
+                    option=ltr(f"--{clip(name_or_alias, 40)}"), options=ltr(options)),
                 param=name_or_alias,
             )
         return self.params[name]
@@ -146,8 +145,7 @@ class Workflow:
             elif p.required:
                 if p.description:
                     text = _("{name} is required: {hint}").format(
-                        name=ltr(name), hint=p.described()
-                    )
+                        name=ltr(name), hint=p.described())
                 else:
                     text = _("{name} is required").format(name=ltr(name))
                 raise ParamError(text, param=name)

@@ -40,7 +40,8 @@ def unreachable(backend: str, exc: BaseException) -> errors.BackendUnreachable:
     """The error for a failed connection; when anon said why a hidden backend refused
     us, its words: "backend cloud needs a client key (auth_key_file)"."""
     why = proxy_mod.refusal(exc)
-    return errors.BackendUnreachable(f"backend {backend} {why}" if why else None, backend=backend)
+    return errors.BackendUnreachable(f"backend {backend} {why}" if why else None,
+                                     backend=backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,15 +144,8 @@ class Http:
 
     @contextlib.asynccontextmanager
     async def open(
-        self,
-        method: str,
-        url: str,
-        *,
-        during: str,
-        params: Mapping[str, str] | None = None,
-        json: Any = None,
-        data: Any = None,
-        upload: PacedUpload | None = None,
+        self, method: str, url: str, *, during: str, params: Mapping[str, str] | None = None,
+        json: Any = None, data: Any = None, upload: PacedUpload | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """The response with its body unread, for streaming; errors while reading it
         are translated too (`during` says what was going on: "during the download";
@@ -176,17 +170,9 @@ class Http:
             raise self._error(exc, during, reached, upload) from exc
 
     async def request(
-        self,
-        method: str,
-        url: str,
-        *,
-        during: str,
-        what: str,
-        limit: int = limits.JSON_ANSWER_BYTES,
-        deadline: bool = True,
-        params: Mapping[str, str] | None = None,
-        json: Any = None,
-        data: Any = None,
+        self, method: str, url: str, *, during: str, what: str,
+        limit: int = limits.JSON_ANSWER_BYTES, deadline: bool = True,
+        params: Mapping[str, str] | None = None, json: Any = None, data: Any = None,
         upload: PacedUpload | None = None,
     ) -> Reply:
         """A whole answer of at most `limit` bytes (AnswerTooLarge beyond), within
@@ -197,12 +183,7 @@ class Http:
             async with (
                 asyncio.timeout(seconds),
                 self.open(
-                    method,
-                    url,
-                    during=during,
-                    params=params,
-                    json=json,
-                    data=data,
+                    method, url, during=during, params=params, json=json, data=data,
                     upload=upload,
                 ) as response,
             ):

@@ -178,7 +178,8 @@ async def connect(
     try:
         # Through a proxy, python-socks opens the tunnel (also over anon's Unix socket,
         # which websockets cannot dial) and websockets gets the connected socket.
-        sock = await proxy_mod.tunnel(proxy, *_host_port(url), timeout=timeout) if (proxy) else None
+        sock = await proxy_mod.tunnel(proxy, *_host_port(url), timeout=timeout) if (
+            proxy) else None
         conn = await ws_connect(
             url,
             origin=None,

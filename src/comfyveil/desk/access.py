@@ -32,9 +32,8 @@ ALLOWED_KEY = "allowed"  # users.settings flag written by /allow
 # Said wherever limits are shown or set (the chat's /users and /quota, the web's users
 # page): admins have none, so a count against a quota would mislead.
 NO_LIMITS = N_("No limits: admins have none.")
-QUOTA_FOR_ADMIN = N_(
-    "Admins have no limits: {user}'s quota applies once they are no longer an admin."
-)
+QUOTA_FOR_ADMIN = N_("Admins have no limits: {user}'s quota applies once they are no "
+                     "longer an admin.")
 
 
 class NotAllowed(errors.UsageError):
@@ -87,7 +86,9 @@ class Access:
         if role == "banned" and not config_admin:
             return Who(user_id, chat_id, role, False, False, user)
         granted = bool(user is not None and user.settings.get(ALLOWED_KEY))
-        allowed = is_admin or tg.open or granted or user_id in tg.allow or chat_id in tg.allow
+        allowed = (
+            is_admin or tg.open or granted or user_id in tg.allow or chat_id in tg.allow
+        )
         return Who(user_id, chat_id, role, is_admin, allowed, user)
 
     async def require(self, user_id: int, chat_id: int) -> Who:
@@ -102,8 +103,7 @@ class Access:
         if not who.allowed:
             raise NotAllowed(
                 _("This bot is private. Ask its operator to allow your id {id}.").format(
-                    id=ltr(user_id)
-                )
+                    id=ltr(user_id))
             )
         return who
 
@@ -122,11 +122,8 @@ class Access:
         if who.is_admin:
             return {"max_active": None, "daily_quota": None, "cooldown": None}
         lim = self.settings.limits
-        return {
-            "max_active": lim.max_queued,
-            "daily_quota": lim.daily_quota,
-            "cooldown": lim.cooldown or None,
-        }
+        return {"max_active": lim.max_queued, "daily_quota": lim.daily_quota,
+                "cooldown": lim.cooldown or None}
 
     async def allow(self, user_id: int) -> None:
         """An admin's /allow: lift a ban and grant use of a closed bot."""

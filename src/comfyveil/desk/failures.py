@@ -24,7 +24,8 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \"", re.M
 INTERNAL = N_("Something went wrong on our side; please try again.")
 
 # What users read, in one place (to be translated as a whole).
-OUT_OF_MEMORY = N_("The job failed: the GPU ran out of memory; try a smaller size or fewer steps.")
+OUT_OF_MEMORY = N_(
+    "The job failed: the GPU ran out of memory; try a smaller size or fewer steps.")
 WORKFLOW_FAILED = N_("The workflow failed on the GPU; please try again later.")
 MISSING = N_("No GPU has what this command needs right now; please try again later.")
 REFUSED = N_("The GPU refused this job's settings.")
@@ -57,7 +58,6 @@ def _offline(match: re.Match[str]) -> str:
         "send the command again later.",
         n,
     ).format(n=n)
-
 
 _MISSING_RULE = re.compile(r"is not installed on backend|^no GPU has the|^no GPU can run")
 # (pattern over the worker's error text, the sentence users get), first match wins

@@ -93,7 +93,7 @@ class Entry:
         wf = self.workflow
         skip = {wf.prompt_param, *wf.image_params, *HIDDEN_OPTIONS}
         names = [n for n in wf.params if n not in skip]
-        names.sort(key=lambda n: NAMED_OPTIONS.index(n) if n in NAMED_OPTIONS else 99)
+        names.sort(key=lambda n: (NAMED_OPTIONS.index(n) if n in NAMED_OPTIONS else 99))
         options = []
         for name in names:
             p = wf.params[name]
@@ -102,19 +102,14 @@ class Entry:
                 default = graph_value(wf, name)
             options.append(
                 OptionHelp(
-                    name=name,
-                    description=p.described() or name,
-                    minimum=p.min,
-                    maximum=p.max,
+                    name=name, description=p.described() or name,
+                    minimum=p.min, maximum=p.max,
                     default=default if isinstance(default, int | float | str) else None,
                 )
             )
         return CommandHelp(
-            name=self.name,
-            title=self.title(),
-            description=self.description(),
-            options=tuple(options),
-            takes_image=self.takes_image,
+            name=self.name, title=self.title(), description=self.description(),
+            options=tuple(options), takes_image=self.takes_image,
             negative=self.negative_allowed,
             sized="width" in wf.params and "height" in wf.params,
         )
@@ -154,9 +149,8 @@ def graph_value(wf: workflow.Workflow, name: str) -> object:
 class CommandRegistry:
     """Enabled commands by name, re-read from the database now and then."""
 
-    def __init__(
-        self, store: commands_store.CommandStore, *, refresh_seconds: float = REFRESH_SECONDS
-    ) -> None:
+    def __init__(self, store: commands_store.CommandStore, *,
+                 refresh_seconds: float = REFRESH_SECONDS) -> None:
         self.store = store
         self.refresh_seconds = refresh_seconds
         self._entries: dict[str, Entry] = {}
@@ -175,12 +169,8 @@ class CommandRegistry:
                     try:
                         wf = await asyncio.to_thread(row.to_workflow)
                     except workflow.WorkflowError as exc:
-                        logger.warning(
-                            "command /%s is not usable: %s",
-                            row.command,
-                            exc,
-                            extra={"action": "command_invalid"},
-                        )
+                        logger.warning("command /%s is not usable: %s", row.command, exc,
+                                       extra={"action": "command_invalid"})
                         continue
                     self._workflows[row.hash] = wf
                 entries[row.command] = Entry(row.command, row, wf)

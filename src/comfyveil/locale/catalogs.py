@@ -37,13 +37,9 @@ def extract() -> Catalog:
         str(PACKAGE),
         # The web pages' texts: ``{{ _("...") }}`` and ``{% trans %}`` in the templates.
         method_map=[("**.py", "python"), ("web/templates/**.html", "jinja2")],
-        options_map={
-            "web/templates/**.html": {
-                "extensions": "jinja2.ext.i18n",
-                "trim_blocks": "true",
-                "lstrip_blocks": "true",
-            }
-        },
+        options_map={"web/templates/**.html": {"extensions": "jinja2.ext.i18n",
+                                               "trim_blocks": "true",
+                                               "lstrip_blocks": "true"}},
         keywords=KEYWORDS,
         comment_tags=COMMENT_TAGS,
         strip_comment_tags=True,
@@ -93,9 +89,8 @@ def write(path: Path, catalog: Catalog) -> None:
     with path.open("wb") as handle:
         # File names without line numbers: an edit elsewhere in a file leaves the
         # catalogs as they are.
-        write_po(
-            handle, catalog, width=96, sort_output=False, omit_header=False, include_lineno=False
-        )
+        write_po(handle, catalog, width=96, sort_output=False, omit_header=False,
+                 include_lineno=False)
 
 
 def update(languages: Iterable[str] = i18n.LANGUAGES) -> None:

@@ -144,9 +144,7 @@ def session(proxy: str | None) -> Iterator[None]:
     def factory() -> httpx2.Client:
         if socks is not None and socks.unix_path is not None:
             return httpx2.Client(
-                follow_redirects=True,
-                timeout=None,
-                trust_env=False,
+                follow_redirects=True, timeout=None, trust_env=False,
                 transport=_UnixSocksTransport(socks),
             )
         return httpx2.Client(
@@ -170,14 +168,9 @@ class _UnixBackend(httpcore2.SyncBackend):
     def __init__(self, path: str) -> None:
         self._path = path
 
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> httpcore2.NetworkStream:
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore2.NetworkStream:
         return self.connect_unix_socket(self._path, timeout)
 
 
@@ -190,8 +183,7 @@ class _UnixSocksTransport(httpx2.HTTPTransport):
         super().__init__()
         auth = (socks.username or "", socks.password or "") if socks.username else None
         self._pool = httpcore2.SOCKSProxy(
-            proxy_url=httpcore2.URL("socks5://localhost:1080/"),
-            proxy_auth=auth,
+            proxy_url=httpcore2.URL("socks5://localhost:1080/"), proxy_auth=auth,
             network_backend=_UnixBackend(socks.unix_path or ""),
         )
 
@@ -222,13 +214,8 @@ class _HashingWriter:
 
     _RESET = object()
 
-    def __init__(
-        self,
-        handle: Any,
-        prefix: hashlib._Hash,
-        position: int,
-        on_bytes: Callable[[int], None] | None,
-    ) -> None:
+    def __init__(self, handle: Any, prefix: hashlib._Hash, position: int,
+                 on_bytes: Callable[[int], None] | None) -> None:
         self._handle = handle
         self._digest = prefix
         self._position = position
@@ -285,22 +272,15 @@ class _HashingWriter:
     def __enter__(self) -> _HashingWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
 
 
 def download(
-    model: ModelFile,
-    target: Path,
-    *,
-    token: str | None,
+    model: ModelFile, target: Path, *, token: str | None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> str:
     """Fetch `model` into `target` (atomically), resuming a partial download; returns
@@ -322,12 +302,8 @@ def download(
     headers = {"user-agent": USER_AGENT}
     try:
         meta = huggingface_hub.get_hf_file_metadata(
-            url,
-            token=token or False,
-            headers=headers,
-            endpoint=base,
-            timeout=METADATA_TIMEOUT,
-            retry_on_errors=True,
+            url, token=token or False, headers=headers, endpoint=base,
+            timeout=METADATA_TIMEOUT, retry_on_errors=True,
         )
     except Exception as exc:  # huggingface_hub and httpx2 raise many kinds
         raise _translated(exc, model, base, where) from exc
@@ -363,17 +339,12 @@ def download(
             if on_bytes is not None and done:
                 on_bytes(done)
     try:
-        with (
-            open(partial, "ab") as handle,
-            _HashingWriter(handle, prefix, done, on_bytes) as writer,
-        ):
+        with open(partial, "ab") as handle, _HashingWriter(
+            handle, prefix, done, on_bytes
+        ) as writer:
             file_download.http_get(
-                location,
-                writer,
-                resume_size=done,
-                headers=get_headers,
-                expected_size=model.size,
-                displayed_filename=model.filename,
+                location, writer, resume_size=done, headers=get_headers,
+                expected_size=model.size, displayed_filename=model.filename,
                 tqdm_class=_NoBar,  # type: ignore[arg-type]
             )
             handle.flush()
@@ -420,10 +391,8 @@ def _translated(
         return exc
     resume = ""
     if kept is not None and kept.is_file() and kept.stat().st_size:
-        resume = (
-            f"; {local.human_size(kept.stat().st_size)} are kept and the next run "
-            "resumes from there"
-        )
+        resume = (f"; {local.human_size(kept.stat().st_size)} are kept and the next run "
+                  "resumes from there")
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, hf_errors.RepositoryNotFoundError) and not isinstance(
         exc, hf_errors.GatedRepoError
@@ -447,11 +416,8 @@ def _translated(
     if isinstance(exc, httpx2.HTTPError | OSError) and not isinstance(
         exc, hf_errors.HfHubHTTPError
     ):
-        detail = (
-            type(exc).__name__
-            if not isinstance(exc, OSError)
-            else (exc.strerror or "the size did not match")
-        )
+        detail = type(exc).__name__ if not isinstance(exc, OSError) else (
+            exc.strerror or "the size did not match")
         return HubError(f"downloading {where} from {base} failed ({detail}){resume}")
     if status is not None:
         return HubError(f"the hub answered {status} for {where}{resume}")

@@ -91,10 +91,7 @@ def partial_path(target: Path, model: ModelFile) -> Path:
 
 
 def inspect(
-    models: Path,
-    model: ModelFile,
-    *,
-    verify: bool = False,
+    models: Path, model: ModelFile, *, verify: bool = False,
     on_bytes: Callable[[int], None] | None = None,
 ) -> FileState:
     """The state of one file under `models` (its folder's older name counts too).
@@ -185,12 +182,8 @@ def human_size(size: int | float) -> str:
     return f"{value:.1f} TB"
 
 
-def install_command(
-    commands: Sequence[str],
-    comfyui_dir: str | os.PathLike[str] | None = None,
-    *,
-    via_anon: bool = False,
-) -> str:
+def install_command(commands: Sequence[str], comfyui_dir: str | os.PathLike[str] | None = None,
+                    *, via_anon: bool = False) -> str:
     """The one command line that installs the files of `commands` (``f``, ``wan``, or a
     NAME.toml path) on a GPU host; `comfyui_dir` unknown (a remote backend): a
     placeholder the operator fills in."""
@@ -209,10 +202,12 @@ def install_hint(wf: Workflow, problems: Sequence[str]) -> str | None:
     list; else None. A shipped workflow is named by its command, another by its
     NAME.toml, which the GPU host needs a copy of."""
     listed = {m.filename for m in wf.models}
-    if not any((found := _MISSING_MODEL.match(p)) and found["name"] in listed for p in problems):
+    if not any((found := _MISSING_MODEL.match(p)) and found["name"] in listed
+               for p in problems):
         return None
     shipped = bindings.shipped().get(wf.name)
-    word = wf.command if shipped is not None and shipped.hash == wf.hash else (f"{wf.name}.toml")
+    word = wf.command if shipped is not None and shipped.hash == wf.hash else (
+        f"{wf.name}.toml")
     return install_command([word])
 
 

@@ -40,7 +40,6 @@ def is_web_chat(chat_id: int) -> bool:
     """True for the chat id of a job queued from the web front end."""
     return chat_id <= WEB_ID_BASE
 
-
 Row = dict[str, Any]
 TOKEN_BYTES = 32
 
@@ -576,7 +575,8 @@ async def _spend_link(conn: Any, token: str) -> int:
 async def _merge(conn: Any, tg: int, account_id: int) -> None:
     """Move a web account, its jobs, settings and quota onto Telegram user `tg`."""
     cursor = await conn.execute(
-        "SELECT id, user_id FROM web_accounts WHERE user_id = %(tg)s OR id = %(id)s FOR UPDATE",
+        "SELECT id, user_id FROM web_accounts WHERE user_id = %(tg)s OR id = %(id)s "
+        "FOR UPDATE",
         {"tg": tg, "id": account_id},
     )
     rows = await cursor.fetchall()
@@ -584,13 +584,16 @@ async def _merge(conn: Any, tg: int, account_id: int) -> None:
     if mine is None:
         raise InviteInvalid(N_("That account does not exist any more."))
     if any(r["id"] != account_id for r in rows):
-        raise NameTaken(N_("Your Telegram account is already linked to another web account."))
+        raise NameTaken(
+            N_("Your Telegram account is already linked to another web account."))
     old = int(mine["user_id"])
     if old == tg:
         return
     params = {"old": old, "tg": tg}
     await conn.execute("UPDATE jobs SET user_id = %(tg)s WHERE user_id = %(old)s", params)
-    await conn.execute("UPDATE chat_sessions SET user_id = %(tg)s WHERE user_id = %(old)s", params)
+    await conn.execute(
+        "UPDATE chat_sessions SET user_id = %(tg)s WHERE user_id = %(old)s", params
+    )
     await conn.execute("DELETE FROM queue_turns WHERE user_id = %(old)s", params)
     # One user now: today's jobs of both count against one quota.
     await conn.execute(

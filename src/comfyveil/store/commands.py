@@ -51,20 +51,11 @@ class Command:
     @classmethod
     def from_row(cls, row: Row) -> Command:
         return cls(
-            command=row["command"],
-            workflow=row["workflow"],
-            title=row["title"],
-            description=row["description"],
-            kind=row["kind"],
-            toml=row["toml"],
-            graph=row["graph"],
-            enabled=row["enabled"],
-            allowed_roles=tuple(row["allowed_roles"]),
-            limits=row["limits"],
-            hash=row["hash"],
-            source=row["source"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
+            command=row["command"], workflow=row["workflow"], title=row["title"],
+            description=row["description"], kind=row["kind"], toml=row["toml"],
+            graph=row["graph"], enabled=row["enabled"],
+            allowed_roles=tuple(row["allowed_roles"]), limits=row["limits"], hash=row["hash"],
+            source=row["source"], created_at=row["created_at"], updated_at=row["updated_at"],
         )
 
     def allows(self, role: str) -> bool:
@@ -91,14 +82,9 @@ def _texts(wf: workflow.Workflow) -> tuple[str, str]:
 
 def _fields(wf: workflow.Workflow, toml_text: str, graph_text: str) -> dict[str, Any]:
     return {
-        "command": wf.command,
-        "workflow": wf.name,
-        "title": wf.title,
-        "description": wf.description,
-        "kind": wf.kind,
-        "toml": toml_text,
-        "graph": graph_text,
-        "hash": wf.hash,
+        "command": wf.command, "workflow": wf.name, "title": wf.title,
+        "description": wf.description, "kind": wf.kind, "toml": toml_text,
+        "graph": graph_text, "hash": wf.hash,
     }
 
 
@@ -144,11 +130,8 @@ class CommandStore:
     ) -> Command:
         """Add (or replace) an operator's command built from their own workflow."""
         row = await self.db.one(
-            "upsert_operator_command",
-            **_fields(wf, toml_text, graph_text),
-            enabled=enabled,
-            allowed_roles=list(allowed_roles),
-            limits=Jsonb(dict(limits or {})),
+            "upsert_operator_command", **_fields(wf, toml_text, graph_text), enabled=enabled,
+            allowed_roles=list(allowed_roles), limits=Jsonb(dict(limits or {})),
         )
         assert row is not None
         await self._changed(wf.command)
@@ -157,13 +140,8 @@ class CommandStore:
     async def save_version(self, wf: workflow.Workflow, toml_text: str, graph_text: str) -> None:
         """Keep the texts of a workflow that a job names by its hash but no command holds
         (`comfyveil submit path/NAME.toml`), so any worker can run that exact graph."""
-        await self.db.run(
-            "save_workflow_version",
-            hash=wf.hash,
-            workflow=wf.name,
-            toml=toml_text,
-            graph=graph_text,
-        )
+        await self.db.run("save_workflow_version", hash=wf.hash, workflow=wf.name,
+                          toml=toml_text, graph=graph_text)
 
     async def version(self, workflow_hash: str) -> workflow.Workflow | None:
         """The workflow kept under `workflow_hash` by `save_version`, or None.

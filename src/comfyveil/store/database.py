@@ -196,9 +196,7 @@ class Listener:
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self._drop()
@@ -290,11 +288,7 @@ class Database:
             finally:
                 await conn.close()
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                url,
-                min_size=min_size,
-                max_size=max_size,
-                open=False,
-                name="comfyveil",
+                url, min_size=min_size, max_size=max_size, open=False, name="comfyveil",
                 kwargs={"autocommit": True, "row_factory": dict_row},
                 timeout=CONNECT_TIMEOUT,
             )
@@ -321,17 +315,13 @@ class Database:
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.close()
 
     def listen(
-        self,
-        channels: Iterable[str] = (JOBS_CHANNEL, UPDATES_CHANNEL),
-        *,
+        self, channels: Iterable[str] = (JOBS_CHANNEL, UPDATES_CHANNEL), *,
         keepalive: float = KEEPALIVE_SECONDS,
     ) -> Listener:
         """A Listener on its own connection: `async with db.listen() as l: async for n in l`."""

@@ -62,14 +62,11 @@ class QueueLimitReached(StoreError, UsageError):
 
     def __init__(self, limit: int, message: str | None = None) -> None:
         self.limit = limit
-        super().__init__(
-            message
-            or i18n.ngettext(
-                "you already have {n} job waiting or running; wait for it to finish or cancel it",
-                "you already have {n} jobs waiting or running; wait for one to finish or cancel one",
-                limit,
-            ).format(n=i18n.ltr(limit))
-        )
+        super().__init__(message or i18n.ngettext(
+            "you already have {n} job waiting or running; wait for it to finish or cancel it",
+            "you already have {n} jobs waiting or running; wait for one to finish or cancel one",
+            limit,
+        ).format(n=i18n.ltr(limit)))
 
 
 QUOTA_RESETS = "00:00 UTC"  # when daily quotas start again
@@ -81,14 +78,11 @@ class DailyQuotaReached(StoreError, UsageError):
     def __init__(self, quota: int, message: str | None = None) -> None:
         self.quota = quota
         # The day is UTC's (user_usage.day): "tomorrow" alone is wrong for half the world.
-        super().__init__(
-            message
-            or i18n.ngettext(
-                "you have used the {n} job of your daily quota; try again after {time}",
-                "you have used all {n} jobs of your daily quota; try again after {time}",
-                quota,
-            ).format(n=i18n.ltr(quota), time=i18n.ltr(QUOTA_RESETS))
-        )
+        super().__init__(message or i18n.ngettext(
+            "you have used the {n} job of your daily quota; try again after {time}",
+            "you have used all {n} jobs of your daily quota; try again after {time}",
+            quota,
+        ).format(n=i18n.ltr(quota), time=i18n.ltr(QUOTA_RESETS)))
 
 
 class CoolingDown(StoreError, UsageError):
@@ -96,14 +90,10 @@ class CoolingDown(StoreError, UsageError):
 
     def __init__(self, seconds: int, message: str | None = None) -> None:
         self.seconds = seconds
-        super().__init__(
-            message
-            or i18n.ngettext(
-                "wait {n} second before your next job",
-                "wait {n} seconds before your next job",
-                seconds,
-            ).format(n=i18n.ltr(seconds))
-        )
+        super().__init__(message or i18n.ngettext(
+            "wait {n} second before your next job", "wait {n} seconds before your next job",
+            seconds,
+        ).format(n=i18n.ltr(seconds)))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -84,11 +84,8 @@ class Output:
     @classmethod
     def from_row(cls, row: Row) -> Output:
         return cls(
-            filename=row["filename"],
-            kind=row["kind"],
-            mime=row["mime"],
-            data=bytes(row["data"]),
-            index=row["index"],
+            filename=row["filename"], kind=row["kind"], mime=row["mime"],
+            data=bytes(row["data"]), index=row["index"],
         )
 
 
@@ -186,12 +183,8 @@ class JobEvent:
     @classmethod
     def from_row(cls, row: Row) -> JobEvent:
         return cls(
-            id=row["id"],
-            job_id=row["job_id"],
-            at=row["at"],
-            kind=row["kind"],
-            status=Status(row["status"]),
-            data=row["data"],
+            id=row["id"], job_id=row["job_id"], at=row["at"], kind=row["kind"],
+            status=Status(row["status"]), data=row["data"],
         )
 
 
@@ -248,15 +241,11 @@ class LeaseLine:
             async with errors.wrap_exceptions():
                 if self._conn is None or self._conn.closed:
                     self._conn = await psycopg.AsyncConnection.connect(
-                        self.url,
-                        autocommit=True,
-                        row_factory=dict_row,
+                        self.url, autocommit=True, row_factory=dict_row,
                         connect_timeout=self.CONNECT_TIMEOUT,
                     )
                 row = await Session(self._conn).one(
-                    "renew_lease",
-                    job_id=job.id,
-                    worker_id=job.lease_owner,
+                    "renew_lease", job_id=job.id, worker_id=job.lease_owner,
                     lease_seconds=lease_seconds,
                 )
         except errors.DatabaseUnreachable:
@@ -282,11 +271,7 @@ class JobStore:
     # -- creating ----------------------------------------------------------------------
 
     async def enqueue(
-        self,
-        new: NewJob,
-        *,
-        max_active: int | None = None,
-        daily_quota: int | None = None,
+        self, new: NewJob, *, max_active: int | None = None, daily_quota: int | None = None,
         cooldown: float | None = None,
     ) -> Job:
         """Queue a job; with an idempotency key already used, the existing job.
@@ -306,20 +291,13 @@ class JobStore:
             QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
         """
         params = {
-            "id": new.id,
-            "idempotency_key": new.idempotency_key,
-            "user_id": new.user_id,
-            "chat_id": new.chat_id,
-            "command": new.command,
-            "workflow_hash": new.workflow_hash,
+            "id": new.id, "idempotency_key": new.idempotency_key, "user_id": new.user_id,
+            "chat_id": new.chat_id, "command": new.command, "workflow_hash": new.workflow_hash,
             "params": Jsonb(dict(new.params)),
             "backends": list(new.backends) if new.backends is not None else None,
-            "max_attempts": new.max_attempts,
-            "priority": new.priority,
-            "status_message_id": new.status_message_id,
-            "max_active": max_active,
-            "daily_quota": daily_quota,
-            "cooldown": cooldown,
+            "max_attempts": new.max_attempts, "priority": new.priority,
+            "status_message_id": new.status_message_id, "max_active": max_active,
+            "daily_quota": daily_quota, "cooldown": cooldown,
         }
         if not new.inputs:  # one statement: no transaction to open and commit around it
             row = _queued(await self.db.one("enqueue_job", **params))
@@ -329,12 +307,8 @@ class JobStore:
                 if row["created"]:
                     for index, image in enumerate(new.inputs):
                         await s.run(
-                            "insert_job_input",
-                            job_id=new.id,
-                            index=index,
-                            filename=image.filename,
-                            mime=image.mime,
-                            data=image.data,
+                            "insert_job_input", job_id=new.id, index=index,
+                            filename=image.filename, mime=image.mime, data=image.data,
                         )
         if not row["created"]:
             return Job.from_row(row)  # its idempotency key was used before
@@ -342,11 +316,7 @@ class JobStore:
         return Job.from_row(row)
 
     async def check_limits(
-        self,
-        user_id: int,
-        *,
-        max_active: int | None = None,
-        daily_quota: int | None = None,
+        self, user_id: int, *, max_active: int | None = None, daily_quota: int | None = None,
         cooldown: float | None = None,
     ) -> None:
         """Refuse now what `enqueue` would refuse, without queueing anything: the front
@@ -355,15 +325,10 @@ class JobStore:
         Raises:
             QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
         """
-        _queued(
-            await self.db.one(
-                "user_refusal",
-                user_id=user_id,
-                max_active=max_active,
-                daily_quota=daily_quota,
-                cooldown=cooldown,
-            )
-        )
+        _queued(await self.db.one(
+            "user_refusal", user_id=user_id, max_active=max_active, daily_quota=daily_quota,
+            cooldown=cooldown,
+        ))
 
     # -- the worker's side -------------------------------------------------------------
 
@@ -448,11 +413,7 @@ class JobStore:
         return bool(row["cancel_requested"])
 
     async def complete(
-        self,
-        job: Job,
-        outputs: Sequence[Output] = (),
-        *,
-        claim_for: Sequence[str] = (),
+        self, job: Job, outputs: Sequence[Output] = (), *, claim_for: Sequence[str] = (),
         claim_seconds: float = 0.0,
     ) -> Job:
         """Mark the job succeeded, store its outputs, and make them the chat's last result.
@@ -468,16 +429,10 @@ class JobStore:
             for index, o in enumerate(outputs)
         ]
         row = await self.db.one(
-            "complete_job",
-            job_id=job.id,
-            worker_id=job.lease_owner,
-            filenames=[o.filename for o in outputs],
-            kinds=[o.kind for o in outputs],
-            mimes=[o.mime for o in outputs],
-            datas=[o.data for o in outputs],
-            refs=Jsonb(refs),
-            sinks=list(claim_for),
-            claim_seconds=claim_seconds,
+            "complete_job", job_id=job.id, worker_id=job.lease_owner,
+            filenames=[o.filename for o in outputs], kinds=[o.kind for o in outputs],
+            mimes=[o.mime for o in outputs], datas=[o.data for o in outputs], refs=Jsonb(refs),
+            sinks=list(claim_for), claim_seconds=claim_seconds,
         )
         if row is None:
             raise errors.LeaseLost()
@@ -596,9 +551,7 @@ class JobStore:
     ) -> list[Job]:
         """A user's most recent jobs, newest first."""
         rows = await self.db.all(
-            "list_user_jobs",
-            user_id=user_id,
-            limit=limit,
+            "list_user_jobs", user_id=user_id, limit=limit,
             statuses=[str(s) for s in statuses] if statuses is not None else None,
         )
         return [Job.from_row(row) for row in rows]
@@ -608,8 +561,7 @@ class JobStore:
     ) -> list[Job]:
         """Everyone's most recent jobs, newest first."""
         rows = await self.db.all(
-            "list_recent_jobs",
-            limit=limit,
+            "list_recent_jobs", limit=limit,
             statuses=[str(s) for s in statuses] if statuses is not None else None,
         )
         return [Job.from_row(row) for row in rows]
@@ -620,21 +572,14 @@ class JobStore:
         return int(row["queued"]) if row else 0
 
     async def set_status_message(
-        self,
-        job_id: uuid.UUID,
-        message_id: int,
-        *,
-        request_message_id: int | None = None,
+        self, job_id: uuid.UUID, message_id: int, *, request_message_id: int | None = None,
         requested_by: str | None = None,
     ) -> Job:
         """Record the job's status message, and the chat message that asked for the job and
         who (in groups), so its result answers that message wherever it is delivered."""
         row = await self.db.one(
-            "set_status_message",
-            job_id=job_id,
-            message_id=message_id,
-            request_message_id=request_message_id,
-            requested_by=requested_by,
+            "set_status_message", job_id=job_id, message_id=message_id,
+            request_message_id=request_message_id, requested_by=requested_by,
         )
         if row is None:
             raise errors.JobNotFound()
@@ -790,12 +735,8 @@ class JobStore:
         return row is not None
 
     async def record_delivery(
-        self,
-        job_id: uuid.UUID,
-        sink: str,
-        detail: Mapping[str, Any] | None = None,
-        *,
-        outcome: str = DELIVERED,
+        self, job_id: uuid.UUID, sink: str, detail: Mapping[str, Any] | None = None,
+        *, outcome: str = DELIVERED,
     ) -> bool:
         """Note that the job's result reached `sink` (or, with `outcome` SKIPPED, that the
         sink does not take it); True the first time only.
@@ -804,23 +745,14 @@ class JobStore:
         after sending otherwise (a crash in between then re-sends once).
         """
         row = await self.db.one(
-            "record_delivery",
-            job_id=job_id,
-            sink=sink,
-            detail=Jsonb(dict(detail or {})),
+            "record_delivery", job_id=job_id, sink=sink, detail=Jsonb(dict(detail or {})),
             outcome=outcome,
         )
         return row is not None
 
     async def delivery_failed(
-        self,
-        job_id: uuid.UUID,
-        sink: str,
-        error: str,
-        *,
-        max_failures: int,
-        backoff: float,
-        backoff_max: float,
+        self, job_id: uuid.UUID, sink: str, error: str, *, max_failures: int,
+        backoff: float, backoff_max: float,
     ) -> tuple[int, bool]:
         """Count a failed try to deliver to `sink` (the caller holds its claim).
 
@@ -832,13 +764,8 @@ class JobStore:
             (failures so far, whether it was given up now); (0, False) without a claim.
         """
         row = await self.db.one(
-            "delivery_failed",
-            job_id=job_id,
-            sink=sink,
-            error=error,
-            max_failures=max_failures,
-            backoff=backoff,
-            backoff_max=backoff_max,
+            "delivery_failed", job_id=job_id, sink=sink, error=error,
+            max_failures=max_failures, backoff=backoff, backoff_max=backoff_max,
         )
         if row is None:
             return 0, False

@@ -24,21 +24,13 @@ class OutputRef:
     mime: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "filename": self.filename,
-            "kind": self.kind,
-            "mime": self.mime,
-        }
+        return {"index": self.index, "filename": self.filename, "kind": self.kind,
+                "mime": self.mime}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OutputRef:
-        return cls(
-            index=int(data["index"]),
-            filename=str(data["filename"]),
-            kind=str(data["kind"]),
-            mime=str(data["mime"]),
-        )
+        return cls(index=int(data["index"]), filename=str(data["filename"]),
+                   kind=str(data["kind"]), mime=str(data["mime"]))
 
 
 @dataclass(frozen=True)
@@ -52,9 +44,7 @@ class ChatSession:
     @classmethod
     def from_row(cls, row: Row) -> ChatSession:
         return cls(
-            chat_id=row["chat_id"],
-            user_id=row["user_id"],
-            job_id=row["job_id"],
+            chat_id=row["chat_id"], user_id=row["user_id"], job_id=row["job_id"],
             outputs=tuple(OutputRef.from_json(o) for o in row["outputs"]),
             updated_at=row["updated_at"],
         )
@@ -75,10 +65,7 @@ class SessionStore:
         self, chat_id: int, user_id: int, job_id: uuid.UUID, outputs: Sequence[OutputRef]
     ) -> ChatSession:
         row = await self.db.one(
-            "set_chat_outputs",
-            chat_id=chat_id,
-            user_id=user_id,
-            job_id=job_id,
+            "set_chat_outputs", chat_id=chat_id, user_id=user_id, job_id=job_id,
             outputs=Jsonb([o.to_json() for o in outputs]),
         )
         assert row is not None

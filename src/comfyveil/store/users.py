@@ -32,11 +32,8 @@ class User:
     @classmethod
     def from_row(cls, row: Row) -> User:
         return cls(
-            id=row["id"],
-            role=row["role"],
-            settings=row["settings"],
-            daily_quota=row["daily_quota"],
-            created_at=row["created_at"],
+            id=row["id"], role=row["role"], settings=row["settings"],
+            daily_quota=row["daily_quota"], created_at=row["created_at"],
             updated_at=row["updated_at"],
         )
 
@@ -84,9 +81,7 @@ class UserStore:
     ) -> dict[str, Any]:
         """Merge `changes` into the user's settings, drop the keys in `remove`; the result."""
         row = await self.db.one(
-            "update_user_settings",
-            user_id=user_id,
-            changes=Jsonb(dict(changes)),
+            "update_user_settings", user_id=user_id, changes=Jsonb(dict(changes)),
             remove=list(remove),
         )
         assert row is not None

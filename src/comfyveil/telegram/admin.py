@@ -19,7 +19,6 @@ from comfyveil.telegram.context import BotContext
 
 USERS_SHOWN = 40
 
-
 def _args(text: str) -> list[str]:
     return text.split()[1:]
 
@@ -28,9 +27,8 @@ def _user_id(word: str) -> int:
     try:
         return int(word)
     except ValueError:
-        raise errors.UsageError(
-            _("{value} is not a Telegram user id (a number).").format(value=ltr(repr(word[:20])))
-        ) from None
+        raise errors.UsageError(_("{value} is not a Telegram user id (a number).").format(
+            value=ltr(repr(word[:20])))) from None
 
 
 async def users(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -40,12 +38,11 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
     default_quota = context.services.settings.limits.daily_quota
     mode = _("open to everyone") if tg.open else _("allow-list")
     admins = ", ".join(ltr(a) for a in tg.admins) or _("none")
-    lines = [
-        _("<b>Users</b>"),
-        _("Mode: {mode}; admins from config: {admins}").format(mode=mode, admins=admins),
-    ]
+    lines = [_("<b>Users</b>"),
+             _("Mode: {mode}; admins from config: {admins}").format(mode=mode, admins=admins)]
     if tg.allow:
-        lines.append(_("Allowed in config: {ids}").format(ids=", ".join(ltr(a) for a in tg.allow)))
+        lines.append(_("Allowed in config: {ids}").format(
+            ids=", ".join(ltr(a) for a in tg.allow)))
     for row in rows:
         quota = row["daily_quota"] if row["daily_quota"] is not None else default_quota
         flags = [_(ROLE_WORDS.get(row["role"], row["role"]))]
@@ -53,10 +50,8 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
             flags.append(_("allowed"))
         exempt = context.services.access.exempt(row["id"], row["role"])
         line = _("{user} {flags} · {count} today").format(
-            user=ltr(f"<code>{row['id']}</code>"),
-            flags=" ".join(flags),
-            count=ltr(row["today"] if exempt else f"{row['today']}/{quota}"),
-        )
+            user=ltr(f"<code>{row['id']}</code>"), flags=" ".join(flags),
+            count=ltr(row["today"] if exempt else f"{row['today']}/{quota}"))
         lines.append(f"{line} · {_(access.NO_LIMITS)}" if exempt else line)
     if not rows:
         lines.append(_("Nobody has used the bot yet."))
@@ -67,32 +62,24 @@ async def allow(update: Update, context: BotContext, who: access.Who, text: str)
     """/allow ID: let a user use the bot (and lift a ban)."""
     args = _args(text)
     if len(args) != 1:
-        raise errors.UsageError(
-            _("Write {command} and the user's id, e.g. {example}.").format(
-                command=ltr("/allow"), example=ltr("/allow 123456789")
-            )
-        )
+        raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
+            command=ltr("/allow"), example=ltr("/allow 123456789")))
     user_id = _user_id(args[0])
     await context.services.access.allow(user_id)
-    await replies.reply(
-        update, _("User {user} may use the bot now.").format(user=ltr(f"<code>{user_id}</code>"))
-    )
+    await replies.reply(update, _("User {user} may use the bot now.").format(
+        user=ltr(f"<code>{user_id}</code>")))
 
 
 async def ban(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """/ban ID: refuse a user everywhere."""
     args = _args(text)
     if len(args) != 1:
-        raise errors.UsageError(
-            _("Write {command} and the user's id, e.g. {example}.").format(
-                command=ltr("/ban"), example=ltr("/ban 123456789")
-            )
-        )
+        raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
+            command=ltr("/ban"), example=ltr("/ban 123456789")))
     user_id = _user_id(args[0])
     await context.services.access.ban(user_id)
-    await replies.reply(
-        update, _("User {user} is banned.").format(user=ltr(f"<code>{user_id}</code>"))
-    )
+    await replies.reply(update, _("User {user} is banned.").format(
+        user=ltr(f"<code>{user_id}</code>")))
 
 
 async def quota(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -101,18 +88,12 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
     if len(args) != 2:
         raise errors.UsageError(
             _("Write {command}, the user's id and jobs per day, e.g. {example}.").format(
-                command=ltr("/quota"), example=ltr("/quota 123 50")
-            )
-        )
+                command=ltr("/quota"), example=ltr("/quota 123 50")))
     user_id = _user_id(args[0])
     if args[1].lower() == "default":
         await context.services.db.users.set_daily_quota(user_id, None)
-        await replies.reply(
-            update,
-            _("User {user} has the default quota again.").format(
-                user=ltr(f"<code>{user_id}</code>")
-            ),
-        )
+        await replies.reply(update, _("User {user} has the default quota again.").format(
+            user=ltr(f"<code>{user_id}</code>")))
         return
     try:
         amount = int(args[1])
@@ -121,8 +102,7 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
     await context.services.db.users.set_daily_quota(user_id, amount)
     answer = i18n.ngettext(
         "User {user} may run {n} job a day.",
-        "User {user} may run {n} jobs a day.",
-        amount,
+        "User {user} may run {n} jobs a day.", amount,
     ).format(user=ltr(f"<code>{user_id}</code>"), n=ltr(amount))
     target = await context.services.db.users.get(user_id)
     if context.services.access.exempt(user_id, target.role if target else "user"):
@@ -134,23 +114,19 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
     """The GPU backends: up or down, jobs on each, the queue in the database."""
     pool = context.services.pool
     queued = await context.services.db.jobs.queue_length()
-    lines = [_("<b>Backends</b>"), _("Jobs waiting in the queue: {n}").format(n=ltr(queued))]
+    lines = [_("<b>Backends</b>"),
+             _("Jobs waiting in the queue: {n}").format(n=ltr(queued))]
     if pool is None:
-        lines.append(
-            _("No worker runs in this process; see {command} on the workers.").format(
-                command=ltr("`comfyveil jobs`")
-            )
-        )
+        lines.append(_("No worker runs in this process; see {command} on the workers.").format(
+            command=ltr("`comfyveil jobs`")))
     else:
         entries = await context.services.commands.all()
         for backend in pool.backends.values():
             state = _("up") if backend.healthy else _("down")
             mine = i18n.ngettext("{n} job from here", "{n} jobs from here", len(backend.jobs))
-            line = (
-                f"{ltr(replies.esc(backend.name))}: {state} · "
-                f"{mine.format(n=ltr(len(backend.jobs)))} · "
-                + _("{n} in its queue").format(n=ltr(backend.remote_queue))
-            )
+            line = (f"{ltr(replies.esc(backend.name))}: {state} · "
+                    f"{mine.format(n=ltr(len(backend.jobs)))} · "
+                    + _("{n} in its queue").format(n=ltr(backend.remote_queue)))
             if backend.last_error and not backend.healthy:
                 line += f" · {replies.esc(replies.sentence(backend.last_error))}"
             lines.append(line)
@@ -158,29 +134,18 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
             for estimate in pool.estimator.estimates(backend.name):
                 if estimate.run is None:
                     continue
-                cold = (
-                    _(", cold start +{seconds} s").format(seconds=ltr(f"{estimate.cold_extra:.1f}"))
-                    if estimate.cold_extra
-                    else ""
-                )
-                lines.append(
-                    "  "
-                    + _("{workflow}: {seconds} s a run{cold} ({n} measured)").format(
-                        workflow=ltr(replies.esc(estimate.workflow)),
-                        seconds=ltr(f"{estimate.run:.1f}"),
-                        cold=cold,
-                        n=ltr(estimate.samples),
-                    )
-                )
+                cold = (_(", cold start +{seconds} s").format(
+                    seconds=ltr(f"{estimate.cold_extra:.1f}")) if estimate.cold_extra else "")
+                lines.append("  " + _("{workflow}: {seconds} s a run{cold} ({n} measured)").format(
+                    workflow=ltr(replies.esc(estimate.workflow)),
+                    seconds=ltr(f"{estimate.run:.1f}"), cold=cold, n=ltr(estimate.samples)))
     lines.append(_("<b>Workers</b>"))
     beats = await context.services.db.heartbeats.all(context.services.settings.worker.lease_seconds)
     for beat in beats:
         running = i18n.ngettext("{n} job running", "{n} jobs running", beat.jobs_running)
         state = _("alive") if beat.alive else _("gone")
-        lines.append(
-            f"{ltr(replies.esc(beat.worker_id))} ({ltr(replies.esc(beat.host))}): "
-            f"{state} · {running.format(n=ltr(beat.jobs_running))}"
-        )
+        lines.append(f"{ltr(replies.esc(beat.worker_id))} ({ltr(replies.esc(beat.host))}): "
+                     f"{state} · {running.format(n=ltr(beat.jobs_running))}")
     if not beats:
         lines.append(_("No worker has written a heartbeat yet."))
     await replies.reply(update, "\n".join(lines))
@@ -195,11 +160,9 @@ def _install_lines(backend: Any, entries: list[Any]) -> list[str]:
         hint = model_files.install_hint(entry.workflow, problems) if problems else None
         if hint is not None:
             names = model_files.missing_names(problems)
-            lines.append(
-                f"  {ltr(f'/{replies.esc(entry.name)}')}: "
-                + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
-                + f"\n  {ltr(f'<code>{replies.esc(hint)}</code>')}"
-            )
+            lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
+                         + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
+                         + f"\n  {ltr(f'<code>{replies.esc(hint)}</code>')}")
     return lines
 
 
@@ -209,22 +172,16 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
     args = _args(text)
     if args:
         if len(args) != 2 or args[0].lower() not in ("enable", "disable"):
-            raise errors.UsageError(
-                _("Write {command}, or {enable}, or {disable}.").format(
-                    command=ltr("/workflows"),
-                    enable=ltr("/workflows enable NAME"),
-                    disable=ltr("/workflows disable NAME"),
-                )
-            )
+            raise errors.UsageError(_("Write {command}, or {enable}, or {disable}.").format(
+                command=ltr("/workflows"), enable=ltr("/workflows enable NAME"),
+                disable=ltr("/workflows disable NAME")))
         enabled = args[0].lower() == "enable"
         command = await services.db.commands.set_enabled(args[1].lower(), enabled)
         await services.commands.refresh()
         await commands.publish_menu(services, context.bot)
         await replies.reply(
-            update,
-            (_("{command} is on now.") if enabled else _("{command} is off now.")).format(
-                command=ltr(f"/{replies.esc(command.command)}")
-            ),
+            update, (_("{command} is on now.") if enabled else _("{command} is off now.")).format(
+                command=ltr(f"/{replies.esc(command.command)}"))
         )
         return
     rows = await services.db.commands.list()
@@ -232,17 +189,15 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
     lines = [_("<b>Workflows</b>")]
     for row in rows:
         mark = _("on") if row.enabled else _("off")
-        line = (
-            f"{ltr(f'/{replies.esc(row.command)}')} {replies.esc(row.title)} · {mark} · "
-            f"{_(SOURCE_WORDS.get(row.source, row.source))}"
-        )
+        line = (f"{ltr(f'/{replies.esc(row.command)}')} {replies.esc(row.title)} · {mark} · "
+                f"{_(SOURCE_WORDS.get(row.source, row.source))}")
         entry = entries.get(row.command)
         lacking = availability.missing(services.pool, entry.workflow) if entry else []
         if lacking:
             # whole names, never cut: an admin copies them to install the files
-            line += " · " + _("no GPU has: {names}").format(
-                names=", ".join(ltr(f"<code>{replies.esc(name)}</code>") for name in lacking)
-            )
+            line += " · " + _("no GPU has: {names}").format(names=", ".join(
+                ltr(f"<code>{replies.esc(name)}</code>") for name in lacking
+            ))
         lines.append(line)
     await replies.reply(update, "\n".join(lines))
 
@@ -253,14 +208,9 @@ async def policy(update: Update, context: BotContext, who: access.Who, text: str
     entries = await services.commands.all()
     spoilered = [e.name for e in entries if e.workflow.spoiler]
     counts = await services.db.refusals.counts()
-    await replies.reply(
-        update,
-        policy_view.policy_text(
-            services.settings.policy,
-            workflow_spoilers=spoilered,
-            counts=counts,
-        ),
-    )
+    await replies.reply(update, policy_view.policy_text(
+        services.settings.policy, workflow_spoilers=spoilered, counts=counts,
+    ))
 
 
 COMMANDS: dict[str, commands.Handler] = {

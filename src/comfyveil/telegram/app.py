@@ -103,8 +103,7 @@ async def _connect(app: Application[Any, Any, Any, Any, Any, Any]) -> None:
     except InvalidToken:
         failure: ComfyveilError = config.ConfigError(
             "the Telegram Bot API refused the bot token: check COMFYVEIL_TELEGRAM_TOKEN "
-            "or [telegram] token_file"
-        )
+            "or [telegram] token_file")
     except TelegramError as exc:
         failure = BotApiUnreachable(f"the Telegram Bot API cannot be reached ({exc})")
     else:
@@ -139,13 +138,10 @@ def build_application(
         urls = {"base_url": f"{base}/bot", "base_file_url": f"{base}/file/bot"}
     bot = QuietBot(
         tg.token,
-        request=AiohttpRequest(
-            connection_pool_size=CONNECTION_POOL,
-            pool_timeout=10.0,
-            media_write_timeout=60.0,
-            proxy=proxy,
-        ),
-        get_updates_request=updates_request or AiohttpRequest(connection_pool_size=1, proxy=proxy),
+        request=AiohttpRequest(connection_pool_size=CONNECTION_POOL, pool_timeout=10.0,
+                               media_write_timeout=60.0, proxy=proxy),
+        get_updates_request=updates_request or AiohttpRequest(connection_pool_size=1,
+                                                              proxy=proxy),
         rate_limiter=rate_limiter or limits.ChatRateLimiter(max_retries=RATE_LIMIT_RETRIES),
         **urls,
     )
@@ -189,29 +185,20 @@ class TelegramBot:
     ) -> None:
         self.settings = settings
         self._updates_request = AiohttpRequest(connection_pool_size=1, proxy=proxy)
-        self.application = build_application(
-            settings, proxy=proxy, rate_limiter=rate_limiter, updates_request=self._updates_request
-        )
+        self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter,
+                                             updates_request=self._updates_request)
         limiter = self.application.bot.rate_limiter
         room = limiter.has_room if isinstance(limiter, limits.ChatRateLimiter) else None
         self.tracker = status.StatusTracker(
-            self.application.bot,
-            db,
-            parallel=self._parallel,
-            offline=self._all_offline,
+            self.application.bot, db, parallel=self._parallel, offline=self._all_offline,
             backends=lambda: eta.backends_up(self.services.pool, settings.backend_list()),
             is_admin=lambda user: user in settings.telegram.admins,
             room=room or (lambda: True),
-            private_interval=status_interval,
-            group_interval=status_interval * 3,
+            private_interval=status_interval, group_interval=status_interval * 3,
         )
         self.services = Services(
-            settings=settings,
-            db=db,
-            access=access.Access(settings, db.users),
-            commands=registry.CommandRegistry(db.commands),
-            tracker=self.tracker,
-            pool=pool,
+            settings=settings, db=db, access=access.Access(settings, db.users),
+            commands=registry.CommandRegistry(db.commands), tracker=self.tracker, pool=pool,
             policy=policy_mod.Policy(settings.policy),
         )
         attach(self.application, self.services)
@@ -244,11 +231,8 @@ class TelegramBot:
                 if runnable != self._menu:
                     self._menu = await commands.publish_menu(self.services, self.application.bot)
             except Exception as exc:  # the menu is a courtesy; the next round tries again
-                logger.info(
-                    "command menu not refreshed: %s",
-                    type(exc).__name__,
-                    extra={"action": "menu_refresh_failed"},
-                )
+                logger.info("command menu not refreshed: %s", type(exc).__name__,
+                            extra={"action": "menu_refresh_failed"})
 
     def _all_offline(self) -> bool:
         pool = self.services.pool
@@ -270,14 +254,12 @@ class TelegramBot:
             self._menu = await commands.publish_menu(self.services, app.bot)
             self._menu_task = asyncio.create_task(self._menu_loop(), name="menu-refresh")
             self._commands_task = asyncio.create_task(
-                self.services.commands.follow(self.services.db), name="commands-follow"
-            )
+                self.services.commands.follow(self.services.db), name="commands-follow")
             await self.tracker.start()
             await app.start()
             assert app.updater is not None
             await app.updater.start_polling(
-                poll_interval=0.0,
-                timeout=int(self.settings.telegram.poll_timeout),
+                poll_interval=0.0, timeout=int(self.settings.telegram.poll_timeout),
                 allowed_updates=[Update.MESSAGE, Update.CALLBACK_QUERY],
                 error_callback=self._polling_failed,
             )
@@ -291,11 +273,8 @@ class TelegramBot:
                     await app.stop()
             await app.shutdown()
             raise
-        logger.info(
-            "Telegram bot @%s is running",
-            self.services.bot_username,
-            extra={"action": "bot_started"},
-        )
+        logger.info("Telegram bot @%s is running", self.services.bot_username,
+                    extra={"action": "bot_started"})
 
     def _polling_failed(self, exc: TelegramError) -> None:
         """One line per failed poll instead of PTB's traceback (it retries by itself);
@@ -306,12 +285,8 @@ class TelegramBot:
                 self._updates_request.refuse_polling()
                 self.conflict.set()
             return
-        logger.warning(
-            "polling for updates failed (%s): %s",
-            type(exc).__name__,
-            exc,
-            extra={"action": "poll_failed"},
-        )
+        logger.warning("polling for updates failed (%s): %s", type(exc).__name__, exc,
+                       extra={"action": "poll_failed"})
 
     async def stop_updates(self) -> None:
         """Stop taking new messages; updates being handled finish. Idempotent."""
@@ -361,16 +336,13 @@ class TelegramBot:
                     backends=ltr("/backends"),
                 )
             try:
-                await self.application.bot.send_message(admin, replies.esc(text), parse_mode="HTML")
+                await self.application.bot.send_message(admin, replies.esc(text),
+                                                        parse_mode="HTML")
             except TelegramError as exc:  # the admin never started a chat with the bot
                 # The operator hears it instead: a bot may only write to who wrote first.
-                logger.warning(
-                    "every GPU is offline, and admin %s could not be told (%s): "
-                    "they must send /start to the bot once",
-                    admin,
-                    type(exc).__name__,
-                    extra={"action": "admin_notice_failed"},
-                )
+                logger.warning("every GPU is offline, and admin %s could not be told (%s): "
+                               "they must send /start to the bot once", admin,
+                               type(exc).__name__, extra={"action": "admin_notice_failed"})
 
     async def _stop_menu(self) -> None:
         running = [task for task in (self._menu_task, self._commands_task) if task is not None]

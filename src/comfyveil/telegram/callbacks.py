@@ -44,13 +44,11 @@ async def on_callback(update: Update, context: BotContext) -> None:
         if press is None or query.message is None:
             answer = N_("That button no longer works.")
         else:
-            who = await context.services.access.require(query.from_user.id, query.message.chat.id)
-            await language.note(
-                context.services.db.users,
-                query.from_user.id,
-                who.settings,
-                query.from_user.language_code,
+            who = await context.services.access.require(
+                query.from_user.id, query.message.chat.id
             )
+            await language.note(context.services.db.users, query.from_user.id, who.settings,
+                                query.from_user.language_code)
             answer, alert = await _dispatch(update, context, who, press)
     except errors.ComfyveilError as exc:
         answer, alert = replies.user_message(exc), True
@@ -78,8 +76,7 @@ async def _dispatch(
         i18n.set_language(language.of_settings(prefs))  # a new language answers at once
         try:
             await query.edit_message_text(
-                commands.settings_text(prefs),
-                parse_mode=ParseMode.HTML,
+                commands.settings_text(prefs), parse_mode=ParseMode.HTML,
                 reply_markup=commands.settings_keyboard(prefs, who.user_id),
             )
         except BadRequest as exc:
@@ -91,14 +88,12 @@ async def _dispatch(
             await query.edit_message_text(_("Nothing was deleted."))
             return None, False
         services.forget_deliveries_of(who.user_id)
-        deleted = await desk_jobs.forget(services.db, services.pool, who.user_id, services.spawn)
-        await query.edit_message_text(
-            i18n.ngettext(
-                "Done: {n} job, its images and your settings were deleted.",
-                "Done: {n} jobs, their images and your settings were deleted.",
-                deleted,
-            ).format(n=ltr(deleted))
-        )
+        deleted = await desk_jobs.forget(services.db, services.pool, who.user_id,
+                                         services.spawn)
+        await query.edit_message_text(i18n.ngettext(
+            "Done: {n} job, its images and your settings were deleted.",
+            "Done: {n} jobs, their images and your settings were deleted.", deleted,
+        ).format(n=ltr(deleted)))
         return N_("Deleted."), False
 
     assert press.job_id is not None
@@ -116,11 +111,7 @@ async def _dispatch(
         return N_("That is not your result."), True
     if press.action == "again":
         await submit.rerun(
-            services,
-            context.bot,
-            who=who,
-            in_group=chat.type != "private",
-            job=job,
+            services, context.bot, who=who, in_group=chat.type != "private", job=job,
             key=submit.idempotency_key(chat.id, update.update_id),
             reply_to=query.message.message_id,
             asked_by=submit.asker(query.from_user, in_group=chat.type != "private"),
@@ -137,9 +128,7 @@ async def _dispatch(
         if not entries:
             return (NO_EDITOR_FOR_YOU if runnable else NO_EDITOR), True
         await services.db.sessions.set_last_outputs(
-            chat.id,
-            job.user_id,
-            job.id,
+            chat.id, job.user_id, job.id,
             [sessions.OutputRef(output.index, output.filename, output.kind, output.mime)],
         )
         name = entries[0].name
@@ -149,12 +138,10 @@ async def _dispatch(
         ).format(command=ltr(f"/{name}"), example=ltr(f"/{name} " + _("make it night"))), True
     if press.action == "file":
         await context.bot.send_document(
-            chat.id,
-            InputFile(output.data, filename=output.filename.rsplit("/", 1)[-1]),
+            chat.id, InputFile(output.data, filename=output.filename.rsplit("/", 1)[-1]),
             disable_content_type_detection=True,
-            reply_parameters=ReplyParameters(
-                query.message.message_id, allow_sending_without_reply=True
-            ),
+            reply_parameters=ReplyParameters(query.message.message_id,
+                                             allow_sending_without_reply=True),
         )
         return N_("Full quality, as a file."), False
     return N_("That button no longer works."), False

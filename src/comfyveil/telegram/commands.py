@@ -112,15 +112,11 @@ async def publish_menu(services: Services, bot: Any) -> tuple[str, ...]:
     for admin_id in sorted(admins):
         spoken = language.of_settings(await services.db.users.settings(admin_id))
         try:
-            await bot.set_my_commands(
-                menu(admin=True, code=spoken), scope=BotCommandScopeChat(admin_id)
-            )
+            await bot.set_my_commands(menu(admin=True, code=spoken),
+                                      scope=BotCommandScopeChat(admin_id))
         except BadRequest as exc:  # an admin who never opened a chat with the bot
-            logger.info(
-                "no admin menu for one admin: %s",
-                exc.message,
-                extra={"action": "admin_menu_skipped"},
-            )
+            logger.info("no admin menu for one admin: %s", exc.message,
+                        extra={"action": "admin_menu_skipped"})
     return tuple(e.name for e in entries)
 
 
@@ -152,15 +148,10 @@ async def help_(update: Update, context: BotContext, who: access.Who, text: str)
     entries = await services.commands.for_user(who)
     runnable = availability.runnable(services.pool, entries)
     others = [e for e in entries if e not in runnable]
-    await replies.reply(
-        update,
-        render.help_text(
-            [e.help() for e in runnable],
-            [e.help() for e in others],
-            unavailable_mark=availability.UNAVAILABLE_MARK,
-            web=services.settings.web.enabled,
-        ),
-    )
+    await replies.reply(update, render.help_text(
+        [e.help() for e in runnable], [e.help() for e in others],
+        unavailable_mark=availability.UNAVAILABLE_MARK, web=services.settings.web.enabled,
+    ))
 
 
 # --- workflow commands ------------------------------------------------------------------
@@ -182,10 +173,7 @@ async def run_workflow(
     if own is not None:
         max_chars = min(max_chars, own)
     parsed = parse.parse(
-        text,
-        entry.options,
-        bot_username=services.bot_username,
-        in_group=_in_group(update),
+        text, entry.options, bot_username=services.bot_username, in_group=_in_group(update),
         require_prompt=prompt_param is not None and wf.params[prompt_param].required,
         takes_prompt=prompt_param is not None,
         negative_allowed=entry.negative_allowed,
@@ -202,16 +190,10 @@ async def run_workflow(
     if entry.takes_image:
         inputs.append(await submit.find_image(context.bot, services, message, entry))
     await submit.submit(
-        services,
-        context.bot,
-        who=who,
-        in_group=_in_group(update),
-        entry=entry,
-        values=validated,
-        inputs=inputs,
+        services, context.bot, who=who, in_group=_in_group(update), entry=entry,
+        values=validated, inputs=inputs,
         key=submit.idempotency_key(who.chat_id, update.update_id),
-        reply_to=message.message_id,
-        as_file=as_file,
+        reply_to=message.message_id, as_file=as_file,
         asked_by=submit.asker(update.effective_user, in_group=_in_group(update)),
     )
 
@@ -233,11 +215,8 @@ async def status(update: Update, context: BotContext, who: access.Who, text: str
         state = await services.tracker.text_for(job)
         named = f"<code>#{render.short_id(str(job.id))}</code> /{replies.esc(job.command)}"
         lines.append(f"{ltr(named)}{render.DOT}{state}")
-    lines.append(
-        _("{cancel} stops the newest; {cancel_id} a given one.").format(
-            cancel=ltr("/cancel"), cancel_id=ltr("/cancel #id")
-        )
-    )
+    lines.append(_("{cancel} stops the newest; {cancel_id} a given one.").format(
+        cancel=ltr("/cancel"), cancel_id=ltr("/cancel #id")))
     await replies.reply(update, "\n".join(lines))
 
 
@@ -253,21 +232,20 @@ async def _find_job(services: Services, who: access.Who, ref: str | None) -> job
     for job in await services.db.jobs.list_for_user(who.user_id, limit=FIND_LIMIT):
         if job.id.hex.startswith(wanted):
             return job
-    raise errors.UsageError(_(NO_SUCH_JOB).format(id=ltr(f"#{ref[:12]}"), status=ltr("/status")))
+    raise errors.UsageError(_(NO_SUCH_JOB).format(id=ltr(f"#{ref[:12]}"),
+                                                  status=ltr("/status")))
 
 
 async def cancel(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Cancel my newest job waiting or running, or the one named (#id)."""
     services = context.services
-    parsed = parse.parse(text, {}, bot_username=services.bot_username, in_group=_in_group(update))
+    parsed = parse.parse(text, {}, bot_username=services.bot_username,
+                         in_group=_in_group(update))
     named = (parsed.prompt or "").split() if parsed else []
     if parsed is not None and parsed.target_job is None and named:
         # "/cancel #zzzz" or "/cancel 12": an id that can't be one, not "no job at all"
-        raise errors.UsageError(
-            _(NOT_AN_ID).format(
-                ref=ltr(named[0][:20]), status=ltr("/status"), example=ltr("/cancel #3f2a9c1d")
-            )
-        )
+        raise errors.UsageError(_(NOT_AN_ID).format(
+            ref=ltr(named[0][:20]), status=ltr("/status"), example=ltr("/cancel #3f2a9c1d")))
     job = await _find_job(services, who, parsed.target_job if parsed else None)
     await replies.reply(update, await cancel_job(services, who, job))
 
@@ -310,11 +288,7 @@ async def again(update: Update, context: BotContext, who: access.Who, text: str)
         raise errors.UsageError(_("You have no job to repeat yet."))
     message = update.effective_message
     await submit.rerun(
-        services,
-        context.bot,
-        who=who,
-        in_group=_in_group(update),
-        job=last[0],
+        services, context.bot, who=who, in_group=_in_group(update), job=last[0],
         key=submit.idempotency_key(who.chat_id, update.update_id),
         reply_to=message.message_id if message else None,
         asked_by=submit.asker(update.effective_user, in_group=_in_group(update)),
@@ -332,17 +306,12 @@ async def history(update: Update, context: BotContext, who: access.Who, text: st
         if job.started_at and job.finished_at and job.status is jobs.Status.SUCCEEDED:
             elapsed = (job.finished_at - job.started_at).total_seconds()
         seed = job.params.get("seed")
-        entries.append(
-            render.HistoryEntry(
-                id=str(job.id),
-                command=job.command,
-                prompt=prompt if isinstance(prompt, str) else "",
-                status=job.status.value,
-                created_at=job.created_at,
-                seed=seed if isinstance(seed, int) else None,
-                elapsed_s=elapsed,
-            )
-        )
+        entries.append(render.HistoryEntry(
+            id=str(job.id), command=job.command,
+            prompt=prompt if isinstance(prompt, str) else "", status=job.status.value,
+            created_at=job.created_at, seed=seed if isinstance(seed, int) else None,
+            elapsed_s=elapsed,
+        ))
     await replies.reply(update, render.history_text(entries))
 
 
@@ -361,11 +330,9 @@ def settings_text(prefs: Mapping[str, Any]) -> str:
     lines = [
         _("<b>Your settings</b> (options in a command win over these)"),
         _("Aspect ratio: {value}").format(
-            value=replies.esc(ltr(prefs["ar"]) if prefs.get("ar") else default)
-        ),
+            value=replies.esc(ltr(prefs["ar"]) if prefs.get("ar") else default)),
         _("Steps: {value}").format(
-            value=replies.esc(ltr(prefs["steps"]) if prefs.get("steps") else default)
-        ),
+            value=replies.esc(ltr(prefs["steps"]) if prefs.get("steps") else default)),
         _("Seed: {value}").format(value=replies.esc(seed)),
         _("Send results as files: {value}").format(value=on(prefs.get("as_file"))),
         _("Results behind a spoiler: {value}").format(value=on(prefs.get(SPOILER_KEY))),
@@ -380,8 +347,7 @@ def _language_name(prefs: Mapping[str, Any]) -> str:
         return i18n.NATIVE_NAMES[choice]
     return _("auto ({language})").format(
         # what the user reads now: their Telegram app's language, or English
-        language=i18n.NATIVE_NAMES[i18n.current()]
-    )
+        language=i18n.NATIVE_NAMES[i18n.current()])
 
 
 def _language_rows(
@@ -393,50 +359,42 @@ def _language_rows(
         button(name, language.CHOICE, code, choice == code)
         for code, name in i18n.NATIVE_NAMES.items()
     ]
-    return [buttons[i : i + LANGUAGES_PER_ROW] for i in range(0, len(buttons), LANGUAGES_PER_ROW)]
+    return [buttons[i : i + LANGUAGES_PER_ROW] for i in range(0, len(buttons),
+                                                              LANGUAGES_PER_ROW)]
 
 
-def settings_keyboard(prefs: Mapping[str, Any], owner: int | None = None) -> InlineKeyboardMarkup:
+def settings_keyboard(
+    prefs: Mapping[str, Any], owner: int | None = None
+) -> InlineKeyboardMarkup:
     """The /settings buttons; `owner`: the user whose settings they change (only their
     presses count)."""
 
     def button(label: str, key: str, value: str, current: bool) -> InlineKeyboardButton:
-        return InlineKeyboardButton(
-            ("✓ " if current else "") + label,
-            callback_data=callbacks_data.setting(key, value, owner),
-        )
+        return InlineKeyboardButton(("✓ " if current else "") + label,
+                                    callback_data=callbacks_data.setting(key, value, owner))
 
     ar = str(prefs.get("ar") or "")
     steps = str(prefs.get("steps") or "")
     fixed = prefs.get("seed_mode") == "fixed"
     as_file = bool(prefs.get("as_file"))
     spoiler = bool(prefs.get(SPOILER_KEY))
-    return InlineKeyboardMarkup(
-        [
-            [button(_("auto size"), "ar", "", not ar)]
-            + [button(a, "ar", a, ar == a) for a in ASPECTS],
-            [button(_("auto steps"), "steps", "", not steps)]
-            + [button(s, "steps", s, steps == s) for s in STEP_CHOICES],
-            [
-                button(_("random seed"), "seed", "random", not fixed),
-                button(_("fixed seed"), "seed", "fixed", fixed),
-            ],
-            [
-                button(_("photos"), "file", "off", not as_file),
-                button(_("files"), "file", "on", as_file),
-            ],
-            [
-                button(_("no spoiler"), SPOILER_KEY, "off", not spoiler),
-                button(_("spoiler"), SPOILER_KEY, "on", spoiler),
-            ],
-            *_language_rows(prefs, button),
-        ]
-    )
+    return InlineKeyboardMarkup([
+        [button(_("auto size"), "ar", "", not ar)]
+        + [button(a, "ar", a, ar == a) for a in ASPECTS],
+        [button(_("auto steps"), "steps", "", not steps)]
+        + [button(s, "steps", s, steps == s) for s in STEP_CHOICES],
+        [button(_("random seed"), "seed", "random", not fixed),
+         button(_("fixed seed"), "seed", "fixed", fixed)],
+        [button(_("photos"), "file", "off", not as_file),
+         button(_("files"), "file", "on", as_file)],
+        [button(_("no spoiler"), SPOILER_KEY, "off", not spoiler),
+         button(_("spoiler"), SPOILER_KEY, "on", spoiler)],
+        *_language_rows(prefs, button),
+    ])
 
 
-def settings_change(
-    key: str, value: str, prefs: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
+def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dict[str, Any],
+                                                                             list[str]]:
     """The (changes, removals) a settings button stands for.
 
     Raises:
@@ -449,11 +407,8 @@ def settings_change(
     if key == "seed" and value in ("random", "fixed"):
         if value == "random":
             return {"seed_mode": "random"}, ["seed"]
-        seed = (
-            prefs.get("seed")
-            if isinstance(prefs.get("seed"), int)
-            else random.randint(0, 2**32 - 1)
-        )
+        seed = prefs.get("seed") if isinstance(prefs.get("seed"), int) else random.randint(
+            0, 2**32 - 1)
         return {"seed_mode": "fixed", "seed": seed}, []
     if key == "file" and value in ("on", "off"):
         return {"as_file": value == "on"}, []
@@ -467,9 +422,8 @@ def settings_change(
 async def settings(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Show my settings with buttons to change them."""
     prefs = who.settings
-    await replies.reply(
-        update, settings_text(prefs), reply_markup=settings_keyboard(prefs, who.user_id)
-    )
+    await replies.reply(update, settings_text(prefs),
+                        reply_markup=settings_keyboard(prefs, who.user_id))
 
 
 # --- forgetting -------------------------------------------------------------------------
@@ -477,25 +431,17 @@ async def settings(update: Update, context: BotContext, who: access.Who, text: s
 
 async def forget(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """Ask to confirm deleting everything stored about me."""
-    keyboard = InlineKeyboardMarkup(
-        [
-            [
-                InlineKeyboardButton(
-                    _("Delete everything"), callback_data=callbacks_data.forget(True, who.user_id)
-                ),
-                InlineKeyboardButton(
-                    _("Keep it"), callback_data=callbacks_data.forget(False, who.user_id)
-                ),
-            ]
-        ]
-    )
+    keyboard = InlineKeyboardMarkup([[
+        InlineKeyboardButton(_("Delete everything"),
+                             callback_data=callbacks_data.forget(True, who.user_id)),
+        InlineKeyboardButton(_("Keep it"),
+                             callback_data=callbacks_data.forget(False, who.user_id)),
+    ]])
     await replies.reply(
         update,
-        _(
-            "This deletes all your jobs, results, input images, settings and your place in "
-            "the queue, and stops a job running now on its GPU. What the limits count (jobs "
-            "today, the time of the last) stays, with no prompt or image. Are you sure?"
-        ),
+        _("This deletes all your jobs, results, input images, settings and your place in "
+          "the queue, and stops a job running now on its GPU. What the limits count (jobs "
+          "today, the time of the last) stays, with no prompt or image. Are you sure?"),
         reply_markup=keyboard,
     )
 

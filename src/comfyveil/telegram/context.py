@@ -60,7 +60,6 @@ class Services:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
         return task
-
     policy: policy_mod.Policy = field(default_factory=policy_mod.Policy)
     # Jobs queued here whose user's /settings hide results behind a spoiler.
     spoiler_jobs: set[uuid.UUID] = field(default_factory=set)
@@ -68,13 +67,8 @@ class Services:
     job_languages: dict[uuid.UUID, str] = field(default_factory=dict)
 
     def remember_delivery(
-        self,
-        job_id: uuid.UUID,
-        user_id: int,
-        *,
-        as_file: bool,
-        reply_to: int | None = None,
-        asked_by: str | None = None,
+        self, job_id: uuid.UUID, user_id: int, *, as_file: bool,
+        reply_to: int | None = None, asked_by: str | None = None,
     ) -> None:
         self.delivery_modes[job_id] = (user_id, as_file)
         while len(self.delivery_modes) > DELIVERY_MODES_KEPT:  # never delivered: forget

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 HINT = N_("Send a command, such as {example}. {help} lists them all.")
 HINT_NO_EXAMPLE = N_("Send a command. {help} lists them all.")
 PHOTO_HINT = N_(
-    "To edit this photo, send it with a caption such as {example}, or reply to it with the command."
+    "To edit this photo, send it with a caption such as {example}, or reply to it with the "
+    "command."
 )
 PHOTO_HINT_NONE = N_("No command that edits photos can run right now; {help} lists what can.")
 
@@ -71,7 +72,9 @@ async def on_message(update: Update, context: BotContext) -> None:
         return
     name = split[0]
     first = text.lstrip().split(maxsplit=1)[0].lower()
-    addressed = bool(services.bot_username) and first.endswith("@" + services.bot_username.lower())
+    addressed = bool(services.bot_username) and first.endswith(
+        "@" + services.bot_username.lower()
+    )
     handler = commands.COMMANDS.get(name)
     admin_handler = admin.COMMANDS.get(name)
     entry = None
@@ -82,12 +85,10 @@ async def on_message(update: Update, context: BotContext) -> None:
                 stored = await services.db.commands.get(name)
                 if stored is not None and not stored.enabled:
                     answer = _("{command} is switched off.").format(
-                        command=ltr(f"/{replies.esc(name)}")
-                    )
+                        command=ltr(f"/{replies.esc(name)}"))
                 else:
                     answer = _("There is no command {command}. {help} lists them all.").format(
-                        command=ltr(f"/{replies.esc(name)}"), help=ltr("/help")
-                    )
+                        command=ltr(f"/{replies.esc(name)}"), help=ltr("/help"))
                 await replies.reply(update, answer)
             return
     who = await services.access.require(user.id, chat.id)
@@ -107,12 +108,8 @@ async def on_error(update: object, context: BotContext) -> None:
     error = context.error
     if error is None:
         return
-    logger.error(
-        "handling an update failed: %s",
-        type(error).__name__,
-        exc_info=error,
-        extra={"action": "update_failed"},
-    )
+    logger.error("handling an update failed: %s", type(error).__name__, exc_info=error,
+                 extra={"action": "update_failed"})
     if isinstance(update, Update) and update.effective_chat is not None:
         try:
             if update.callback_query is not None:

@@ -254,7 +254,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         if chat_id is not None and not deletion:
             self._last_taken[chat_id] = sent_at
 
-    def _learn(self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool) -> None:
+    def _learn(
+        self, chat_id: int | None, sent_at: float, delay: float, *, deletion: bool
+    ) -> None:
         """Narrow the model after a 429 for a request sent at `sent_at` (see the module
         docstring for the reasoning)."""
         now = self._clock()

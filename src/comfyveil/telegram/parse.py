@@ -146,19 +146,15 @@ def parse(
         words.append(rest[position : match.start()])
         name = _canonical(match.group(1), allowed, command)
         if name in options or (name == NEGATIVE_OPTION and negative is not None):
-            raise ParseError(
-                _("The option {option} is given twice.").format(option=ltr(f"--{name}"))
-            )
+            raise ParseError(_("The option {option} is given twice.").format(
+                option=ltr(f"--{name}")))
         end = matches[index + 1].start() if index + 1 < len(matches) else len(rest)
         value_text = rest[match.end() : end]
         if name == NEGATIVE_OPTION:
             negative = _unquote_all(value_text.lstrip("=").strip())
             if not negative:
-                raise ParseError(
-                    _("Write the negative prompt after {no}, e.g. {example}.").format(
-                        no=ltr("--no"), example=ltr(_("--no blurry, text"))
-                    )
-                )
+                raise ParseError(_("Write the negative prompt after {no}, e.g. {example}.").format(
+                    no=ltr("--no"), example=ltr(_("--no blurry, text"))))
             position = end
             continue
         value, consumed = _take_value(value_text, name)
@@ -169,11 +165,9 @@ def parse(
         for near in _NEAR_OPTION.finditer(stray):
             known = allowed.get(_key(near.group(1)))
             if known is not None:
-                raise ParseError(
-                    _("Write options with two hyphens: {option}, not {given}.").format(
-                        option=ltr(f"--{known}"), given=ltr(near.group(0).strip())
-                    )
-                )
+                raise ParseError(_("Write options with two hyphens: {option}, not {given}.")
+                                 .format(option=ltr(f"--{known}"),
+                                         given=ltr(near.group(0).strip())))
     prompt = " ".join(" ".join(words).split())
     first, _space, remainder = prompt.partition(" ")
     if (job := _JOB_REF.fullmatch(first)) is not None:
@@ -183,26 +177,20 @@ def parse(
         parse_aspect(options[ASPECT_OPTION])
     too_long = (
         (prompt, N_("The prompt is {length} characters long; the limit is {limit}.")),
-        (
-            negative or "",
-            N_("The negative prompt is {length} characters long; the limit is {limit}."),
-        ),
+        (negative or "", N_("The negative prompt is {length} characters long; the limit is "
+                            "{limit}.")),
     )
     for value, message in too_long:
         if len(value) > max_prompt_chars:
-            raise ParseError(_(message).format(length=ltr(len(value)), limit=ltr(max_prompt_chars)))
+            raise ParseError(_(message).format(length=ltr(len(value)),
+                                               limit=ltr(max_prompt_chars)))
     if prompt and not takes_prompt:
-        raise ParseError(
-            _("{command} takes no words, only its options: {words} would be lost.").format(
-                command=ltr(f"/{command}"), words=ltr(repr(prompt[:40]))
-            )
-        )
+        raise ParseError(_("{command} takes no words, only its options: {words} would be "
+                           "lost.").format(command=ltr(f"/{command}"),
+                                           words=ltr(repr(prompt[:40]))))
     if require_prompt and not prompt:
-        raise ParseError(
-            _("Write a prompt after {command}, for example: {example}.").format(
-                command=ltr(f"/{command}"), example=ltr(f"/{command}") + " " + _("a red fox")
-            )
-        )
+        raise ParseError(_("Write a prompt after {command}, for example: {example}.").format(
+            command=ltr(f"/{command}"), example=ltr(f"/{command}") + " " + _("a red fox")))
     return ParsedCommand(command, prompt, negative, options, target_job)
 
 
@@ -224,27 +212,18 @@ def _canonical(spelled: str, allowed: dict[str, str], command: str) -> str:
     if name is not None:
         return name
     if _key(spelled) == NEGATIVE_OPTION:
-        raise ParseError(
-            _("{command} has no negative prompt, so {no} cannot be used.").format(
-                command=ltr(f"/{command}"), no=ltr("--no")
-            )
-        )
+        raise ParseError(_("{command} has no negative prompt, so {no} cannot be used.").format(
+            command=ltr(f"/{command}"), no=ltr("--no")))
     listed = ", ".join(ltr(f"--{n}") for n in sorted(allowed.values()))
     close = difflib.get_close_matches(_key(spelled), list(allowed), n=1)
     if close:
-        raise ParseError(
-            _("{command} has no option {option}. Did you mean {close}? Allowed: {allowed}.").format(
-                command=ltr(f"/{command}"),
-                option=ltr(f"--{spelled}"),
-                close=ltr(f"--{allowed[close[0]]}"),
-                allowed=listed,
-            )
-        )
-    raise ParseError(
-        _("{command} has no option {option}. Allowed: {allowed}.").format(
-            command=ltr(f"/{command}"), option=ltr(f"--{spelled}"), allowed=listed
-        )
-    )
+        raise ParseError(_("{command} has no option {option}. Did you mean {close}? Allowed: "
+                           "{allowed}.").format(command=ltr(f"/{command}"),
+                                                option=ltr(f"--{spelled}"),
+                                                close=ltr(f"--{allowed[close[0]]}"),
+                                                allowed=listed))
+    raise ParseError(_("{command} has no option {option}. Allowed: {allowed}.").format(
+        command=ltr(f"/{command}"), option=ltr(f"--{spelled}"), allowed=listed))
 
 
 def _take_value(text: str, name: str) -> tuple[str, int]:
@@ -258,30 +237,21 @@ def _take_value(text: str, name: str) -> tuple[str, int]:
         closing = _QUOTES[stripped[0]]
         end = stripped.find(closing, 1)
         if end < 0:
-            raise ParseError(
-                _("The quote after {option} is never closed.").format(option=ltr(f"--{name}"))
-            )
+            raise ParseError(_("The quote after {option} is never closed.").format(
+                option=ltr(f"--{name}")))
         return stripped[1:end], skipped + end + 1
     word = stripped.split(maxsplit=1)[0] if stripped.strip() else ""
     if name == FILE_OPTION:
         flag = FLAG_VALUES.get(word.lower())
         if flag is None and word and stripped.strip() == word:
             # "--file maybe" at the end: meant as its value, not as a word of the prompt
-            raise ParseError(
-                _("{option} is {yes} or {no}, or nothing; not {value}.").format(
-                    option=ltr(f"--{name}"),
-                    yes=ltr("yes"),
-                    no=ltr("no"),
-                    value=ltr(repr(word[:20])),
-                )
-            )
+            raise ParseError(_("{option} is {yes} or {no}, or nothing; not {value}.").format(
+                option=ltr(f"--{name}"), yes=ltr("yes"), no=ltr("no"),
+                value=ltr(repr(word[:20]))))
         return (flag, skipped + len(word)) if flag else ("yes", 0)
     if not word:
-        raise ParseError(
-            _("The option {option} needs a value, e.g. {example}.").format(
-                option=ltr(f"--{name}"), example=ltr(f"--{name} 4")
-            )
-        )
+        raise ParseError(_("The option {option} needs a value, e.g. {example}.").format(
+            option=ltr(f"--{name}"), example=ltr(f"--{name} 4")))
     return word, skipped + len(word)
 
 
@@ -299,23 +269,17 @@ def parse_aspect(ar: str) -> tuple[float, float]:
     """
     match = _ASPECT.match(ar)
     if match is None:
-        raise ParseError(
-            _("The aspect ratio {ratio} is not valid; write it like {example}.").format(
-                ratio=ltr(repr(ar[:20])), example=ltr("16:9")
-            )
-        )
+        raise ParseError(_("The aspect ratio {ratio} is not valid; write it like {example}.")
+                         .format(ratio=ltr(repr(ar[:20])), example=ltr("16:9")))
     width, height = float(match.group(1)), float(match.group(2))
     if width <= 0 or height <= 0:
-        raise ParseError(
-            _("An aspect ratio needs two numbers above zero, like {example}.").format(
-                example=ltr("16:9")
-            )
-        )
+        raise ParseError(_("An aspect ratio needs two numbers above zero, like {example}.")
+                         .format(example=ltr("16:9")))
     if max(width / height, height / width) > MAX_ASPECT:
         raise ParseError(
-            _("The aspect ratio {ratio} is too extreme; use one between {low} and {high}.").format(
-                ratio=ltr(f"{match.group(1)}:{match.group(2)}"), low=ltr("1:4"), high=ltr("4:1")
-            )
+            _("The aspect ratio {ratio} is too extreme; use one between {low} and {high}.")
+            .format(ratio=ltr(f"{match.group(1)}:{match.group(2)}"), low=ltr("1:4"),
+                    high=ltr("4:1"))
         )
     return width, height
 

@@ -30,7 +30,6 @@ DOT = " · "
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
-
 @dataclass(frozen=True)
 class JobView:
     """What the chat shows about one job.
@@ -112,11 +111,8 @@ def status_text(job: JobView) -> str:
             parts.append(_("about {time}").format(time=ltr(duration(max(job.eta_s, 1)))))
         return _esc(DOT.join(parts))
     if job.status == "running":
-        parts = [
-            _("Running on {backend}").format(backend=ltr(job.backend))
-            if job.backend
-            else _("Running")
-        ]
+        parts = [_("Running on {backend}").format(backend=ltr(job.backend)) if job.backend
+                 else _("Running")]
         if job.progress is not None:
             percent = round(min(max(job.progress, 0.0), 1.0) * 100)
             parts.append(ltr(_("{percent}%").format(percent=percent)))
@@ -139,7 +135,9 @@ ASKED_BY = N_("for {name}")
 WAIT_SHOWN_FROM = 1.0  # seconds of waiting worth mentioning in a caption
 
 
-def caption(job: JobView, *, prompt: str | None = None, asked_by: str | None = None) -> str:
+def caption(
+    job: JobView, *, prompt: str | None = None, asked_by: str | None = None
+) -> str:
     """The caption under a result: command, seed, time (waiting and running apart when it
     waited), who asked (groups), and on a line of its own the prompt, shortened so the
     whole fits Telegram's 1024 characters."""
@@ -160,11 +158,8 @@ def caption(job: JobView, *, prompt: str | None = None, asked_by: str | None = N
         return _fit(_esc(head), MAX_CAPTION_CHARS)
     # Telegram counts the caption's visible text in UTF-16 units: the markup is free.
     room = MAX_CAPTION_CHARS - _utf16(head) - 1
-    return (
-        f"{_esc(head)}\n<i>{_esc(shorten(text, room))}</i>"
-        if room > 8
-        else _fit(_esc(head), MAX_CAPTION_CHARS)
-    )
+    return f"{_esc(head)}\n<i>{_esc(shorten(text, room))}</i>" if room > 8 else _fit(
+        _esc(head), MAX_CAPTION_CHARS)
 
 
 def _utf16(text: str) -> int:
@@ -199,8 +194,10 @@ def _option_line(option: OptionHelp) -> str:
         default = ", " + _("default {value}").format(value=ltr(_num(option.default)))
     # A parameter without a description of its own is described by its name: once is enough.
     said = "" if option.description in ("", option.name) else f" {_esc(option.description)}"
-    return (
-        f"  {ltr(f'<code>--{_esc(option.name)}</code>')}{said}" + (_esc(bounds)) + (_esc(default))
+    return f"  {ltr(f'<code>--{_esc(option.name)}</code>')}{said}" + (
+        _esc(bounds)
+    ) + (
+        _esc(default)
     )
 
 
@@ -217,19 +214,12 @@ def _command_block(command: CommandHelp) -> str:
 def help_footer(example: CommandHelp | None, *, web: bool = False) -> str:
     """How options are written, then the user's own commands (Telegram HTML); `web`: the
     web front end is enabled (/web gives its link)."""
-    own = _(
-        "{status} your jobs · {cancel} stop one · {again} re-roll · {history} · {settings}"
-    ).format(
-        status=ltr("/status"),
-        cancel=ltr("/cancel"),
-        again=ltr("/again"),
-        history=ltr("/history"),
-        settings=ltr("/settings"),
-    )
+    own = _("{status} your jobs · {cancel} stop one · {again} re-roll · {history} · {settings}"
+            ).format(status=ltr("/status"), cancel=ltr("/cancel"), again=ltr("/again"),
+                     history=ltr("/history"), settings=ltr("/settings"))
     if web:
         own += "\n" + _("{forget} deletes all your data · {web} opens me in a browser").format(
-            forget=ltr("/forget"), web=ltr("/web")
-        )
+            forget=ltr("/forget"), web=ltr("/web"))
     else:
         own += "\n" + _("{forget} deletes all your data").format(forget=ltr("/forget"))
     if example is None:
@@ -240,16 +230,11 @@ def help_footer(example: CommandHelp | None, *, web: bool = False) -> str:
         shown += " --seed 42"
     if example.sized:
         shown += " --ar 16:9"
-    marks = {
-        "negative": ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
-        "aspect": ltr("<code>--ar 16:9</code>"),
-        "file": ltr("<code>--file</code>"),
-    }
+    marks = {"negative": ltr("<code>" + _esc(_("--no blurry, text")) + "</code>"),
+             "aspect": ltr("<code>--ar 16:9</code>"), "file": ltr("<code>--file</code>")}
     if example.negative and example.sized:
-        said = _(
-            "{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends "
-            "the full-quality file."
-        )
+        said = _("{negative} is the negative prompt, {aspect} the aspect ratio, {file} sends "
+                 "the full-quality file.")
     elif example.sized:
         said = _("{aspect} is the aspect ratio, {file} sends the full-quality file.")
     elif example.negative:
@@ -280,10 +265,8 @@ def help_text(
     footer = help_footer(example, web=web)
     blocks: list[str] = []
     budget = MAX_MESSAGE_CHARS - len(header) - len(footer) - 80
-    marked = [
-        f"<b>{ltr(f'/{_esc(c.name)}')}</b> {_esc(c.title)} · {_esc(_(unavailable_mark))}"
-        for c in unavailable
-    ]
+    marked = [f"<b>{ltr(f'/{_esc(c.name)}')}</b> {_esc(c.title)} · {_esc(_(unavailable_mark))}"
+              for c in unavailable]
     budget -= sum(len(m) + 1 for m in marked)
     for index, command in enumerate(commands):
         block = _command_block(command)

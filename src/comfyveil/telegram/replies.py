@@ -50,7 +50,9 @@ async def reply(update: Update, text: str, **kwargs: Any) -> Message | None:
             "reply_parameters",
             ReplyParameters(message.message_id, allow_sending_without_reply=True),
         )
-    return await update.get_bot().send_message(chat.id, text, parse_mode=ParseMode.HTML, **kwargs)
+    return await update.get_bot().send_message(
+        chat.id, text, parse_mode=ParseMode.HTML, **kwargs
+    )
 
 
 def plain_errors(handler: F) -> F:
@@ -63,9 +65,8 @@ def plain_errors(handler: F) -> F:
             return await handler(update, context)
         except errors.ComfyveilError as exc:
             if not isinstance(exc, errors.UsageError):
-                logger.warning(
-                    "request failed: %s", type(exc).__name__, extra={"action": "request_failed"}
-                )
+                logger.warning("request failed: %s", type(exc).__name__,
+                               extra={"action": "request_failed"})
             try:
                 await reply(update, esc(user_message(exc)))
             except TelegramError as send_error:

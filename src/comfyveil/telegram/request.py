@@ -80,12 +80,7 @@ class AiohttpRequest(BaseRequest):
     """
 
     __slots__ = (
-        "_defaults",
-        "_media_write_timeout",
-        "_pool_size",
-        "_proxy",
-        "_refused",
-        "_session",
+        "_defaults", "_media_write_timeout", "_pool_size", "_proxy", "_refused", "_session"
     )
 
     def __init__(
@@ -119,9 +114,8 @@ class AiohttpRequest(BaseRequest):
     async def initialize(self) -> None:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=proxy.connector(
-                    self._proxy, limit=self._pool_size, ssl_context=_trust_store()
-                ),
+                connector=proxy.connector(self._proxy, limit=self._pool_size,
+                                          ssl_context=_trust_store()),
                 trust_env=False,
             )
 
@@ -163,18 +157,13 @@ class AiohttpRequest(BaseRequest):
         body: Any = fields
         if files:
             body = multipart(fields or {}, files)
-        timeout = self._timeout(
-            read_timeout, write_timeout, connect_timeout, pool_timeout, upload=bool(files)
-        )
+        timeout = self._timeout(read_timeout, write_timeout, connect_timeout, pool_timeout,
+                                upload=bool(files))
         failure: TelegramError
         try:
             async with self._session.request(
-                method,
-                url,
-                data=body,
-                timeout=timeout,
-                headers={"User-Agent": self.USER_AGENT},
-                allow_redirects=False,
+                method, url, data=body, timeout=timeout,
+                headers={"User-Agent": self.USER_AGENT}, allow_redirects=False,
             ) as response:
                 answer = response.status, await response.read()
                 metrics.telegram_request(_method(url), _outcome(response.status))

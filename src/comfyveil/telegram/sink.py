@@ -48,15 +48,8 @@ SPOILER_KINDS = ("photo", "video", "animation")  # what Telegram can blur (has_s
 DONE_MEMORY = 4096  # delivered jobs remembered, so a second delivery does nothing
 # Bad Request descriptions that mean the chat cannot get the result (it is gone, or the bot
 # may not write there); a Forbidden (blocked, kicked, deleted group) always means that.
-CHAT_GONE = (
-    "chat not found",
-    "peer_id_invalid",
-    "user not found",
-    "chat_write_forbidden",
-    "not enough rights",
-    "have no rights",
-    "group chat was deactivated",
-)
+CHAT_GONE = ("chat not found", "peer_id_invalid", "user not found", "chat_write_forbidden",
+             "not enough rights", "have no rights", "group chat was deactivated")
 
 
 def chat_gone(exc: BadRequest) -> bool:
@@ -77,19 +70,14 @@ def result_buttons(
     (not for a result that is a file already)."""
     row = []
     if reroll:
-        row.append(
-            InlineKeyboardButton(_(REROLL_BUTTON), callback_data=callbacks_data.again(job_id))
-        )
+        row.append(InlineKeyboardButton(_(REROLL_BUTTON),
+                                        callback_data=callbacks_data.again(job_id)))
     if edit:
-        row.append(
-            InlineKeyboardButton(_(EDIT_BUTTON), callback_data=callbacks_data.edit(job_id, index))
-        )
+        row.append(InlineKeyboardButton(_(EDIT_BUTTON),
+                                        callback_data=callbacks_data.edit(job_id, index)))
     if as_file:
-        row.append(
-            InlineKeyboardButton(
-                _(FILE_BUTTON), callback_data=callbacks_data.as_file(job_id, index)
-            )
-        )
+        row.append(InlineKeyboardButton(_(FILE_BUTTON),
+                                        callback_data=callbacks_data.as_file(job_id, index)))
     return InlineKeyboardMarkup([row]) if row else None
 
 
@@ -107,16 +95,12 @@ def caption_for(job: jobs.Job, *, asked_by: str | None = None) -> str:
     seed = job.params.get("seed")
     prompt = job.params.get("prompt")
     view = render.JobView(
-        id=str(job.id),
-        command=job.command,
-        status="succeeded",
+        id=str(job.id), command=job.command, status="succeeded",
         seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
-        elapsed_s=elapsed,
-        waited_s=waited,
+        elapsed_s=elapsed, waited_s=waited,
     )
-    return render.caption(
-        view, prompt=prompt if isinstance(prompt, str) else None, asked_by=asked_by
-    )
+    return render.caption(view, prompt=prompt if isinstance(prompt, str) else None,
+                          asked_by=asked_by)
 
 
 def _reply(message_id: int | None) -> ReplyParameters | None:
@@ -138,15 +122,8 @@ def _kind(output: jobs.Output) -> str:
 
 
 async def send_output(
-    bot: Bot,
-    chat_id: int,
-    job: jobs.Job,
-    output: jobs.Output,
-    *,
-    as_file: bool,
-    caption: str,
-    reply_to: int | None = None,
-    can_edit: bool = True,
+    bot: Bot, chat_id: int, job: jobs.Job, output: jobs.Output, *, as_file: bool,
+    caption: str, reply_to: int | None = None, can_edit: bool = True,
     spoiler: bool = False,
 ) -> Message:
     """Send one output; a photo Telegram refuses (too large, odd shape) goes as a file.
@@ -154,29 +131,20 @@ async def send_output(
     cannot be)."""
     if output.size > MAX_UPLOAD_BYTES:
         return await bot.send_message(
-            chat_id,
-            replies.esc(
+            chat_id, replies.esc(
                 _("The result is {size} MB, more than Telegram lets a bot send.").format(
-                    size=ltr(output.size // (1024 * 1024))
-                )
-            ),
-            parse_mode=ParseMode.HTML,
+                    size=ltr(output.size // (1024 * 1024)))
+            ), parse_mode=ParseMode.HTML,
         )
     kind = "document" if as_file else _kind(output)
     is_image = output.mime.lower().startswith("image/")
 
     def buttons(as_document: bool) -> InlineKeyboardMarkup | None:
-        return result_buttons(
-            str(job.id),
-            output.index,
-            reroll=seeded(job),
-            edit=can_edit and is_image,
-            as_file=not as_document,
-        )
+        return result_buttons(str(job.id), output.index, reroll=seeded(job),
+                              edit=can_edit and is_image, as_file=not as_document)
 
     common: dict[str, Any] = {
-        "caption": caption,
-        "parse_mode": ParseMode.HTML,
+        "caption": caption, "parse_mode": ParseMode.HTML,
         "reply_markup": buttons(kind == "document"),
     }
     if reply_to is not None:
@@ -185,9 +153,8 @@ async def send_output(
     media = {"has_spoiler": True} if spoiler and kind in SPOILER_KINDS else {}
     if kind == "photo":
         try:
-            return await bot.send_photo(
-                chat_id, InputFile(output.data, filename=name), **common, **media
-            )
+            return await bot.send_photo(chat_id, InputFile(output.data, filename=name), **common,
+                                        **media)
         except BadRequest as exc:
             if chat_gone(exc):
                 raise
@@ -195,20 +162,14 @@ async def send_output(
             common["reply_markup"] = buttons(True)
     if kind == "video":
         return await bot.send_video(
-            chat_id,
-            InputFile(output.data, filename=name),
-            supports_streaming=True,
-            **common,
+            chat_id, InputFile(output.data, filename=name), supports_streaming=True, **common,
             **media,
         )
     if kind == "animation":
-        return await bot.send_animation(
-            chat_id, InputFile(output.data, filename=name), **common, **media
-        )
+        return await bot.send_animation(chat_id, InputFile(output.data, filename=name), **common,
+                                        **media)
     return await bot.send_document(
-        chat_id,
-        InputFile(output.data, filename=name),
-        disable_content_type_detection=True,
+        chat_id, InputFile(output.data, filename=name), disable_content_type_detection=True,
         **common,
     )
 
@@ -273,8 +234,7 @@ class TelegramSink:
         """Whether the workflow or ``[policy]`` hides this job's results behind a spoiler."""
         entry = await self.services.commands.get(job.command)
         return self.services.policy.spoiler(
-            job.command,
-            job.chat_id,
+            job.command, job.chat_id,
             workflow_spoiler=entry is not None and entry.workflow.spoiler,
         )
 
@@ -316,58 +276,40 @@ class TelegramSink:
         try:
             if job.status is jobs.Status.SUCCEEDED:
                 if not outputs:
-                    await chat.send(
-                        lambda to: self.bot.send_message(
-                            to,
-                            _("The job finished but produced no image."),
-                        )
-                    )
+                    await chat.send(lambda to: self.bot.send_message(
+                        to, _("The job finished but produced no image."),
+                    ))
                 else:
                     caption = caption_for(job, asked_by=asked_by)
                     can_edit = bool(await editors(self.services))
                     for output in outputs:
-                        message = await chat.send(
-                            lambda to, output=output: send_output(
-                                self.bot,
-                                to,
-                                job,
-                                output,
-                                as_file=as_file,
-                                caption=caption,
-                                reply_to=reply_to,
-                                can_edit=can_edit,
-                                spoiler=spoiler,
-                            )
-                        )
+                        message = await chat.send(lambda to, output=output: send_output(
+                            self.bot, to, job, output, as_file=as_file, caption=caption,
+                            reply_to=reply_to, can_edit=can_edit, spoiler=spoiler,
+                        ))
                         sent.append(message.message_id)
             elif job.status_message_id is None:
                 # No status message to turn into the ending: say it in a message.
-                message = await chat.send(
-                    lambda to: self.bot.send_message(
-                        to,
-                        status.final_text(
-                            job, detail=job.user_id in self.services.settings.telegram.admins
-                        ),
-                        parse_mode=ParseMode.HTML,
-                        reply_parameters=_reply(reply_to),
-                    )
-                )
+                message = await chat.send(lambda to: self.bot.send_message(
+                    to, status.final_text(
+                        job, detail=job.user_id in self.services.settings.telegram.admins
+                    ), parse_mode=ParseMode.HTML, reply_parameters=_reply(reply_to),
+                ))
                 sent.append(message.message_id)
         except Forbidden as exc:
             raise sinks.Undeliverable(f"Telegram refused the result ({exc.message})") from None
         except BadRequest as exc:
             if chat_gone(exc):
-                raise sinks.Undeliverable(f"Telegram refused the result ({exc.message})") from None
+                raise sinks.Undeliverable(
+                    f"Telegram refused the result ({exc.message})"
+                ) from None
             raise
         self.services.file_jobs.discard(job.id)
         try:
             await tracker.finish(job)
         except TelegramError as exc:  # the status message is a courtesy; the result is sent
-            logger.info(
-                "status message not finished: %s",
-                type(exc).__name__,
-                extra={"action": "status_unfinished", "job_id": str(job.id)},
-            )
+            logger.info("status message not finished: %s", type(exc).__name__,
+                        extra={"action": "status_unfinished", "job_id": str(job.id)})
         self._details[job.id] = {"message_ids": sent}
         while len(self._details) > DONE_MEMORY:  # a caller that never asks for them
             self._details.pop(next(iter(self._details)))
@@ -393,10 +335,8 @@ class _Chat:
             return await send(self.chat_id)
         except ChatMigrated as exc:
             new_id = int(exc.new_chat_id)
-            logger.info(
-                "the group became a supergroup; sending the result there",
-                extra={"action": "chat_migrated", "job_id": str(self._job.id)},
-            )
+            logger.info("the group became a supergroup; sending the result there",
+                        extra={"action": "chat_migrated", "job_id": str(self._job.id)})
             self._sink.migrated[self._job.chat_id] = self.chat_id = new_id
             while len(self._sink.migrated) > DONE_MEMORY:
                 self._sink.migrated.pop(next(iter(self._sink.migrated)))

@@ -136,9 +136,8 @@ class StatusTracker:
         try:
             await self.resume()
         except store_errors.StoreError as exc:  # the fallback sweep has nothing to go on
-            logger.warning(
-                "status messages not resumed: %s", exc, extra={"action": "status_resume_failed"}
-            )
+            logger.warning("status messages not resumed: %s", exc,
+                           extra={"action": "status_resume_failed"})
         self._tasks = [
             asyncio.create_task(self._listen_loop(), name="status-listen"),
             asyncio.create_task(self._edit_loop(), name="status-edits"),
@@ -151,11 +150,7 @@ class StatusTracker:
     # --- what handlers and the sink call --------------------------------------------
 
     async def post(
-        self,
-        job: jobs.Job,
-        *,
-        reply_to: int | None,
-        in_group: bool,
+        self, job: jobs.Job, *, reply_to: int | None, in_group: bool,
         asked_by: str | None = None,
     ) -> jobs.Job:
         """Post `job`'s status message now and follow it; the job as stored after (with
@@ -167,23 +162,17 @@ class StatusTracker:
         text = await self.text_for(job)
         reply = (
             ReplyParameters(reply_to, allow_sending_without_reply=True)
-            if reply_to is not None
-            else None
+            if reply_to is not None else None
         )
         try:
             message = await self.bot.send_message(
-                job.chat_id,
-                text,
-                parse_mode=ParseMode.HTML,
-                reply_parameters=reply,
-                reply_markup=cancel_keyboard(job),
-                rate_limit_args=limits.SHED,
+                job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+                reply_markup=cancel_keyboard(job), rate_limit_args=limits.SHED,
             )
         except limits.Shed:
             # Results need Telegram's limits now: try again shortly, unless it ends first.
-            self.post_later(
-                job, delay=SHED_PAUSE, reply_to=reply_to, in_group=in_group, asked_by=asked_by
-            )
+            self.post_later(job, delay=SHED_PAUSE, reply_to=reply_to, in_group=in_group,
+                            asked_by=asked_by)
             return job
         try:
             job = await self.db.jobs.set_status_message(
@@ -196,41 +185,25 @@ class StatusTracker:
             # remove it, so do it here.
             await self.finish(job)
         else:
-            self.track(
-                job,
-                chat_id=job.chat_id,
-                message_id=message.message_id,
-                text=text,
-                in_group=in_group,
-            )
+            self.track(job, chat_id=job.chat_id, message_id=message.message_id, text=text,
+                       in_group=in_group)
         return job
 
     def post_later(
-        self,
-        job: jobs.Job,
-        *,
-        delay: float,
-        reply_to: int | None,
-        in_group: bool,
+        self, job: jobs.Job, *, delay: float, reply_to: int | None, in_group: bool,
         asked_by: str | None = None,
     ) -> None:
         """Post `job`'s status message in `delay` seconds, unless it has finished by then."""
         task = asyncio.create_task(
-            self._post_later(
-                job.id, delay=delay, reply_to=reply_to, in_group=in_group, asked_by=asked_by
-            ),
+            self._post_later(job.id, delay=delay, reply_to=reply_to, in_group=in_group,
+                             asked_by=asked_by),
             name="status-post",
         )
         self._pending_posts.add(task)
         task.add_done_callback(self._pending_posts.discard)
 
     async def _post_later(
-        self,
-        job_id: uuid.UUID,
-        *,
-        delay: float,
-        reply_to: int | None,
-        in_group: bool,
+        self, job_id: uuid.UUID, *, delay: float, reply_to: int | None, in_group: bool,
         asked_by: str | None,
     ) -> None:
         await asyncio.sleep(delay)
@@ -249,11 +222,8 @@ class StatusTracker:
             await self.post(job, reply_to=reply_to, in_group=in_group, asked_by=asked_by)
         except (store_errors.StoreError, TelegramError) as exc:
             # The result still comes when the job ends; only the progress view is lost.
-            logger.info(
-                "status message not posted: %s",
-                type(exc).__name__,
-                extra={"action": "status_post_failed", "job_id": str(job_id)},
-            )
+            logger.info("status message not posted: %s", type(exc).__name__,
+                        extra={"action": "status_post_failed", "job_id": str(job_id)})
 
     def track(
         self, job: jobs.Job, *, chat_id: int, message_id: int, text: str, in_group: bool
@@ -263,13 +233,7 @@ class StatusTracker:
             return
         interval = self.group_interval if in_group else self.private_interval
         self._tracked[job.id] = _Tracked(
-            job.id,
-            chat_id,
-            message_id,
-            in_group,
-            text,
-            job.status,
-            rank=rank(job),
+            job.id, chat_id, message_id, in_group, text, job.status, rank=rank(job),
             next_at=time.monotonic() + interval,
         )
 
@@ -280,13 +244,8 @@ class StatusTracker:
         for job in found:
             if job.id in self._tracked or job.status_message_id is None:
                 continue
-            self.track(
-                job,
-                chat_id=job.chat_id,
-                message_id=job.status_message_id,
-                text="",
-                in_group=job.chat_id < 0,
-            )
+            self.track(job, chat_id=job.chat_id, message_id=job.status_message_id, text="",
+                       in_group=job.chat_id < 0)
             self._tracked[job.id].next_at = 0.0
             self._tracked[job.id].dirty = True
         if found:
@@ -328,9 +287,7 @@ class StatusTracker:
             wait = await self.db.jobs.wait(job.id, backends=self.backends())
             place = wait.place if wait is not None else None
             view = render.JobView(
-                id=str(job.id),
-                command=job.command,
-                status="queued",
+                id=str(job.id), command=job.command, status="queued",
                 position=None if place is None else self.places.place(job.id, place),
                 eta_s=self.etas.seconds(
                     job.id, wait.seconds if wait is not None else None, time.monotonic()
@@ -344,27 +301,19 @@ class StatusTracker:
             if state == "waiting":
                 return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip(".。"))
             if state == "queued_on_backend" and (progress.get("position") or 0) > 0:
-                return replies.esc(
-                    _("Next on {backend}").format(backend=ltr(backend)) if backend else _("Next")
-                )
+                return replies.esc(_("Next on {backend}").format(backend=ltr(backend))
+                                   if backend else _("Next"))
             if state == "submitted":
-                return replies.esc(
-                    _("Sent to {backend}").format(backend=ltr(backend))
-                    if backend
-                    else _("Sent to a GPU")
-                )
+                return replies.esc(_("Sent to {backend}").format(backend=ltr(backend))
+                                   if backend else _("Sent to a GPU"))
             percent = progress.get("percent")
             running_s = None
             if job.started_at is not None:
                 running_s = (dt.datetime.now(dt.UTC) - job.started_at).total_seconds()
             view = render.JobView(
-                id=str(job.id),
-                command=job.command,
-                status="running",
-                backend=backend,
+                id=str(job.id), command=job.command, status="running", backend=backend,
                 progress=float(percent) / 100 if isinstance(percent, int | float) else None,
-                step=_int(progress.get("value")),
-                steps=_int(progress.get("max")),
+                step=_int(progress.get("value")), steps=_int(progress.get("max")),
                 running_s=running_s,
             )
             return render.status_text(view)
@@ -405,10 +354,7 @@ class StatusTracker:
         for _try in range(FINAL_EDIT_TRIES):
             try:
                 await self.bot.edit_message_text(
-                    text,
-                    chat_id=job.chat_id,
-                    message_id=message_id,
-                    parse_mode=ParseMode.HTML,
+                    text, chat_id=job.chat_id, message_id=message_id, parse_mode=ParseMode.HTML,
                 )
                 return
             except BadRequest as exc:
@@ -453,11 +399,8 @@ class StatusTracker:
                             continue
                         self._mark(job_id, queued=note.payload.get("event") != "progress")
             except store_errors.StoreError as exc:
-                logger.warning(
-                    "status updates unavailable (%s); polling",
-                    exc,
-                    extra={"action": "status_listen_failed"},
-                )
+                logger.warning("status updates unavailable (%s); polling", exc,
+                               extra={"action": "status_listen_failed"})
                 await asyncio.sleep(self.fallback_refresh)
 
     async def _edit_loop(self) -> None:
@@ -555,11 +498,8 @@ class StatusTracker:
         interval = self.group_interval if tracked.in_group else self.private_interval
         try:
             await self.bot.edit_message_text(
-                text,
-                chat_id=tracked.chat_id,
-                message_id=tracked.message_id,
-                parse_mode=ParseMode.HTML,
-                reply_markup=keyboard,
+                text, chat_id=tracked.chat_id, message_id=tracked.message_id,
+                parse_mode=ParseMode.HTML, reply_markup=keyboard,
                 rate_limit_args=limits.SHED,
             )
             tracked.text = text
@@ -574,11 +514,8 @@ class StatusTracker:
         except RetryAfter as exc:
             tracked.next_at = time.monotonic() + retry_seconds(exc)
             tracked.dirty = True
-            logger.info(
-                "status edits paused for %.1f s by Telegram",
-                retry_seconds(exc),
-                extra={"action": "status_retry_after"},
-            )
+            logger.info("status edits paused for %.1f s by Telegram", retry_seconds(exc),
+                        extra={"action": "status_retry_after"})
             return
         except BadRequest as exc:
             if "not modified" in exc.message:
@@ -615,9 +552,9 @@ def rank(job: jobs.Job) -> tuple[int, int]:
 
 def cancel_keyboard(job: jobs.Job) -> InlineKeyboardMarkup:
     """The Cancel button under a status message (only its user's press counts)."""
-    return InlineKeyboardMarkup(
-        [[InlineKeyboardButton(_(CANCEL_BUTTON), callback_data=callbacks_data.cancel(job.id))]]
-    )
+    return InlineKeyboardMarkup([[InlineKeyboardButton(
+        _(CANCEL_BUTTON), callback_data=callbacks_data.cancel(job.id)
+    )]])
 
 
 def final_text(job: jobs.Job, *, detail: bool = False) -> str:

@@ -99,9 +99,7 @@ def build_values(
     if aspect is not None and not has_size:
         raise parse.ParseError(
             _("{command} has no width and height, so {ar} cannot be used.").format(
-                command=ltr(f"/{entry.name}"), ar=ltr("--ar")
-            )
-        )
+                command=ltr(f"/{entry.name}"), ar=ltr("--ar")))
     values: dict[str, object] = {}
     aspect = aspect or (str(prefs["ar"]) if has_size and prefs.get("ar") else None)
     if aspect and not {"width", "height"} & set(options):
@@ -110,10 +108,8 @@ def build_values(
     if steps is not None and "steps" not in options and isinstance(prefs.get("steps"), int):
         values["steps"] = _clamp(int(prefs["steps"]), steps)
     if (
-        "seed" in wf.params
-        and "seed" not in options
-        and prefs.get("seed_mode") == "fixed"
-        and isinstance(prefs.get("seed"), int)
+        "seed" in wf.params and "seed" not in options
+        and prefs.get("seed_mode") == "fixed" and isinstance(prefs.get("seed"), int)
     ):
         values["seed"] = prefs["seed"]
     values.update(options)
@@ -153,12 +149,9 @@ async def download_checked(
     limits = services.settings.limits
     if size is not None and size > min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT):
         limit = min(limits.max_image_bytes, TELEGRAM_DOWNLOAD_LIMIT) // (1024 * 1024)
-        raise images.ImageRejected(
-            _("That file is {size}; the limit is {limit}.").format(
-                size=ltr(_("{n} MB").format(n=f"{size / (1024 * 1024):.1f}")),
-                limit=ltr(_("{n} MB").format(n=limit)),
-            )
-        )
+        raise images.ImageRejected(_("That file is {size}; the limit is {limit}.").format(
+            size=ltr(_("{n} MB").format(n=f"{size / (1024 * 1024):.1f}")),
+            limit=ltr(_("{n} MB").format(n=limit))))
     try:
         tg_file = await bot.get_file(file_id)
         data = bytes(await tg_file.download_as_bytearray())
@@ -167,11 +160,10 @@ async def download_checked(
             raise images.ImageRejected(
                 _("That file is too large for a bot to download (20 MB at most).")
             ) from exc
-        raise images.ImageRejected(_("That file could not be downloaded; send it again.")) from exc
+        raise images.ImageRejected(
+            _("That file could not be downloaded; send it again.")) from exc
     checked = await asyncio.to_thread(
-        images.check_image,
-        data,
-        max_bytes=limits.max_image_bytes,
+        images.check_image, data, max_bytes=limits.max_image_bytes,
         max_pixels=limits.max_image_pixels,
     )
     ext = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "webp"}[checked.mime]
@@ -200,15 +192,12 @@ async def find_image(
             stored = outputs.get(wanted[0].index)
             if stored is not None:
                 return jobs.InputImage(
-                    filename=stored.filename.rsplit("/", 1)[-1],
-                    mime=stored.mime,
+                    filename=stored.filename.rsplit("/", 1)[-1], mime=stored.mime,
                     data=stored.data,
                 )
     raise errors.UsageError(
-        _(
-            "{command} edits an image: send it as the caption of a photo, reply to a "
-            "photo with it, or make an image first."
-        ).format(command=ltr(f"/{entry.name}"))
+        _("{command} edits an image: send it as the caption of a photo, reply to a "
+          "photo with it, or make an image first.").format(command=ltr(f"/{entry.name}"))
     )
 
 
@@ -242,10 +231,8 @@ async def submit(
     # whatever was checked before (issue 22 §3)
     job = await desk_submit.queue(services, who, entry, values, inputs, key=key, job_id=new_id)
     if job.id != new_id:
-        logger.info(
-            "update seen before; job already queued",
-            extra={"action": "duplicate_update", "job_id": str(job.id)},
-        )
+        logger.info("update seen before; job already queued",
+                    extra={"action": "duplicate_update", "job_id": str(job.id)})
         return job
     if as_file:
         services.file_jobs.add(job.id)
@@ -256,19 +243,16 @@ async def submit(
         services.job_languages.pop(next(iter(services.job_languages)))
     setting = bool(who.settings.get(SEND_AS_FILE_SETTING))
     services.remember_delivery(
-        job.id,
-        who.user_id,
-        as_file=as_file if as_file is not None else setting,
-        reply_to=reply_to,
-        asked_by=asked_by,
+        job.id, who.user_id, as_file=as_file if as_file is not None else setting,
+        reply_to=reply_to, asked_by=asked_by,
     )
     delay = services.settings.telegram.status_delay
     if delay > 0:
-        services.tracker.post_later(
-            job, delay=delay, reply_to=reply_to, in_group=in_group, asked_by=asked_by
-        )
+        services.tracker.post_later(job, delay=delay, reply_to=reply_to, in_group=in_group,
+                                    asked_by=asked_by)
         return job
-    return await services.tracker.post(job, reply_to=reply_to, in_group=in_group, asked_by=asked_by)
+    return await services.tracker.post(job, reply_to=reply_to, in_group=in_group,
+                                       asked_by=asked_by)
 
 
 async def rerun(
@@ -289,15 +273,7 @@ async def rerun(
     """
     entry, validated, inputs = await desk_submit.again(services, services.commands, who, job)
     return await submit(
-        services,
-        bot,
-        who=who,
-        in_group=in_group,
-        entry=entry,
-        values=validated,
-        inputs=inputs,
-        key=key,
-        reply_to=reply_to,
-        as_file=job.id in services.file_jobs or None,
-        asked_by=asked_by,
+        services, bot, who=who, in_group=in_group, entry=entry, values=validated,
+        inputs=inputs, key=key, reply_to=reply_to,
+        as_file=job.id in services.file_jobs or None, asked_by=asked_by,
     )

@@ -26,12 +26,8 @@ async def web(update: Update, context: BotContext, who: access.Who, text: str) -
     settings = context.services.settings
     chat = update.effective_chat
     if chat is None or chat.type != "private":
-        await replies.reply(
-            update,
-            _("Send {command} to me in a private chat: its link logs you in.").format(
-                command=ltr("/web")
-            ),
-        )
+        await replies.reply(update, _("Send {command} to me in a private chat: its link logs "
+                                      "you in.").format(command=ltr("/web")))
         return
     if not settings.web.enabled:
         await replies.reply(update, _("The web front end is not enabled here."))
@@ -43,18 +39,17 @@ async def web(update: Update, context: BotContext, who: access.Who, text: str) -
     url = await links.web_link(settings, context.services.db.pool, who.user_id)
     await replies.reply(
         update,
-        n_(
-            "Open this within {n} minute, once, to use the web front end with your Telegram "
-            "account (one history for both):\n{url}",
-            "Open this within {n} minutes, once, to use the web front end with your Telegram "
-            "account (one history for both):\n{url}",
-            links.LINK_MINUTES,
-        ).format(n=ltr(links.LINK_MINUTES), url=ltr(replies.esc(url))),
+        n_("Open this within {n} minute, once, to use the web front end with your Telegram "
+           "account (one history for both):\n{url}",
+           "Open this within {n} minutes, once, to use the web front end with your Telegram "
+           "account (one history for both):\n{url}", links.LINK_MINUTES,
+           ).format(n=ltr(links.LINK_MINUTES), url=ltr(replies.esc(url))),
         link_preview_options=LinkPreviewOptions(is_disabled=True),
     )
 
 
-async def _link_with_code(update: Update, context: BotContext, who: access.Who, code: str) -> None:
+async def _link_with_code(update: Update, context: BotContext, who: access.Who,
+                          code: str) -> None:
     """``/web CODE``: link the web account whose Settings page showed `code` to the
     Telegram user who sent it."""
     try:
@@ -63,18 +58,9 @@ async def _link_with_code(update: Update, context: BotContext, who: access.Who, 
         await replies.reply(update, _(str(exc)))
         return
     if account is None:
-        await replies.reply(
-            update,
-            _(
-                "That code is not valid (it lasts 15 minutes and works "
-                "once); open Settings on the web page for a new one."
-            ),
-        )
+        await replies.reply(update, _("That code is not valid (it lasts 15 minutes and works "
+                                      "once); open Settings on the web page for a new one."))
         return
-    await replies.reply(
-        update,
-        _(
-            "Your Telegram account is now linked to the web account "
-            "{name}: the chat and the web show one history."
-        ).format(name=replies.esc(account.name)),
-    )
+    await replies.reply(update, _("Your Telegram account is now linked to the web account "
+                                  "{name}: the chat and the web show one history.").format(
+                                      name=replies.esc(account.name)))

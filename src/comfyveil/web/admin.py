@@ -194,13 +194,13 @@ def _upload_text(form: object, name: str) -> str | None:
         return None
     data = field.file.read(MAX_WORKFLOW_BYTES + 1)
     if len(data) > MAX_WORKFLOW_BYTES:
-        raise errors.UsageError(_("{file} is larger than 2 MB.").format(file=field.filename[:100]))
+        raise errors.UsageError(
+            _("{file} is larger than 2 MB.").format(file=field.filename[:100]))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise errors.UsageError(
-            _("{file} is not UTF-8 text.").format(file=field.filename[:100])
-        ) from None
+            _("{file} is not UTF-8 text.").format(file=field.filename[:100])) from None
 
 
 async def workflow_add(request: web.Request) -> web.Response:
@@ -213,7 +213,8 @@ async def workflow_add(request: web.Request) -> web.Response:
         toml_text = _upload_text(form, "toml")
         graph_text = _upload_text(form, "graph")
         if toml_text is None or graph_text is None:
-            raise errors.UsageError(_("Choose both files: the NAME.toml and its NAME.json."))
+            raise errors.UsageError(
+                _("Choose both files: the NAME.toml and its NAME.json."))
         toml_field = form.get("toml")
         assert isinstance(toml_field, web.FileField)
         stem = toml_field.filename.rsplit("/", 1)[-1].removesuffix(".toml") or "workflow"

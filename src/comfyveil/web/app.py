@@ -86,9 +86,8 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
         # Refused before any handler: a handler reading the form again would see what
         # follows the undecodable field, unchecked (issue 22 §1).
         return error_page(
-            request,
-            400,
-            _("That form could not be read. Go back, reload the page and send it again."),
+            request, 400, _("That form could not be read. Go back, reload the page and send "
+                            "it again.")
         )
     if request.method == "POST" and not await _csrf_ok(request):
         return error_page(

@@ -210,7 +210,9 @@ async def login(
     # Verified whatever follows, so every refusal takes as long as a wrong passphrase.
     ok = await passphrases.verify(account.passphrase if account else None, passphrase)
     now = dt.datetime.now(dt.UTC)
-    locked = account is not None and account.locked_until is not None and account.locked_until > now
+    locked = (
+        account is not None and account.locked_until is not None and account.locked_until > now
+    )
     if account is None or not ok or (locked and not known) or account.disabled:
         await site.failed()
         if account is not None and not ok:

@@ -112,7 +112,9 @@ async def job_page(request: web.Request) -> web.Response:
         step=progress.get("value"),
         steps=progress.get("max"),
         # stored in English by the worker ("waiting for a GPU"): said in the page's language
-        waiting=_(str(progress.get("text") or "")) if progress.get("state") == "waiting" else None,
+        waiting=_(str(progress.get("text") or ""))
+        if progress.get("state") == "waiting"
+        else None,
         outputs=[o for o in outputs],
         inputs=inputs,
         images=MIMES,
@@ -315,14 +317,8 @@ async def gallery(request: web.Request) -> web.Response:
         request,
         "gallery.html",
         items=[
-            (
-                item,
-                alt
-                % {
-                    "command": i18n.ltr("/" + item.command),
-                    "when": i18n.ltr(item.created_at.strftime("%Y-%m-%d %H:%M")),
-                },
-            )
+            (item, alt % {"command": i18n.ltr("/" + item.command),
+                          "when": i18n.ltr(item.created_at.strftime("%Y-%m-%d %H:%M"))})
             for item in items[:GALLERY_PAGE]
         ],
         page=page,
@@ -420,7 +416,9 @@ async def settings_save(request: web.Request) -> web.Response:
         return await _settings(request, prefs, errors_, saved=False)
     prefs = await svc.db.users.update_settings(account.user_id, changes, remove)
     # The page that confirms the choice is already in the chosen language.
-    i18n.set_language(web_language.choose(prefs, request.headers.get("Accept-Language")))
+    i18n.set_language(
+        web_language.choose(prefs, request.headers.get("Accept-Language"))
+    )
     return await _settings(request, prefs, {}, saved=True)
 
 

@@ -143,12 +143,8 @@ def when(moment: datetime.datetime, *, date_only: bool = False) -> markupsafe.Ma
 
 
 HEADER_WORDS = {
-    "create": N_("Create"),
-    "history": N_("History"),
-    "gallery": N_("Gallery"),
-    "settings": N_("Settings"),
-    "admin": N_("Admin"),
-    "logout": N_("Log out"),
+    "create": N_("Create"), "history": N_("History"), "gallery": N_("Gallery"),
+    "settings": N_("Settings"), "admin": N_("Admin"), "logout": N_("Log out"),
 }
 
 

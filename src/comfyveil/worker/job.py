@@ -278,15 +278,13 @@ class JobRunner:
                 others = sum(
                     1 for r in self._running.values() if r is not running and not r.placed.is_set()
                 )
-                running.slot = await self._slot_unless_offline(
-                    self.pool.acquire(
-                        wf,
-                        prompt_id,
-                        on_wait=waiting,
-                        avoid=earlier or self._avoid.get(job.id),
-                        behind=others + (1 if self._more_queued else 0),
-                    )
-                )
+                running.slot = await self._slot_unless_offline(self.pool.acquire(
+                    wf,
+                    prompt_id,
+                    on_wait=waiting,
+                    avoid=earlier or self._avoid.get(job.id),
+                    behind=others + (1 if self._more_queued else 0),
+                ))
             finally:
                 if running.waiting:
                     running.waiting = False
@@ -669,8 +667,5 @@ class JobRunner:
             )
             await self.db.traces.drop(backend.name, gone)
         except (comfy_errors.ComfyError, store_errors.StoreError) as exc:
-            logger.info(
-                "could not clean up after a cancelled job: %s",
-                exc,
-                extra={"action": "scrub_failed", "job_id": str(job.id)},
-            )
+            logger.info("could not clean up after a cancelled job: %s", exc,
+                        extra={"action": "scrub_failed", "job_id": str(job.id)})

@@ -92,7 +92,8 @@ class Worker(JobRunner, Settling):
         """
         if self._stop_deadline is None:
             self._stop_deadline = (
-                deadline if deadline is not None else time.monotonic() + self.options.shutdown_grace
+                deadline if deadline is not None
+                else time.monotonic() + self.options.shutdown_grace
             )
         self._stop.set()
         self._wake.set()
@@ -185,8 +186,7 @@ class Worker(JobRunner, Settling):
             if late:
                 logger.warning(
                     "%d job(s) not handed back before the stop deadline; their leases "
-                    "expire and another worker recovers them",
-                    len(late),
+                    "expire and another worker recovers them", len(late),
                     extra={"action": "worker_handback_late"},
                 )
 
@@ -342,7 +342,9 @@ class Worker(JobRunner, Settling):
                 if line is not None:
                     renewed = await line.renew(running.job, self.options.lease_seconds)
                 else:
-                    renewed = await self.store.renew_lease(running.job, self.options.lease_seconds)
+                    renewed = await self.store.renew_lease(
+                        running.job, self.options.lease_seconds
+                    )
             except store_errors.LeaseLost:
                 if running.settled:
                     continue  # the final status landed while the renewal was in flight
@@ -356,7 +358,9 @@ class Worker(JobRunner, Settling):
                 continue
             except store_errors.StoreError as exc:
                 if not unreachable:
-                    logger.warning("cannot renew leases: %s", exc, extra={"action": "renew_failed"})
+                    logger.warning(
+                        "cannot renew leases: %s", exc, extra={"action": "renew_failed"}
+                    )
                 return True
             if unreachable:
                 unreachable = False

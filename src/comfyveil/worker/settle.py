@@ -146,7 +146,9 @@ class Settling:
                 if not _accepts(sink, job):
                     # Recorded, so no catch-up ever looks at it again.
                     with contextlib.suppress(store_errors.StoreError):
-                        await self.store.record_delivery(job.id, sink.name, outcome=jobs.SKIPPED)
+                        await self.store.record_delivery(
+                            job.id, sink.name, outcome=jobs.SKIPPED
+                        )
                     continue
                 try:
                     # Whoever claims delivers: this worker, the one catching up on a crashed
@@ -199,12 +201,9 @@ class Settling:
         opts = self.options
         try:
             failures, given_up = await self.store.delivery_failed(
-                job.id,
-                sink.name,
-                reason[:300],
+                job.id, sink.name, reason[:300],
                 max_failures=opts.delivery_refused_tries if refused else opts.delivery_tries,
-                backoff=opts.delivery_backoff,
-                backoff_max=DELIVERY_BACKOFF_MAX,
+                backoff=opts.delivery_backoff, backoff_max=DELIVERY_BACKOFF_MAX,
             )
         except store_errors.StoreError:
             return  # the claim lapses and the catch-up tries again
