@@ -24,7 +24,7 @@ from comfyveil.store import accounts
 from comfyveil.store import webhooks as store
 from tests.api.jobs_support import stack
 from tests.lazy import lazy_import
-from tests.web.support import wait_for
+from tests.web.support import client, csrf_of, get_text, sign_up, wait_for, web_stack
 
 openai = lazy_import("openai")
 standardwebhooks = lazy_import("standardwebhooks")
@@ -274,3 +274,30 @@ async def test_an_images_request_whose_client_went_away_is_told_by_webhook(db, f
         event = json.loads(rec.got[0][0])
         assert event["type"] == "job.succeeded" and event["data"]["id"] == str(job.id)
         assert len(await store.WebhookStore(db.pool).deliveries(hook_id)) == 1
+
+
+async def test_the_settings_page_adds_and_removes_a_webhook_and_refuses_loopback(
+    db, fake_comfy
+) -> None:
+    async with web_stack(db, [fake_comfy], api=True, worker=False) as s, client() as browser:
+        await sign_up(browser, await s.invite(), "uma")
+        _, page = await get_text(browser, s.url + "/settings")
+        form = {"csrf": csrf_of(page), "url": "http://127.0.0.1:9000/hook"}
+        async with browser.post(s.url + "/settings/webhooks", data=form) as r:
+            refused = await r.text()
+            assert r.status == 400 and "loopback or private addresses" in refused
+        form["url"] = "https://93.184.215.14/hook"  # a public address; nothing is sent here
+        async with browser.post(s.url + "/settings/webhooks", data=form) as r:
+            shown = await r.text()
+            assert r.status == 200
+        secret = shown.split("whsec_", 1)[1].split("<", 1)[0]
+        _, again = await get_text(browser, s.url + "/settings")
+        assert "https://93.184.215.14/hook" in again and secret not in again
+        account = await s.store.account_by_name("uma")
+        assert account is not None
+        (hook,) = await store.WebhookStore(db.pool).endpoints(account.id)
+        assert hook.secret == "whsec_" + secret
+        remove = {"csrf": csrf_of(again)}
+        async with browser.post(f"{s.url}/settings/webhooks/{hook.id}/remove", data=remove) as r:
+            assert r.status == 200
+        assert await store.WebhookStore(db.pool).endpoints(account.id) == []
