@@ -20,9 +20,10 @@ from comfyveil import config
 from comfyveil.api import webhooks as sender_mod
 from comfyveil.cli import web as web_cli
 from comfyveil.desk import webhook_targets
-from comfyveil.store import accounts
+from comfyveil.store import accounts, jobs
 from comfyveil.store import webhooks as store
 from tests.api.jobs_support import stack
+from tests.fakes.socks_relay import SocksRelay
 from tests.lazy import lazy_import
 from tests.web.support import client, csrf_of, get_text, sign_up, wait_for, web_stack
 
@@ -301,3 +302,57 @@ async def test_the_settings_page_adds_and_removes_a_webhook_and_refuses_loopback
         async with browser.post(f"{s.url}/settings/webhooks/{hook.id}/remove", data=remove) as r:
             assert r.status == 200
         assert await store.WebhookStore(db.pool).endpoints(account.id) == []
+
+
+async def test_via_anon_deliveries_leave_through_its_socks_port_and_wait_without_it(
+    db,
+) -> None:
+    relay = await SocksRelay().start()  # stands in for anon's SOCKS port
+    # no web server here: the only senders are this test's own
+    web_store = accounts.WebStore(db.pool)
+    account = await web_store.sign_up(
+        await web_store.create_invite(is_admin=False, hours=1), "vic", "not-a-hash"
+    )
+    user = account.user_id
+    async with receiver() as rec:
+        port = int(rec.url.rsplit(":", 1)[1].split("/", 1)[0])
+        # a name only the proxy can reach: nothing resolves it here, and with the
+        # default (no private targets) nothing local is called
+        hook_id, secret = await store.WebhookStore(db.pool).create(
+            account.id, f"http://hooks.test:{port}/hook"
+        )
+        job = await db.jobs.enqueue(
+            jobs.NewJob(
+                user_id=user,
+                chat_id=user,
+                command="f",
+                workflow_hash="h" * 64,
+                idempotency_key=f"apijob:{user}:x",
+            )
+        )
+        without = sender_mod.Sender(db, private_ok=False, via_anon=True, proxy_url=lambda: None)
+        without.start()
+        try:
+            await db.jobs.cancel(job.id)  # the job ends: its webhook is queued
+            await wait_for(lambda: _tried(store.WebhookStore(db.pool), hook_id))
+        finally:
+            await without.close()
+        assert rec.got == [] and relay.targets == []  # never sent directly instead
+        async with db.pool.connection() as conn:  # due again now, not in ten seconds
+            await conn.execute("UPDATE webhook_deliveries SET next_at = now()")
+        via = sender_mod.Sender(
+            db,
+            private_ok=False,
+            via_anon=True,
+            proxy_url=lambda: f"socks5h://webhooks:x@{relay.address}",
+        )
+        via.start()
+        try:
+            await wait_for(lambda: _true(len(rec.got) == 1))
+        finally:
+            await via.close()
+        assert relay.targets == [("hooks.test", port)]
+        body, headers = rec.got[0]
+        standardwebhooks.Webhook(secret).verify(body, headers)
+        assert json.loads(body)["type"] == "job.cancelled"
+    await relay.close()
