@@ -217,10 +217,13 @@ async def test_refusals_are_the_desks_sentences_and_queue_nothing(db, fake_comfy
             assert await s.job_count() == 0
             async with api.post(s.url + "/v1/jobs", json={"command": "f", "prompt": "x"}) as r:
                 job = await r.json()
+            async with api.get(f"{s.url}/v1/jobs/{job['id']}/outputs/0") as r:  # not yet made
+                assert (await r.json())["error"]["code"] == "output_not_found"
         async with session(other) as stranger:  # another account's job is not there
-            for method in ("GET", "DELETE"):
-                async with stranger.request(method, f"{s.url}/v1/jobs/{job['id']}") as r:
+            for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/outputs/0")):
+                async with stranger.request(method, f"{s.url}/v1/jobs/{job['id']}{path}") as r:
                     assert r.status == 404
+                    assert (await r.json())["error"]["code"] == "job_not_found"
             async with stranger.get(s.url + "/v1/jobs") as r:
                 assert (await r.json())["data"] == []
         assert (await db.jobs.get(uuid.UUID(job["id"]))).status is (jobs.Status.QUEUED)

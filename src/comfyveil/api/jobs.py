@@ -339,16 +339,17 @@ async def listing(request: web.Request) -> web.Response:
 
 
 async def output(request: web.Request) -> web.StreamResponse:
-    svc, _who, job = await owned(request)
+    svc, _who = await caller(request)
+    job_id = job_uuid(request)
     text = request.match_info["index"]
     index = int(text) if text.isdigit() and len(text) < 6 else -1
-    found = next((o for o in await svc.db.jobs.outputs(job.id) if o.index == index), None)
-    if found is None or job.status is not jobs.Status.SUCCEEDED:
-        raise ApiError(
-            404,
-            _("That job has no output {index}.").format(index=text[:10]),
-            code="output_not_found",
-        )
+    # one read: the owner, the state and the one file asked for
+    found = await _store(svc).output(job_id, index, request[ACCOUNT].user_id)
+    if found is None:  # which refusal: another account's job is one that does not exist
+        job = await svc.db.jobs.get(job_id)
+        if job is None or job.user_id != request[ACCOUNT].user_id:
+            raise no_job(str(job_id))
+        raise _no_output(text)
     # What its bytes say it is: a file named .png that is a page is a download, never a page.
     mime = images.sniff_mime(found.data) or "application/octet-stream"
     response = web.Response(body=found.data, content_type=mime)
@@ -356,6 +357,12 @@ async def output(request: web.Request) -> web.StreamResponse:
     response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
     response.headers["Cache-Control"] = "private, no-store"
     return response
+
+
+def _no_output(text: str) -> ApiError:
+    return ApiError(
+        404, _("That job has no output {index}.").format(index=text[:10]), code="output_not_found"
+    )
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil.store import errors
-from comfyveil.store.jobs import Job, JobEvent
+from comfyveil.store.jobs import Job, JobEvent, Output
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,17 @@ class ApiJobStore:
             {"j": job_id},
         )
         return [OutputInfo(**r) for r in rows]
+
+    async def output(self, job_id: uuid.UUID, index: int, user_id: int) -> Output | None:
+        """Output `index` of a succeeded job of the user, alone (not every output's
+        bytes); None for anything else."""
+        rows = await self._all(
+            "SELECT o.* FROM job_outputs o JOIN jobs j ON j.id = o.job_id "
+            'WHERE o.job_id = %(j)s AND o."index" = %(i)s AND j.user_id = %(u)s '
+            "AND j.status = 'succeeded'",
+            {"j": job_id, "i": index, "u": user_id},
+        )
+        return Output.from_row(rows[0]) if rows else None
 
     async def forget_finished(self, job_id: uuid.UUID, user_id: int) -> bool:
         """Delete one finished job of the user with its files and history; False when it
