@@ -57,16 +57,22 @@ def output_info(job_id: uuid.UUID, output: api_jobs.OutputInfo) -> dict[str, Any
 
 
 async def describe(
-    svc: ApiServices, job: jobs.Job, *, known: dict[str, Any] | None = None
+    svc: ApiServices,
+    job: jobs.Job,
+    *,
+    known: dict[str, Any] | None = None,
+    estimate: bool = True,
 ) -> dict[str, Any]:
     """The job as GET /v1/jobs/{id} answers it. `known`: an earlier description of the
     same job in the same state (a stream's last), whose place and ETA stand while only
-    its progress moved: the queue is not read again at each step."""
+    its progress moved: the queue is not read again at each step. `estimate` False:
+    no place nor ETA (null), for the answer to a submission, which reading the whole
+    queue would slow down several times over."""
     state = state_of(job.status, job.progress)
     position = eta_seconds = None
     if known is not None and known.get("state") == state:
         position, eta_seconds = known.get("position"), known.get("eta_seconds")
-    elif not job.status.finished:
+    elif estimate and not job.status.finished:
         wait = await svc.db.jobs.wait(
             job.id, backends=eta.backends_up(svc.pool, svc.settings.backend_list())
         )

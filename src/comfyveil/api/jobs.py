@@ -284,7 +284,8 @@ async def create(request: web.Request) -> web.Response:
         if problem.status == 400 and problem.param is None:
             problem.param = "options"
         raise problem from None
-    response = web.json_response(await job_view.describe(svc, job), status=202)
+    # no place nor ETA here: GET /v1/jobs/{id} and the stream tell them
+    response = web.json_response(await job_view.describe(svc, job, estimate=False), status=202)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return response
 
