@@ -179,6 +179,13 @@ class ApiConfig:
     # A job of such a request that did reach a GPU runs to its end and is kept this many
     # seconds after its client left, for a retry to collect.
     retry_keep: float = 300.0
+    # Webhook endpoints on loopback or private addresses are refused: a key's owner must
+    # not make this server call into the network it sits in. true: allow them (a
+    # receiver on the same host or LAN).
+    webhook_private_targets: bool = False
+    # How webhook deliveries leave: "direct", or "anon" through the Anyone client's
+    # SOCKS port, so a receiver does not learn the server's address.
+    webhooks_via: str = "direct"
 
 
 DEFAULT_METRICS_PORT = 9464  # the port Prometheus' exporter list gives comfyveil's kind
@@ -427,7 +434,11 @@ RULES: dict[str, dict[str, Rule]] = {
     },
     "privacy": {"job_retention_days": _POSITIVE_SECONDS},
     "workflows": {"dirs": Rule("texts")},
-    "api": {"enabled": _BOOL, "retry_grace": _SECONDS, "retry_keep": _SECONDS},
+    "api": {
+        "enabled": _BOOL, "retry_grace": _SECONDS, "retry_keep": _SECONDS,
+        "webhook_private_targets": _BOOL,
+        "webhooks_via": Rule("text", choices=("direct", "anon")),
+    },
     "metrics": {
         "enabled": _BOOL, "host": _TEXT, "port": Rule("int", low=0, high=65535),
     },

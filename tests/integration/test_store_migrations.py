@@ -24,6 +24,7 @@ EXPECTED_TABLES = {
     "web_accounts", "web_invites", "web_sessions", "web_links", "policy_refusals",
     "worker_heartbeats", "web_api_keys", "web_secrets", "web_login_failures", "server_starts",
     "api_requests", "job_previews",
+    "web_webhooks", "webhook_deliveries", "webhook_jobs",
 }
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
 
 from comfyveil import config, i18n
 from comfyveil import policy as policy_mod
-from comfyveil.api import formats, images, links
+from comfyveil.api import formats, images, job_events, jobs, links, openapi, webhooks
 from comfyveil.api.context import SERVICES, ApiServices, caller, services
 from comfyveil.api.errors import ApiError
 from comfyveil.comfy import pool as pool_mod
@@ -119,7 +119,11 @@ def switched_off() -> web.Application:
 
 
 def build(
-    settings: config.Settings, db: database.Database, *, pool: pool_mod.Pool | None = None
+    settings: config.Settings,
+    db: database.Database,
+    *,
+    pool: pool_mod.Pool | None = None,
+    webhook_proxy: Callable[[], str | None] | None = None,
 ) -> web.Application:
     """The images API, to mount under /v1 (`web.server.start(..., mounts=...)`)."""
     svc = ApiServices(
@@ -140,4 +144,35 @@ def build(
     app.router.add_post("/images/generations", images.generations)
     app.router.add_post("/images/edits", images.edits)
     app.router.add_get("/files/{job}/{index}", file)
+    add_job_routes(app)
+    sender = webhooks.Sender(
+        db,
+        private_ok=settings.api.webhook_private_targets,
+        via_anon=settings.api.webhooks_via == "anon",
+        proxy_url=webhook_proxy,
+    )
+    app[WEBHOOKS] = sender
+
+    async def sending(_app: web.Application) -> AsyncIterator[None]:
+        sender.start()
+        yield
+        await sender.close()
+
+    app.cleanup_ctx.append(sending)
     return app
+
+
+WEBHOOKS = web.AppKey("api_webhooks", webhooks.Sender)
+
+
+def add_job_routes(app: web.Application) -> None:
+    """The jobs API beside the images API, on the same keys, and the document of both."""
+    app[job_events.CLOSING] = asyncio.Event()
+    app.on_shutdown.append(job_events.close_streams)
+    app.router.add_post("/jobs", jobs.create)
+    app.router.add_get("/jobs", jobs.listing)
+    app.router.add_get("/jobs/{job}", jobs.show)
+    app.router.add_delete("/jobs/{job}", jobs.delete)
+    app.router.add_get("/jobs/{job}/events", job_events.stream)
+    app.router.add_get("/jobs/{job}/outputs/{index}", jobs.output)
+    app.router.add_get("/openapi.json", openapi.document)

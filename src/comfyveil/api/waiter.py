@@ -11,9 +11,11 @@ beside the worker's claim, on the path to every answer (benchmarks/api_overhead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from comfyveil import tasks as background
 from comfyveil.store import database, jobs
@@ -100,6 +102,22 @@ class Waiter:
                     extra={"action": "api_listen_failed"},
                 )
                 await asyncio.sleep(RETRY)
+
+    @contextlib.contextmanager
+    def watching(self, job_id: uuid.UUID) -> Iterator[asyncio.Event]:
+        """An event set on each news of the job (and after a break in the news), for a
+        reader that follows every change rather than the end (the jobs API's stream)."""
+        key = str(job_id)
+        event = asyncio.Event()
+        self._waiting.setdefault(key, set()).add(event)
+        try:
+            yield event
+        finally:
+            events = self._waiting.get(key)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiting[key]
 
     async def finished(
         self, job_id: uuid.UUID, *, queued_at: int | None = None

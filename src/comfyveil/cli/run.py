@@ -24,6 +24,7 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,11 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def mounts(
-    settings: config.Settings, db: database.Database, backends: pool.Pool
+    settings: config.Settings,
+    db: database.Database,
+    backends: pool.Pool,
+    *,
+    webhook_proxy: Callable[[], str | None] | None = None,
 ) -> dict[str, aiohttp_web.Application]:
     """What the web process serves beside its pages: the images API under /v1, or with
     ``[api] enabled = false`` a /v1 that answers 404 to everything. Composed here, as the
@@ -88,7 +93,7 @@ def mounts(
 
     if not settings.api.enabled:
         return {"/v1": api_app.switched_off()}
-    return {"/v1": api_app.build(settings, db, pool=backends)}
+    return {"/v1": api_app.build(settings, db, pool=backends, webhook_proxy=webhook_proxy)}
 
 
 async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
@@ -121,6 +126,9 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 runtime.anon_for(
                     settings, settings.backend_list(), telegram=telegram,
                     hidden_services=[published.spec] if published else (),
+                    also=['webhooks ([api] webhooks_via = "anon")']
+                    if web and settings.api.enabled and settings.api.webhooks_via == "anon"
+                    else (),
                 )
             )
             db = await database.Database.open(settings)
@@ -153,7 +161,10 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                       flush=True)
             if web:
                 site = await web_server.start(
-                    settings, db, pool=backends, mounts=mounts(settings, db, backends)
+                    settings, db, pool=backends,
+                    mounts=mounts(settings, db, backends, webhook_proxy=lambda: (
+                        router.anon.socks_url("webhooks") if router.anon is not None else None
+                    )),
                 )
                 stack.push_async_callback(site.close)
                 print(f"comfyveil: web front end at {site.url}", flush=True)

@@ -3,6 +3,7 @@
 comfyveil web [--config FILE]                serve it until SIGTERM or Ctrl-C
 comfyveil web invite [--admin] [--config F]   print a one-time sign-up link
 comfyveil web apikey ACCOUNT [--label NAME]   make a key of the images API, printed once
+comfyveil web webhook ACCOUNT URL             register a webhook endpoint; its secret printed once
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "action",
         nargs="?",
-        choices=["serve", "invite", "apikey"],
+        choices=["serve", "invite", "apikey", "webhook"],
         default="serve",
-        help="serve (default), invite or apikey",
+        help="serve (default), invite, apikey or webhook",
     )
-    parser.add_argument(
-        "account", nargs="?", default=None, help="apikey: the web account the key is for"
-    )
+    parser.add_argument("account", nargs="?", default=None, help="apikey, webhook: the web account")
+    parser.add_argument("url", nargs="?", default=None, help="webhook: the endpoint's URL")
     parser.add_argument(
         "--label", default="", metavar="NAME", help="apikey: a name to tell the key apart"
     )
@@ -54,6 +54,8 @@ async def run(args: argparse.Namespace) -> int:
         return await invite(settings, admin=args.admin)
     if args.action == "apikey":
         return await apikey(settings, args.account, args.label)
+    if args.action == "webhook":
+        return await webhook(settings, args.account, args.url)
     if args.account is not None:
         raise config.ConfigError("an account name goes with `comfyveil web apikey ACCOUNT`")
     if args.admin:
@@ -96,6 +98,37 @@ async def apikey(settings: config.Settings, name: str | None, label: str) -> int
             raise UsageError(f"there is no web account named {name!r}")
         key = await api_keys.ApiKeyStore(db.pool).create(account.id, label)
     print(key)
-    print("(shown once; revoke it on the settings page. Use it as the OpenAI API key with "
-          "the base URL <your site>/v1)")
+    print(
+        "(shown once; revoke it on the settings page. Use it as the OpenAI API key with "
+        "the base URL <your site>/v1)"
+    )
+    return 0
+
+
+async def webhook(settings: config.Settings, name: str | None, url: str | None) -> int:
+    """Register a webhook endpoint of the account `name` and print its secret (only now)."""
+    from comfyveil.desk import webhook_targets
+    from comfyveil.errors import UsageError
+    from comfyveil.store import accounts as store
+    from comfyveil.store import database
+    from comfyveil.store import webhooks as webhook_store
+
+    if not name or not url:
+        raise UsageError("name the account and the URL: comfyveil web webhook ACCOUNT URL")
+    if not settings.api.enabled:
+        raise UsageError("the API is off ([api] enabled = false): no webhook to send")
+    api = settings.api
+    await webhook_targets.check(
+        url, private_ok=api.webhook_private_targets, resolve=api.webhooks_via != "anon"
+    )
+    async with await database.Database.open(settings) as db:
+        account = await store.WebStore(db.pool).account_by_name(name)
+        if account is None:
+            raise UsageError(f"there is no web account named {name!r}")
+        _id, secret = await webhook_store.WebhookStore(db.pool).create(account.id, url.strip())
+    print(secret)
+    print(
+        "(shown once: verify each delivery's webhook-signature with it; the events are "
+        "job.succeeded, job.failed and job.cancelled)"
+    )
     return 0

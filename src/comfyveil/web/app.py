@@ -24,7 +24,7 @@ from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database
-from comfyveil.web import account_pages, admin, auth, job_pages, pages
+from comfyveil.web import account_pages, admin, auth, job_pages, pages, webhook_pages
 from comfyveil.web.page import (
     SERVICES,
     WebServices,
@@ -181,6 +181,7 @@ def build(
     account_pages.add_routes(app)
     pages.add_routes(app)
     job_pages.add_routes(app)
+    webhook_pages.add_routes(app)
     admin.add_routes(app)
     for prefix, mounted in (mounts or {}).items():
         app.add_subapp(prefix, mounted)

@@ -31,7 +31,7 @@ from comfyveil.desk.words import status_word
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
-from comfyveil.store import api_keys, jobs
+from comfyveil.store import api_keys, jobs, webhooks
 from comfyveil.web import auth
 from comfyveil.web.page import (
     WebServices,
@@ -341,9 +341,11 @@ async def _settings(
     *,
     saved: bool,
     new_key: str | None = None,
+    new_secret: str | None = None,
 ) -> web.Response:
     account = require_account(request)
     keys = await api_keys.ApiKeyStore(services(request).db.pool).keys(account.id)
+    hooks = await webhooks.WebhookStore(services(request).db.pool).endpoints(account.id)
     unlinked = account.user_id == account.chat_id  # no Telegram user yet
     return render(
         request,
@@ -356,6 +358,8 @@ async def _settings(
         languages=web_language.choices(),
         keys=keys,  # listed and revoked even while the API is off: they work once it is on
         new_key=new_key,
+        webhooks=hooks,
+        new_secret=new_secret,
         api_on=services(request).settings.api.enabled,
         api_base=f"{request.url.origin()}/v1",
     )

@@ -1,0 +1,93 @@
+"""``GET /v1/jobs/{id}/events``: Server-Sent Events of a job, ending with its final state.
+
+Two kinds of event, each with an id ``E.U`` that only grows: ``state`` for each entry of
+the job's stored history (``E``: its row in `job_events`), and ``job``, the whole job as
+``GET /v1/jobs/{id}`` tells it, whenever it changed (``U``: its last change, in
+microseconds). A client that reconnects with ``Last-Event-ID`` gets every state entry
+after ``E`` and the job once more if it changed after ``U``: nothing is missed, across a
+restart of the server too, as both live in the database. The stream is woken by the
+store's notifications (the images API's listener), with a slow re-read as a fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp_sse import sse_response
+
+from comfyveil.api import job_view
+from comfyveil.api.jobs import _store, owned
+
+logger = logging.getLogger(__name__)
+
+FALLBACK = 5.0  # seconds between re-reads when no news arrives
+RETRY_MS = 1000  # what a client waits before reconnecting (the SSE "retry" field)
+CLOSING = web.AppKey("api_job_streams_closing", asyncio.Event)
+
+
+def _last(header: str) -> tuple[int, int]:
+    event, _sep, update = header.strip().partition(".")
+    try:
+        return max(0, int(event)), max(0, int(update or 0))
+    except ValueError:
+        return 0, 0
+
+
+def _micros(job: Any) -> int:
+    return int(job.updated_at.timestamp() * 1_000_000)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    svc, _who, job = await owned(request)
+    sent_event, sent_update = _last(request.headers.get("Last-Event-ID", ""))
+    closing = request.app[CLOSING]
+    store = _store(svc)
+    async with sse_response(request, headers={"Cache-Control": "no-store"}) as sse:
+        with svc.waiter.watching(job.id) as news, contextlib.suppress(ConnectionError):
+            first = True
+            described: dict[str, Any] | None = None
+            while not closing.is_set():
+                news.clear()  # before the reads: news after them wakes the wait below
+                for event in await store.events_after(job.id, sent_event):
+                    sent_event = event.id
+                    data = {
+                        "id": str(job.id),
+                        "state": job_view.event_state(event),
+                        "at": job_view.time_text(event.at),
+                    }
+                    await sse.send(
+                        json.dumps(data),
+                        id=f"{sent_event}.0",
+                        event="state",
+                        retry=RETRY_MS if first else None,
+                    )
+                    first = False
+                    sent_update = 0
+                found = await svc.db.jobs.get(job.id)
+                if found is None:  # forgotten meanwhile: nothing more will come
+                    break
+                if _micros(found) > sent_update:
+                    sent_update = _micros(found)
+                    described = await job_view.describe(svc, found, known=described)
+                    await sse.send(
+                        json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
+                    )
+                if found.status.finished:
+                    break
+                waits = [asyncio.ensure_future(news.wait()), asyncio.ensure_future(closing.wait())]
+                try:
+                    await asyncio.wait(waits, timeout=FALLBACK, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiting in waits:
+                        waiting.cancel()
+    return sse
+
+
+async def close_streams(app: web.Application) -> None:
+    """On shutdown: end every stream, so the server need not wait for them and their
+    clients reconnect (to this server's successor) with Last-Event-ID."""
+    app[CLOSING].set()

@@ -1,0 +1,90 @@
+"""What the jobs API reads of the queue beyond `JobStore`: an account's jobs a page at a
+time (newest first, by a cursor that does not shift when new jobs arrive), a job's
+history after a point (a resumed event stream), and forgetting one finished job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from comfyveil.store import errors
+from comfyveil.store.jobs import Job, JobEvent, Output
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    index: int
+    filename: str
+    kind: str
+    mime: str
+    size: int
+
+
+class ApiJobStore:
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def page(
+        self, user_id: int, *, limit: int, before: tuple[dt.datetime, uuid.UUID] | None = None
+    ) -> list[Job]:
+        """The user's jobs newest first, after the one `before` names (its created_at and
+        id; None: from the newest). Read along the (user_id, created_at) index."""
+        rows = await self._all(
+            "SELECT * FROM jobs WHERE user_id = %(u)s "
+            "AND (%(at)s::timestamptz IS NULL OR (created_at, id) < (%(at)s, %(id)s::uuid)) "
+            "ORDER BY created_at DESC, id DESC LIMIT %(n)s",
+            {
+                "u": user_id,
+                "at": before[0] if before else None,
+                "id": before[1] if before else None,
+                "n": limit,
+            },
+        )
+        return [Job.from_row(r) for r in rows]
+
+    async def events_after(self, job_id: uuid.UUID, after: int) -> list[JobEvent]:
+        """The job's history after event `after` (0: all of it), oldest first."""
+        rows = await self._all(
+            "SELECT * FROM job_events WHERE job_id = %(j)s AND id > %(a)s ORDER BY id",
+            {"j": job_id, "a": after},
+        )
+        return [JobEvent.from_row(r) for r in rows]
+
+    async def outputs(self, job_id: uuid.UUID) -> list[OutputInfo]:
+        """What the job's outputs are, without their bytes."""
+        rows = await self._all(
+            'SELECT "index", filename, kind, mime, octet_length(data) AS size '
+            'FROM job_outputs WHERE job_id = %(j)s ORDER BY "index"',
+            {"j": job_id},
+        )
+        return [OutputInfo(**r) for r in rows]
+
+    async def output(self, job_id: uuid.UUID, index: int, user_id: int) -> Output | None:
+        """Output `index` of a succeeded job of the user, alone (not every output's
+        bytes); None for anything else."""
+        rows = await self._all(
+            "SELECT o.* FROM job_outputs o JOIN jobs j ON j.id = o.job_id "
+            'WHERE o.job_id = %(j)s AND o."index" = %(i)s AND j.user_id = %(u)s '
+            "AND j.status = 'succeeded'",
+            {"j": job_id, "i": index, "u": user_id},
+        )
+        return Output.from_row(rows[0]) if rows else None
+
+    async def forget_finished(self, job_id: uuid.UUID, user_id: int) -> bool:
+        """Delete one finished job of the user with its files and history; False when it
+        is not theirs or has not finished."""
+        rows = await self._all(
+            "DELETE FROM jobs WHERE id = %(j)s AND user_id = %(u)s "
+            "AND status IN ('succeeded', 'failed', 'cancelled') RETURNING id",
+            {"j": job_id, "u": user_id},
+        )
+        return bool(rows)
