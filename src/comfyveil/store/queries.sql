@@ -286,9 +286,10 @@ SELECT * FROM jobs WHERE id BETWEEN %(low)s AND %(high)s
 ORDER BY created_at DESC LIMIT %(limit)s;
 
 -- list_user_jobs --
--- A user's most recent jobs, newest first
+-- A user's most recent jobs, newest first (only those asked for in one chat, if given)
 SELECT * FROM jobs
 WHERE user_id = %(user_id)s
+  AND (%(chat_id)s::bigint IS NULL OR chat_id = %(chat_id)s::bigint)
   AND (%(statuses)s::job_status[] IS NULL OR status = ANY(%(statuses)s::job_status[]))
 ORDER BY created_at DESC, id
 LIMIT %(limit)s;
