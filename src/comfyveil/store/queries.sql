@@ -104,14 +104,19 @@ SELECT * FROM comfyveil_complete_job(
 -- Requeue a job after a transient error while attempts remain, else mark it failed
 -- A requeued job keeps submitted and backend: its prompt may still run there, and the next
 -- attempt re-attaches to it (or takes it back out) instead of paying for it twice.
+-- A job its user asked to cancel ends cancelled whatever its attempt met: the cancel may
+-- have landed while the attempt was failing, before its worker heard of it.
 WITH target AS (
-    SELECT id, (%(transient)s AND attempts < max_attempts AND NOT cancel_requested) AS retry
+    SELECT id, (%(transient)s AND attempts < max_attempts AND NOT cancel_requested) AS retry,
+           cancel_requested AS cancelled
     FROM jobs
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
     FOR UPDATE
 ), updated AS (
     UPDATE jobs j
-    SET status = CASE WHEN t.retry THEN 'queued'::job_status ELSE 'failed'::job_status END,
+    SET status = CASE WHEN t.retry THEN 'queued'::job_status
+                      WHEN t.cancelled THEN 'cancelled'::job_status
+                      ELSE 'failed'::job_status END,
         not_before = CASE WHEN t.retry THEN now() + make_interval(secs => %(backoff)s)
                           ELSE j.not_before END,
         finished_at = CASE WHEN t.retry THEN NULL ELSE now() END,
@@ -124,11 +129,13 @@ WITH target AS (
     RETURNING j.*
 ), event AS (
     INSERT INTO job_events (job_id, kind, status, data)
-    SELECT id, CASE WHEN status = 'queued' THEN 'retry_scheduled' ELSE 'failed' END, status,
+    SELECT id, CASE status WHEN 'queued' THEN 'retry_scheduled' WHEN 'cancelled' THEN 'cancelled'
+                           ELSE 'failed' END, status,
            jsonb_build_object('error', error, 'attempt', attempts, 'not_before', not_before)
     FROM updated
 ), dropped AS (
-    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated WHERE status = 'failed')
+    DELETE FROM job_inputs
+    WHERE job_id IN (SELECT id FROM updated WHERE status IN ('failed', 'cancelled'))
 )
 SELECT * FROM updated;
 
@@ -595,10 +602,11 @@ SELECT coalesce(max(jobs_today), 0) AS used FROM user_usage
 WHERE user_id = %(user_id)s AND day = (now() AT TIME ZONE 'UTC')::date;
 
 -- refund_quota --
--- A failed job gives its quota back (it failed through no fault of its user); the trigger
--- of migration 0010 takes it off the user's count of today's jobs
+-- A failed job gives its quota back (it failed through no fault of its user), as does one
+-- cancelled while its attempt met such a failure; the trigger of migration 0010 takes it off
+-- the user's count of today's jobs
 UPDATE jobs SET quota_refunded = true, updated_at = now()
-WHERE id = %(job_id)s AND status = 'failed' AND NOT quota_refunded
+WHERE id = %(job_id)s AND status IN ('failed', 'cancelled') AND NOT quota_refunded
 RETURNING id;
 
 -- forget_user_jobs --
