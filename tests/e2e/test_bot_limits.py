@@ -166,3 +166,20 @@ async def test_backends_names_missing_model_files_and_the_command_that_installs_
         assert "/f: flux1-schnell.safetensors, ae.safetensors" in text
         assert "comfyveil models install f --comfyui-dir DIR" in text
         assert "comfyveil models install sd3 --comfyui-dir DIR" in text
+
+
+async def test_allow_and_ban_refuse_a_group_id_instead_of_claiming_it_done(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """/allow with a group's id used to answer "User ... may use the bot now" and change
+    nothing for the group's members: it is refused in one sentence, nothing stored."""
+    async with running_bot(fake_telegram, db, [fake_comfy], open=False, admins=(1,)) as stack:
+        stack.send(1, "/allow -1001234567890")
+        answer = await stack.reply_text(1)
+        assert answer.startswith("-1001234567890 is a group's id, not a user's: /allow"), answer
+        assert "[telegram] allow" in answer
+        stack.send(1, "/ban -500")
+        assert (await stack.reply_text(1, count=2)).startswith("-500 is a group's id")
+        assert await db.users.get(-1001234567890) is None and await db.users.get(-500) is None
+        stack.send(44, f"/f a fox {SMALL}", chat_id=-1001234567890, chat_type="supergroup")
+        assert (await stack.reply_text(-1001234567890)).startswith("This bot is private.")

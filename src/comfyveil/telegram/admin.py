@@ -12,8 +12,9 @@ from telegram import Update
 from comfyveil import errors, i18n
 from comfyveil.desk import access, availability
 from comfyveil.desk.words import ROLE_WORDS, SOURCE_WORDS
-from comfyveil.i18n import _, ltr
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.models import local as model_files
+from comfyveil.store import accounts
 from comfyveil.telegram import commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
@@ -23,12 +24,24 @@ def _args(text: str) -> list[str]:
     return text.split()[1:]
 
 
-def _user_id(word: str) -> int:
+CHAT_NOT_USER = N_("{id} is a group's id, not a user's: {command} takes one user's id, and a "
+                   "whole group is let in by adding its id to [telegram] allow in the "
+                   "configuration.")
+
+
+def _user_id(word: str, command: str) -> int:
     try:
-        return int(word)
+        user_id = int(word)
     except ValueError:
         raise errors.UsageError(_("{value} is not a Telegram user id (a number).").format(
             value=ltr(repr(word[:20])))) from None
+    # Telegram's users have positive ids, its groups and channels negative ones; web
+    # accounts sit far below both. Granting a group's id would change nothing for its
+    # members, so it is refused rather than answered as done.
+    if accounts.WEB_ID_BASE < user_id < 0:
+        raise errors.UsageError(_(CHAT_NOT_USER).format(
+            id=ltr(user_id), command=ltr(command)))
+    return user_id
 
 
 async def users(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -64,7 +77,7 @@ async def allow(update: Update, context: BotContext, who: access.Who, text: str)
     if len(args) != 1:
         raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
             command=ltr("/allow"), example=ltr("/allow 123456789")))
-    user_id = _user_id(args[0])
+    user_id = _user_id(args[0], "/allow")
     await context.services.access.allow(user_id)
     await replies.reply(update, _("User {user} may use the bot now.").format(
         user=ltr(f"<code>{user_id}</code>")))
@@ -76,7 +89,7 @@ async def ban(update: Update, context: BotContext, who: access.Who, text: str) -
     if len(args) != 1:
         raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
             command=ltr("/ban"), example=ltr("/ban 123456789")))
-    user_id = _user_id(args[0])
+    user_id = _user_id(args[0], "/ban")
     await context.services.access.ban(user_id)
     await replies.reply(update, _("User {user} is banned.").format(
         user=ltr(f"<code>{user_id}</code>")))
@@ -89,7 +102,7 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
         raise errors.UsageError(
             _("Write {command}, the user's id and jobs per day, e.g. {example}.").format(
                 command=ltr("/quota"), example=ltr("/quota 123 50")))
-    user_id = _user_id(args[0])
+    user_id = _user_id(args[0], "/quota")
     if args[1].lower() == "default":
         await context.services.db.users.set_daily_quota(user_id, None)
         await replies.reply(update, _("User {user} has the default quota again.").format(
