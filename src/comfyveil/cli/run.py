@@ -91,6 +91,28 @@ def mounts(
     return {"/v1": api_app.build(settings, db, pool=backends)}
 
 
+async def poller_lock(db: database.Database, token: str) -> Any | None:
+    """Hold, for this process's life, the lock that says "this bot is polled from here"
+    (a PostgreSQL advisory lock on its own connection, named by the bot's id, never its
+    secret); None when another process on this database holds it. The connection's end
+    (the process's) frees it."""
+    bot_id = token.partition(":")[0]
+    conn = await database.connect(db.url)
+    try:
+        cursor = await conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0)) AS got",
+            {"key": f"comfyveil telegram poller {bot_id}"},
+        )
+        row = await cursor.fetchone()
+    except BaseException:
+        await conn.close()
+        raise
+    if row is None or not row["got"]:
+        await conn.close()
+        return None
+    return conn
+
+
 async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     """The database, anon when needed, the pool, a worker, and the front ends asked for
     (the Telegram bot, the web front end or both), until SIGTERM or Ctrl-C."""
@@ -125,6 +147,13 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             )
             db = await database.Database.open(settings)
             stack.push_async_callback(db.close)
+            if telegram:
+                # Before anything starts: a second process on this token would cut the
+                # running service's long poll off, so it is this one that goes.
+                held = await poller_lock(db, settings.telegram.token or "")
+                if held is None:
+                    raise app.AnotherPoller()
+                stack.push_async_callback(held.close)
             await db.commands.seed()
             backends = await stack.enter_async_context(
                 pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
