@@ -106,3 +106,27 @@ async def test_jobs_other_workers_put_on_a_backend_count_against_its_slots(
         await wait_for(lambda: _true(b.remote_queue == 2), timeout=5)
         assert p.free_backends() == ["gpu1"]
         busy.resume()
+
+
+async def test_a_refused_job_reads_the_model_lists_again_before_it_is_refused(
+    fake_comfy_factory,
+) -> None:
+    """A model installed since the last read (minutes apart) runs at once: the pool reads
+    the lists again when they would refuse a job and are more than a few seconds old."""
+    import copy
+
+    from tests.fakes.comfyui import DEFAULT_MODELS
+
+    empty = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                             "text_encoders": [], "vae": []})
+    async with pool.Pool(backend_configs([empty.url])) as p:
+        with pytest.raises(pool.NoBackendCanRun):
+            await asyncio.wait_for(p.acquire(flux(), "x"), 2)
+        empty.models = copy.deepcopy(DEFAULT_MODELS)  # installed on the GPU host
+        empty._node_defs = empty._build_object_info()
+        backend = p.get("gpu0")
+        assert backend is not None
+        backend.capabilities_at -= pool.REFUSAL_REFRESH + 1
+        slot = await asyncio.wait_for(p.acquire(flux(), "y"), 5)
+        assert slot.backend.name == "gpu0"
+        await p.release(slot)

@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 PROBE_INTERVAL = 2.0  # seconds between health probes of a backend that is up
 CAPABILITY_REFRESH = 300.0  # seconds between two reads of /object_info of a backend
+# A job no backend can run makes the pool read the lists again first, unless they are
+# this fresh: a model installed a minute ago must not be refused for minutes.
+REFUSAL_REFRESH = 5.0
+LOOK_REFRESH = 1.0  # an admin's look at the backends reads them again, at most this often
 BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went down
 BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
 PROBE_TIMEOUT = 10.0  # seconds one probe may take
@@ -350,6 +354,8 @@ class Pool:
         """
         told = False
         since = time.monotonic()
+        if self.why_not(wf) is not None:
+            await self.refresh_models()
         async with self._changed:
             while True:
                 reason = self.why_not(wf)
@@ -537,6 +543,38 @@ class Pool:
             self._changed.notify_all()
 
     # --- health ------------------------------------------------------------------
+
+    async def refresh_models(self, *, max_age: float = REFUSAL_REFRESH) -> bool:
+        """Read the node and model lists (/object_info) of the backends that are up again
+        now, those read more than `max_age` seconds ago; True when one changed. Asked for
+        when a job would be refused for a missing model and by an admin's look at the
+        backends, so a model just installed counts at once, not at the next scheduled
+        read (`CAPABILITY_REFRESH`)."""
+        now = time.monotonic()
+        stale = [b for b in self.backends.values()
+                 if b.healthy and now - b.capabilities_at > max_age]
+        if not stale:
+            return False
+        changed = await asyncio.gather(*(self._read_models(b) for b in stale))
+        if any(changed):
+            await self._notify()
+        return any(changed)
+
+    async def _read_models(self, backend: Backend) -> bool:
+        # Marked read before the answer: jobs refused together ask for one read, not many.
+        backend.capabilities_at = time.monotonic()
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                info = await backend.client.object_info(refresh=True)
+        except (errors.ComfyError, TimeoutError, OSError) as exc:
+            # The probes decide whether it is down; this read is only a courtesy.
+            logger.info("could not read the models of backend %s: %s", backend.name,
+                        str(exc) or type(exc).__name__,
+                        extra={"action": "models_read_failed", "backend": backend.name})
+            return False
+        changed = info != backend.object_info
+        backend.object_info = info
+        return changed
 
     async def mark_down(self, backend: Backend, reason: str) -> None:
         """A job or probe found the backend failing: stop sending it work for a while."""

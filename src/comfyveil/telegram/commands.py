@@ -182,7 +182,7 @@ async def run_workflow(
     message = update.effective_message
     assert message is not None
     wf = entry.workflow
-    availability.check(services.pool, entry)
+    await availability.confirm(services.pool, entry)
     prompt_param = wf.prompt_param
     # The limit users are told is the one that binds: the workflow's own when it is lower.
     max_chars = services.settings.limits.max_prompt_length
