@@ -23,6 +23,7 @@ EXPECTED_TABLES = {
     "user_usage", "workflow_versions", "backend_traces",
     "web_accounts", "web_invites", "web_sessions", "web_links", "policy_refusals",
     "worker_heartbeats", "web_api_keys", "web_secrets", "web_login_failures", "server_starts",
+    "backend_model_lists",
 }
 
 

@@ -158,7 +158,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             backends = await stack.enter_async_context(
                 pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
                           on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
-                          routing=settings.worker.routing)
+                          routing=settings.worker.routing, memory=db.model_lists)
             )
             worker_cli.say_unreachable(backends)
             bot = (

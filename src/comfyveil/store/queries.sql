@@ -875,3 +875,15 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed,
                      ORDER BY finished_at DESC LIMIT %(runs)s) r
                  WHERE r.backend IS NOT NULL), '[]'::json) AS runs
 FROM mine m;
+
+-- remember_model_lists --
+-- A backend's node and model lists as it last answered them
+INSERT INTO backend_model_lists (backend, url_hash, object_info, read_at)
+VALUES (%(backend)s, %(url_hash)s, %(object_info)s, now())
+ON CONFLICT (backend) DO UPDATE
+SET url_hash = EXCLUDED.url_hash, object_info = EXCLUDED.object_info, read_at = now();
+
+-- recall_model_lists --
+-- The lists last read from these backends, for a start while some do not answer
+SELECT backend, url_hash, object_info FROM backend_model_lists
+WHERE backend = ANY(%(backends)s::text[]);
