@@ -48,7 +48,9 @@ MAX_PROMPT_CHARS = 2000
 MAX_ASPECT = 4.0  # wider or taller than 4:1 makes broken images on every model we ship
 
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]{3,64}))?(?=\s|$)")
-_OPTION = re.compile(r"(?:(?<=\s)|^)(?:--|—|–)([A-Za-z][A-Za-z0-9_-]*)(?==|\s|$)")
+# An option's name starts with a letter of any script: "--шаги 3" is an option the
+# command lacks (refused, with the allowed ones), not four characters of the prompt.
+_OPTION = re.compile(r"(?:(?<=\s)|^)(?:--|—|–)([^\W\d_][\w-]*)(?==|\s|$)")
 _JOB_REF = re.compile(
     r"#?([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
     r"|#([0-9a-fA-F]{8,32})"
