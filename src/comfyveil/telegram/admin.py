@@ -167,18 +167,25 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
     await replies.reply(update, "\n".join(lines))
 
 
+NOT_LISTED = N_("its NAME.toml lists no source for these: put them on the GPU host yourself")
+
+
 def _install_lines(backend: Any, entries: list[Any]) -> list[str]:
-    """Per command this GPU lacks model files for: their names (whole, an admin copies
-    them) and the one command that installs them on the GPU host."""
+    """Per command this GPU cannot run: what it lacks (whole file names, an admin copies
+    them), and the one command that installs them on the GPU host when the workflow's
+    [[models]] tables list them; every such command, as the web's backends page shows."""
     lines = []
     for entry in entries if backend.object_info is not None else []:
         problems = backend.problems(entry.workflow)
-        hint = model_files.install_hint(entry.workflow, problems) if problems else None
-        if hint is not None:
-            names = model_files.missing_names(problems)
-            lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
-                         + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
-                         + f"\n  {ltr(f'<code>{replies.esc(hint)}</code>')}")
+        if not problems:
+            continue
+        hint = model_files.install_hint(entry.workflow, problems)
+        names = model_files.missing_names(problems) or problems
+        how = (ltr(f"<code>{replies.esc(hint)}</code>") if hint is not None
+               else _(NOT_LISTED) if model_files.missing_names(problems) else None)
+        lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
+                     + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
+                     + (f"\n  {how}" if how else ""))
     return lines
 
 
