@@ -183,3 +183,26 @@ async def test_allow_and_ban_refuse_a_group_id_instead_of_claiming_it_done(
         assert await db.users.get(-1001234567890) is None and await db.users.get(-500) is None
         stack.send(44, f"/f a fox {SMALL}", chat_id=-1001234567890, chat_type="supergroup")
         assert (await stack.reply_text(-1001234567890)).startswith("This bot is private.")
+
+
+async def test_users_names_web_accounts_the_command_line_and_admins_as_such(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """/users showed a web account as a raw negative id, `comfyveil submit`'s jobs as
+    "0 user" and an admin named in the configuration as "user"."""
+    from comfyveil.store import accounts, jobs
+
+    web = accounts.WebStore(db.pool)
+    account = await web.sign_up(await web.create_invite(is_admin=False, hours=1), "Mina", "x")
+    for user in (account.user_id, 0):
+        await db.jobs.enqueue(jobs.NewJob(user_id=user, chat_id=user, command="f",
+                                          workflow_hash="h" * 64, params={"prompt": "a fox"}))
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, admins=(1,)) as stack:
+        stack.send(1, "/help")
+        await stack.reply_text(1)
+        stack.send(1, "/users")
+        listing = (await stack.reply_text(1, count=2)).splitlines()
+    web_line = next(line for line in listing if "Mina" in line)
+    assert web_line.startswith(f"web account Mina ({account.user_id}) user · 1/")
+    assert any(line.startswith("the command line user · 1/") for line in listing), listing
+    assert any(line.startswith("1 admin · ") for line in listing), listing

@@ -540,7 +540,8 @@ WITH purged AS (
 SELECT count(*) AS purged FROM purged;
 
 -- list_users --
--- The most recently active users (a users row or a job) with role, quota and jobs today
+-- The most recently active users (a users row or a job) with role, quota and jobs today,
+-- and the name of the web account that is this user, if any
 WITH known AS (
     SELECT id, updated_at AS seen FROM users
     UNION ALL
@@ -552,8 +553,9 @@ SELECT l.id, coalesce(u.role, 'user') AS role, u.daily_quota,
        coalesce((u.settings->>'allowed')::boolean, false) AS granted,
        coalesce((SELECT g.jobs_today FROM user_usage g
                  WHERE g.user_id = l.id AND g.day = (now() AT TIME ZONE 'UTC')::date), 0)
-       AS today
-FROM latest l LEFT JOIN users u ON u.id = l.id
+       AS today,
+       a.name AS web_name, coalesce(a.is_admin, false) AS web_admin
+FROM latest l LEFT JOIN users u ON u.id = l.id LEFT JOIN web_accounts a ON a.user_id = l.id
 ORDER BY l.seen DESC NULLS LAST, l.id
 LIMIT %(limit)s;
 

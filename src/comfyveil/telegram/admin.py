@@ -5,6 +5,7 @@ Admins are the ids in ``[telegram] admins`` and users with the ``admin`` role.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from telegram import Update
@@ -15,7 +16,7 @@ from comfyveil.desk import access, availability
 from comfyveil.desk.words import ROLE_WORDS, SOURCE_WORDS
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.models import local as model_files
-from comfyveil.store import accounts
+from comfyveil.store import accounts, jobs
 from comfyveil.telegram import commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
@@ -59,17 +60,36 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
             ids=", ".join(ltr(a) for a in tg.allow)))
     for row in rows:
         quota = row["daily_quota"] if row["daily_quota"] is not None else default_quota
-        flags = [_(ROLE_WORDS.get(row["role"], row["role"]))]
+        exempt = context.services.access.exempt(row["id"], row["role"],
+                                                web_admin=bool(row.get("web_admin")))
+        # An admin by the configuration or the web is an admin, whatever the row says.
+        role = "admin" if exempt and row["role"] != "banned" else row["role"]
+        flags = [_(ROLE_WORDS.get(role, role))]
         if row["granted"]:
             flags.append(_("allowed"))
-        exempt = context.services.access.exempt(row["id"], row["role"])
         line = _("{user} {flags} · {count} today").format(
-            user=ltr(f"<code>{row['id']}</code>"), flags=" ".join(flags),
+            user=_who(row), flags=" ".join(flags),
             count=ltr(row["today"] if exempt else f"{row['today']}/{quota}"))
         lines.append(f"{line} · {_(access.NO_LIMITS)}" if exempt else line)
     if not rows:
         lines.append(_("Nobody has used the bot yet."))
     await replies.reply(update, "\n".join(lines))
+
+
+WEB_ACCOUNT = N_("web account {name}")
+COMMAND_LINE = N_("the command line")
+
+
+def _who(row: Mapping[str, Any]) -> str:
+    """A /users row's user as an admin knows them: the web account's name (with the id
+    /ban and /quota take), "the command line" for `comfyveil submit`'s jobs, else the
+    Telegram id."""
+    code = ltr(f"<code>{row['id']}</code>")
+    if row.get("web_name"):
+        return _(WEB_ACCOUNT).format(name=replies.esc(row["web_name"])) + f" ({code})"
+    if row["id"] == jobs.NO_CHAT:
+        return _(COMMAND_LINE)
+    return code
 
 
 async def allow(update: Update, context: BotContext, who: access.Who, text: str) -> None:
