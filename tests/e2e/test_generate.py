@@ -154,7 +154,8 @@ async def test_unreachable_server_exits_1(tmp_path: Path) -> None:
         run = await comfyveil("generate", "f", "a fox", "--server",
                               f"http://127.0.0.1:{port}", cwd=tmp_path)
     assert run.code == 1
-    assert "cannot be reached" in assert_one_plain_line(run)
+    line = assert_one_plain_line(run)
+    assert "cannot be reached" in line and f"http://127.0.0.1:{port}" in line  # which one
 
 
 def _files(fake: FakeComfyUI) -> dict[str, list[str]]:

@@ -13,12 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from comfyveil import cli, config
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
 from comfyveil.comfy import bindings, execute, workflow
 from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.errors import ComfyveilError, UsageError
 
@@ -75,6 +77,17 @@ def server_backend(settings: config.Settings, server: str | None) -> config.Back
         if backend.url == url:
             return backend
     return config.BackendConfig(name="server", url=url)
+
+
+def shown_url(url: str) -> str:
+    """A backend's URL as an error may show it: without a user name or password."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _anon_progress(percent: int, summary: str) -> None:
@@ -137,6 +150,13 @@ async def run(args: argparse.Namespace) -> int:
                 timeout=args.timeout, out_dir=args.out,
                 no_trace=backend.no_trace, keep_metadata=args.keep_metadata,
             )
+    except comfy_errors.BackendUnreachable as exc:
+        # "backend server cannot be reached" alone does not say which server was tried.
+        where = shown_url(backend.url)
+        if where in str(exc):
+            raise
+        raise comfy_errors.BackendUnreachable(f"{exc} (tried {where})",
+                                              backend=backend.name) from exc
     finally:
         progress.close()
     for path in execute.save_outputs(outcome.files, args.out):
