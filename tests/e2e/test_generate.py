@@ -65,6 +65,9 @@ async def test_flux_prompt_saves_a_real_image_and_prints_its_path(
     with Image.open(paths[0]) as image:
         assert image.size == (512, 256)
     (submitted,) = fake_comfy.prompts
+    # Named by command, run and index, not by whatever name the server drew.
+    assert paths[0].name == f"f-{submitted['prompt_id'][:8]}-1.png"
+    assert sorted(p.name for p in out.iterdir()) == [paths[0].name]
     graph = submitted["prompt"]
     texts = [n["inputs"].get("clip_l") for n in graph.values() if "clip_l" in n["inputs"]]
     assert texts == ["an astronaut"]

@@ -155,6 +155,7 @@ async def test_submit_wait_prints_saved_paths_and_jobs_shows_it(
     assert len(paths) == 1 and paths[0].parent == out
     assert paths[0].read_bytes().startswith(b"\x89PNG")
     job_id = stderr.splitlines()[0].removeprefix("job ").strip()
+    assert paths[0].name == f"f-{job_id}-1.png"  # known before it ends, not ComfyUI_temp_...
     assert fake.executions[job_id] == 1
 
     code, listing, _ = await run_cli("jobs", "list", "--config", str(cfg), cwd=tmp_path)

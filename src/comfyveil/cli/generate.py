@@ -10,7 +10,9 @@ composes with shell pipelines.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -132,6 +134,7 @@ async def run(args: argparse.Namespace) -> int:
     _run_args.check_out(args.out)
 
     backend = server_backend(settings, args.server)
+    run_id = str(uuid.uuid4())  # the prompt's id on the server, and its files' names here
     progress = execute.ProgressPrinter(sys.stderr)
     progress.set_graph(wf.graph)
     try:
@@ -146,19 +149,40 @@ async def run(args: argparse.Namespace) -> int:
         ):
             # Streamed into --out as they arrive: a huge output never sits in memory.
             outcome = await execute.execute(
-                client, wf, validated, inputs, on_event=progress.on_event,
+                client, wf, validated, inputs, prompt_id=run_id, on_event=progress.on_event,
                 timeout=args.timeout, out_dir=args.out,
                 no_trace=backend.no_trace, keep_metadata=args.keep_metadata,
             )
     except comfy_errors.BackendUnreachable as exc:
         # "backend server cannot be reached" alone does not say which server was tried.
         where = shown_url(backend.url)
-        if where in str(exc):
-            raise
+        if isinstance(exc, comfy_errors.BackendStopped) or where in str(exc):
+            raise  # reached, then lost: its sentence says during what
         raise comfy_errors.BackendUnreachable(f"{exc} (tried {where})",
                                               backend=backend.name) from exc
     finally:
         progress.close()
-    for path in execute.save_outputs(outcome.files, args.out):
-        print(path)
+    for index, path in enumerate(execute.save_outputs(outcome.files, args.out), start=1):
+        print(_renamed(path, f"{wf.command}-{run_id[:8]}-{index}"))
     return 0
+
+
+def _renamed(path: Path, stem: str) -> Path:
+    """`path` moved to STEM.EXT beside it (STEM-2.EXT... when taken): the name a backend
+    gave (``ComfyUI_temp_ornuo_00001_.png`` with no trace) says nothing, and a script
+    that reads the printed paths should not need to guess. Never over an existing file."""
+    counter = 0
+    while True:
+        target = path.with_name(f"{stem}{'' if counter == 0 else f'-{counter + 1}'}"
+                                f"{path.suffix}")
+        if target == path:
+            return path
+        try:
+            os.link(path, target)  # fails when the name is taken: nothing is overwritten
+        except FileExistsError:
+            counter += 1
+            continue
+        except OSError:
+            return path  # a file system without links keeps the backend's name
+        path.unlink()
+        return target
