@@ -52,12 +52,12 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
     rows = await context.services.db.users.overview(limit=USERS_SHOWN)
     default_quota = context.services.settings.limits.daily_quota
     mode = _("open to everyone") if tg.open else _("allow-list")
-    admins = ", ".join(ltr(a) for a in tg.admins) or _("none")
+    admins = i18n.join_list(ltr(a) for a in tg.admins) or _("none")
     lines = [_("<b>Users</b>"),
              _("Mode: {mode}; admins from config: {admins}").format(mode=mode, admins=admins)]
     if tg.allow:
         lines.append(_("Allowed in config: {ids}").format(
-            ids=", ".join(ltr(a) for a in tg.allow)))
+            ids=i18n.join_list(ltr(a) for a in tg.allow)))
     for row in rows:
         quota = row["daily_quota"] if row["daily_quota"] is not None else default_quota
         exempt = context.services.access.exempt(row["id"], row["role"],
@@ -204,7 +204,7 @@ def _install_lines(backend: Any, entries: list[Any]) -> list[str]:
         how = (ltr(f"<code>{replies.esc(hint)}</code>") if hint is not None
                else _(NOT_LISTED) if model_files.missing_names(problems) else None)
         lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
-                     + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
+                     + i18n.join_list(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
                      + (f"\n  {how}" if how else ""))
     return lines
 
@@ -238,7 +238,7 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
         lacking = availability.missing(services.pool, entry.workflow) if entry else []
         if lacking:
             # whole names, never cut: an admin copies them to install the files
-            line += " · " + _("no GPU has: {names}").format(names=", ".join(
+            line += " · " + _("no GPU has: {names}").format(names=i18n.join_list(
                 ltr(f"<code>{replies.esc(name)}</code>") for name in lacking
             ))
         lines.append(line)

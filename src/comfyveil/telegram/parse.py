@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from comfyveil import errors
+from comfyveil import errors, i18n
 from comfyveil.i18n import N_, _, ltr
 
 NEGATIVE_OPTION = "no"
@@ -216,7 +216,7 @@ def _canonical(spelled: str, allowed: dict[str, str], command: str) -> str:
     if _key(spelled) == NEGATIVE_OPTION:
         raise ParseError(_("{command} has no negative prompt, so {no} cannot be used.").format(
             command=ltr(f"/{command}"), no=ltr("--no")))
-    listed = ", ".join(ltr(f"--{n}") for n in sorted(allowed.values()))
+    listed = i18n.join_list(ltr(f"--{n}") for n in sorted(allowed.values()))
     close = difflib.get_close_matches(_key(spelled), list(allowed), n=1)
     if close:
         raise ParseError(_("{command} has no option {option}. Did you mean {close}? Allowed: "
