@@ -227,6 +227,9 @@ async def _answer(
             _("The model {name} takes no prompt.").format(name=entry.name), param="prompt"
         )
     why = availability.reason(svc.pool, wf)
+    if why is not None and svc.pool is not None:
+        await svc.pool.refresh_models()  # a model installed since the last read counts
+        why = availability.reason(svc.pool, wf)
     if why is not None:
         raise ApiError(503, availability.refusal(entry, why), type="server_error", code="no_gpu")
     values: dict[str, object] = {wf.prompt_param: ask.prompt, **_size(entry, ask.size)}
