@@ -16,8 +16,10 @@ def test_backends_names_every_command_a_gpu_cannot_run_listed_in_toml_or_not() -
     bare = dataclasses.replace(shipped, name="my_flux", command="myflux", models=())
     missing = ["model file flux1-schnell.safetensors (diffusion_models) is not installed"]
     backend = SimpleNamespace(object_info={}, problems=lambda wf: list(missing))
-    entries = [SimpleNamespace(name="f", workflow=shipped),
-               SimpleNamespace(name="myflux", workflow=bare)]
+    entries = [
+        SimpleNamespace(name="f", workflow=shipped),
+        SimpleNamespace(name="myflux", workflow=bare),
+    ]
     text = "\n".join(admin._install_lines(backend, entries))
     assert "/f: <code>flux1-schnell.safetensors</code>" in text
     assert "comfyveil models install f" in text

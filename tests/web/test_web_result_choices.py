@@ -14,8 +14,12 @@ async def test_two_results_of_one_prompt_in_one_second_read_differently() -> Non
     apart: each now carries its job's short id, as the history shows it."""
     when = dt.datetime(2026, 12, 6, 10, 0, 0, tzinfo=dt.UTC)
     ids = [uuid.uuid4(), uuid.uuid4()]
-    items = [SimpleNamespace(job_id=job_id, index=0, mime="image/png", command="f",
-                             created_at=when, prompt="a fox") for job_id in ids]
+    items = [
+        SimpleNamespace(
+            job_id=job_id, index=0, mime="image/png", command="f", created_at=when, prompt="a fox"
+        )
+        for job_id in ids
+    ]
 
     async def gallery(user_id: int, *, limit: int, offset: int) -> list[SimpleNamespace]:
         return items

@@ -31,11 +31,19 @@ class ModelListStore:
         """Keep `info` as `backend`'s lists. A database that does not answer costs only
         the memory: the pool goes on."""
         try:
-            await self.db.run("remember_model_lists", backend=backend.name[:200],
-                              url_hash=_url_hash(backend.url), object_info=Jsonb(dict(info)))
+            await self.db.run(
+                "remember_model_lists",
+                backend=backend.name[:200],
+                url_hash=_url_hash(backend.url),
+                object_info=Jsonb(dict(info)),
+            )
         except errors.StoreError as exc:
-            logger.info("could not keep the model lists of backend %s: %s", backend.name, exc,
-                        extra={"action": "model_lists_unsaved", "backend": backend.name})
+            logger.info(
+                "could not keep the model lists of backend %s: %s",
+                backend.name,
+                exc,
+                extra={"action": "model_lists_unsaved", "backend": backend.name},
+            )
 
     async def recall(
         self, backends: Sequence[config.BackendConfig]
@@ -45,8 +53,11 @@ class ModelListStore:
         try:
             rows = await self.db.all("recall_model_lists", backends=[b.name for b in backends])
         except errors.StoreError as exc:
-            logger.info("could not read the kept model lists: %s", exc,
-                        extra={"action": "model_lists_unread"})
+            logger.info(
+                "could not read the kept model lists: %s",
+                exc,
+                extra={"action": "model_lists_unread"},
+            )
             return {}
         urls = {b.name: _url_hash(b.url) for b in backends}
         return {
