@@ -213,6 +213,74 @@ async def test_a_second_process_on_the_same_token_stops_itself_not_the_running_o
                 await proc.wait()
 
 
+async def test_a_service_whose_poll_is_taken_by_another_keeps_its_web_front_end_and_worker(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str,
+    empty_database_url: str, tmp_path: Path,
+) -> None:
+    """A second service on the same token but another database cannot see the first's
+    lock, and Telegram cuts the first one's long poll off. The first stops reading the
+    bot's messages, in one line, and nothing else: its web front end and worker go on
+    (they used to stop with it)."""
+    import re
+
+    import aiohttp
+
+    procs: list[tuple[asyncio.subprocess.Process, Path]] = []
+    try:
+        for name, url in (("first", database_url), ("second", empty_database_url)):
+            folder = tmp_path / name
+            folder.mkdir()
+            conf = folder / "comfyveil.toml"
+            conf.write_text(
+                f'data_dir = "{folder}"\n'
+                f'[database]\nurl = "{url}"\n'
+                f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 2\n'
+                f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+                + ('[web]\nport = 0\n' if name == "first" else "[web]\nenabled = false\n")
+            )
+            errors = folder / "stderr"
+            with errors.open("wb") as err_file:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+                    env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+                    stdout=asyncio.subprocess.PIPE, stderr=err_file,
+                )
+            procs.append((proc, errors))
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+            assert b"is running" in line, errors.read_text()[-2000:]
+        (first, first_errors), (second, _) = procs
+        site = b""
+        while b"web front end at" not in site:
+            site = await asyncio.wait_for(first.stdout.readline(), 30)  # type: ignore[union-attr]
+        found = re.search(rb"(http://\S+)", site)
+        assert found
+        lost = "comfyveil: another process is polling this bot (the same token); this one " \
+               "stops reading the bot's messages, its web front end and worker go on"
+        for _ in range(300):
+            if lost in first_errors.read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert [line for line in first_errors.read_text().splitlines() if line.strip()] == [lost]
+        assert first.returncode is None  # still serving
+        async with aiohttp.ClientSession() as session, session.get(
+            found.group(1).decode() + "/login"
+        ) as response:
+            assert response.status == 200
+        fake_telegram.user_sends(63, "/help")  # the second one reads the bot's messages
+        await fake_telegram.wait_for_call("sendMessage", chat_id=63, timeout=20)
+        assert second.returncode is None
+        for proc, _ in procs:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode == 0
+        assert "Traceback" not in first_errors.read_text()
+    finally:
+        for proc, _ in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
 async def test_run_says_at_start_which_backends_cannot_be_reached(
     fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:

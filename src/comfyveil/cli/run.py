@@ -23,6 +23,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,11 +217,16 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 stack.callback(conflict.cancel)
                 watched.add(conflict)
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if bot is not None and bot.conflict.is_set():
-                # Two processes on one token take turns stealing each other's updates:
-                # this one stops polling at once, then stops like on SIGTERM.
+            if bot is not None and bot.conflict.is_set() and not stopping.done():
+                # Another process (on another database: one on this database was stopped
+                # at its start by the poller lock) took the bot's updates. Two would take
+                # turns stealing them: this one stops polling at once, and only that; its
+                # web front end and worker go on (results still reach the chat), until a
+                # signal stops them as ever.
                 await bot.stop_updates()
+                print(f"comfyveil: {POLL_LOST}", file=sys.stderr, flush=True)
+                await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
             # Stop claiming at once; jobs still running get [worker] stop_grace to finish,
             # then go back to the queue with their prompt left running on its GPU (the next
             # worker re-attaches). Commands are answered until the end meanwhile (a new job
@@ -235,6 +241,8 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
     print("comfyveil: stopped", flush=True)
-    if bot is not None and bot.conflict.is_set():
-        raise app.AnotherPoller()
     return 0
+
+
+POLL_LOST = ("another process is polling this bot (the same token); this one stops reading "
+             "the bot's messages, its web front end and worker go on")
