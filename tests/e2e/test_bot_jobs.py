@@ -143,6 +143,3 @@ async def test_job_commands_in_a_group_show_only_that_groups_jobs(
         stack.send(36, "/history")
         private = await stack.reply_text(36, count=3)
         assert "my secret diary" in private and "a cat for everyone" in private
-        stack.send(36, "/settings", chat_id=group, chat_type="group")
-        assert await stack.reply_text(group, count=5) == (
-            "Send /settings to me in a private chat: your settings are shown to you alone.")

@@ -82,8 +82,6 @@ def _seen_here(update: Update) -> int | None:
     return chat.id if chat is not None and chat.type != "private" else None
 
 
-SETTINGS_IN_PRIVATE = N_("Send {command} to me in a private chat: your settings are shown to "
-                         "you alone.")
 ONLY_THIS_CHAT = N_("Only your jobs from this chat are shown here; send {command} to me in a "
                     "private chat for all of them.")
 
@@ -447,11 +445,7 @@ def settings_change(key: str, value: str, prefs: Mapping[str, Any]) -> tuple[dic
 
 
 async def settings(update: Update, context: BotContext, who: access.Who, text: str) -> None:
-    """Show my settings with buttons to change them (in a private chat: a fixed seed and
-    the rest are the user's own, not the group's to read)."""
-    if _seen_here(update) is not None:
-        await replies.reply(update, _(SETTINGS_IN_PRIVATE).format(command=ltr("/settings")))
-        return
+    """Show my settings with buttons to change them."""
     prefs = who.settings
     await replies.reply(update, settings_text(prefs),
                         reply_markup=settings_keyboard(prefs, who.user_id))
