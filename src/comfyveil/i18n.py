@@ -33,7 +33,7 @@ import datetime
 import functools
 import gettext as gettext_module
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -159,6 +159,17 @@ def date_time(moment: datetime.datetime) -> str:
     09:15"), in UTC like every time the bot shows."""
     return format_datetime(moment, "dd MMM HH:mm", tzinfo=datetime.UTC,
                            locale=LANGUAGES.get(_current.get(), DEFAULT))
+
+
+def list_separator() -> str:
+    """What goes between the items of a list in the current language: Persian and Arabic
+    write the Arabic comma (، ), not a Latin one."""
+    return "، " if _current.get() in RTL else ", "
+
+
+def join_list(items: Iterable[str]) -> str:
+    """`items` as a list the current language reads ("a, b" / "a، b")."""
+    return list_separator().join(items)
 
 
 def full_stop() -> str:

@@ -60,8 +60,12 @@ def safe_name(filename: str) -> str:
 
 
 def output_path(out_dir: Path, job: jobs.Job, output: jobs.Output) -> Path:
-    """Where FileSink (and `comfyveil submit --out`) puts one output."""
-    return out_dir / f"{job.id}-{output.index}-{safe_name(output.filename)}"
+    """Where FileSink (and `comfyveil submit --out`) puts one output: COMMAND-JOBID-INDEX
+    with the file's extension. The name the backend gave says nothing (with no trace,
+    ``ComfyUI_temp_ornuo_00001_.png``); this one is known before the job ends."""
+    suffix = PurePosixPath(safe_name(output.filename)).suffix
+    suffix = suffix if len(suffix) <= 16 else ""
+    return out_dir / f"{safe_name(job.command)}-{job.id}-{output.index + 1}{suffix}"
 
 
 def write_outputs(out_dir: Path, job: jobs.Job, outputs: Sequence[jobs.Output]) -> list[Path]:
@@ -78,7 +82,7 @@ def write_outputs(out_dir: Path, job: jobs.Job, outputs: Sequence[jobs.Output]) 
 
 
 class FileSink:
-    """Writes each succeeded job's outputs into `out_dir` as JOBID-INDEX-FILENAME."""
+    """Writes each succeeded job's outputs into `out_dir` as COMMAND-JOBID-INDEX.EXT."""
 
     def __init__(self, out_dir: Path, *, name: str = "files") -> None:
         self.out_dir = Path(out_dir)

@@ -137,6 +137,44 @@ async def test_commands_no_gpu_can_run_are_not_offered(
         )
 
 
+def _age_model_lists(stack, seconds: float) -> None:
+    """As if the pool last read each backend's lists `seconds` ago."""
+    for backend in stack.pool.backends.values():
+        backend.capabilities_at -= seconds
+
+
+async def test_a_model_installed_on_a_gpu_is_used_at_once_not_after_minutes(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    """The pool reads a GPU's model lists every few minutes; a job refused for want of a
+    model makes it read them again first (when the last read is more than a few seconds
+    old), so a model just installed is not refused for minutes."""
+    fake = await fake_comfy_factory(models=copy.deepcopy(SCHNELL_GONE))
+    async with running_bot(fake_telegram, db, [fake]) as stack:
+        stack.send(57, f"/f a fox {SMALL}")
+        assert (await stack.reply_text(57)).startswith("/f is not available right now")
+        _set_models(fake, DEFAULT_MODELS)  # an operator ran `comfyveil models install f`
+        _age_model_lists(stack, 10.0)
+        stack.send(57, f"/f a fox {SMALL}")
+        photo = await stack.result(57)
+        assert photo.result["caption"]
+
+
+async def test_an_admins_backends_reads_the_model_lists_again(
+    fake_telegram: FakeTelegram, fake_comfy_factory, db
+) -> None:
+    fake = await fake_comfy_factory(models=copy.deepcopy(SCHNELL_GONE))
+    async with running_bot(fake_telegram, db, [fake], admins=(1,), worker=False) as stack:
+        _set_models(fake, DEFAULT_MODELS)
+        _age_model_lists(stack, 2.0)
+        stack.send(1, "/backends")
+        await stack.reply_text(1)
+        stack.send(58, "/help")
+        help_text = await stack.reply_text(58)
+        line = next(x for x in help_text.splitlines() if x.startswith("/f "))
+        assert not line.endswith("not available right now"), line
+
+
 async def test_a_photo_without_a_command_gets_a_hint_naming_an_edit_command_that_runs(
     fake_telegram: FakeTelegram, fake_comfy, db
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from comfyveil import config
 from comfyveil.store import jobs
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.telegram import FakeTelegram
@@ -106,3 +107,39 @@ async def test_again_refuses_what_would_not_differ_as_the_web_does(
         answer = await stack.reply_text(34, count=2)
         assert answer.startswith("This job cannot run again with a new seed"), answer
         assert len(await db.jobs.list_for_user(34, limit=5)) == 1
+
+
+async def test_job_commands_in_a_group_show_only_that_groups_jobs(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """/history, /status and /again in a group never bring a member's private prompts
+    into it: they see (and repeat) only the jobs asked for in that group."""
+    group = -570
+    roomy = config.LimitsConfig(max_queued=10)
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False,
+                           limits=roomy) as stack:
+        stack.send(36, f"/f my secret diary {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=36)
+        stack.send(36, f"/f a cat for everyone {SMALL}", chat_id=group, chat_type="group")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=group)
+        stack.send(36, f"/f another secret {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=36, count=2)
+
+        stack.send(36, "/history", chat_id=group, chat_type="group")
+        history = await stack.reply_text(group, count=2)
+        assert "a cat for everyone" in history
+        assert "secret" not in history
+        assert "Only your jobs from this chat" in history
+        stack.send(36, "/status", chat_id=group, chat_type="group")
+        status = await stack.reply_text(group, count=3)
+        assert status.count("Queued #") == 1
+        stack.send(36, "/again", chat_id=group, chat_type="group")
+        again = await stack.reply_text(group, count=4)
+        assert again.startswith("Queued"), again
+        newest = (await db.jobs.list_for_user(36, limit=1))[0]
+        assert newest.params["prompt"] == "a cat for everyone"
+        assert newest.chat_id == group
+
+        stack.send(36, "/history")
+        private = await stack.reply_text(36, count=3)
+        assert "my secret diary" in private and "a cat for everyone" in private

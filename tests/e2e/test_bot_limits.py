@@ -166,3 +166,43 @@ async def test_backends_names_missing_model_files_and_the_command_that_installs_
         assert "/f: flux1-schnell.safetensors, ae.safetensors" in text
         assert "comfyveil models install f --comfyui-dir DIR" in text
         assert "comfyveil models install sd3 --comfyui-dir DIR" in text
+
+
+async def test_allow_and_ban_refuse_a_group_id_instead_of_claiming_it_done(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """/allow with a group's id used to answer "User ... may use the bot now" and change
+    nothing for the group's members: it is refused in one sentence, nothing stored."""
+    async with running_bot(fake_telegram, db, [fake_comfy], open=False, admins=(1,)) as stack:
+        stack.send(1, "/allow -1001234567890")
+        answer = await stack.reply_text(1)
+        assert answer.startswith("-1001234567890 is a group's id, not a user's: /allow"), answer
+        assert "[telegram] allow" in answer
+        stack.send(1, "/ban -500")
+        assert (await stack.reply_text(1, count=2)).startswith("-500 is a group's id")
+        assert await db.users.get(-1001234567890) is None and await db.users.get(-500) is None
+        stack.send(44, f"/f a fox {SMALL}", chat_id=-1001234567890, chat_type="supergroup")
+        assert (await stack.reply_text(-1001234567890)).startswith("This bot is private.")
+
+
+async def test_users_names_web_accounts_the_command_line_and_admins_as_such(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """/users showed a web account as a raw negative id, `comfyveil submit`'s jobs as
+    "0 user" and an admin named in the configuration as "user"."""
+    from comfyveil.store import accounts, jobs
+
+    web = accounts.WebStore(db.pool)
+    account = await web.sign_up(await web.create_invite(is_admin=False, hours=1), "Mina", "x")
+    for user in (account.user_id, 0):
+        await db.jobs.enqueue(jobs.NewJob(user_id=user, chat_id=user, command="f",
+                                          workflow_hash="h" * 64, params={"prompt": "a fox"}))
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False, admins=(1,)) as stack:
+        stack.send(1, "/help")
+        await stack.reply_text(1)
+        stack.send(1, "/users")
+        listing = (await stack.reply_text(1, count=2)).splitlines()
+    web_line = next(line for line in listing if "Mina" in line)
+    assert web_line.startswith(f"web account Mina ({account.user_id}) user · 1/")
+    assert any(line.startswith("the command line user · 1/") for line in listing), listing
+    assert any(line.startswith("1 admin · ") for line in listing), listing

@@ -157,12 +157,14 @@ async def test_sigterm_with_a_job_running_stops_within_stop_grace_from_the_signa
     assert not fake.interrupts  # the prompt kept running on its GPU for the next worker
 
 
-async def test_a_second_process_on_the_same_token_stops_one_of_them_with_one_line(
+async def test_a_second_process_on_the_same_token_stops_itself_not_the_running_one(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
-    """Telegram lets one process poll a bot: the one whose long poll was cut off says so in
-    one line and stops, instead of a 30-line Conflict traceback every few seconds while
-    both fight over the updates (issue 23 item 16)."""
+    """Telegram lets one process poll a bot. A second `comfyveil run` on the same token
+    used to cut the running service's long poll off, and whichever was cut off stopped,
+    often the running one with its web front end and worker. Now the newcomer finds the
+    token in use before it starts anything, says so in one line and stops; the running
+    service goes on answering."""
     procs: list[tuple[asyncio.subprocess.Process, Path]] = []
     try:
         for name in ("first", "second"):
@@ -184,31 +186,94 @@ async def test_a_second_process_on_the_same_token_stops_one_of_them_with_one_lin
                     stdout=asyncio.subprocess.PIPE, stderr=err_file,
                 )
             procs.append((proc, errors))
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
-            assert b"is running" in line
-        # Which one Telegram cuts off first is a race; that one goes, the other stays.
-        waits = {asyncio.create_task(proc.wait()): (proc, errors) for proc, errors in procs}
-        done, pending = await asyncio.wait(waits, timeout=30,
-                                           return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        assert done, "neither process noticed the other"
-        stopped, errors = waits[done.pop()]
-        assert stopped.returncode == 1
-        lines = [line for line in errors.read_text().splitlines() if line.strip()]
+            if name == "first":
+                line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+                assert b"is running" in line, errors.read_text()[-2000:]
+        (first, first_errors), (second, second_errors) = procs
+        out, _ = await asyncio.wait_for(second.communicate(), 60)
+        assert second.returncode == 1
+        assert b"is running" not in out
+        lines = [line for line in second_errors.read_text().splitlines() if line.strip()]
         assert lines == [
             "comfyveil: another process is polling this bot (the same token); "
             "this one stops"
-        ], errors.read_text()[-3000:]
-        # The other one goes on answering.
-        ((other, other_errors),) = [(p, e) for p, e in procs if p is not stopped]
+        ], second_errors.read_text()[-3000:]
+        # The running one never lost its poll: it goes on answering.
         fake_telegram.user_sends(62, "/help")
         await fake_telegram.wait_for_call("sendMessage", chat_id=62, timeout=20)
-        assert other.returncode is None
-        other.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(other.communicate(), 30)
-        assert other.returncode == 0, other_errors.read_text()[-2000:]
-        assert "Traceback" not in other_errors.read_text()
+        assert first.returncode is None
+        first.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(first.communicate(), 30)
+        assert first.returncode == 0, first_errors.read_text()[-2000:]
+        assert "Traceback" not in first_errors.read_text()
+    finally:
+        for proc, _ in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_a_service_whose_poll_is_taken_by_another_keeps_its_web_front_end_and_worker(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str,
+    empty_database_url: str, tmp_path: Path,
+) -> None:
+    """A second service on the same token but another database cannot see the first's
+    lock, and Telegram cuts the first one's long poll off. The first stops reading the
+    bot's messages, in one line, and nothing else: its web front end and worker go on
+    (they used to stop with it)."""
+    import re
+
+    import aiohttp
+
+    procs: list[tuple[asyncio.subprocess.Process, Path]] = []
+    try:
+        for name, url in (("first", database_url), ("second", empty_database_url)):
+            folder = tmp_path / name
+            folder.mkdir()
+            conf = folder / "comfyveil.toml"
+            conf.write_text(
+                f'data_dir = "{folder}"\n'
+                f'[database]\nurl = "{url}"\n'
+                f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 2\n'
+                f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+                + ('[web]\nport = 0\n' if name == "first" else "[web]\nenabled = false\n")
+            )
+            errors = folder / "stderr"
+            with errors.open("wb") as err_file:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+                    env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+                    stdout=asyncio.subprocess.PIPE, stderr=err_file,
+                )
+            procs.append((proc, errors))
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+            assert b"is running" in line, errors.read_text()[-2000:]
+        (first, first_errors), (second, _) = procs
+        site = b""
+        while b"web front end at" not in site:
+            site = await asyncio.wait_for(first.stdout.readline(), 30)  # type: ignore[union-attr]
+        found = re.search(rb"(http://\S+)", site)
+        assert found
+        lost = "comfyveil: another process is polling this bot (the same token); this one " \
+               "stops reading the bot's messages, its web front end and worker go on"
+        for _ in range(300):
+            if lost in first_errors.read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert [line for line in first_errors.read_text().splitlines() if line.strip()] == [lost]
+        assert first.returncode is None  # still serving
+        async with aiohttp.ClientSession() as session, session.get(
+            found.group(1).decode() + "/login"
+        ) as response:
+            assert response.status == 200
+        fake_telegram.user_sends(63, "/help")  # the second one reads the bot's messages
+        await fake_telegram.wait_for_call("sendMessage", chat_id=63, timeout=20)
+        assert second.returncode is None
+        for proc, _ in procs:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode == 0
+        assert "Traceback" not in first_errors.read_text()
     finally:
         for proc, _ in procs:
             if proc.returncode is None:

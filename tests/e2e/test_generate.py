@@ -65,6 +65,9 @@ async def test_flux_prompt_saves_a_real_image_and_prints_its_path(
     with Image.open(paths[0]) as image:
         assert image.size == (512, 256)
     (submitted,) = fake_comfy.prompts
+    # Named by command, run and index, not by whatever name the server drew.
+    assert paths[0].name == f"f-{submitted['prompt_id'][:8]}-1.png"
+    assert sorted(p.name for p in out.iterdir()) == [paths[0].name]
     graph = submitted["prompt"]
     texts = [n["inputs"].get("clip_l") for n in graph.values() if "clip_l" in n["inputs"]]
     assert texts == ["an astronaut"]
@@ -154,7 +157,8 @@ async def test_unreachable_server_exits_1(tmp_path: Path) -> None:
         run = await comfyveil("generate", "f", "a fox", "--server",
                               f"http://127.0.0.1:{port}", cwd=tmp_path)
     assert run.code == 1
-    assert "cannot be reached" in assert_one_plain_line(run)
+    line = assert_one_plain_line(run)
+    assert "cannot be reached" in line and f"http://127.0.0.1:{port}" in line  # which one
 
 
 def _files(fake: FakeComfyUI) -> dict[str, list[str]]:

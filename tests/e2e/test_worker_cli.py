@@ -155,6 +155,7 @@ async def test_submit_wait_prints_saved_paths_and_jobs_shows_it(
     assert len(paths) == 1 and paths[0].parent == out
     assert paths[0].read_bytes().startswith(b"\x89PNG")
     job_id = stderr.splitlines()[0].removeprefix("job ").strip()
+    assert paths[0].name == f"f-{job_id}-1.png"  # known before it ends, not ComfyUI_temp_...
     assert fake.executions[job_id] == 1
 
     code, listing, _ = await run_cli("jobs", "list", "--config", str(cfg), cwd=tmp_path)
@@ -178,6 +179,14 @@ async def test_jobs_cancel_a_queued_job_from_the_command_line(
     assert code == 0 and "cancelled" in stdout
     job = await db.jobs.get(__import__("uuid").UUID(job_id))
     assert job is not None and job.status is jobs.Status.CANCELLED
+    # Again: nothing is cancelled now, and the answer says so (it said "cancelled", 0).
+    code, stdout, stderr = await run_cli("jobs", "cancel", job_id, "--config", str(cfg),
+                                         cwd=tmp_path)
+    assert code == 1 and stdout == ""
+    assert stderr.strip() == (f"comfyveil: job {job_id} had already ended (cancelled); "
+                              "nothing to cancel")
+    code, shown, _ = await run_cli("jobs", "show", job_id, "--config", str(cfg), cwd=tmp_path)
+    assert code == 0 and "status   cancelled\n" in shown  # not "cancelled: cancelled"
     code, _, stderr = await run_cli("jobs", "show", "not-an-id", "--config", str(cfg),
                                     cwd=tmp_path)
     assert code == 2 and "is not a job id" in stderr and "Traceback" not in stderr
@@ -303,3 +312,19 @@ async def test_submit_a_path_that_is_not_a_workflow_is_refused(
         assert code == 2, stderr
         assert message in stderr and "Traceback" not in stderr and stdout == ""
     assert await db.jobs.list_for_user(0) == []
+
+
+async def test_web_apikey_prints_the_sites_own_base_url(
+    db: database.Database, database_url: str, tmp_path: Path
+) -> None:
+    """It printed "the base URL <your site>/v1" though it knows the site's address."""
+    from comfyveil.store import accounts
+
+    web = accounts.WebStore(db.pool)
+    await web.sign_up(await web.create_invite(is_admin=False, hours=1), "keyholder", "x")
+    cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
+    cfg.write_text(cfg.read_text() + '[web]\npublic_url = "https://art.example.org"\n')
+    code, out, err = await run_cli("web", "apikey", "keyholder", "--config", str(cfg),
+                                   cwd=tmp_path)
+    assert code == 0, err
+    assert "the base URL https://art.example.org/v1)" in out and "<your site>" not in out

@@ -68,8 +68,10 @@ async def test_status_shows_the_database_each_backend_and_each_worker(
     assert "0 queued, 0 running" in by_name[("database", "external")][1]
     assert by_name[("backend", "full")] == ("up", "0 in its queue; every command can run")
     state, detail = by_name[("backend", "bare")]
-    assert state == "up" and "/f: model file flux1-schnell.safetensors" in detail
-    assert "is not installed" in detail
+    # One short line naming the commands, not every file (~40 wrapped lines before).
+    assert state == "up" and "cannot run /f " in detail and "(models missing)" in detail
+    assert "model file(s) missing: see /backends or `comfyveil models check`" in detail
+    assert "safetensors" not in detail and len(detail) < 200, detail
     assert by_name[("backend", "dead")][0] == "down"
     state, detail = by_name[("worker", "w1")]
     assert state == "alive" and "1 job(s) running" in detail

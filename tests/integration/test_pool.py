@@ -106,3 +106,63 @@ async def test_jobs_other_workers_put_on_a_backend_count_against_its_slots(
         await wait_for(lambda: _true(b.remote_queue == 2), timeout=5)
         assert p.free_backends() == ["gpu1"]
         busy.resume()
+
+
+async def test_a_refused_job_reads_the_model_lists_again_before_it_is_refused(
+    fake_comfy_factory,
+) -> None:
+    """A model installed since the last read (minutes apart) runs at once: the pool reads
+    the lists again when they would refuse a job and are more than a few seconds old."""
+    import copy
+
+    from tests.fakes.comfyui import DEFAULT_MODELS
+
+    empty = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                             "text_encoders": [], "vae": []})
+    async with pool.Pool(backend_configs([empty.url])) as p:
+        with pytest.raises(pool.NoBackendCanRun):
+            await asyncio.wait_for(p.acquire(flux(), "x"), 2)
+        empty.models = copy.deepcopy(DEFAULT_MODELS)  # installed on the GPU host
+        empty._node_defs = empty._build_object_info()
+        backend = p.get("gpu0")
+        assert backend is not None
+        backend.capabilities_at -= pool.REFUSAL_REFRESH + 1
+        slot = await asyncio.wait_for(p.acquire(flux(), "y"), 5)
+        assert slot.backend.name == "gpu0"
+        await p.release(slot)
+
+
+async def test_a_restart_while_a_gpu_is_down_still_knows_what_it_lacks(
+    fake_comfy_factory, db
+) -> None:
+    """The lists a backend last answered are kept in the database: a process started
+    while that GPU is down refuses what it cannot run at once (and /help does not offer
+    it), instead of offering everything and keeping the job waiting for the GPU."""
+    import copy
+
+    from comfyveil.desk import availability
+    from tests.fakes.comfyui import DEFAULT_MODELS
+
+    lacking = await fake_comfy_factory(models={"checkpoints": [], "diffusion_models": [],
+                                               "text_encoders": [], "vae": []})
+    configs = backend_configs([lacking.url])
+    async with pool.Pool(configs, memory=db.model_lists) as p:
+        assert p.why_not(flux()) is not None  # read while it answered
+    await lacking.partition()
+    async with pool.Pool(configs, memory=db.model_lists) as p:
+        backend = p.get("gpu0")
+        assert backend is not None and not backend.healthy
+        assert availability.reason(p, flux()) == availability.NO_MODEL
+        with pytest.raises(pool.NoBackendCanRun) as caught:
+            await asyncio.wait_for(p.acquire(flux(), "x"), 2)
+        assert "flux1-schnell" in str(caught.value)
+        # Once it answers, its own lists count again (here: the model was installed).
+        lacking.models = copy.deepcopy(DEFAULT_MODELS)
+        lacking._node_defs = lacking._build_object_info()
+        await lacking.heal()
+        await p.probe(backend)
+        assert backend.healthy and not backend.remembered
+        assert p.why_not(flux()) is None
+    await lacking.partition()
+    async with pool.Pool(configs, memory=db.model_lists) as p:  # the new lists were kept
+        assert not p.get("gpu0").healthy and p.why_not(flux()) is None

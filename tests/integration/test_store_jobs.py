@@ -523,3 +523,27 @@ async def test_a_database_error_is_logged_by_type_and_sqlstate_never_its_text(
     assert "marmot" not in caplog.text and "secret" not in caplog.text
     assert "UntranslatableCharacter: (SQLSTATE 22P05)" in caplog.text
     assert str(caught.value) == "the database refused the request (SQLSTATE 22P05)"
+
+
+async def test_a_cancel_that_meets_a_failing_attempt_ends_cancelled_never_retried(
+    db: Database,
+) -> None:
+    """The user cancelled while the attempt was meeting an error (the backend went away),
+    before the worker heard: the job ends cancelled, with its quota given back, not
+    failed and not queued for another try."""
+    for transient in (True, False):
+        job = await db.jobs.enqueue(new_job(60), daily_quota=5)
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None and claimed.id == job.id
+        await db.jobs.mark_submitted(claimed, "gpu0")
+        asked = await db.jobs.cancel(job.id, by_user=60)
+        assert asked is not None and asked.cancel_requested
+        ended = await db.jobs.fail(claimed, "The GPU server went away.", transient=transient)
+        assert ended.status is jobs.Status.CANCELLED, transient
+        assert [e.kind for e in await db.jobs.events(job.id)][-1] == "cancelled"
+        assert await db.jobs.refund_quota(job.id)
+        assert await db.jobs.claim("w") is None
+    async with db.pool.connection() as conn:
+        cursor = await conn.execute("SELECT jobs_today FROM user_usage WHERE user_id = 60")
+        row = await cursor.fetchone()
+    assert row is not None and row["jobs_today"] == 0

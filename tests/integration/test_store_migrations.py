@@ -25,6 +25,7 @@ EXPECTED_TABLES = {
     "worker_heartbeats", "web_api_keys", "web_secrets", "web_login_failures", "server_starts",
     "api_requests", "job_previews",
     "web_webhooks", "webhook_deliveries", "webhook_jobs",
+    "backend_model_lists",
 }
 
 

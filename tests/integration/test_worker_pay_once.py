@@ -157,3 +157,31 @@ async def test_a_cancel_that_lands_just_before_the_prompt_is_sent_stops_it_unsen
     assert _posted(fake, job) == 0 and not fake.uploads and fake.history_entries == {}
     kinds = [e.kind for e in await db.jobs.events(job.id)]
     assert "lease_expired" not in kinds  # its worker ended it at once, not its lease
+
+
+async def test_a_cancel_that_lands_as_the_backend_goes_away_ends_cancelled_not_failed(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """The user cancels; before the worker hears of it, the GPU server goes away and the
+    attempt fails with a transient error. The job ends cancelled (it ended "failed"),
+    is never retried, and its prompt is taken back once the server answers again."""
+    fake = await fake_comfy_factory(step_delay=3.0)
+    sink = _Recorder()
+    job = await enqueue(db, steps=8)
+    async with running_worker(db, [fake.url], delivery=[sink]):
+        await wait_for(
+            lambda: _now(fake.running is not None and fake.running.prompt_id == str(job.id)),
+            timeout=10, interval=0.02,
+        )
+        # The cancel as the store writes it, its notice not yet read by the worker...
+        async with db.pool.connection() as conn:
+            await conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s",
+                               (job.id,))
+        await fake.partition()  # ...when the attempt meets the backend going away
+        ended = await wait_status(db, job.id, jobs.Status.CANCELLED, timeout=20)
+        assert ended.attempts == 1
+        await wait_for(lambda: _now(sink.delivered == [job.id]), timeout=5)
+        await fake.heal()
+        await wait_for(lambda: _now({"prompt_id": str(job.id)} in fake.interrupts), timeout=15)
+    kinds = [e.kind for e in await db.jobs.events(job.id)]
+    assert "retry_scheduled" not in kinds and "failed" not in kinds and kinds[-1] == "cancelled"

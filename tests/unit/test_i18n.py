@@ -232,3 +232,30 @@ def test_one_digit_system_per_page(language: str) -> None:
         strings = message.string if isinstance(message.string, tuple) else (message.string,)
         mixed += [text for text in strings if text and native.search(text)]
     assert mixed == []
+
+
+def test_persian_says_seed_with_one_word_in_the_chat_and_on_the_web() -> None:
+    """The chat said "بذر" and the web "سید" for the same seed."""
+    import re
+
+    from comfyveil.locale import catalogs
+
+    borrowed = re.compile(r"(?<![\u0600-\u06FF\u200c])سید(?![\u0600-\u06FF\u200c])")
+    said = []
+    for message in catalogs.read(catalogs.po_path("fa"), "fa"):
+        ids = message.id if isinstance(message.id, tuple) else (message.id,)
+        strings = message.string if isinstance(message.string, tuple) else (message.string,)
+        if message.id and any(re.search(r"\bseed\b", i, re.IGNORECASE) for i in ids):
+            said += [s for s in strings if s]
+    assert said and not [s for s in said if borrowed.search(s)]
+    assert all("بذر" in s for s in said if "seed" not in s.lower()), said
+
+
+@pytest.mark.parametrize(("language", "separator"), [("fa", "، "), ("ar", "، "), ("en", ", ")])
+def test_lists_take_the_readers_comma(language: str, separator: str) -> None:
+    from comfyveil.telegram import parse
+
+    with i18n.using(language), pytest.raises(parse.ParseError) as caught:
+        parse.parse("/f a fox --bogus 1", {"seed": "", "steps": ""})
+    allowed = str(caught.value).rsplit(":", 1)[1]
+    assert allowed.count(separator) == 4, allowed  # --ar, --file, --no, --seed, --steps

@@ -192,3 +192,17 @@ def test_words_for_a_command_that_takes_none_are_refused() -> None:
         parse.parse("/invert hi", {}, takes_prompt=False)
     assert str(raised.value) == "/invert takes no words, only its options: 'hi' would be lost."
     assert parse.parse("/invert --file", {}, takes_prompt=False) is not None
+
+
+@pytest.mark.parametrize("word", ["--шаги", "--步数", "--گام", "—шаги"])
+def test_an_option_in_any_script_that_is_not_one_is_refused_not_prompted(word: str) -> None:
+    """`/f лиса --шаги 3` used to queue "лиса --шаги 3" as the prompt."""
+    with pytest.raises(parse.ParseError) as caught:
+        parse.parse(f"/f лиса {word} 3", FLUX)
+    text = str(caught.value)
+    assert text.startswith("/f has no option --") and "Allowed:" in text and "--steps" in text
+
+
+def test_a_dash_inside_words_of_any_script_stays_in_the_prompt() -> None:
+    parsed = parse.parse("/f лиса — рыжая, сине-зелёный фон", FLUX)
+    assert parsed is not None and parsed.prompt == "лиса — рыжая, сине-зелёный фон"

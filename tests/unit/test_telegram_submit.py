@@ -120,3 +120,32 @@ def test_help_shows_no_default_for_a_seed_that_is_drawn_each_run() -> None:
     help_ = registry.Entry("seeded", row, wf).help()  # type: ignore[arg-type]
     seed = next(o for o in help_.options if o.name == "seed")
     assert seed.default is None
+
+
+def _small_model(minimum: int, maximum: int = 2048) -> workflow.Workflow:
+    """/f as a small model would have it: a 64x64 default and sides from `minimum`."""
+    import dataclasses
+    import json
+
+    f = workflow.find("f")
+    graph = json.loads(json.dumps(f.graph, default=dict))
+    params = dict(f.params)
+    for name in ("width", "height"):
+        params[name] = dataclasses.replace(params[name], min=minimum, max=maximum, step=8)
+        target = params[name].targets[0]
+        graph[target.node]["inputs"][target.input] = 64
+    return dataclasses.replace(f, graph=graph, params=params)
+
+
+def test_an_aspect_ratio_a_bound_would_bend_is_fitted_within_the_bounds() -> None:
+    """21:9 with a 64 px minimum: both sides move (152x64), not just the short one (that
+    gave 96x64, 3:2, without a word)."""
+    width, height = submit.size_for(_small_model(64), "21:9")
+    assert (width, height) == (152, 64)
+    width, height = submit.size_for(_small_model(64), "9:21")
+    assert (width, height) == (64, 152)
+
+
+def test_an_aspect_ratio_no_size_can_keep_is_refused_in_words() -> None:
+    with pytest.raises(parse.ParseError, match="does not fit the sizes /f can make"):
+        submit.size_for(_small_model(64, maximum=96), "4:1")

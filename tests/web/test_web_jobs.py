@@ -216,6 +216,25 @@ async def test_run_again_settings_and_forget(db, fake_comfy) -> None:
         assert await stack.db.users.get(account.user_id) is None  # settings gone too
 
 
+async def test_deleting_the_account_says_so_and_the_page_tells_what_happens_to_a_running_job(
+    db, fake_comfy
+) -> None:
+    """The page said a running job "finishes there" (the chat's /forget, rightly, that it
+    is stopped), and deleting the account landed on the login page without a word."""
+    async with web_stack(db, [fake_comfy], worker=False) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "ned")
+        _, page = await get_text(session, stack.url + "/forget")
+        assert "stops a job running now on its GPU" in page and "finishes there" not in page
+        async with session.post(
+            stack.url + "/forget", data={"csrf": csrf_of(page), "confirm": "yes", "account": "yes"}
+        ) as r:
+            assert r.url.path == "/login"
+            assert "Your account and everything stored about you were deleted." in await r.text()
+        assert await stack.store.account_by_name("ned") is None
+        _, login = await get_text(session, stack.url + "/login")
+        assert "were deleted" not in login  # said once, after the deletion only
+
+
 async def test_an_uploaded_input_is_shown_to_its_owner_only(db, fake_comfy_factory) -> None:
     slow = await fake_comfy_factory(step_delay=0.5)
     upload = io.BytesIO()

@@ -420,6 +420,9 @@ async def _answer(
         mark: int | None = None
     else:
         why = availability.reason(svc.pool, wf)
+        if why is not None and svc.pool is not None:
+            await svc.pool.refresh_models()  # a model installed since the last read counts
+            why = availability.reason(svc.pool, wf)
         if why is not None:
             raise ApiError(
                 503, availability.refusal(entry, why), type="server_error", code="no_gpu"

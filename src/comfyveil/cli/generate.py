@@ -10,15 +10,19 @@ composes with shell pipelines.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from comfyveil import cli, config
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
 from comfyveil.cli._find import find_workflow
 from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import execute, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.errors import UsageError
@@ -78,6 +82,17 @@ def server_backend(settings: config.Settings, server: str | None) -> config.Back
     return config.BackendConfig(name="server", url=url)
 
 
+def shown_url(url: str) -> str:
+    """A backend's URL as an error may show it: without a user name or password."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _anon_progress(percent: int, summary: str) -> None:
     print(f"anon: {percent}% {summary}", file=sys.stderr, flush=True)
 
@@ -97,6 +112,7 @@ async def run(args: argparse.Namespace) -> int:
     _run_args.check_out(args.out)
 
     backend = server_backend(settings, args.server)
+    run_id = str(uuid.uuid4())  # the prompt's id on the server, and its files' names here
     progress = execute.ProgressPrinter(sys.stderr)
     progress.set_graph(wf.graph)
     try:
@@ -111,12 +127,40 @@ async def run(args: argparse.Namespace) -> int:
         ):
             # Streamed into --out as they arrive: a huge output never sits in memory.
             outcome = await execute.execute(
-                client, wf, validated, inputs, on_event=progress.on_event,
+                client, wf, validated, inputs, prompt_id=run_id, on_event=progress.on_event,
                 timeout=args.timeout, out_dir=args.out,
                 no_trace=backend.no_trace, keep_metadata=args.keep_metadata,
             )
+    except comfy_errors.BackendUnreachable as exc:
+        # "backend server cannot be reached" alone does not say which server was tried.
+        where = shown_url(backend.url)
+        if isinstance(exc, comfy_errors.BackendStopped) or where in str(exc):
+            raise  # reached, then lost: its sentence says during what
+        raise comfy_errors.BackendUnreachable(f"{exc} (tried {where})",
+                                              backend=backend.name) from exc
     finally:
         progress.close()
-    for path in execute.save_outputs(outcome.files, args.out):
-        print(path)
+    for index, path in enumerate(execute.save_outputs(outcome.files, args.out), start=1):
+        print(_renamed(path, f"{wf.command}-{run_id[:8]}-{index}"))
     return 0
+
+
+def _renamed(path: Path, stem: str) -> Path:
+    """`path` moved to STEM.EXT beside it (STEM-2.EXT... when taken): the name a backend
+    gave (``ComfyUI_temp_ornuo_00001_.png`` with no trace) says nothing, and a script
+    that reads the printed paths should not need to guess. Never over an existing file."""
+    counter = 0
+    while True:
+        target = path.with_name(f"{stem}{'' if counter == 0 else f'-{counter + 1}'}"
+                                f"{path.suffix}")
+        if target == path:
+            return path
+        try:
+            os.link(path, target)  # fails when the name is taken: nothing is overwritten
+        except FileExistsError:
+            counter += 1
+            continue
+        except OSError:
+            return path  # a file system without links keeps the backend's name
+        path.unlink()
+        return target

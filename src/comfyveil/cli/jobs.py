@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,10 @@ async def show_job(args: argparse.Namespace) -> int:
         outputs = await db.jobs.outputs(job_id)
     print(f"job      {job.id}")
     print(f"command  /{job.command}")
-    print(f"status   {job.status.value}: {describe_progress(job, position)}")
+    # An ended job's status says it all ("succeeded", not "succeeded: succeeded").
+    progress = describe_progress(job, position)
+    print(f"status   {job.status.value}" + ("" if progress == job.status.value else
+                                             f": {progress}"))
     print(f"backend  {job.backend or '-'}  (attempt {job.attempts} of {job.max_attempts})")
     print(f"created  {_time(job.created_at)}   finished {_time(job.finished_at)}")
     if eta is not None:
@@ -152,9 +156,16 @@ async def show_job(args: argparse.Namespace) -> int:
 async def cancel_job(args: argparse.Namespace) -> int:
     async with await _open(args) as db:
         job_id = await find_id(db, args.job_id)
-        job = await db.jobs.cancel(job_id)
+        before = await db.jobs.get(job_id)
+        # One that had ended (a cancelled one too) is not "cancelled" now: nothing was done.
+        job = before if before is None or before.status.finished else await db.jobs.cancel(
+            job_id)
     if job is None:
         raise UsageError(f"there is no job {job_id}")
+    if job.status.finished and job is before:
+        print(f"comfyveil: job {job_id} had already ended ({job.status.value}); nothing to "
+              "cancel", file=sys.stderr)
+        return 1
     if job.status is jobs.Status.CANCELLED:
         print(f"job {job_id} cancelled")
     elif job.status is jobs.Status.RUNNING:

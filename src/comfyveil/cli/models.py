@@ -253,7 +253,14 @@ async def install_models(args: argparse.Namespace) -> int:
             what = ("the model file" if len(states) == 1
                     else f"the {len(states)} model files")
             print(f"installed {what} of {names} ({size}) in {seconds}")
+        print(SEEN_WHEN)
     return 0
+
+
+# This runs on the GPU host, with no line to the running service: say when it notices.
+SEEN_WHEN = ("comfyveil uses them at once for a job that needs them and after an admin's "
+             "/backends (or the web's backends page); /help and the menu offer them within "
+             "5 minutes")
 
 
 async def _install_via_anon(

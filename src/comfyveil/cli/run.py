@@ -23,6 +23,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,28 @@ def mounts(
     return {"/v1": api_app.build(settings, db, pool=backends, webhook_proxy=webhook_proxy)}
 
 
+async def poller_lock(db: database.Database, token: str) -> Any | None:
+    """Hold, for this process's life, the lock that says "this bot is polled from here"
+    (a PostgreSQL advisory lock on its own connection, named by the bot's id, never its
+    secret); None when another process on this database holds it. The connection's end
+    (the process's) frees it."""
+    bot_id = token.partition(":")[0]
+    conn = await database.connect(db.url)
+    try:
+        cursor = await conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0)) AS got",
+            {"key": f"comfyveil telegram poller {bot_id}"},
+        )
+        row = await cursor.fetchone()
+    except BaseException:
+        await conn.close()
+        raise
+    if row is None or not row["got"]:
+        await conn.close()
+        return None
+    return conn
+
+
 async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
     """The database, anon when needed, the pool, a worker, and the front ends asked for
     (the Telegram bot, the web front end or both), until SIGTERM or Ctrl-C."""
@@ -133,11 +156,18 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             )
             db = await database.Database.open(settings)
             stack.push_async_callback(db.close)
+            if telegram:
+                # Before anything starts: a second process on this token would cut the
+                # running service's long poll off, so it is this one that goes.
+                held = await poller_lock(db, settings.telegram.token or "")
+                if held is None:
+                    raise app.AnotherPoller()
+                stack.push_async_callback(held.close)
             await db.commands.seed()
             backends = await stack.enter_async_context(
                 pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
                           on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
-                          routing=settings.worker.routing)
+                          routing=settings.worker.routing, memory=db.model_lists)
             )
             worker_cli.say_unreachable(backends)
             bot = (
@@ -198,11 +228,16 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 stack.callback(conflict.cancel)
                 watched.add(conflict)
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if bot is not None and bot.conflict.is_set():
-                # Two processes on one token take turns stealing each other's updates:
-                # this one stops polling at once, then stops like on SIGTERM.
+            if bot is not None and bot.conflict.is_set() and not stopping.done():
+                # Another process (on another database: one on this database was stopped
+                # at its start by the poller lock) took the bot's updates. Two would take
+                # turns stealing them: this one stops polling at once, and only that; its
+                # web front end and worker go on (results still reach the chat), until a
+                # signal stops them as ever.
                 await bot.stop_updates()
+                print(f"comfyveil: {POLL_LOST}", file=sys.stderr, flush=True)
+                await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
             # Stop claiming at once; jobs still running get [worker] stop_grace to finish,
             # then go back to the queue with their prompt left running on its GPU (the next
             # worker re-attaches). Commands are answered until the end meanwhile (a new job
@@ -217,6 +252,8 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
     print("comfyveil: stopped", flush=True)
-    if bot is not None and bot.conflict.is_set():
-        raise app.AnotherPoller()
     return 0
+
+
+POLL_LOST = ("another process is polling this bot (the same token); this one stops reading "
+             "the bot's messages, its web front end and worker go on")

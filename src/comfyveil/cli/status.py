@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,6 @@ from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.errors import ComfyveilError
 from comfyveil.store import database
-
-MAX_PROBLEMS_SHOWN = 3  # per command and backend; `comfyveil workflows check` lists all
 
 
 def register(subparsers: Any) -> None:
@@ -114,22 +113,38 @@ async def _backends(
             if not backend.healthy:
                 rows.append(("backend", backend.name, "down", backend.last_error or ""))
                 continue
-            missing = []
+            # One short line per backend: which commands it cannot run and why in a word
+            # (every file name made ~40 wrapped lines); `models check` and /backends name
+            # the files.
+            why: dict[str, list[str]] = {}
+            files: set[str] = set()
             for command in commands:
                 try:
                     problems = backend.problems(command.to_workflow())
                 except Exception as exc:  # a stored command that no longer loads
                     problems = [f"cannot be read ({type(exc).__name__})"]
                 if problems:
-                    shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
-                    more = len(problems) - MAX_PROBLEMS_SHOWN
-                    missing.append(
-                        f"/{command.command}: {shown}" + (f" (+{more} more)" if more > 0 else "")
-                    )
+                    models = [m["what"] for p in problems if (m := _MISSING_MODEL.match(p))]
+                    files.update(models)
+                    reason = ("models missing" if models
+                              else "nodes missing" if any(p.startswith("node type")
+                                                          for p in problems)
+                              else problems[0])
+                    why.setdefault(reason, []).append(f"/{command.command}")
             detail = f"{backend.remote_queue} in its queue"
-            detail += "; " + " | ".join(missing) if missing else "; every command can run"
+            if not why:
+                detail += "; every command can run"
+            else:
+                detail += "; cannot run " + "; ".join(
+                    f"{' '.join(names)} ({reason})" for reason, names in why.items())
+                if files:
+                    detail += f"; {len(files)} model file(s) missing: see /backends or " \
+                              "`comfyveil models check`"
             rows.append(("backend", backend.name, "up", detail))
     return rows
+
+
+_MISSING_MODEL = re.compile(r"^model file (?P<what>.+?)(?: \([^)]*\))? is not installed$")
 
 
 async def run(args: argparse.Namespace) -> int:

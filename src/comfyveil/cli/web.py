@@ -97,11 +97,11 @@ async def apikey(settings: config.Settings, name: str | None, label: str) -> int
         if account is None:
             raise UsageError(f"there is no web account named {name!r}")
         key = await api_keys.ApiKeyStore(db.pool).create(account.id, label)
+    from comfyveil.desk import links
+
     print(key)
-    print(
-        "(shown once; revoke it on the settings page. Use it as the OpenAI API key with "
-        "the base URL <your site>/v1)"
-    )
+    print("(shown once; revoke it on the settings page. Use it as the OpenAI API key with "
+          f"the base URL {links.link_base(settings).rstrip('/')}/v1)")
     return 0
 
 

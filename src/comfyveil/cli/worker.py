@@ -86,7 +86,7 @@ async def run(args: argparse.Namespace) -> int:
             runtime.anon_for(settings, settings.backend_list()) as router,
             pool.Pool(settings.backend_list(), proxy_for=router.proxy_for,
                       on_down=router.backend_down, limits=comfy_limits.outputs(settings.limits),
-                      routing=settings.worker.routing) as backends,
+                      routing=settings.worker.routing, memory=db.model_lists) as backends,
         ):
             say_unreachable(backends)
             options = options_from(settings, args)

@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 PROBE_INTERVAL = 2.0  # seconds between health probes of a backend that is up
 CAPABILITY_REFRESH = 300.0  # seconds between two reads of /object_info of a backend
+# A job no backend can run makes the pool read the lists again first, unless they are
+# this fresh: a model installed a minute ago must not be refused for minutes.
+REFUSAL_REFRESH = 5.0
+LOOK_REFRESH = 1.0  # an admin's look at the backends reads them again, at most this often
 BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went down
 BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
 PROBE_TIMEOUT = 10.0  # seconds one probe may take
@@ -61,6 +65,17 @@ ROUTINGS = ("finish", "idle")
 OVERFLOW = 2
 
 _MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
+
+
+class ModelMemory(Protocol):
+    """Where the last node and model lists of each backend outlive the process (the
+    database's `store.model_lists`)."""
+
+    async def remember(self, backend: config.BackendConfig, info: Mapping[str, Any]) -> None: ...
+
+    async def recall(
+        self, backends: Sequence[config.BackendConfig]
+    ) -> dict[str, Mapping[str, Any]]: ...
 
 
 class NoBackendCanRun(errors.ComfyError):
@@ -142,6 +157,9 @@ class Backend:
     healthy: bool = False
     object_info: Mapping[str, Any] | None = None
     capabilities_at: float = 0.0  # monotonic time of the last /object_info read
+    # object_info is the one kept from an earlier run (this run has not read it yet)
+    remembered: bool = False
+    kept: Mapping[str, Any] | None = field(default=None, repr=False)  # last handed to memory
     failures: int = 0
     next_probe: float = 0.0
     remote_queue: int = 0  # running + pending at the last probe
@@ -240,6 +258,7 @@ class Pool:
         limits: comfy_limits.Limits | None = None,
         routing: str = "finish",
         estimator: routing_mod.Estimator | None = None,
+        memory: ModelMemory | None = None,
     ) -> None:
         if not backends:
             raise config.ConfigError("no backends configured")
@@ -256,6 +275,7 @@ class Pool:
             _default_client, limits=limits
         )
         self.probe_interval = probe_interval
+        self._memory = memory
         self.backends: dict[str, Backend] = {}
         self._stack = contextlib.AsyncExitStack()
         self._changed = asyncio.Condition()
@@ -275,7 +295,30 @@ class Pool:
             opened = await self._stack.enter_async_context(client)  # type: ignore[arg-type]
             self.backends[cfg.name] = Backend(cfg, opened if opened is not None else client)
         await asyncio.gather(*(self.probe(b) for b in self.backends.values()))
+        await self._recall()
         self._health_task = asyncio.create_task(self._health_loop(), name="pool-health")
+
+    async def _recall(self) -> None:
+        """Give the backends that did not answer the lists they had when they last did, so
+        what they lack is known (and refused) until they answer again."""
+        unknown = [b for b in self.backends.values() if b.object_info is None]
+        if self._memory is None or not unknown:
+            return
+        recalled = await self._memory.recall([b.config for b in unknown])
+        for backend in unknown:
+            info = recalled.get(backend.name)
+            if info is not None and backend.object_info is None:
+                backend.object_info = backend.kept = info
+                backend.remembered = True
+
+    async def _keep(self, backend: Backend) -> None:
+        """Hand lists just read to the memory, when they differ from those it has."""
+        info = backend.object_info
+        backend.remembered = False
+        if self._memory is None or info is None or info == backend.kept:
+            return
+        backend.kept = info
+        await self._memory.remember(backend.config, info)
 
     async def close(self) -> None:
         if self._health_task is not None:
@@ -306,15 +349,17 @@ class Pool:
         return sorted(able, key=lambda b: (b.load, b.failures, b.name))
 
     def why_not(self, wf: workflow.Workflow) -> str | None:
-        """Why no healthy backend can run `wf`, or None when one can or none is up.
+        """Why no backend can run `wf`, or None when one can or none is known.
 
-        The sentence names what every healthy backend lacks, e.g. "no GPU has the model
+        The sentence names what every known backend lacks, e.g. "no GPU has the model
         file flux1-dev.safetensors".
         """
-        healthy = [b for b in self.backends.values() if b.healthy and b.object_info is not None]
-        if not healthy or any(not b.problems(wf) for b in healthy):
+        # Down ones count by their last lists too (kept from an earlier run if need be):
+        # a job no GPU could run once back is refused now, not after waiting for one.
+        known = [b for b in self.backends.values() if b.object_info is not None]
+        if not known or any(not b.problems(wf) for b in known):
             return None
-        per_backend = [b.problems(wf) for b in healthy]
+        per_backend = [b.problems(wf) for b in known]
         common = [p for p in per_backend[0] if all(p in other for other in per_backend[1:])]
         sentences = []
         for problem in common:
@@ -350,6 +395,8 @@ class Pool:
         """
         told = False
         since = time.monotonic()
+        if self.why_not(wf) is not None:
+            await self.refresh_models()
         async with self._changed:
             while True:
                 reason = self.why_not(wf)
@@ -538,6 +585,39 @@ class Pool:
 
     # --- health ------------------------------------------------------------------
 
+    async def refresh_models(self, *, max_age: float = REFUSAL_REFRESH) -> bool:
+        """Read the node and model lists (/object_info) of the backends that are up again
+        now, those read more than `max_age` seconds ago; True when one changed. Asked for
+        when a job would be refused for a missing model and by an admin's look at the
+        backends, so a model just installed counts at once, not at the next scheduled
+        read (`CAPABILITY_REFRESH`)."""
+        now = time.monotonic()
+        stale = [b for b in self.backends.values()
+                 if b.healthy and now - b.capabilities_at > max_age]
+        if not stale:
+            return False
+        changed = await asyncio.gather(*(self._read_models(b) for b in stale))
+        if any(changed):
+            await self._notify()
+        return any(changed)
+
+    async def _read_models(self, backend: Backend) -> bool:
+        # Marked read before the answer: jobs refused together ask for one read, not many.
+        backend.capabilities_at = time.monotonic()
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                info = await backend.client.object_info(refresh=True)
+        except (errors.ComfyError, TimeoutError, OSError) as exc:
+            # The probes decide whether it is down; this read is only a courtesy.
+            logger.info("could not read the models of backend %s: %s", backend.name,
+                        str(exc) or type(exc).__name__,
+                        extra={"action": "models_read_failed", "backend": backend.name})
+            return False
+        changed = info != backend.object_info
+        backend.object_info = info
+        await self._keep(backend)
+        return changed
+
     async def mark_down(self, backend: Backend, reason: str) -> None:
         """A job or probe found the backend failing: stop sending it work for a while."""
         backend.failures += 1
@@ -562,11 +642,13 @@ class Pool:
             async with asyncio.timeout(PROBE_TIMEOUT):
                 answer = await backend.client.queue()
                 now = time.monotonic()
-                if (
+                read = (
                     backend.object_info is None
+                    or backend.remembered
                     or not backend.healthy
                     or now - backend.capabilities_at > CAPABILITY_REFRESH
-                ):
+                )
+                if read:
                     backend.object_info = await backend.client.object_info(refresh=True)
                     backend.capabilities_at = now
         except (errors.ComfyError, TimeoutError, OSError) as exc:
@@ -576,6 +658,8 @@ class Pool:
             logger.exception("probing backend %s failed unexpectedly", backend.name)
             await self.mark_down(backend, f"probe failed ({type(exc).__name__})")
             return False
+        if read:
+            await self._keep(backend)
         backend.remote_queue = queue_length(answer)
         backend.remote_ids = queue_ids(answer)
         backend.local_at_probe = len(backend.jobs)

@@ -95,3 +95,16 @@ def check(pool: pool_mod.Pool | None, entry: registry.Entry) -> None:
     why = reason(pool, entry.workflow)
     if why is not None:
         raise errors.UsageError(refusal(entry, why))
+
+
+async def confirm(pool: pool_mod.Pool | None, entry: registry.Entry) -> None:
+    """`check`, after reading the lists of the backends again when they would refuse the
+    job and were read more than a few seconds ago: a model installed since the last read
+    counts at once.
+
+    Raises:
+        UsageError: the sentence of `refusal`.
+    """
+    if pool is not None and reason(pool, entry.workflow) is not None:
+        await pool.refresh_models()  # those read more than a few seconds ago
+    check(pool, entry)

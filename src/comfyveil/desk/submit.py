@@ -89,7 +89,7 @@ async def queue(
             _("Only the admins can use {command}.").format(command=f"/{entry.name}")
         )
     await check_policy(svc, entry.name, policy_texts(entry.workflow, values))
-    availability.check(svc.pool, entry)
+    await availability.confirm(svc.pool, entry)
     validated = entry.workflow.validate(dict(values))
     new = jobs.NewJob(
         user_id=who.user_id,
@@ -125,7 +125,7 @@ async def again(
             _("The command {command} is not available now.").format(command=ltr(f"/{job.command}"))
         )
     await check_allowed(services, who, entry)
-    availability.check(services.pool, entry)
+    await availability.confirm(services.pool, entry)
     inputs: list[jobs.InputImage] = []
     if entry.takes_image:
         inputs = await services.db.jobs.inputs(job.id)

@@ -33,6 +33,7 @@ from comfyveil.store import (
     errors,
     heartbeats,
     jobs,
+    model_lists,
     refusals,
     sessions,
     sql,
@@ -251,6 +252,7 @@ class Database:
         self.traces = traces.TraceStore(pool)
         self.refusals = refusals.RefusalStore(pool)
         self.heartbeats = heartbeats.HeartbeatStore(pool)
+        self.model_lists = model_lists.ModelListStore(pool)
 
     @staticmethod
     async def resolve_url(

@@ -547,11 +547,13 @@ class JobStore:
         return [Job.from_row(row) for row in rows]
 
     async def list_for_user(
-        self, user_id: int, *, limit: int = 10, statuses: Iterable[Status] | None = None
+        self, user_id: int, *, limit: int = 10, statuses: Iterable[Status] | None = None,
+        chat_id: int | None = None,
     ) -> list[Job]:
-        """A user's most recent jobs, newest first."""
+        """A user's most recent jobs, newest first; with `chat_id`, only those asked for in
+        that chat (what a group may see of a member's jobs)."""
         rows = await self.db.all(
-            "list_user_jobs", user_id=user_id, limit=limit,
+            "list_user_jobs", user_id=user_id, limit=limit, chat_id=chat_id,
             statuses=[str(s) for s in statuses] if statuses is not None else None,
         )
         return [Job.from_row(row) for row in rows]

@@ -104,14 +104,19 @@ SELECT * FROM comfyveil_complete_job(
 -- Requeue a job after a transient error while attempts remain, else mark it failed
 -- A requeued job keeps submitted and backend: its prompt may still run there, and the next
 -- attempt re-attaches to it (or takes it back out) instead of paying for it twice.
+-- A job its user asked to cancel ends cancelled whatever its attempt met: the cancel may
+-- have landed while the attempt was failing, before its worker heard of it.
 WITH target AS (
-    SELECT id, (%(transient)s AND attempts < max_attempts AND NOT cancel_requested) AS retry
+    SELECT id, (%(transient)s AND attempts < max_attempts AND NOT cancel_requested) AS retry,
+           cancel_requested AS cancelled
     FROM jobs
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
     FOR UPDATE
 ), updated AS (
     UPDATE jobs j
-    SET status = CASE WHEN t.retry THEN 'queued'::job_status ELSE 'failed'::job_status END,
+    SET status = CASE WHEN t.retry THEN 'queued'::job_status
+                      WHEN t.cancelled THEN 'cancelled'::job_status
+                      ELSE 'failed'::job_status END,
         not_before = CASE WHEN t.retry THEN now() + make_interval(secs => %(backoff)s)
                           ELSE j.not_before END,
         finished_at = CASE WHEN t.retry THEN NULL ELSE now() END,
@@ -124,11 +129,13 @@ WITH target AS (
     RETURNING j.*
 ), event AS (
     INSERT INTO job_events (job_id, kind, status, data)
-    SELECT id, CASE WHEN status = 'queued' THEN 'retry_scheduled' ELSE 'failed' END, status,
+    SELECT id, CASE status WHEN 'queued' THEN 'retry_scheduled' WHEN 'cancelled' THEN 'cancelled'
+                           ELSE 'failed' END, status,
            jsonb_build_object('error', error, 'attempt', attempts, 'not_before', not_before)
     FROM updated
 ), dropped AS (
-    DELETE FROM job_inputs WHERE job_id IN (SELECT id FROM updated WHERE status = 'failed')
+    DELETE FROM job_inputs
+    WHERE job_id IN (SELECT id FROM updated WHERE status IN ('failed', 'cancelled'))
 )
 SELECT * FROM updated;
 
@@ -286,9 +293,10 @@ SELECT * FROM jobs WHERE id BETWEEN %(low)s AND %(high)s
 ORDER BY created_at DESC LIMIT %(limit)s;
 
 -- list_user_jobs --
--- A user's most recent jobs, newest first
+-- A user's most recent jobs, newest first (only those asked for in one chat, if given)
 SELECT * FROM jobs
 WHERE user_id = %(user_id)s
+  AND (%(chat_id)s::bigint IS NULL OR chat_id = %(chat_id)s::bigint)
   AND (%(statuses)s::job_status[] IS NULL OR status = ANY(%(statuses)s::job_status[]))
 ORDER BY created_at DESC, id
 LIMIT %(limit)s;
@@ -532,7 +540,8 @@ WITH purged AS (
 SELECT count(*) AS purged FROM purged;
 
 -- list_users --
--- The most recently active users (a users row or a job) with role, quota and jobs today
+-- The most recently active users (a users row or a job) with role, quota and jobs today,
+-- and the name of the web account that is this user, if any
 WITH known AS (
     SELECT id, updated_at AS seen FROM users
     UNION ALL
@@ -544,8 +553,9 @@ SELECT l.id, coalesce(u.role, 'user') AS role, u.daily_quota,
        coalesce((u.settings->>'allowed')::boolean, false) AS granted,
        coalesce((SELECT g.jobs_today FROM user_usage g
                  WHERE g.user_id = l.id AND g.day = (now() AT TIME ZONE 'UTC')::date), 0)
-       AS today
-FROM latest l LEFT JOIN users u ON u.id = l.id
+       AS today,
+       a.name AS web_name, coalesce(a.is_admin, false) AS web_admin
+FROM latest l LEFT JOIN users u ON u.id = l.id LEFT JOIN web_accounts a ON a.user_id = l.id
 ORDER BY l.seen DESC NULLS LAST, l.id
 LIMIT %(limit)s;
 
@@ -594,10 +604,11 @@ SELECT coalesce(max(jobs_today), 0) AS used FROM user_usage
 WHERE user_id = %(user_id)s AND day = (now() AT TIME ZONE 'UTC')::date;
 
 -- refund_quota --
--- A failed job gives its quota back (it failed through no fault of its user); the trigger
--- of migration 0010 takes it off the user's count of today's jobs
+-- A failed job gives its quota back (it failed through no fault of its user), as does one
+-- cancelled while its attempt met such a failure; the trigger of migration 0010 takes it off
+-- the user's count of today's jobs
 UPDATE jobs SET quota_refunded = true, updated_at = now()
-WHERE id = %(job_id)s AND status = 'failed' AND NOT quota_refunded
+WHERE id = %(job_id)s AND status IN ('failed', 'cancelled') AND NOT quota_refunded
 RETURNING id;
 
 -- forget_user_jobs --
@@ -866,3 +877,15 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed,
                      ORDER BY finished_at DESC LIMIT %(runs)s) r
                  WHERE r.backend IS NOT NULL), '[]'::json) AS runs
 FROM mine m;
+
+-- remember_model_lists --
+-- A backend's node and model lists as it last answered them
+INSERT INTO backend_model_lists (backend, url_hash, object_info, read_at)
+VALUES (%(backend)s, %(url_hash)s, %(object_info)s, now())
+ON CONFLICT (backend) DO UPDATE
+SET url_hash = EXCLUDED.url_hash, object_info = EXCLUDED.object_info, read_at = now();
+
+-- recall_model_lists --
+-- The lists last read from these backends, for a start while some do not answer
+SELECT backend, url_hash, object_info FROM backend_model_lists
+WHERE backend = ANY(%(backends)s::text[]);

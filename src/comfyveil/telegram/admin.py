@@ -5,15 +5,18 @@ Admins are the ids in ``[telegram] admins`` and users with the ``admin`` role.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from telegram import Update
 
 from comfyveil import errors, i18n
+from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access, availability
 from comfyveil.desk.words import ROLE_WORDS, SOURCE_WORDS
-from comfyveil.i18n import _, ltr
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.models import local as model_files
+from comfyveil.store import accounts, jobs
 from comfyveil.telegram import commands, policy_view, replies
 from comfyveil.telegram.context import BotContext
 
@@ -23,12 +26,24 @@ def _args(text: str) -> list[str]:
     return text.split()[1:]
 
 
-def _user_id(word: str) -> int:
+CHAT_NOT_USER = N_("{id} is a group's id, not a user's: {command} takes one user's id, and a "
+                   "whole group is let in by adding its id to [telegram] allow in the "
+                   "configuration.")
+
+
+def _user_id(word: str, command: str) -> int:
     try:
-        return int(word)
+        user_id = int(word)
     except ValueError:
         raise errors.UsageError(_("{value} is not a Telegram user id (a number).").format(
             value=ltr(repr(word[:20])))) from None
+    # Telegram's users have positive ids, its groups and channels negative ones; web
+    # accounts sit far below both. Granting a group's id would change nothing for its
+    # members, so it is refused rather than answered as done.
+    if accounts.WEB_ID_BASE < user_id < 0:
+        raise errors.UsageError(_(CHAT_NOT_USER).format(
+            id=ltr(user_id), command=ltr(command)))
+    return user_id
 
 
 async def users(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -37,25 +52,44 @@ async def users(update: Update, context: BotContext, who: access.Who, text: str)
     rows = await context.services.db.users.overview(limit=USERS_SHOWN)
     default_quota = context.services.settings.limits.daily_quota
     mode = _("open to everyone") if tg.open else _("allow-list")
-    admins = ", ".join(ltr(a) for a in tg.admins) or _("none")
+    admins = i18n.join_list(ltr(a) for a in tg.admins) or _("none")
     lines = [_("<b>Users</b>"),
              _("Mode: {mode}; admins from config: {admins}").format(mode=mode, admins=admins)]
     if tg.allow:
         lines.append(_("Allowed in config: {ids}").format(
-            ids=", ".join(ltr(a) for a in tg.allow)))
+            ids=i18n.join_list(ltr(a) for a in tg.allow)))
     for row in rows:
         quota = row["daily_quota"] if row["daily_quota"] is not None else default_quota
-        flags = [_(ROLE_WORDS.get(row["role"], row["role"]))]
+        exempt = context.services.access.exempt(row["id"], row["role"],
+                                                web_admin=bool(row.get("web_admin")))
+        # An admin by the configuration or the web is an admin, whatever the row says.
+        role = "admin" if exempt and row["role"] != "banned" else row["role"]
+        flags = [_(ROLE_WORDS.get(role, role))]
         if row["granted"]:
             flags.append(_("allowed"))
-        exempt = context.services.access.exempt(row["id"], row["role"])
         line = _("{user} {flags} · {count} today").format(
-            user=ltr(f"<code>{row['id']}</code>"), flags=" ".join(flags),
+            user=_who(row), flags=" ".join(flags),
             count=ltr(row["today"] if exempt else f"{row['today']}/{quota}"))
         lines.append(f"{line} · {_(access.NO_LIMITS)}" if exempt else line)
     if not rows:
         lines.append(_("Nobody has used the bot yet."))
     await replies.reply(update, "\n".join(lines))
+
+
+WEB_ACCOUNT = N_("web account {name}")
+COMMAND_LINE = N_("the command line")
+
+
+def _who(row: Mapping[str, Any]) -> str:
+    """A /users row's user as an admin knows them: the web account's name (with the id
+    /ban and /quota take), "the command line" for `comfyveil submit`'s jobs, else the
+    Telegram id."""
+    code = ltr(f"<code>{row['id']}</code>")
+    if row.get("web_name"):
+        return _(WEB_ACCOUNT).format(name=replies.esc(row["web_name"])) + f" ({code})"
+    if row["id"] == jobs.NO_CHAT:
+        return _(COMMAND_LINE)
+    return code
 
 
 async def allow(update: Update, context: BotContext, who: access.Who, text: str) -> None:
@@ -64,7 +98,7 @@ async def allow(update: Update, context: BotContext, who: access.Who, text: str)
     if len(args) != 1:
         raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
             command=ltr("/allow"), example=ltr("/allow 123456789")))
-    user_id = _user_id(args[0])
+    user_id = _user_id(args[0], "/allow")
     await context.services.access.allow(user_id)
     await replies.reply(update, _("User {user} may use the bot now.").format(
         user=ltr(f"<code>{user_id}</code>")))
@@ -76,7 +110,7 @@ async def ban(update: Update, context: BotContext, who: access.Who, text: str) -
     if len(args) != 1:
         raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
             command=ltr("/ban"), example=ltr("/ban 123456789")))
-    user_id = _user_id(args[0])
+    user_id = _user_id(args[0], "/ban")
     await context.services.access.ban(user_id)
     await replies.reply(update, _("User {user} is banned.").format(
         user=ltr(f"<code>{user_id}</code>")))
@@ -89,7 +123,7 @@ async def quota(update: Update, context: BotContext, who: access.Who, text: str)
         raise errors.UsageError(
             _("Write {command}, the user's id and jobs per day, e.g. {example}.").format(
                 command=ltr("/quota"), example=ltr("/quota 123 50")))
-    user_id = _user_id(args[0])
+    user_id = _user_id(args[0], "/quota")
     if args[1].lower() == "default":
         await context.services.db.users.set_daily_quota(user_id, None)
         await replies.reply(update, _("User {user} has the default quota again.").format(
@@ -120,6 +154,8 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
         lines.append(_("No worker runs in this process; see {command} on the workers.").format(
             command=ltr("`comfyveil jobs`")))
     else:
+        # An admin looking is often one who just installed a model: read the lists anew.
+        await pool.refresh_models(max_age=pool_mod.LOOK_REFRESH)
         entries = await context.services.commands.all()
         for backend in pool.backends.values():
             state = _("up") if backend.healthy else _("down")
@@ -151,18 +187,25 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
     await replies.reply(update, "\n".join(lines))
 
 
+NOT_LISTED = N_("its NAME.toml lists no source for these: put them on the GPU host yourself")
+
+
 def _install_lines(backend: Any, entries: list[Any]) -> list[str]:
-    """Per command this GPU lacks model files for: their names (whole, an admin copies
-    them) and the one command that installs them on the GPU host."""
+    """Per command this GPU cannot run: what it lacks (whole file names, an admin copies
+    them), and the one command that installs them on the GPU host when the workflow's
+    [[models]] tables list them; every such command, as the web's backends page shows."""
     lines = []
     for entry in entries if backend.object_info is not None else []:
         problems = backend.problems(entry.workflow)
-        hint = model_files.install_hint(entry.workflow, problems) if problems else None
-        if hint is not None:
-            names = model_files.missing_names(problems)
-            lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
-                         + ", ".join(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
-                         + f"\n  {ltr(f'<code>{replies.esc(hint)}</code>')}")
+        if not problems:
+            continue
+        hint = model_files.install_hint(entry.workflow, problems)
+        names = model_files.missing_names(problems) or problems
+        how = (ltr(f"<code>{replies.esc(hint)}</code>") if hint is not None
+               else _(NOT_LISTED) if model_files.missing_names(problems) else None)
+        lines.append(f"  {ltr(f'/{replies.esc(entry.name)}')}: "
+                     + i18n.join_list(ltr(f"<code>{replies.esc(n)}</code>") for n in names)
+                     + (f"\n  {how}" if how else ""))
     return lines
 
 
@@ -195,7 +238,7 @@ async def workflows(update: Update, context: BotContext, who: access.Who, text: 
         lacking = availability.missing(services.pool, entry.workflow) if entry else []
         if lacking:
             # whole names, never cut: an admin copies them to install the files
-            line += " · " + _("no GPU has: {names}").format(names=", ".join(
+            line += " · " + _("no GPU has: {names}").format(names=i18n.join_list(
                 ltr(f"<code>{replies.esc(name)}</code>") for name in lacking
             ))
         lines.append(line)

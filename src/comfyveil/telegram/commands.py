@@ -75,6 +75,23 @@ def _in_group(update: Update) -> bool:
     return chat is not None and chat.type != "private"
 
 
+def _seen_here(update: Update) -> int | None:
+    """The chat whose jobs a user's job commands may show (None: all of theirs). In a group
+    only the jobs asked for there: the rest (prompts, seeds, results) were private."""
+    chat = update.effective_chat
+    return chat.id if chat is not None and chat.type != "private" else None
+
+
+ONLY_THIS_CHAT = N_("Only your jobs from this chat are shown here; send {command} to me in a "
+                    "private chat for all of them.")
+
+
+def _with_group_note(update: Update, text: str, command: str) -> str:
+    if _seen_here(update) is None:
+        return text
+    return text + "\n" + _(ONLY_THIS_CHAT).format(command=ltr(command))
+
+
 async def runnable_entries(services: Services) -> list[registry.Entry]:
     """The enabled commands some GPU can run now."""
     return availability.runnable(services.pool, await services.commands.all())
@@ -165,7 +182,7 @@ async def run_workflow(
     message = update.effective_message
     assert message is not None
     wf = entry.workflow
-    availability.check(services.pool, entry)
+    await availability.confirm(services.pool, entry)
     prompt_param = wf.prompt_param
     # The limit users are told is the one that binds: the workflow's own when it is lower.
     max_chars = services.settings.limits.max_prompt_length
@@ -205,10 +222,12 @@ async def status(update: Update, context: BotContext, who: access.Who, text: str
     """My jobs waiting or running, with positions."""
     services = context.services
     active = await services.db.jobs.list_for_user(
-        who.user_id, limit=20, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING]
+        who.user_id, limit=20, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING],
+        chat_id=_seen_here(update),
     )
     if not active:
-        await replies.reply(update, _("You have no jobs waiting or running."))
+        await replies.reply(update, _with_group_note(
+            update, _("You have no jobs waiting or running."), "/status"))
         return
     lines = [_("<b>Your jobs</b>")]
     for job in reversed(active):
@@ -217,13 +236,15 @@ async def status(update: Update, context: BotContext, who: access.Who, text: str
         lines.append(f"{ltr(named)}{render.DOT}{state}")
     lines.append(_("{cancel} stops the newest; {cancel_id} a given one.").format(
         cancel=ltr("/cancel"), cancel_id=ltr("/cancel #id")))
-    await replies.reply(update, "\n".join(lines))
+    await replies.reply(update, _with_group_note(update, "\n".join(lines), "/status"))
 
 
-async def _find_job(services: Services, who: access.Who, ref: str | None) -> jobs.Job:
+async def _find_job(services: Services, who: access.Who, ref: str | None,
+                    chat_id: int | None = None) -> jobs.Job:
     if ref is None:
         active = await services.db.jobs.list_for_user(
-            who.user_id, limit=1, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING]
+            who.user_id, limit=1, statuses=[jobs.Status.QUEUED, jobs.Status.RUNNING],
+            chat_id=chat_id,
         )
         if not active:
             raise errors.UsageError(_("You have no job waiting or running."))
@@ -246,7 +267,8 @@ async def cancel(update: Update, context: BotContext, who: access.Who, text: str
         # "/cancel #zzzz" or "/cancel 12": an id that can't be one, not "no job at all"
         raise errors.UsageError(_(NOT_AN_ID).format(
             ref=ltr(named[0][:20]), status=ltr("/status"), example=ltr("/cancel #3f2a9c1d")))
-    job = await _find_job(services, who, parsed.target_job if parsed else None)
+    job = await _find_job(services, who, parsed.target_job if parsed else None,
+                          chat_id=_seen_here(update))
     await replies.reply(update, await cancel_job(services, who, job))
 
 
@@ -283,7 +305,8 @@ async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
 async def again(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """My last job again, with a new seed."""
     services = context.services
-    last = await services.db.jobs.list_for_user(who.user_id, limit=1)
+    last = await services.db.jobs.list_for_user(who.user_id, limit=1,
+                                                chat_id=_seen_here(update))
     if not last:
         raise errors.UsageError(_("You have no job to repeat yet."))
     message = update.effective_message
@@ -298,7 +321,8 @@ async def again(update: Update, context: BotContext, who: access.Who, text: str)
 async def history(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """My last jobs."""
     services = context.services
-    recent = await services.db.jobs.list_for_user(who.user_id, limit=HISTORY_LIMIT)
+    recent = await services.db.jobs.list_for_user(who.user_id, limit=HISTORY_LIMIT,
+                                                  chat_id=_seen_here(update))
     entries = []
     for job in recent:
         prompt = job.params.get("prompt")
@@ -312,7 +336,8 @@ async def history(update: Update, context: BotContext, who: access.Who, text: st
             created_at=job.created_at, seed=seed if isinstance(seed, int) else None,
             elapsed_s=elapsed,
         ))
-    await replies.reply(update, render.history_text(entries))
+    await replies.reply(update, _with_group_note(update, render.history_text(entries),
+                                                 "/history"))
 
 
 # --- settings ---------------------------------------------------------------------------

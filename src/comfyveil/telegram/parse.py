@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from comfyveil import errors
+from comfyveil import errors, i18n
 from comfyveil.i18n import N_, _, ltr
 
 NEGATIVE_OPTION = "no"
@@ -48,7 +48,9 @@ MAX_PROMPT_CHARS = 2000
 MAX_ASPECT = 4.0  # wider or taller than 4:1 makes broken images on every model we ship
 
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]{3,64}))?(?=\s|$)")
-_OPTION = re.compile(r"(?:(?<=\s)|^)(?:--|—|–)([A-Za-z][A-Za-z0-9_-]*)(?==|\s|$)")
+# An option's name starts with a letter of any script: "--шаги 3" is an option the
+# command lacks (refused, with the allowed ones), not four characters of the prompt.
+_OPTION = re.compile(r"(?:(?<=\s)|^)(?:--|—|–)([^\W\d_][\w-]*)(?==|\s|$)")
 _JOB_REF = re.compile(
     r"#?([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
     r"|#([0-9a-fA-F]{8,32})"
@@ -214,7 +216,7 @@ def _canonical(spelled: str, allowed: dict[str, str], command: str) -> str:
     if _key(spelled) == NEGATIVE_OPTION:
         raise ParseError(_("{command} has no negative prompt, so {no} cannot be used.").format(
             command=ltr(f"/{command}"), no=ltr("--no")))
-    listed = ", ".join(ltr(f"--{n}") for n in sorted(allowed.values()))
+    listed = i18n.join_list(ltr(f"--{n}") for n in sorted(allowed.values()))
     close = difflib.get_close_matches(_key(spelled), list(allowed), n=1)
     if close:
         raise ParseError(_("{command} has no option {option}. Did you mean {close}? Allowed: "

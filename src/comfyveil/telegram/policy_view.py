@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from comfyveil import policy
+from comfyveil import i18n, policy
 from comfyveil.i18n import _, ltr, n_
 from comfyveil.store import refusals
 
@@ -21,7 +21,9 @@ def _esc(text: str) -> str:
 def _listed(label: str, items: Sequence[str]) -> str:
     if not items:
         return _("{label}: none").format(label=label)
-    shown = ", ".join(ltr(f"<code>{_esc(item[:80])}</code>") for item in items[:SHOWN_PER_LIST])
+    shown = i18n.join_list(
+        ltr(f"<code>{_esc(item[:80])}</code>") for item in items[:SHOWN_PER_LIST]
+    )
     text = f"{label} ({ltr(len(items))}): {shown}"
     more = len(items) - SHOWN_PER_LIST
     if more > 0:
@@ -56,7 +58,7 @@ def policy_text(
     spoilers += [_("chat {id}").format(id=ltr(f"<code>{c}</code>")) for c in cfg.spoiler_chats]
     lines.append(
         _("<b>Spoilers</b>: {where}; users may also choose them in /settings.").format(
-            where=", ".join(spoilers) if spoilers else _("none")
+            where=i18n.join_list(spoilers) if spoilers else _("none")
         )
     )
     lines.append(_("<b>Refused prompts</b> (counts only; prompts are not kept)"))

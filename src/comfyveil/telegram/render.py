@@ -284,9 +284,9 @@ def _whole_words(head: str, names: Sequence[str], limit: int = 70) -> str:
     """`head` and as many whole `names` as fit in `limit` characters, then "…"."""
     text = head
     for i, name in enumerate(names):
-        piece = ("" if i == 0 else ", ") + name
+        piece = ("" if i == 0 else i18n.list_separator()) + name
         if len(text) + len(piece) > limit - 2:
-            return text + ", …" if i else text + "…"
+            return text + i18n.list_separator() + "…" if i else text + "…"
         text += piece
     return text
 

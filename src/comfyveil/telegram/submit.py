@@ -22,7 +22,7 @@ from comfyveil.comfy import workflow
 from comfyveil.desk import access, registry
 from comfyveil.desk import submit as desk_submit
 from comfyveil.desk.submit import IMAGE_PLACEHOLDER
-from comfyveil.i18n import _, ltr
+from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import jobs
 from comfyveil.telegram import parse
 from comfyveil.telegram.context import DELIVERY_MODES_KEPT, Services
@@ -73,7 +73,38 @@ def size_for(wf: workflow.Workflow, ar: str) -> tuple[int, int]:
         pixels = w0 * h0
     multiple = int(width_p.step or 16)
     width, height = parse.aspect_to_size(ar, pixels, multiple)
-    return _clamp(width, width_p), _clamp(height, height_p)
+    wanted = width / height
+    # A side beyond its bounds moves both sides, so the picture keeps the ratio asked for
+    # (21:9 with a 64 px minimum height is 152x64, not 96x64).
+    w, h = float(width), float(height)
+    if width_p.max is not None and w > width_p.max:
+        w, h = float(width_p.max), float(width_p.max) / wanted
+    if height_p.max is not None and h > height_p.max:
+        w, h = float(height_p.max) * wanted, float(height_p.max)
+    if width_p.min is not None and w < width_p.min:
+        w, h = float(width_p.min), float(width_p.min) / wanted
+    if height_p.min is not None and h < height_p.min:
+        w, h = float(height_p.min) * wanted, float(height_p.min)
+    fitted = _clamp(round(w), width_p), _clamp(round(h), height_p)
+    got = fitted[0] / fitted[1]
+    if max(got / wanted, wanted / got) > RATIO_TOLERANCE:
+        raise parse.ParseError(_(RATIO_DOES_NOT_FIT).format(
+            ratio=ltr(ar), command=ltr(f"/{wf.command}"),
+            width=ltr(_bounds(width_p)), height=ltr(_bounds(height_p))))
+    return fitted
+
+
+RATIO_TOLERANCE = 1.1  # sides are rounded to the workflow's step: near is as asked
+RATIO_DOES_NOT_FIT = N_("The aspect ratio {ratio} does not fit the sizes {command} can make "
+                        "(width {width}, height {height}); choose a less extreme one.")
+
+
+def _bounds(param: workflow.Param) -> str:
+    low = int(param.min) if param.min is not None else None
+    high = int(param.max) if param.max is not None else None
+    if low is not None and high is not None:
+        return f"{low}-{high}"
+    return f"≥{low}" if low is not None else f"≤{high}" if high is not None else "any"
 
 
 def build_values(

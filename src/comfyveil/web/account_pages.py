@@ -45,7 +45,8 @@ async def _start_session(request: web.Request, account: web_store.Account) -> we
 async def login_page(request: web.Request) -> web.Response:
     if visit(request).account is not None:
         raise web.HTTPSeeOther("/")
-    return render(request, "login.html", form_csrf=anon_csrf(request), error=None, name="")
+    return render(request, "login.html", form_csrf=anon_csrf(request), error=None, name="",
+                  done=request.query.get("done"))
 
 
 async def login(request: web.Request) -> web.Response:

@@ -88,7 +88,7 @@ def _bounds(p: workflow.Param) -> str:
         parts.append(_("in steps of {n}").format(n=_num(p.step)))
     if p.max_length:
         parts.append(_("up to {n} characters").format(n=p.max_length))
-    return ", ".join(parts)
+    return i18n.join_list(parts)
 
 
 def default_of(entry: registry.Entry, name: str, prefs: Mapping[str, Any]) -> object:

@@ -457,7 +457,7 @@ async def forget(request: web.Request) -> web.Response:
     await desk_jobs.forget(svc.db, svc.pool, account.user_id, spawn)
     if form.get("account") == "yes":
         await svc.web.delete_account(account.id)
-        response = web.HTTPSeeOther("/login")
+        response = web.HTTPSeeOther("/login?done=deleted")  # said there, not left to guess
         response.del_cookie(auth.SESSION_COOKIE, path="/")
         raise response
     raise web.HTTPSeeOther("/?done=forgotten")

@@ -57,7 +57,7 @@ async def home(request: web.Request) -> web.Response:
 async def result_choices(svc: WebServices, account: web_store.Account) -> list[tuple[str, str]]:
     """Recent results to edit, each named so that it differs from the others: the command
     and time to the second (left-to-right isolates in Persian and Arabic), which result
-    of the job, and the start of its prompt."""
+    of the job, the job's short id, and the start of its prompt."""
     items = await svc.web.gallery(account.user_id, limit=RESULT_CHOICES, offset=0)
     choices = []
     for i in items:
@@ -66,6 +66,9 @@ async def result_choices(svc: WebServices, account: web_store.Account) -> list[t
         label = _("{command} of {when}, result {n}").format(
             command=ltr(f"/{i.command}"), when=ltr(f"{i.created_at:%Y-%m-%d %H:%M:%S}"),
             n=ltr(i.index + 1))
+        # Two jobs with one prompt in the same second read alike without their ids (the
+        # short id the history and the chat show).
+        label += " · " + ltr(f"#{uuid.UUID(str(i.job_id)).hex[:8]}")
         prompt = " ".join(i.prompt.split())
         if prompt:
             label += ": " + (prompt if len(prompt) <= PROMPT_SHOWN else

@@ -97,9 +97,16 @@ class Settling:
             self._avoid.pop(job.id, None)
             if refund:
                 await self.store.refund_quota(job.id)
-            logger.info(
-                "job failed: %s", message, extra={"action": "job_failed", "job_id": str(job.id)}
-            )
+            if failed.status is jobs.Status.CANCELLED:
+                # Its user's cancel landed while the attempt failed: it ends as they asked,
+                # and the NOTIFY of its end has the prompt taken back from its backend.
+                logger.info(
+                    "job cancelled", extra={"action": "job_cancelled", "job_id": str(job.id)}
+                )
+            else:
+                logger.info(
+                    "job failed: %s", message, extra={"action": "job_failed", "job_id": str(job.id)}
+                )
             await self._deliver(failed, [])
         return failed
 
