@@ -356,3 +356,26 @@ async def test_via_anon_deliveries_leave_through_its_socks_port_and_wait_without
         standardwebhooks.Webhook(secret).verify(body, headers)
         assert json.loads(body)["type"] == "job.cancelled"
     await relay.close()
+
+
+async def test_an_images_client_that_gives_up_hears_of_its_job_by_webhook(
+    db, fake_comfy_factory
+) -> None:
+    # The SDK's timeout ends the request; the job it queued finishes on the GPU for a retry
+    # that never comes, and the account's endpoint hears of its end.
+    slow = await fake_comfy_factory(step_delay=0.5)
+    async with stack(db, [slow], **PRIVATE_OK) as s, receiver() as rec:
+        key, user = await s.key()
+        await store.WebhookStore(db.pool).create(await _account(db, user), rec.url)
+        async with session(key) as api:
+            body = {"model": "f", "prompt": PROMPT, "size": "256x256", "steps": 4}
+            with contextlib.suppress(TimeoutError):
+                async with api.post(s.url + "/v1/images/generations", json=body,
+                                    timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+                    await r.read()
+        await wait_for(lambda: _true(len(rec.got) == 1), timeout=30)
+        (job,) = await db.jobs.list_for_user(user)
+        event = json.loads(rec.got[0][0])
+        assert event["data"]["id"] == str(job.id)
+        assert event["type"] in ("job.succeeded", "job.cancelled")
+        assert PROMPT.encode() not in rec.got[0][0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import re
 import time
 import uuid
@@ -18,7 +19,7 @@ from aiohttp import BodyPartReader, web
 
 from comfyveil import errors, images
 from comfyveil import policy as policy_mod
-from comfyveil.api import formats, links, retries, streaming
+from comfyveil.api import formats, links, retries, streaming, webhooks
 from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
@@ -28,6 +29,8 @@ from comfyveil.images import MIMES
 from comfyveil.store import jobs
 
 MAX_N = 10  # OpenAI's own bound on n
+logger = logging.getLogger(__name__)
+
 MAX_JSON = 256 * 1024  # a generation request: the prompt and a few fields
 MAX_FIELD = 64 * 1024  # a text field of an edit request
 MAX_PARTS = 16  # fields and images of one edit request
@@ -477,6 +480,19 @@ async def _answer(
             task = retries.leave(svc.requests, row, handed=handed)
             svc.leaving.add(task)
             task.add_done_callback(svc.leaving.discard)
+        if not handed and job_ids:  # its client went away: its jobs' ends go to the webhooks
+            told = asyncio.create_task(_client_went_away(svc, job_ids), name="api-webhooks")
+            svc.leaving.add(told)
+            told.add_done_callback(svc.leaving.discard)
+
+
+async def _client_went_away(svc: ApiServices, job_ids: list[uuid.UUID]) -> None:
+    try:
+        for job_id in job_ids:
+            await webhooks.client_went_away(svc.db, job_id)
+    except Exception as exc:  # the result still waits for a retry; only the event is lost
+        logger.warning("could not watch an abandoned request's jobs for webhooks: %s",
+                       type(exc).__name__, extra={"action": "api_webhook_watch_failed"})
 
 
 async def _queue(
