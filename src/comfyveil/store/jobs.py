@@ -136,6 +136,7 @@ class Job:
     updated_at: dt.datetime
     request_message_id: int | None = None  # the chat message that asked for it
     requested_by: str | None = None  # who asked, in groups (a display name)
+    executing_at: dt.datetime | None = None  # when ComfyUI started its prompt
 
     @classmethod
     def from_row(cls, row: Row) -> Job:
@@ -168,6 +169,7 @@ class Job:
             updated_at=row["updated_at"],
             request_message_id=row.get("request_message_id"),
             requested_by=row.get("requested_by"),
+            executing_at=row.get("executing_at"),
         )
 
 
@@ -399,14 +401,21 @@ class JobStore:
                 raise errors.CancelRequested() from None
             raise
 
-    async def record_progress(self, job: Job, data: Mapping[str, Any]) -> bool:
+    async def record_progress(
+        self, job: Job, data: Mapping[str, Any], *, executing_for: float | None = None
+    ) -> bool:
         """Store the latest progress and notify listeners; True when a cancel was requested.
+
+        Args:
+            executing_for: seconds since ComfyUI started the job's prompt (its
+                execution_start), once it did; the first one given is kept.
 
         Raises:
             LeaseLost: this worker no longer holds the job.
         """
         row = await self.db.one(
-            "record_progress", job_id=job.id, worker_id=job.lease_owner, progress=Jsonb(dict(data))
+            "record_progress", job_id=job.id, worker_id=job.lease_owner,
+            progress=Jsonb(dict(data)), executing_for=executing_for,
         )
         if row is None:
             raise errors.LeaseLost()

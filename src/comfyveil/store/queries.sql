@@ -63,7 +63,7 @@ RETURNING jobs.*;
 -- for (a job cancelled before this is never sent); durable, see the top of this file
 WITH updated AS (
     UPDATE jobs
-    SET submitted = true, backend = %(backend)s, updated_at = now()
+    SET submitted = true, backend = %(backend)s, executing_at = NULL, updated_at = now()
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
       AND NOT cancel_requested
     RETURNING jobs.*
@@ -74,12 +74,18 @@ WITH updated AS (
 SELECT * FROM updated;
 
 -- record_progress --
--- Store the latest progress of a running job and tell listeners (no event row)
+-- Store the latest progress of a running job and tell listeners (no event row); once
+-- ComfyUI started the prompt (executing_for: seconds ago, by the worker's clock), when it
+-- did, unless known already (a worker re-attached to a prompt running since)
 WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), updated AS (
     UPDATE jobs
-    SET progress = %(progress)s, updated_at = now()
+    SET progress = %(progress)s, updated_at = now(),
+        executing_at = coalesce(
+            executing_at,
+            now() - make_interval(secs => %(executing_for)s::float8)
+        )
     FROM relaxed
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
     RETURNING id, status, cancel_requested
