@@ -11,6 +11,32 @@ Model-free nodes run for real with Pillow (EmptyImage, LoadImage, ImageInvert,
 ImageScale, SaveImage, PreviewImage); model nodes are simulated by class so any
 workflow built from the real node set runs: loaders are instant, samplers send
 `steps` progress events, VAEDecode makes an image of the latent's size.
+
+It is as strict as the real server wherever a client can notice; each part copies one
+behaviour of ComfyUI 0.3.64 (file and function named where it lives):
+
+- Execution cache (execution.py, PromptExecutor.execute_async with the default
+  CacheType.CLASSIC and CacheKeySetInputSignature in comfy_execution/caching.py): a node
+  whose class, IS_CHANGED and inputs (its ancestors' signatures included) equal those of
+  the previous prompt is not run again. An identical prompt lists every node in
+  `execution_cached`, sends no `executing` and no `progress`, replays output nodes'
+  `executed` from the cache (same file names) and ends in milliseconds. Only the latest
+  prompt's nodes stay cached (clean_unused). Hidden inputs (PROMPT, EXTRA_PNGINFO) are not
+  part of a signature, so SaveImage is cached whenever its images and prefix are.
+- Run time (what a GPU does, notes "Behaviour of a real sampler"): every sampler step
+  costs `step_cost` seconds per megapixel of its latent, times the latent's frames and
+  batch, plus `step_delay`; so a run grows with steps, pixels and frames by default, and a
+  cache hit is visibly instant.
+- The server's own queue (server.py post_prompt, main.py prompt_worker): a prompt posted
+  while another runs waits in `queue_pending` (GET /queue) and gets its `execution_start`
+  only when the single executor takes it, in `number` order.
+- Model lists (folder_paths.get_filename_list, read again when a folder changes):
+  /object_info, /models/<folder> and prompt validation see the files as they are now;
+  `add_model` and `remove_model` change them, as copying a file into models/ does.
+- Event order (execution.py execute, comfy_execution/progress.py WebUIProgressHandler,
+  main.py hijack_progress): for each executed node `progress_state`, `executing`, per step
+  `progress_state` + `progress` (+ preview), `executed` for output nodes, `progress_state`
+  finished; then `execution_success`, a `status` and `executing` with node null.
 """
 
 from __future__ import annotations
@@ -108,6 +134,11 @@ DEFAULT_MODELS: dict[str, list[str]] = {
 SENSITIVE_EXTRA_DATA_KEYS = ("auth_token_comfy_org", "api_key_comfy_org")
 SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced"}
 DEFAULT_MAX_UPLOAD = 100 * 1024 * 1024
+# Seconds a sampler step costs per megapixel of latent (per frame, per batch item) unless a
+# test says otherwise: small enough that the suite stays fast (Flux Dev's 20 steps at
+# 1024x1024 take 0.04 s, Wan's 4 steps of 81 frames at 640x640 0.25 s), large enough that
+# more steps or pixels take visibly longer and a cache hit stands out as instant.
+DEFAULT_STEP_COST = 0.002
 
 
 @functools.cache
@@ -181,7 +212,9 @@ class FakeComfyUI:
             and any file name is accepted.
         speed: multiplies every delay (0.6 = a faster GPU).
         node_delay: seconds each executed node takes.
-        step_delay: seconds each sampler step takes.
+        step_delay: seconds each sampler step takes, whatever its size.
+        step_cost: seconds each sampler step takes per megapixel of its latent, times
+            its frames and batch (added to step_delay); 0 makes a step's time flat.
         delays: extra seconds per node class (e.g. {"ImageBlur": 1.0}).
         max_upload_size: bytes; None = the default 100 MB (reported as an int).
         prompt_interrupt: whether /interrupt honours {"prompt_id"} (newer servers).
@@ -196,6 +229,7 @@ class FakeComfyUI:
         node_delay: float = 0.0,
         step_delay: float = 0.0,
         *,
+        step_cost: float = DEFAULT_STEP_COST,
         delays: dict[str, float] | None = None,
         max_upload_size: int | None = None,
         prompt_interrupt: bool = True,
@@ -208,6 +242,7 @@ class FakeComfyUI:
         self.speed = speed
         self.node_delay = node_delay
         self.step_delay = step_delay
+        self.step_cost = step_cost
         self.delays: dict[str, float] = dict(delays or {})
         self.max_upload_size = max_upload_size or DEFAULT_MAX_UPLOAD
         self._upload_size_given = max_upload_size is not None
@@ -226,6 +261,7 @@ class FakeComfyUI:
         for path in self.dirs.values():
             path.mkdir(parents=True, exist_ok=True)
         self._node_defs = self._build_object_info()
+        self._defs_models = copy.deepcopy(self.models)  # what _node_defs lists
         # What tests look at; kept across restart() (they record, they are not memory).
         self.prompts: list[dict[str, Any]] = []
         self.executions: Counter[str] = Counter()
@@ -371,6 +407,19 @@ class FakeComfyUI:
         gate = self._holds.pop(f"{method} {path}", None)
         if gate is not None:
             gate.set()
+
+    def add_model(self, folder: str, name: str) -> None:
+        """Install a model file, as copying it into models/<folder> does: the next
+        /object_info, /models/<folder> and prompt validation see it, no restart."""
+        files = self.models.setdefault(folder, [])
+        if name not in files:
+            files.append(name)
+
+    def remove_model(self, folder: str, name: str) -> None:
+        """Delete a model file: later requests no longer list or accept it."""
+        files = self.models.get(folder, [])
+        if name in files:
+            files.remove(name)
 
     def set_delay(self, class_type: str, seconds: float) -> None:
         self.delays[class_type] = seconds
@@ -583,12 +632,21 @@ class FakeComfyUI:
     def _refresh_load_image(self) -> None:
         self._node_defs["LoadImage"]["input"]["required"]["image"][0] = self._input_files()
 
+    def _refresh_models(self) -> None:
+        """Rebuild the model lists when the files changed (add_model, or a test assigning
+        `models`): the real server lists a folder as it is on disk at each request."""
+        if self.models != self._defs_models:
+            self._node_defs = self._build_object_info()
+            self._defs_models = copy.deepcopy(self.models)
+
     async def _get_object_info(self, _request: web.Request) -> web.Response:
+        self._refresh_models()
         self._refresh_load_image()
         return _json(self._node_defs)
 
     async def _get_object_info_class(self, request: web.Request) -> web.Response:
         name = request.match_info["node_class"]
+        self._refresh_models()
         if name not in self._node_defs:
             return _json({})
         if name == "LoadImage":
@@ -800,6 +858,7 @@ class FakeComfyUI:
 
         if not isinstance(prompt, dict):
             return invalid("invalid_prompt", "Cannot execute: the prompt is not an object.", "")
+        self._refresh_models()
         outputs: list[str] = []
         for node_id, node in prompt.items():
             if not isinstance(node, dict) or "class_type" not in node:
@@ -1116,8 +1175,6 @@ class FakeComfyUI:
             path = _annotated(self.dirs, str(parts.get("image")), "input")
             if path is not None and path.is_file():
                 parts["__hash"] = hashlib.sha256(path.read_bytes()).hexdigest()
-        if node["class_type"] in ("SaveImage", "SaveVideo", "PreviewImage"):
-            parts["__prompt"] = json.dumps(prompt, sort_keys=True, default=str)
         if node["class_type"] in NEVER_CACHED:
             parts["__changed"] = uuid.uuid4().hex  # IS_CHANGED returns time.time()
         memo[node_id] = hashlib.sha256(
@@ -1276,8 +1333,10 @@ class FakeComfyUI:
         latent = i.get("latent_image")
         if not isinstance(latent, _Latent):
             latent = _Latent(64, 64)
+        # A step's work grows with the latent's pixels, frames and batch, as on a GPU.
+        megapixels = latent.width * latent.height / (1024 * 1024) * latent.length * latent.batch
         for step in range(total):
-            await self._sleep(self.step_delay)
+            await self._sleep(self.step_delay + self.step_cost * megapixels)
             preview = (
                 _png(Image.new("RGB", (8, 8), (step * 20 % 255, 0, 0))) if self.previews else None
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.fakes.comfyui import FakeComfyUI
@@ -308,3 +309,127 @@ async def test_held_requests_wait_and_a_gone_client_is_never_handled(
         async with await waiting as answer:
             assert answer.status == 200
     assert len(fake_comfy.prompts) == 1  # the one whose client still waited
+
+
+def _sd15(seed: int, steps: int = 2, size: int = 64) -> dict[str, Any]:
+    """An SD 1.5 text-to-image graph as ComfyUI's default workflow builds it."""
+    return {
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd15.safetensors"}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a fox", "clip": ["4", 1]}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["4", 1]}},
+        "5": {"class_type": "EmptyLatentImage",
+              "inputs": {"width": size, "height": size, "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {
+            "seed": seed, "steps": steps, "cfg": 7.0, "sampler_name": "euler",
+            "scheduler": "normal", "denoise": 1.0, "model": ["4", 0], "positive": ["6", 0],
+            "negative": ["7", 0], "latent_image": ["5", 0]}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "x"}},
+    }
+
+
+async def test_the_same_prompt_is_answered_from_the_cache_and_a_new_seed_runs(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    ws_url = fake_comfy.url.replace("http", "ws") + "/ws?clientId=c"
+    async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake_comfy.url) as http:
+        await ws.recv()
+
+        async def run(prompt: dict[str, Any]) -> list[Any]:
+            body = {"prompt": prompt, "client_id": "c"}
+            pid = (await http.post("/prompt", json=body)).json()["prompt_id"]
+            return [f for f in await _until_done(ws, pid) if isinstance(f, dict)]
+
+        first = await run(_sd15(seed=1))
+        assert _kinds(first).count("progress") == 2
+        again = await run(_sd15(seed=1))
+        cached = next(f for f in again if f["type"] == "execution_cached")
+        assert sorted(cached["data"]["nodes"]) == ["3", "4", "5", "6", "7", "8", "9"]
+        assert "progress" not in _kinds(again)
+        assert [f["data"]["node"] for f in again if f["type"] == "executing"] == [None]
+        saved = [f["data"]["output"]["images"] for f in again if f["type"] == "executed"]
+        assert saved == [[{"filename": "x_00001_.png", "subfolder": "", "type": "output"}]]
+
+        new_seed = await run(_sd15(seed=2))
+        cached = next(f for f in new_seed if f["type"] == "execution_cached")
+        assert sorted(cached["data"]["nodes"]) == ["4", "5", "6", "7"]  # loaders stay warm
+        assert _kinds(new_seed).count("progress") == 2
+        ran = [f["data"]["node"] for f in new_seed if f["type"] == "executing"]
+        assert ran == ["3", "8", "9", None]
+
+
+async def test_a_step_costs_more_with_more_pixels_and_frames(fake_comfy_factory) -> None:
+    fake = await fake_comfy_factory(cache=False)
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    fake._sleep = record  # type: ignore[method-assign]
+    async with httpx.AsyncClient(base_url=fake.url) as http:
+        async def sampler_time(prompt: dict[str, Any]) -> float:
+            waits.clear()
+            pid = (await http.post("/prompt", json={"prompt": prompt})).json()["prompt_id"]
+            while not (await http.get(f"/history/{pid}")).json():
+                await asyncio.sleep(0.01)
+            return sum(waits)
+
+        small = await sampler_time(_sd15(seed=1, steps=2, size=512))
+        more_steps = await sampler_time(_sd15(seed=1, steps=8, size=512))
+        bigger = await sampler_time(_sd15(seed=1, steps=2, size=1024))
+        video = _sd15(seed=1, steps=2, size=512)
+        video["5"] = {"class_type": "EmptyHunyuanLatentVideo",
+                      "inputs": {"width": 512, "height": 512, "length": 9, "batch_size": 1}}
+        frames = await sampler_time(video)
+    assert small > 0
+    assert more_steps == pytest.approx(4 * small)
+    assert bigger == pytest.approx(4 * small)
+    assert frames == pytest.approx(9 * small)
+
+
+async def test_a_prompt_waits_pending_until_the_running_one_ends(fake_comfy_factory) -> None:
+    fake = await fake_comfy_factory(step_delay=0.5)
+    ws_url = fake.url.replace("http", "ws") + "/ws?clientId=q"
+    async with connect(ws_url) as ws, httpx.AsyncClient(base_url=fake.url) as http:
+        await ws.recv()
+        body = {"prompt": _sd15(seed=1, steps=50), "client_id": "q"}
+        first = (await http.post("/prompt", json=body)).json()["prompt_id"]
+        body = {"prompt": _sd15(seed=2, steps=1), "client_id": "q"}
+        second = (await http.post("/prompt", json=body)).json()["prompt_id"]
+        seen: list[Any] = []
+        while not (seen and seen[-1]["type"] == "progress"):
+            raw = await asyncio.wait_for(ws.recv(), 5)
+            if isinstance(raw, str):
+                seen.append(json.loads(raw))
+        queue = (await http.get("/queue")).json()
+        assert [item[1] for item in queue["queue_running"]] == [first]
+        assert [item[1] for item in queue["queue_pending"]] == [second]
+        started = [f["data"]["prompt_id"] for f in seen if f["type"] == "execution_start"]
+        assert started == [first]  # the waiting one has not started
+        await http.post("/interrupt", json={"prompt_id": first})
+        rest = [f for f in await _until_done(ws, second) if isinstance(f, dict)]
+    order = [(f["type"], f["data"].get("prompt_id")) for f in rest
+             if f["type"] in ("execution_interrupted", "execution_start")]
+    assert order == [("execution_interrupted", first), ("execution_start", second)]
+
+
+async def test_a_model_file_added_is_listed_and_accepted_at_once(fake_comfy_factory) -> None:
+    fake = await fake_comfy_factory(models={"checkpoints": ["old.safetensors"]})
+    prompt = _sd15(seed=1)
+    prompt["4"]["inputs"]["ckpt_name"] = "new.safetensors"
+    async with httpx.AsyncClient(base_url=fake.url) as http:
+        async def listed() -> list[str]:
+            info = (await http.get("/object_info/CheckpointLoaderSimple")).json()
+            return list(info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"][0])
+
+        assert await listed() == ["old.safetensors"]
+        assert (await http.post("/prompt", json={"prompt": prompt})).status_code == 400
+        fake.add_model("checkpoints", "new.safetensors")
+        assert "new.safetensors" in await listed()
+        everything = (await http.get("/object_info")).json()
+        assert "new.safetensors" in everything["CheckpointLoaderSimple"]["input"]["required"][
+            "ckpt_name"][0]
+        assert "new.safetensors" in (await http.get("/models/checkpoints")).json()
+        assert (await http.post("/prompt", json={"prompt": prompt})).status_code == 200
+        fake.remove_model("checkpoints", "new.safetensors")
+        assert "new.safetensors" not in await listed()
