@@ -811,10 +811,16 @@ ORDER BY total DESC, command;
 -- eta_state --
 -- What a job's ETA (store/eta.py) needs, in one round trip: the job itself; the jobs to
 -- be claimed before it, in claim order, with the backends each may use; the other jobs
--- on the backends now, with how long each has run (NULL: waiting on its backend); and
--- the last runs of each command among them. The order is position_and_eta's.
+-- on the backends now, with how long each has run since ComfyUI started it (NULL: waiting
+-- on its backend) and its progress; and the last runs of each command among them. Each
+-- job comes with the parameters its work is counted from (steps, size, frames: `size`).
+-- The order is position_and_eta's.
 WITH queued AS (
     SELECT j.id, j.command, j.priority, j.created_at, j.backends,
+           jsonb_build_object('steps', j.params->'steps', 'width', j.params->'width',
+                              'height', j.params->'height', 'length', j.params->'length',
+                              'megapixels', j.params->'megapixels',
+                              'batch_size', j.params->'batch_size') AS size,
            row_number() OVER (PARTITION BY j.user_id
                               ORDER BY j.priority DESC, j.created_at, j.id) AS round,
            coalesce(t.turn, -1) AS turn
@@ -825,12 +831,19 @@ WITH queued AS (
     SELECT j.id, j.command, j.status, j.backends,
            coalesce(j.backend, j.progress->>'backend') AS backend,
            j.progress->>'state' AS state,
-           extract(epoch FROM now() - j.started_at)::float8 AS elapsed
+           extract(epoch FROM now() - coalesce(j.executing_at, j.started_at))::float8
+               AS elapsed,
+           jsonb_build_object('steps', j.params->'steps', 'width', j.params->'width',
+                              'height', j.params->'height', 'length', j.params->'length',
+                              'megapixels', j.params->'megapixels',
+                              'batch_size', j.params->'batch_size') AS size,
+           j.progress->'value' AS done, j.progress->'max' AS steps,
+           j.progress->'step_s' AS step_s
     FROM jobs j WHERE j.id = %(job_id)s
 ), me AS (
     SELECT * FROM queued WHERE id = %(job_id)s
 ), ahead AS (
-    SELECT q.command, q.backends, q.priority, q.round, q.turn, q.created_at, q.id
+    SELECT q.command, q.backends, q.priority, q.round, q.turn, q.created_at, q.id, q.size
     FROM queued q, me
     WHERE q.id <> me.id
       AND (q.backends IS NULL OR me.backends IS NULL OR q.backends && me.backends)
@@ -840,33 +853,51 @@ WITH queued AS (
     SELECT r.command, r.backends, r.started_at,
            coalesce(r.backend, r.progress->>'backend') AS backend,
            r.progress->>'state' AS state,
-           extract(epoch FROM now() - r.started_at)::float8 AS elapsed
+           extract(epoch FROM now() - coalesce(r.executing_at, r.started_at))::float8
+               AS elapsed,
+           jsonb_build_object('steps', r.params->'steps', 'width', r.params->'width',
+                              'height', r.params->'height', 'length', r.params->'length',
+                              'megapixels', r.params->'megapixels',
+                              'batch_size', r.params->'batch_size') AS size,
+           r.progress->'value' AS done, r.progress->'max' AS steps,
+           r.progress->'step_s' AS step_s
     FROM jobs r
     WHERE r.status = 'running' AND r.id <> %(job_id)s
 )
-SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed,
+SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m.done,
+       m.steps, m.step_s,
        EXISTS (SELECT 1 FROM me) AS queued,
        (SELECT count(*) FROM ahead)::int AS ahead_count,
-       coalesce((SELECT json_agg(json_build_array(a.command, a.backends)
+       coalesce((SELECT json_agg(json_build_array(a.command, a.backends, a.size)
                                  ORDER BY -a.priority, a.round, a.turn, a.created_at, a.id)
                  FROM (SELECT * FROM ahead
                        ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a),
                 '[]'::json) AS ahead,
        coalesce((SELECT json_agg(json_build_array(g.command, g.backends, g.backend,
-                                                  CASE WHEN g.state = 'queued_on_backend'
-                                                       THEN NULL ELSE g.elapsed END,
-                                                  g.state)
+                                                  CASE WHEN g.state = 'running'
+                                                       THEN g.elapsed END,
+                                                  g.state, g.size, g.done, g.steps,
+                                                  g.step_s)
                                  ORDER BY g.started_at)
                  FROM on_gpus g), '[]'::json) AS busy,
-       -- the last runs of each command involved, as eta_runs reads them
-       coalesce((SELECT json_agg(json_build_array(r.backend, c.command,
-                                                  extract(epoch FROM r.started_at)::float8,
-                                                  extract(epoch FROM r.finished_at)::float8)
+       -- the last runs of each command involved, from ComfyUI's start of each (or the
+       -- claim, for runs recorded before that start was)
+       coalesce((SELECT json_agg(json_build_array(
+                            r.backend, c.command,
+                            extract(epoch FROM coalesce(r.executing_at, r.started_at))::float8,
+                            extract(epoch FROM r.finished_at)::float8,
+                            r.size, r.progress->'max', r.progress->'step_s')
                                  ORDER BY r.finished_at)
                  FROM (SELECT command FROM mine UNION SELECT command FROM ahead
                        UNION SELECT command FROM on_gpus) c
                  CROSS JOIN LATERAL (
-                     SELECT backend, started_at, finished_at FROM jobs
+                     SELECT backend, started_at, executing_at, finished_at, progress,
+                            jsonb_build_object(
+                                'steps', params->'steps', 'width', params->'width',
+                                'height', params->'height', 'length', params->'length',
+                                'megapixels', params->'megapixels',
+                                'batch_size', params->'batch_size') AS size
+                     FROM jobs
                      WHERE status = 'succeeded' AND started_at IS NOT NULL
                        AND command = c.command
                      ORDER BY finished_at DESC LIMIT %(runs)s) r
