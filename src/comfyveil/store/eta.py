@@ -201,6 +201,12 @@ class Model:
         self._cold_others: dict[str, float] = {}
         self._others: dict[str, list[Cost]] = {}
         self._ran: set[str] = set()
+        self._followed = self._switched = 0  # runs after another there; of them switches
+
+    @property
+    def switch_share(self) -> float:
+        """How often a run lately found other models loaded (0 before any is known)."""
+        return self._switched / self._followed if self._followed else 0.0
 
     def learn(self, runs: Iterable[Run]) -> None:
         """Learn the runs (oldest first)."""
@@ -211,6 +217,9 @@ class Model:
             before = previous.get(run.backend)
             previous[run.backend] = run.command
             self._ran.add(run.backend)
+            if before is not None:
+                self._followed += 1
+                self._switched += before != run.command
             if before is None:
                 unsure.append(run)  # what ran before it there is not known: warm or cold?
             elif before != run.command:
@@ -361,10 +370,15 @@ def estimate(
             costs[key] = found
         return costs[key]
 
-    def cost(backend: str, cmd: str, units: float) -> float:
+    def cost(backend: str, cmd: str, units: float, *, expected: bool = False) -> float:
         found = cost_of(backend, cmd)
         seconds = found.seconds(units) if found is not None else estimator.typical(backend, units)
-        if loaded[backend] not in (None, cmd):
+        if expected and guessed[backend]:
+            # After a job ahead placed there by this guess: which models it leaves loaded
+            # depends on every choice before it, so a job pays a switch as often as runs
+            # lately did (one switch more or less in the guess would swing the ETA).
+            seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
+        elif loaded[backend] not in (None, cmd):
             seconds += estimator.cold_seconds(backend, cmd)
         return seconds
 
@@ -380,9 +394,12 @@ def estimate(
     free_at = dict.fromkeys(names, 0.0)
     loaded: dict[str, str | None] = {b: (last_command or {}).get(b) for b in names}
     running: collections.Counter[str] = collections.Counter()
+    guessed = dict.fromkeys(names, False)  # a job ahead was placed there by the guess
 
-    def take(backend: str, cmd: str, units: float, job: Busy | None = None) -> None:
-        seconds = cost(backend, cmd, units)
+    def take(
+        backend: str, cmd: str, units: float, job: Busy | None = None, *, expected: bool = False
+    ) -> None:
+        seconds = cost(backend, cmd, units, expected=expected)
         if job is not None and job.elapsed is not None:  # running: what it still needs
             found = cost_of(backend, cmd)
             seconds = still_needs(
@@ -392,6 +409,7 @@ def estimate(
             )
         free_at[backend] += seconds
         loaded[backend] = cmd
+        guessed[backend] = guessed[backend] or expected
         heapq.heappush(free, (free_at[backend], order[backend], backend))
 
     # The backends by when they are free (stale entries skipped): a job ahead looks at
@@ -414,13 +432,15 @@ def estimate(
                     able.append(b)
             for b in able:  # back in, as they were
                 heapq.heappush(free, (free_at[b], order[b], b))
-        return min(able, key=lambda b: (free_at[b] + cost(b, cmd, units), order[b]))
+        return min(
+            able, key=lambda b: (free_at[b] + cost(b, cmd, units, expected=True), order[b])
+        )
 
     where: collections.Counter[str] = collections.Counter()
     for job in ahead[:SIMULATED]:
         backend = place(job.command, job.work, job.backends)
         where[backend] += 1
-        take(backend, job.command, job.work)
+        take(backend, job.command, job.work, expected=True)
     if len(ahead) > SIMULATED:
         # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
         # would cost more than the precision is worth to a wait of that length.
@@ -443,7 +463,7 @@ def estimate(
         )
     else:
         ours = on if on is not None and on in free_at else place(command, work, own_backends)
-        take(ours, command, work)
+        take(ours, command, work, expected=on is None)
         total = free_at[ours]
     return Wait(
         seconds=total if known else None,
