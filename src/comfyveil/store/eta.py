@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 OVERRUN_SHARE = 0.5  # of what it ran so far, what a job past its estimate still needs
-TAIL_SHARE = 0.5  # of a run's fixed part, what comes after the sampler (decode, save)
+TAIL_SHARE = 1.0  # of a run's fixed part, what comes after the sampler: with the models
+# loaded (a switch is counted apart), what is left is mostly decoding, saving and sending
 SIMULATED = 64  # jobs ahead placed one by one; those beyond are spread evenly
 CANDIDATES = 8  # backends soonest free a job ahead is weighed on (model switches differ)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
