@@ -140,12 +140,47 @@ def test_a_running_job_still_needs_its_steps_left_at_the_pace_it_showed() -> Non
     # This one is slower than its estimate (1 s a step): 12 steps left need 12 s, not
     # the 12 - 9 = 3 s its estimate leaves after 9 s.
     running = eta.estimate(
-        model, command="f", backends=["gpu0"], on="gpu0", elapsed=9.0,
-        steps=20, done=8, step_s=1.0,
+        model,
+        command="f",
+        backends=["gpu0"],
+        on="gpu0",
+        elapsed=9.0,
+        steps=20,
+        done=8,
+        step_s=1.0,
     )
     assert running.seconds == pytest.approx(12 * 1.0 + 2.0 * eta.TAIL_SHARE)
     # Before its first step, a job never needs less than all its steps.
     fresh = eta.estimate(
-        model, command="f", backends=["gpu0"], on="gpu0", elapsed=11.5, steps=20,
+        model,
+        command="f",
+        backends=["gpu0"],
+        on="gpu0",
+        elapsed=11.5,
+        steps=20,
     )
     assert fresh.seconds == pytest.approx(20 * 0.5)
+
+
+def test_a_job_ahead_pays_a_model_switch_as_often_as_runs_lately_did() -> None:
+    # gpu0 ran f, f, sd, sd, f, f: two of five runs after another found other models
+    # loaded, each switch 4 s over the warm run.
+    model = taught(
+        ("gpu0", "f", 10.0),
+        ("gpu0", "f", 10.0),
+        ("gpu0", "sd", 9.0),
+        ("gpu0", "sd", 5.0),
+        ("gpu0", "f", 14.0),
+        ("gpu0", "f", 10.0),
+    )
+    assert model.switch_share == pytest.approx(2 / 5)
+    # The first job ahead follows the last run (sd): a switch for sure. The second, and
+    # ours, follow jobs placed by the guess: a switch two times in five, 1.6 s each.
+    wait = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0"],
+        ahead=[eta.Ahead("f"), eta.Ahead("sd")],
+        last_command={"gpu0": "sd"},
+    )
+    assert wait.seconds == pytest.approx((10.0 + 4.0) + (5.0 + 1.6) + (10.0 + 1.6))

@@ -295,7 +295,12 @@ def estimator_from(runs: Iterable[Run]) -> Model:
 
 
 def still_needs(
-    cost: float, elapsed: float, *, fixed: float, pace: float | None, steps: int | None,
+    cost: float,
+    elapsed: float,
+    *,
+    fixed: float,
+    pace: float | None,
+    steps: int | None,
     done: float | None,
 ) -> float:
     """Seconds a job running for `elapsed` s still needs, its run expected to take `cost`.
@@ -383,8 +388,9 @@ def estimate(
             seconds += estimator.cold_seconds(backend, cmd)
         return seconds
 
-    def pace_of(backend: str, cmd: str, units: float, n: int | None, measured: float | None
-                ) -> float | None:
+    def pace_of(
+        backend: str, cmd: str, units: float, n: int | None, measured: float | None
+    ) -> float | None:
         if measured is not None:
             return measured
         found = cost_of(backend, cmd)
@@ -404,8 +410,11 @@ def estimate(
         if job is not None and job.elapsed is not None:  # running: what it still needs
             found = cost_of(backend, cmd)
             seconds = still_needs(
-                seconds, job.elapsed, fixed=found.fixed if found is not None else 0.0,
-                pace=pace_of(backend, cmd, units, job.steps, job.step_s), steps=job.steps,
+                seconds,
+                job.elapsed,
+                fixed=found.fixed if found is not None else 0.0,
+                pace=pace_of(backend, cmd, units, job.steps, job.step_s),
+                steps=job.steps,
                 done=job.done,
             )
         free_at[backend] += seconds
@@ -433,9 +442,7 @@ def estimate(
                     able.append(b)
             for b in able:  # back in, as they were
                 heapq.heappush(free, (free_at[b], order[b], b))
-        return min(
-            able, key=lambda b: (free_at[b] + cost(b, cmd, units, expected=True), order[b])
-        )
+        return min(able, key=lambda b: (free_at[b] + cost(b, cmd, units, expected=True), order[b]))
 
     where: collections.Counter[str] = collections.Counter()
     for job in ahead[:SIMULATED]:
@@ -459,8 +466,12 @@ def estimate(
         ours = on  # running: only what it still needs
         found = cost_of(on, command)
         total = still_needs(
-            cost(on, command, work), elapsed, fixed=found.fixed if found is not None else 0.0,
-            pace=pace_of(on, command, work, steps, step_s), steps=steps, done=done,
+            cost(on, command, work),
+            elapsed,
+            fixed=found.fixed if found is not None else 0.0,
+            pace=pace_of(on, command, work, steps, step_s),
+            steps=steps,
+            done=done,
         )
     else:
         ours = on if on is not None and on in free_at else place(command, work, own_backends)
