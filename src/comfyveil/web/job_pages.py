@@ -109,7 +109,13 @@ async def job_page(request: web.Request) -> web.Response:
         step=seen.step,
         steps=seen.steps,
         # stored in English by the worker ("waiting for a GPU"): said in the page's language
-        waiting=_(seen.note) if seen.note else None,
+        waiting=_(seen.note)
+        if seen.note
+        # claimed by a worker, being handed to a GPU: no place in the queue any more
+        else _("Starting…")
+        if seen.stage is job_state.Stage.QUEUED and position is None
+        and job.status is jobs.Status.RUNNING
+        else None,
         outputs=[o for o in outputs],
         inputs=inputs,
         images=MIMES,
