@@ -817,10 +817,6 @@ ORDER BY total DESC, command;
 -- The order is position_and_eta's.
 WITH queued AS (
     SELECT j.id, j.command, j.priority, j.created_at, j.backends,
-           jsonb_build_object('steps', j.params->'steps', 'width', j.params->'width',
-                              'height', j.params->'height', 'length', j.params->'length',
-                              'megapixels', j.params->'megapixels',
-                              'batch_size', j.params->'batch_size') AS size,
            row_number() OVER (PARTITION BY j.user_id
                               ORDER BY j.priority DESC, j.created_at, j.id) AS round,
            coalesce(t.turn, -1) AS turn
@@ -843,7 +839,7 @@ WITH queued AS (
 ), me AS (
     SELECT * FROM queued WHERE id = %(job_id)s
 ), ahead AS (
-    SELECT q.command, q.backends, q.priority, q.round, q.turn, q.created_at, q.id, q.size
+    SELECT q.command, q.backends, q.priority, q.round, q.turn, q.created_at, q.id
     FROM queued q, me
     WHERE q.id <> me.id
       AND (q.backends IS NULL OR me.backends IS NULL OR q.backends && me.backends)
@@ -868,10 +864,19 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
        m.steps, m.step_s,
        EXISTS (SELECT 1 FROM me) AS queued,
        (SELECT count(*) FROM ahead)::int AS ahead_count,
-       coalesce((SELECT json_agg(json_build_array(a.command, a.backends, a.size)
+       -- the sizes of the first 2000 only (those the ETA looks at one by one)
+       coalesce((SELECT json_agg(json_build_array(
+                            a.command, a.backends,
+                            jsonb_build_object('steps', p.params->'steps',
+                                               'width', p.params->'width',
+                                               'height', p.params->'height',
+                                               'length', p.params->'length',
+                                               'megapixels', p.params->'megapixels',
+                                               'batch_size', p.params->'batch_size'))
                                  ORDER BY -a.priority, a.round, a.turn, a.created_at, a.id)
                  FROM (SELECT * FROM ahead
-                       ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a),
+                       ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a
+                 JOIN jobs p ON p.id = a.id),
                 '[]'::json) AS ahead,
        coalesce((SELECT json_agg(json_build_array(g.command, g.backends, g.backend,
                                                   CASE WHEN g.state = 'running'
