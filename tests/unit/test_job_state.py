@@ -74,3 +74,13 @@ def test_states_never_go_back_across_polls_but_a_retry_starts_again() -> None:
     assert again.stage is Stage.QUEUED and again.place == 2
     # ...and its place in the queue only moves forward.
     assert memory.shown(jid, job_state.of(job("queued", attempts=1), place=5)).place == 2
+
+
+def test_a_list_of_jobs_names_a_prompt_in_the_gpus_queue_as_waiting() -> None:
+    # The web's history and the chat's /history read rows: the same stages.
+    assert job_state.stage_of("running", "queued_on_backend") is Stage.WAITING_GPU
+    assert job_state.stage_of("running", "submitted") is Stage.WAITING_GPU
+    assert job_state.stage_of("running", "running") is Stage.RUNNING
+    assert job_state.stage_of("running", "waiting") is Stage.QUEUED
+    assert job_state.stage_of("succeeded", "running") is Stage.SUCCEEDED
+    assert job_state.key(Stage.WAITING_GPU) == "waiting"

@@ -100,6 +100,30 @@ class JobState:
         return _(WORDS[self.stage])
 
 
+_KEYS = {
+    Stage.QUEUED: "queued",
+    Stage.WAITING_GPU: "waiting",
+    Stage.RUNNING: "running",
+    Stage.SUCCEEDED: "succeeded",
+    Stage.FAILED: "failed",
+    Stage.CANCELLED: "cancelled",
+}
+
+
+def stage_of(status: str, progress_state: str | None) -> Stage:
+    """The stage from a job's status and its progress's state (a list of jobs' rows)."""
+    if status == jobs.Status.RUNNING.value:
+        if progress_state == "running":
+            return Stage.RUNNING
+        return Stage.WAITING_GPU if progress_state in _ON_BACKEND else Stage.QUEUED
+    return _BY_STATUS.get(jobs.Status(status), Stage.QUEUED)
+
+
+def key(stage: Stage) -> str:
+    """The stage's key in `desk.words.STATUS_WORDS`."""
+    return _KEYS[stage]
+
+
 def of(job: jobs.Job, *, place: int | None = None, now: dt.datetime | None = None) -> JobState:
     """The state of `job` as its row says it (`place`: its place in our queue, if known)."""
     now = now or dt.datetime.now(dt.UTC)

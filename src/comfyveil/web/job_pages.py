@@ -287,6 +287,10 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _stage(row: Any) -> job_state.Stage:
+    return job_state.stage_of(row["status"], row["state"])
+
+
 def _page(request: web.Request) -> int:
     try:
         return max(1, min(int(request.query.get("page", "1")), 10_000))
@@ -301,7 +305,10 @@ async def history(request: web.Request) -> web.Response:
         account.user_id, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
     # Each row's time and status word made here, not by template calls per row.
-    shown = [(r, when(r["created_at"]), status_word(r["status"])) for r in rows[:PAGE_SIZE]]
+    # the state in the words every front end uses (a prompt in a GPU's queue is waiting)
+    shown = [
+        (r, when(r["created_at"]), status_word(job_state.key(_stage(r)))) for r in rows[:PAGE_SIZE]
+    ]
     return render(request, "history.html", rows=shown, page=page, more=len(rows) > PAGE_SIZE)
 
 
