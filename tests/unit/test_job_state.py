@@ -84,3 +84,18 @@ def test_a_list_of_jobs_names_a_prompt_in_the_gpus_queue_as_waiting() -> None:
     assert job_state.stage_of("running", "waiting") is Stage.QUEUED
     assert job_state.stage_of("succeeded", "running") is Stage.SUCCEEDED
     assert job_state.key(Stage.WAITING_GPU) == "waiting"
+
+
+def test_a_results_caption_counts_the_run_from_comfyuis_start() -> None:
+    from comfyveil.telegram import sink
+
+    done = job(
+        "succeeded",
+        params={"seed": 5},
+        created_at=NOW - dt.timedelta(seconds=40),
+        started_at=NOW - dt.timedelta(seconds=39),  # claimed
+        executing_at=NOW - dt.timedelta(seconds=4),  # 35 s in the GPU's queue first
+        finished_at=NOW,
+    )
+    caption = sink.caption_for(done)
+    assert "waited 36 s" in caption and "ran 4.0 s" in caption, caption
