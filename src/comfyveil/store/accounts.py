@@ -501,7 +501,7 @@ class WebStore:
     async def history(self, user_id: int, *, limit: int, offset: int) -> list[Row]:
         return await self._all(
             "SELECT id, command, status, params->>'prompt' AS prompt, created_at, "
-            "finished_at, error FROM jobs WHERE user_id = %(u)s "
+            "finished_at, error, progress->>'state' AS state FROM jobs WHERE user_id = %(u)s "
             "ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
             {"u": user_id, "limit": limit, "offset": offset},
         )
