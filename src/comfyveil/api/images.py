@@ -235,7 +235,7 @@ async def _answer(
     try:
         # A bad size or prompt is answered before anything is queued; the limits are
         # asked by the store with each job (`submit.queue`), not once more before.
-        wf.validate(values)
+        submit.validate(svc.settings, wf, values)
         await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
     except policy_mod.PromptRefused as exc:
         raise ApiError(400, _(str(exc)), param="prompt", code="content_policy_violation") from None

@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 
-from comfyveil import errors
+from comfyveil import config, errors
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
 from comfyveil.desk import access, availability, failures, registry
@@ -28,6 +28,19 @@ def policy_texts(wf: workflow.Workflow, values: Mapping[str, object]) -> list[st
     not the negative prompt (``--no gore`` asks for less) nor input image names."""
     skip = {"negative", *wf.image_params}
     return [v for k, v in values.items() if k not in skip and isinstance(v, str)]
+
+
+def validate(
+    settings: config.Settings, wf: workflow.Workflow, values: Mapping[str, object]
+) -> dict[str, object]:
+    """`wf.validate` with the operator's ``[limits] max_prompt_length`` bounding every text
+    value (a workflow's own lower ``max_length`` still binds): one rule for the chat, the
+    pages, the API and ``comfyveil submit``.
+
+    Raises:
+        ParamError: one plain sentence naming the option.
+    """
+    return wf.validate(values, max_text=settings.limits.max_prompt_length)
 
 
 async def check_policy(services: PolicyDesk, command: str, texts: Sequence[str]) -> None:
@@ -90,7 +103,7 @@ async def queue(
         )
     await check_policy(svc, entry.name, policy_texts(entry.workflow, values))
     availability.check(svc.pool, entry)
-    validated = entry.workflow.validate(dict(values))
+    validated = validate(svc.settings, entry.workflow, values)
     new = jobs.NewJob(
         user_id=who.user_id,
         chat_id=who.chat_id,
@@ -138,5 +151,5 @@ async def again(
             )
     values = {k: v for k, v in job.params.items() if k != "seed"}
     await check_policy(services, entry.name, policy_texts(entry.workflow, values))
-    validated = entry.workflow.validate(values)
+    validated = validate(services.settings, entry.workflow, values)
     return entry, validated, inputs

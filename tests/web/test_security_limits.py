@@ -1,0 +1,67 @@
+"""One set of limits on every front end: the operator's prompt length, asked in the desk,
+and the limits asked before an uploaded image is decoded. Each test here failed on the
+main of 2026-12-06 before its fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import aiohttp
+import pytest
+
+from comfyveil import config, errors
+from comfyveil.cli import submit as submit_cli
+from comfyveil.desk import submit as desk_submit
+from tests.api.test_api_openai import make_key, png
+from tests.unit.test_workflow import toy
+from tests.web.support import client, sign_up, web_stack
+from tests.web.test_web_jobs import submit_form
+
+LONG = "a fox in the snow " * 34  # 612 characters
+
+
+def test_a_workflow_without_its_own_max_length_is_bounded_by_the_operators() -> None:
+    wf = toy()  # its prompt allows 20 characters, its negative has no max_length
+    settings = config.Settings(limits=config.LimitsConfig(max_prompt_length=10))
+    with pytest.raises(errors.UsageError, match="negative is too long"):
+        desk_submit.validate(settings, wf, {"prompt": "a cat", "negative": "x" * 11})
+    with pytest.raises(errors.UsageError, match=r"prompt is too long .* at most 10"):
+        desk_submit.validate(settings, wf, {"prompt": "y" * 11})
+    roomy = config.Settings(limits=config.LimitsConfig(max_prompt_length=500))
+    with pytest.raises(errors.UsageError, match="at most 20"):  # the lower one binds
+        desk_submit.validate(roomy, wf, {"prompt": "y" * 21})
+    assert desk_submit.validate(settings, wf, {"prompt": "a cat"})["prompt"] == "a cat"
+
+
+async def test_max_prompt_length_refuses_on_the_api_the_web_and_the_cli(db, fake_comfy) -> None:
+    limits = config.LimitsConfig(max_prompt_length=50)
+    async with (
+        web_stack(db, [fake_comfy], api=True, worker=False, limits=limits) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "lena")
+        key = await make_key(session, stack.url)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with aiohttp.ClientSession() as api:
+            async with api.post(
+                stack.url + "/v1/images/generations",
+                json={"model": "f", "prompt": LONG},
+                headers=headers,
+            ) as r:
+                body = await r.json()
+                assert r.status == 400, body
+                assert "too long" in body["error"]["message"]
+                assert body["error"]["param"] == "prompt"
+            form = aiohttp.FormData()
+            form.add_field("model", "qwen")
+            form.add_field("prompt", LONG)
+            form.add_field("image", png(), filename="in.png", content_type="image/png")
+            async with api.post(stack.url + "/v1/images/edits", data=form, headers=headers) as r:
+                assert r.status == 400 and "too long" in (await r.json())["error"]["message"]
+        response = await submit_form(session, stack.url, "f", {"prompt": LONG})
+        page = await response.text()
+        assert response.status == 400 and "too long" in page
+        assert await stack.job_count() == 0
+        settings = dataclasses.replace(config.Settings(), limits=limits)
+        with pytest.raises(errors.UsageError, match="too long"):
+            await submit_cli.build_job(db, settings, "f", [LONG], [], [])
