@@ -65,3 +65,35 @@ async def test_max_prompt_length_refuses_on_the_api_the_web_and_the_cli(db, fake
         settings = dataclasses.replace(config.Settings(), limits=limits)
         with pytest.raises(errors.UsageError, match="too long"):
             await submit_cli.build_job(db, settings, "f", [LONG], [], [])
+
+
+async def test_an_api_edit_asks_the_limits_before_it_decodes_an_image(db, fake_comfy) -> None:
+    limits = config.LimitsConfig(daily_quota=1, cooldown=0)
+    async with (
+        web_stack(db, [fake_comfy], api=True, limits=limits) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "mona")
+        key = await make_key(session, stack.url)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with aiohttp.ClientSession() as api:
+            first = {**headers, "Idempotency-Key": "first-one"}
+            ask = {"model": "f", "prompt": "a fox"}
+            url = stack.url + "/v1/images/generations"
+            async with api.post(url, json=ask, headers=first) as r:
+                assert r.status == 200, await r.text()
+            # the quota is spent: a broken image is not even looked at
+            form = aiohttp.FormData()
+            form.add_field("model", "qwen")
+            form.add_field("prompt", "add a hat")
+            form.add_field("image", b"not a png at all", filename="in.png")
+            async with api.post(stack.url + "/v1/images/edits", data=form, headers=headers) as r:
+                body = await r.json()
+                assert r.status == 429, body
+                assert "quota" in body["error"]["message"]
+            # a retry of the request that spent it is still answered with its job
+            async with api.post(url, json=ask, headers=first) as r:
+                assert r.status == 200, await r.text()
+            async with api.post(url, json=ask, headers={**headers, "Idempotency-Key": "x"}) as r:
+                assert r.status == 429
+        assert await stack.job_count() == 1

@@ -66,6 +66,7 @@ def job_uuid(text: str) -> uuid.UUID:
 
 async def generations(request: web.Request) -> web.Response:
     svc, who = await caller(request)
+    await _limits_first(request, svc, who)
     if request.content_length is not None and request.content_length > MAX_JSON:
         raise ApiError(413, _("That upload is too large."))
     try:
@@ -89,6 +90,7 @@ async def generations(request: web.Request) -> web.Response:
 
 async def edits(request: web.Request) -> web.Response:
     svc, who = await caller(request)
+    await _limits_first(request, svc, who)
     try:
         reader = await request.multipart()
     except (AssertionError, ValueError, KeyError):
@@ -141,6 +143,26 @@ async def edits(request: web.Request) -> web.Response:
     if ask.prompt is None:
         raise bad_request(_("Give a prompt."), param="prompt")
     return await _answer(request, svc, who, ask, edit=True)
+
+
+async def _limits_first(request: web.Request, svc: ApiServices, who: access_mod.Who) -> None:
+    """The desk's limits, asked before the body is read or an image decoded (as the chat
+    and the pages do); a retry of a request whose jobs were queued passes, since the
+    store answers it with those jobs whatever the limits say now."""
+    try:
+        await submit.check_limits(svc, who)
+    except errors.UsageError as exc:
+        sent = request.headers.get("Idempotency-Key", "")
+        if not (
+            who.allowed
+            and IDEMPOTENCY.match(sent)
+            and await svc.db.jobs.key_used(_job_key(request, sent, 0), who.user_id)
+        ):
+            raise from_usage(exc) from None
+
+
+def _job_key(request: web.Request, token: str, i: int) -> str:
+    return f"api:{request[ACCOUNT].id}:{token}:{i}"
 
 
 async def _read(part: BodyPartReader, limit: int) -> bytes | None:
@@ -233,8 +255,8 @@ async def _answer(
     for name in wf.image_params:
         values[name] = submit.IMAGE_PLACEHOLDER
     try:
-        # A bad size or prompt is answered before anything is queued; the limits are
-        # asked by the store with each job (`submit.queue`), not once more before.
+        # A bad size or prompt is answered before anything is queued; the limits, asked
+        # before the body was read, are asked again by the store with each job.
         submit.validate(svc.settings, wf, values)
         await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
     except policy_mod.PromptRefused as exc:
@@ -265,14 +287,13 @@ async def _queue(
 ) -> list[jobs.Job]:
     """Queue n jobs (n seeds); a refusal part-way cancels those queued by this request.
     A client's Idempotency-Key makes a retried request wait for the same jobs."""
-    account = request[ACCOUNT]
     sent = request.headers.get("Idempotency-Key", "")
     token = sent if IDEMPOTENCY.match(sent) else uuid.uuid4().hex
     queued: list[jobs.Job] = []
     try:
         for i in range(n):
             job = await submit.queue(
-                svc, who, entry, dict(values), inputs, key=f"api:{account.id}:{token}:{i}"
+                svc, who, entry, dict(values), inputs, key=_job_key(request, token, i)
             )
             queued.append(job)
     except errors.UsageError as exc:

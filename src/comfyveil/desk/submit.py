@@ -71,6 +71,21 @@ async def check_allowed(services: Desk, who: access.Who, entry: registry.Entry) 
         raise access.NotAllowed(
             _("Only the bot's admins can use {command}.").format(command=ltr(f"/{entry.name}"))
         )
+    await check_limits(services, who)
+
+
+async def check_limits(services: Desk, who: access.Who) -> None:
+    """Refuse a user who may not queue anything now (not allowed, over a limit, cooling
+    down), asked by every front end before it reads or decodes an uploaded image, so a
+    refused user never costs the server an image's decoding; the store asks again, and
+    counts, when the job is queued.
+
+    Raises:
+        NotAllowed: banned or not allowed.
+        QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
+    """
+    if not who.allowed:
+        raise access.NotAllowed(_("You are not allowed to use this service."))
     await services.db.jobs.check_limits(who.user_id, **services.access.limits(who))
 
 

@@ -19,7 +19,7 @@ from comfyveil import errors, images
 from comfyveil.desk import availability
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.jobs import owned_output, parse_ref
-from comfyveil.desk.submit import IMAGE_PLACEHOLDER, queue
+from comfyveil.desk.submit import IMAGE_PLACEHOLDER, check_limits, queue
 from comfyveil.i18n import _, ltr
 from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
@@ -151,7 +151,7 @@ async def submit(request: web.Request) -> web.Response:
     job: jobs.Job | None = None
     who = who_is(request)
     try:  # refused now, before an uploaded image is decoded (asked again when queued)
-        await svc.db.jobs.check_limits(who.user_id, **svc.access.limits(who))
+        await check_limits(svc, who)
     except errors.UsageError as exc:
         problem = forms.sentence(_(str(exc)))
     inputs: list[jobs.InputImage] = []
