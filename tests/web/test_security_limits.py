@@ -5,6 +5,7 @@ main of 2026-12-06 before its fix."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import aiohttp
 import pytest
@@ -97,3 +98,59 @@ async def test_an_api_edit_asks_the_limits_before_it_decodes_an_image(db, fake_c
             async with api.post(url, json=ask, headers={**headers, "Idempotency-Key": "x"}) as r:
                 assert r.status == 429
         assert await stack.job_count() == 1
+
+
+async def test_a_malformed_result_link_is_a_404_never_an_error(db, fake_comfy, caplog) -> None:
+    caplog.set_level(logging.WARNING)
+    async with (
+        web_stack(db, [fake_comfy], api=True) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "nils")
+        key = await make_key(session, stack.url)
+        async with aiohttp.ClientSession() as api:
+            async with api.post(
+                stack.url + "/v1/images/generations",
+                json={"model": "f", "prompt": "a fox", "response_format": "url"},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as r:
+                url = (await r.json())["data"][0]["url"]
+            base, _, query = url.partition("?")
+            sig = query.partition("&sig=")[2]
+            for bad in (
+                f"expires=%C2%B2&sig={sig}",  # "²": a digit to str.isdigit, not to int
+                f"expires={'9' * 5000}&sig={sig}",
+                "expires=99999999999&sig=%C3%A9",  # a non-ASCII signature
+                f"sig={sig}",
+            ):
+                async with api.get(f"{base}?{bad}") as r:
+                    assert r.status == 404, (bad, await r.text())
+            async with api.get(url) as r:
+                assert r.status == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_chunked_json_body_is_capped_by_the_bytes_read(db, fake_comfy) -> None:
+    async with (
+        web_stack(db, [fake_comfy], api=True) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "olaf")
+        key = await make_key(session, stack.url)
+
+        async def body():  # no Content-Length: aiohttp sends it chunked
+            yield b'{"model": "f", "prompt": "a fox", "pad": "'
+            for _ in range(80):
+                yield b"x" * 65536
+            yield b'"}'
+
+        async with (
+            aiohttp.ClientSession() as api,
+            api.post(
+                stack.url + "/v1/images/generations",
+                data=body(),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            ) as r,
+        ):
+            assert r.status == 413, await r.text()
+        assert await stack.job_count() == 0

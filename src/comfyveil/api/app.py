@@ -79,6 +79,8 @@ async def file(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound() from None
     expires = request.query.get("expires", "")
     sig = request.query.get("sig", "")
+    if not links.well_formed(expires, sig):
+        raise web.HTTPNotFound()
     if not links.valid(svc.link_secret, job_id, index, expires, sig):
         raise ApiError(403, _("That link has expired or is not valid."), code="invalid_link")
     found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)

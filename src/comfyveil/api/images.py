@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 import uuid
@@ -69,8 +70,11 @@ async def generations(request: web.Request) -> web.Response:
     await _limits_first(request, svc, who)
     if request.content_length is not None and request.content_length > MAX_JSON:
         raise ApiError(413, _("That upload is too large."))
+    raw = await _read_body(request, MAX_JSON)  # a chunked body has no Content-Length
+    if raw is None:
+        raise ApiError(413, _("That upload is too large."))
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except ValueError:
         raise bad_request(_("The request's body is not JSON.")) from None
     if not isinstance(body, dict):
@@ -163,6 +167,18 @@ async def _limits_first(request: web.Request, svc: ApiServices, who: access_mod.
 
 def _job_key(request: web.Request, token: str, i: int) -> str:
     return f"api:{request[ACCOUNT].id}:{token}:{i}"
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes | None:
+    """The request's body, or None past `limit` bytes (read no further)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _read(part: BodyPartReader, limit: int) -> bytes | None:
