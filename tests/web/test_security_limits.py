@@ -14,8 +14,9 @@ from comfyveil import config, errors
 from comfyveil.cli import submit as submit_cli
 from comfyveil.desk import submit as desk_submit
 from tests.api.test_api_openai import make_key, png
+from tests.e2e.test_bot_roles import _admins_only
 from tests.unit.test_workflow import toy
-from tests.web.support import client, sign_up, web_stack
+from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
 from tests.web.test_web_jobs import submit_form
 
 LONG = "a fox in the snow " * 34  # 612 characters
@@ -154,3 +155,28 @@ async def test_a_chunked_json_body_is_capped_by_the_bytes_read(db, fake_comfy) -
         ):
             assert r.status == 413, await r.text()
         assert await stack.job_count() == 0
+
+
+async def test_an_admins_only_commands_form_is_a_404_for_a_user(db, fake_comfy) -> None:
+    await _admins_only(db, "sd3")
+    async with web_stack(db, [fake_comfy], worker=False) as stack:
+        async with client() as user:
+            await sign_up(user, await stack.invite(), "pete")
+            unknown = await get_text(user, stack.url + "/c/nosuch")
+            status, page = await get_text(user, stack.url + "/c/sd3")
+            assert (status, page) == unknown and unknown[0] == 404
+            response = await submit_form_to(user, stack.url, "sd3", {"prompt": "a fox"})
+            assert response.status == 404
+        async with client() as admin:
+            await sign_up(admin, await stack.invite(admin=True), "root")
+            status, page = await get_text(admin, stack.url + "/c/sd3")
+            assert status == 200 and 'id="f-prompt"' in page
+        assert await stack.job_count() == 0
+
+
+async def submit_form_to(
+    session: aiohttp.ClientSession, url: str, command: str, fields: dict[str, str]
+) -> aiohttp.ClientResponse:
+    """A form sent without its page (the attacker read the options elsewhere)."""
+    _, home = await get_text(session, url + "/")
+    return await session.post(f"{url}/c/{command}", data={"csrf": csrf_of(home), **fields})

@@ -49,9 +49,13 @@ async def home(request: web.Request) -> web.Response:
     runnable = {e.name for e in availability.runnable(svc.pool, entries)}
     # Each command's words looked up here, not by a template call per command.
     entries_shown = [(e.name, e.title(), e.description(), e.name in runnable) for e in entries]
-    return render(request, "home.html", entries=entries_shown,
-                  unavailable_mark=_(availability.UNAVAILABLE_MARK),
-                  done=request.query.get("done"))
+    return render(
+        request,
+        "home.html",
+        entries=entries_shown,
+        unavailable_mark=_(availability.UNAVAILABLE_MARK),
+        done=request.query.get("done"),
+    )
 
 
 async def result_choices(svc: WebServices, account: web_store.Account) -> list[tuple[str, str]]:
@@ -64,12 +68,15 @@ async def result_choices(svc: WebServices, account: web_store.Account) -> list[t
         if i.mime not in MIMES:
             continue
         label = _("{command} of {when}, result {n}").format(
-            command=ltr(f"/{i.command}"), when=ltr(f"{i.created_at:%Y-%m-%d %H:%M:%S}"),
-            n=ltr(i.index + 1))
+            command=ltr(f"/{i.command}"),
+            when=ltr(f"{i.created_at:%Y-%m-%d %H:%M:%S}"),
+            n=ltr(i.index + 1),
+        )
         prompt = " ".join(i.prompt.split())
         if prompt:
-            label += ": " + (prompt if len(prompt) <= PROMPT_SHOWN else
-                             prompt[: PROMPT_SHOWN - 1].rstrip() + "…")
+            label += ": " + (
+                prompt if len(prompt) <= PROMPT_SHOWN else prompt[: PROMPT_SHOWN - 1].rstrip() + "…"
+            )
         choices.append((f"{i.job_id}:{i.index}", label))
     return choices
 
@@ -77,7 +84,9 @@ async def result_choices(svc: WebServices, account: web_store.Account) -> list[t
 async def _entry(request: web.Request) -> registry_mod.Entry:
     svc = services(request)
     entry = await svc.registry.get(request.match_info["command"])
-    if entry is None:
+    # A command for admins only does not exist for anyone else: the same 404 as an unknown
+    # one, so its form (title, options, bounds) is never shown to them.
+    if entry is None or not entry.allows(who_is(request)):
         raise web.HTTPNotFound()
     return entry
 
@@ -99,7 +108,11 @@ async def form_page(request: web.Request) -> web.Response:
     )
     why = availability.reason(svc.pool, entry.workflow)  # said before the form is filled
     return render(
-        request, "form.html", entry=entry, fields=fields, nonce=uuid.uuid4().hex,
+        request,
+        "form.html",
+        entry=entry,
+        fields=fields,
+        nonce=uuid.uuid4().hex,
         problem=availability.refusal(entry, why) if why is not None else None,
     )
 
