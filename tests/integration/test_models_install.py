@@ -371,3 +371,19 @@ async def test_no_download_address_nor_header_is_logged_at_any_verbosity(
     assert "/cdn/" in text  # the retry was logged, by path
     assert "sig=" not in text and "expires=" not in text
     assert "x-repo-commit" not in text and "x-linked" not in text and "location" not in text
+
+
+async def test_a_server_sending_more_than_the_pinned_size_is_stopped_there(
+    hub: FakeHub, comfyui: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    toml, (ckpt, _vae) = make_workflow(tmp_path / "wf", hub)
+    hub.oversize = 64 * 1024 * 1024  # a tampering CDN that would fill the disk
+
+    assert await run("install", str(toml), "--comfyui-dir", str(comfyui), "--quiet") == 1
+
+    err = capsys.readouterr().err
+    assert "checkpoints/tiny_ckpt.safetensors" in err and "longer than the 6000 bytes" in err
+    assert not placed(comfyui, "checkpoints", ckpt).exists()
+    assert leftovers(comfyui) == []  # no partial file of a lying server is kept
+    # stopped while it came: far less than the 64 MiB offered was taken
+    assert hub.sent[ckpt.sha256] < 16 * 1024 * 1024
