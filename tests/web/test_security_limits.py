@@ -13,6 +13,8 @@ import pytest
 from comfyveil import config, errors
 from comfyveil.cli import submit as submit_cli
 from comfyveil.desk import submit as desk_submit
+from comfyveil.store import accounts as web_store
+from comfyveil.web import server as web_server
 from tests.api.test_api_openai import make_key, png
 from tests.e2e.test_bot_roles import _admins_only
 from tests.unit.test_workflow import toy
@@ -180,3 +182,39 @@ async def submit_form_to(
     """A form sent without its page (the attacker read the options elsewhere)."""
     _, home = await get_text(session, url + "/")
     return await session.post(f"{url}/c/{command}", data={"csrf": csrf_of(home), **fields})
+
+
+async def test_one_first_admin_link_at_most_and_none_once_an_account_exists(db) -> None:
+    settings = config.Settings()
+    store = web_store.WebStore(db.pool)
+
+    async def open_invites() -> list[web_store.Invite]:
+        return [i for i in await store.invites() if i.used_at is None]
+
+    said = await web_server.first_invite(settings, db, "http://x", terminal=False)
+    assert said is not None and "comfyveil web invite --admin" in said and "/invite/" not in said
+    assert await open_invites() == []  # no link is made for a journal to keep
+    links = []
+    for _start in range(3):  # three starts on a terminal
+        said = await web_server.first_invite(settings, db, "http://x", terminal=True)
+        assert said is not None
+        links.append(said.rpartition(" ")[2])
+    assert len(await open_invites()) == 1  # the newest only
+    token = links[-1].rpartition("/")[2]
+    assert [await store.invite_open(link.rpartition("/")[2]) for link in links] == [
+        False,
+        False,
+        True,
+    ]
+    # `comfyveil web invite --admin` before any account replaces it too
+    other = await store.create_invite(is_admin=True, hours=1)
+    assert not await store.invite_open(token) and await store.invite_open(other)
+    await store.sign_up(other, "root", "x")
+    # an account exists: no first-admin link stays open, and a start makes none
+    assert await open_invites() == []
+    assert await web_server.first_invite(settings, db, "http://x", terminal=True) is None
+    # an admin's invitation after that is an ordinary one, kept
+    later = await store.create_invite(is_admin=True, hours=1)
+    assert await store.invite_open(later)
+    await web_server.first_invite(settings, db, "http://x", terminal=True)
+    assert await store.invite_open(later)
