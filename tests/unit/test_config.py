@@ -176,3 +176,27 @@ def test_no_trace_is_on_for_every_backend_unless_turned_off(tmp_path: Path) -> N
 def test_the_images_api_is_served_unless_switched_off() -> None:
     assert config.from_mapping({}, environ={}).api.enabled
     assert not config.from_mapping({"api": {"enabled": False}}, environ={}).api.enabled
+
+
+def test_a_database_password_in_a_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text('[database]\nurl = "postgresql://cv:s3cret@db.internal/cv"\n')
+    conf.chmod(0o644)  # what `cp` leaves
+    with pytest.raises(config.ConfigError, match="chmod 600") as refused:
+        config.load(conf, environ={})
+    assert "s3cret" not in str(refused.value) and "url_file" in str(refused.value)
+    conf.chmod(0o600)
+    assert config.load(conf, environ={}).database.url == "postgresql://cv:s3cret@db.internal/cv"
+    # without a password the file may stay readable (peer or certificate authentication)
+    conf.write_text('[database]\nurl = "postgresql://cv@db.internal/cv"\n')
+    conf.chmod(0o644)
+    assert config.load(conf, environ={}).database.url == "postgresql://cv@db.internal/cv"
+    # the URL from a file only its owner can read
+    secret = tmp_path / "database-url"
+    secret.write_text("host=db.internal user=cv password=s3cret\n")
+    secret.chmod(0o640)
+    conf.write_text(f'[database]\nurl_file = "{secret}"\n')
+    with pytest.raises(config.ConfigError, match="readable by others"):
+        config.load(conf, environ={})
+    secret.chmod(0o600)
+    assert config.load(conf, environ={}).database.url == "host=db.internal user=cv password=s3cret"
