@@ -218,3 +218,22 @@ async def test_one_first_admin_link_at_most_and_none_once_an_account_exists(db) 
     assert await store.invite_open(later)
     await web_server.first_invite(settings, db, "http://x", terminal=True)
     assert await store.invite_open(later)
+
+
+async def test_the_web_port_answers_its_own_names_only(db, fake_comfy) -> None:
+    async with (
+        web_stack(
+            db, [fake_comfy], api=True, worker=False, public_url="https://cv.example.org"
+        ) as stack,
+        client() as session,
+    ):
+        port = stack.site.port
+        url = f"http://127.0.0.1:{port}"  # stack.url is the public one
+        for path in ("/", "/v1/models", "/static/style.css"):
+            async with session.get(
+                url + path, headers={"Host": f"rebind.attacker.example:{port}"}
+            ) as r:
+                assert r.status == 421, path
+        for host in (f"127.0.0.1:{port}", "cv.example.org", f"localhost:{port}"):
+            async with session.get(url + "/", headers={"Host": host}, allow_redirects=False) as r:
+                assert r.status in (200, 303), (host, r.status)
