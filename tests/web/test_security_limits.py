@@ -4,6 +4,7 @@ main of 2026-12-06 before its fix."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 
 from comfyveil import config, errors
+from comfyveil.api import images as api_images
 from comfyveil.cli import submit as submit_cli
 from comfyveil.desk import submit as desk_submit
 from comfyveil.store import accounts as web_store
@@ -18,7 +20,7 @@ from comfyveil.web import server as web_server
 from tests.api.test_api_openai import make_key, png
 from tests.e2e.test_bot_roles import _admins_only
 from tests.unit.test_workflow import toy
-from tests.web.support import client, csrf_of, get_text, sign_up, web_stack
+from tests.web.support import client, csrf_of, get_text, sign_up, wait_for, web_stack
 from tests.web.test_web_jobs import submit_form
 
 LONG = "a fox in the snow " * 34  # 612 characters
@@ -237,3 +239,36 @@ async def test_the_web_port_answers_its_own_names_only(db, fake_comfy) -> None:
         for host in (f"127.0.0.1:{port}", "cv.example.org", f"localhost:{port}"):
             async with session.get(url + "/", headers={"Host": host}, allow_redirects=False) as r:
                 assert r.status in (200, 303), (host, r.status)
+
+
+async def test_replays_of_one_account_are_answered_a_few_at_a_time(db, fake_comfy) -> None:
+    async with (
+        web_stack(db, [fake_comfy], api=True, worker=False) as stack,
+        client() as session,
+    ):
+        await sign_up(session, await stack.invite(), "rita")
+        account = await stack.store.account_by_name("rita")
+        assert account is not None
+        key = await make_key(session, stack.url)
+        headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "same-one"}
+        ask = {"model": "f", "prompt": "a fox", "n": 1}
+        url = stack.url + "/v1/images/generations"
+        async with aiohttp.ClientSession() as api:
+
+            async def post() -> tuple[int, dict]:
+                async with api.post(url, json=ask, headers=headers) as r:
+                    return r.status, await r.json()
+
+            waiting = [asyncio.create_task(post()) for _ in range(api_images.MAX_ANSWERING)]
+
+            async def all_in() -> bool:
+                return api_images.answering(account.id) == len(waiting)
+
+            await wait_for(all_in, timeout=30)
+            status, body = await asyncio.wait_for(post(), 10)  # one more replay
+            assert status == 429 and body["error"]["code"] == "rate_limit_exceeded", body
+            (job,) = await stack.db.jobs.list_for_user(account.user_id)
+            await stack.db.jobs.cancel(job.id, by_user=account.user_id)
+            answers = await asyncio.gather(*waiting)
+        assert [s for s, _ in answers] == [500] * len(waiting)  # the cancelled job, said
+        assert api_images.answering(account.id) == 0

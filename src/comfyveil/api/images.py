@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import re
 import time
 import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +23,7 @@ from comfyveil import errors, images
 from comfyveil import policy as policy_mod
 from comfyveil.api import links
 from comfyveil.api.context import ACCOUNT, ApiServices, caller
-from comfyveil.api.errors import ApiError, bad_request, from_usage
+from comfyveil.api.errors import QUEUE_RETRY_SECONDS, ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
 from comfyveil.i18n import _
@@ -50,6 +53,54 @@ class Ask:
     mask: bool = False
 
 
+# Requests of one account answered at once: each may hold up to MAX_N jobs' outputs in
+# memory as base64, and a retry with the same Idempotency-Key costs no quota, so without
+# this bound one account could have any number of answers built at once.
+MAX_ANSWERING = 4
+_answering: Counter[int] = Counter()
+_SLOT = web.RequestKey("api_answering", int)
+
+
+def answering(account_id: int) -> int:
+    """How many requests of this account are being answered now (in this process)."""
+    return _answering[account_id]
+
+
+def _enter(request: web.Request) -> None:
+    """Take one of the account's answer slots, or refuse with 429."""
+    account_id = request[ACCOUNT].id
+    if _answering[account_id] >= MAX_ANSWERING:
+        raise ApiError(
+            429,
+            _("This account has {n} requests being answered; send more when one has ended.").format(
+                n=MAX_ANSWERING
+            ),
+            code="rate_limit_exceeded",
+            retry_after=QUEUE_RETRY_SECONDS,
+        )
+    _answering[account_id] += 1
+    request[_SLOT] = account_id
+
+
+def _one_of_few(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """`handler`, giving back the answer slot `_enter` took, however it ends."""
+
+    @functools.wraps(handler)
+    async def bounded(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        finally:
+            account_id = request.get(_SLOT)
+            if account_id is not None:
+                _answering[account_id] -= 1
+                if _answering[account_id] <= 0:
+                    del _answering[account_id]
+
+    return bounded
+
+
 def unknown_model(name: object) -> ApiError:
     return ApiError(
         404,
@@ -65,8 +116,10 @@ def job_uuid(text: str) -> uuid.UUID:
     return uuid.UUID(text)
 
 
+@_one_of_few
 async def generations(request: web.Request) -> web.Response:
     svc, who = await caller(request)
+    _enter(request)
     await _limits_first(request, svc, who)
     if request.content_length is not None and request.content_length > MAX_JSON:
         raise ApiError(413, _("That upload is too large."))
@@ -92,8 +145,10 @@ async def generations(request: web.Request) -> web.Response:
     return await _answer(request, svc, who, ask, edit=False)
 
 
+@_one_of_few
 async def edits(request: web.Request) -> web.Response:
     svc, who = await caller(request)
+    _enter(request)
     await _limits_first(request, svc, who)
     try:
         reader = await request.multipart()
