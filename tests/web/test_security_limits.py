@@ -64,6 +64,8 @@ async def test_max_prompt_length_refuses_on_the_api_the_web_and_the_cli(db, fake
             form.add_field("image", png(), filename="in.png", content_type="image/png")
             async with api.post(stack.url + "/v1/images/edits", data=form, headers=headers) as r:
                 assert r.status == 400 and "too long" in (await r.json())["error"]["message"]
+        _, form_page = await get_text(session, stack.url + "/c/f")
+        assert 'maxlength="50"' in form_page and "up to 50 characters" in form_page
         response = await submit_form(session, stack.url, "f", {"prompt": LONG})
         page = await response.text()
         assert response.status == 400 and "too long" in page

@@ -105,6 +105,7 @@ async def form_page(request: web.Request) -> web.Response:
         prefs,
         given=given if chosen else None,
         results=await result_choices(svc, account) if entry.takes_image else None,
+        max_text=svc.settings.limits.max_prompt_length,
     )
     why = availability.reason(svc.pool, entry.workflow)  # said before the form is filled
     return render(
@@ -189,6 +190,7 @@ async def submit(request: web.Request) -> web.Response:
         given=forms.given_strings(form),
         errors=field_errors,
         results=await result_choices(svc, account) if entry.takes_image else None,
+        max_text=svc.settings.limits.max_prompt_length,
     )
     nonce = form.get("nonce")
     return render(
