@@ -16,6 +16,7 @@ from comfyveil.api import images as api_images
 from comfyveil.cli import submit as submit_cli
 from comfyveil.desk import submit as desk_submit
 from comfyveil.store import accounts as web_store
+from comfyveil.store import sql
 from comfyveil.web import server as web_server
 from tests.api.test_api_openai import make_key, png
 from tests.e2e.test_bot_roles import _admins_only
@@ -274,3 +275,36 @@ async def test_replays_of_one_account_are_answered_a_few_at_a_time(db, fake_comf
             answers = await asyncio.gather(*waiting)
         assert [s for s, _ in answers] == [500] * len(waiting)  # the cancelled job, said
         assert api_images.answering(account.id) == 0
+
+
+async def test_migration_0027_keeps_one_old_first_admin_link_and_none_after_an_account(
+    db,
+) -> None:
+    """Earlier versions added a first-admin invitation at every start without an account."""
+    (sql_text,) = [text for version, _, text in sql.migrations() if version == "0027"]
+    store = web_store.WebStore(db.pool)
+    old = []
+    async with db.pool.connection() as conn:
+        for age in (3, 2, 1):  # hours ago: three starts
+            token = web_store.new_token()
+            await conn.execute(
+                "INSERT INTO web_invites (token_hash, is_admin, created_at, expires_at) "
+                "VALUES (%(h)s, true, now() - make_interval(hours => %(age)s), "
+                "now() + interval '1 day')",
+                {"h": web_store.digest(token), "age": age},
+            )
+            old.append(token)
+        await conn.execute(sql_text)
+    assert [await store.invite_open(t) for t in old] == [False, False, True]
+    await store.sign_up(old[-1], "root", "x")
+    later = await store.create_invite(is_admin=True, hours=1)  # an admin's, after that
+    async with db.pool.connection() as conn:
+        token = web_store.new_token()  # one left open by an earlier version, say
+        await conn.execute(
+            "INSERT INTO web_invites (token_hash, is_admin, created_at, expires_at) "
+            "VALUES (%(h)s, true, now() - interval '5 hours', now() + interval '1 day')",
+            {"h": web_store.digest(token)},
+        )
+        await conn.execute(sql_text)
+    assert not await store.invite_open(token)  # made before the first account: closed
+    assert await store.invite_open(later)  # made after it: an ordinary one, kept
