@@ -1,12 +1,14 @@
 """Which ``Host`` a listening port answers: its own names only, so a hostile web page
 cannot read it through DNS rebinding (a name of the attacker's that resolves to this
-machine makes the browser send that name as Host). An IP address, ``localhost`` and the
-names the operator configured pass; any other name is answered 421 Misdirected Request.
+machine makes the browser send that name as Host). An IP address, ``localhost``, the
+machine's own name and the names the operator configured pass; any other name is
+answered 421 Misdirected Request.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Callable, Iterable
 
 from aiohttp import web
@@ -36,6 +38,12 @@ def accepted(header: str | None, names: Iterable[str]) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
     return host in {name_of(n) for n in names if n}
+
+
+def own_names() -> list[str]:
+    """The machine's own host name, and its mDNS name (NAME.local)."""
+    name = socket.gethostname()
+    return [name, f"{name}.local"] if name else []
 
 
 def middleware(names: Callable[[], Iterable[str]]) -> Callable[..., object]:

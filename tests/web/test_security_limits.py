@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 
 import aiohttp
 import pytest
@@ -239,7 +240,12 @@ async def test_the_web_port_answers_its_own_names_only(db, fake_comfy) -> None:
                 url + path, headers={"Host": f"rebind.attacker.example:{port}"}
             ) as r:
                 assert r.status == 421, path
-        for host in (f"127.0.0.1:{port}", "cv.example.org", f"localhost:{port}"):
+        for host in (
+            f"127.0.0.1:{port}",
+            "cv.example.org",
+            f"localhost:{port}",
+            f"{socket.gethostname()}.local:{port}",
+        ):
             async with session.get(url + "/", headers={"Host": host}, allow_redirects=False) as r:
                 assert r.status in (200, 303), (host, r.status)
 

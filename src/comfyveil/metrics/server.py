@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +51,7 @@ class MetricsServer:
     def app(self) -> web.Application:
         app = web.Application(  # GETs only: no body to read
             client_max_size=1024,
-            middlewares=[hosts.middleware(lambda: (self.host, socket.gethostname()))],
+            middlewares=[hosts.middleware(lambda: (self.host, *hosts.own_names()))],
         )
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)

@@ -129,8 +129,8 @@ async def _csrf_ok(request: web.Request) -> bool:
 
 def _names(settings: config.Settings) -> list[str]:
     """The names the web front end answers besides addresses: [web] public_url's, the
-    hidden service's address (once published), [web] host's."""
-    found = [settings.web.host]
+    hidden service's address (once published), [web] host's, the machine's own."""
+    found = [settings.web.host, *hosts.own_names()]
     if settings.web.public_url:
         found.append(urlsplit(settings.web.public_url).hostname or "")
     if settings.web.hidden_service:
