@@ -27,6 +27,7 @@ from comfyveil import policy as policy_mod
 from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
 from comfyveil.desk import state as job_state
+from comfyveil.desk import submit as desk_submit
 from comfyveil.errors import ComfyveilError, UsageError
 from comfyveil.store import database, jobs
 
@@ -73,8 +74,7 @@ async def load_path(db: database.Database, name: str) -> workflow.Workflow:
     try:
         wf = await asyncio.to_thread(workflow.load, path)
         toml_text = await asyncio.to_thread(path.read_text, encoding="utf-8")
-        graph_text = await asyncio.to_thread(path.with_suffix(".json").read_text,
-                                             encoding="utf-8")
+        graph_text = await asyncio.to_thread(path.with_suffix(".json").read_text, encoding="utf-8")
     except workflow.WorkflowError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:
@@ -137,12 +137,17 @@ async def build_job(
     images = [await asyncio.to_thread(check_image, path, settings) for path in image_paths]
     for param, image in zip(names, images, strict=False):
         values[param] = image.filename
-    validated = wf.validate(values)
-    for param in names[len(images):]:
+    validated = desk_submit.validate(settings, wf, values)
+    for param in names[len(images) :]:
         validated.pop(param, None)  # unbound images are not in the graph's values
     return jobs.NewJob(
-        user_id=CLI_USER_ID, chat_id=CLI_USER_ID, command=wf.command,
-        workflow_hash=wf.hash, params=validated, inputs=images, priority=priority,
+        user_id=CLI_USER_ID,
+        chat_id=CLI_USER_ID,
+        command=wf.command,
+        workflow_hash=wf.hash,
+        params=validated,
+        inputs=images,
+        priority=priority,
         max_attempts=settings.worker.max_attempts,
     )
 
@@ -211,7 +216,12 @@ async def run(args: argparse.Namespace) -> int:
         _run_args.check_out(args.out)
     async with await database.Database.open(settings) as db:
         new = await build_job(
-            db, settings, args.workflow, args.prompt, args.values, args.image,
+            db,
+            settings,
+            args.workflow,
+            args.prompt,
+            args.values,
+            args.image,
             priority=args.priority,
         )
         job = await db.jobs.enqueue(new)

@@ -51,6 +51,16 @@ class ApiRequestStore:
             return None
         return Taken(rows[0]["id"], tuple(rows[0]["job_ids"]))
 
+    async def has_abandoned(self, account_id: int) -> bool:
+        """Whether this account has a request whose client went away that a retry may
+        still take over (so a retry must not be refused for the jobs it holds)."""
+        rows = await self._all(
+            "SELECT 1 FROM api_requests WHERE account_id = %(a)s "
+            "AND state IN ('open', 'kept') AND clients = 0 LIMIT 1",
+            {"a": account_id},
+        )
+        return bool(rows)
+
     async def open(self, account_id: int, fingerprint: bytes, job_ids: list[uuid.UUID]) -> int:
         """Remember a request that queued `job_ids`, with its client waiting."""
         rows = await self._all(

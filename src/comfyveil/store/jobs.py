@@ -552,6 +552,11 @@ class JobStore:
             return None
         return job
 
+    async def key_used(self, key: str, user_id: int) -> bool:
+        """Whether `user_id` queued a job with idempotency key `key` (a retried request,
+        which `enqueue` answers with that job whatever the limits say now)."""
+        return await self.db.one("key_used", key=key, user_id=user_id) is not None
+
     async def get(self, job_id: uuid.UUID) -> Job | None:
         row = await self.db.one("get_job", job_id=job_id)
         return Job.from_row(row) if row else None

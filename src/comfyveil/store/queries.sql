@@ -289,6 +289,10 @@ WITH expired AS (
 )
 SELECT * FROM updated;
 
+-- key_used --
+-- Whether a job of this user was queued with this idempotency key (a retried request)
+SELECT 1 AS used FROM jobs WHERE idempotency_key = %(key)s AND user_id = %(user_id)s;
+
 -- get_job --
 -- One job by id
 SELECT * FROM jobs WHERE id = %(job_id)s;

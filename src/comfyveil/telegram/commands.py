@@ -203,7 +203,7 @@ async def run_workflow(
     prefs = who.settings
     values, as_file = submit.build_values(entry, parsed, prefs)
     await desk_submit.check_policy(services, entry.name, desk_submit.policy_texts(wf, values))
-    validated = wf.validate(values)
+    validated = desk_submit.validate(services.settings, wf, values)
     inputs = []
     if entry.takes_image:
         inputs.append(await submit.find_image(context.bot, services, message, entry))
