@@ -283,11 +283,11 @@ async def test_replays_of_one_account_are_answered_a_few_at_a_time(db, fake_comf
         assert api_images.answering(account.id) == 0
 
 
-async def test_migration_0027_keeps_one_old_first_admin_link_and_none_after_an_account(
+async def test_migration_0023_keeps_one_old_first_admin_link_and_none_after_an_account(
     db,
 ) -> None:
     """Earlier versions added a first-admin invitation at every start without an account."""
-    (sql_text,) = [text for version, _, text in sql.migrations() if version == "0027"]
+    (sql_text,) = [text for version, _, text in sql.migrations() if version == "0023"]
     store = web_store.WebStore(db.pool)
     old = []
     async with db.pool.connection() as conn:

@@ -1,4 +1,4 @@
-"""The images API's requests (migration 0029): which jobs a request without an
+"""The images API's requests (migration 0024): which jobs a request without an
 Idempotency-Key queued, whether a client still waits for them, and when the last one
 went. OpenAI's SDK retries a request that timed out or lost its connection with the same
 body, so a retry takes over the jobs its first try left instead of paying for new ones;
