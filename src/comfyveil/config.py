@@ -403,7 +403,7 @@ _POSITIVE_SECONDS = Rule("number", low=0, above=True)
 
 RULES: dict[str, dict[str, Rule]] = {
     "top level": {"data_dir": _TEXT},
-    "database": {"url": Rule("text", secret=True), "data_dir": _TEXT},
+    "database": {"url": Rule("text", secret=True), "url_file": _TEXT, "data_dir": _TEXT},
     "telegram": {
         "token_file": _TEXT, "api_url": _TEXT, "admins": Rule("ids"), "allow": Rule("ids"),
         "open": _BOOL, "poll_timeout": _SECONDS, "status_delay": _SECONDS,
@@ -493,9 +493,14 @@ def from_mapping(
     top.update(_checked("top level", {k: v for k, v in top.items() if k == "data_dir"}))
     data_dir = _path(top["data_dir"], base) if "data_dir" in top else default_data_dir(env)
 
-    db = _checked("database", _take(top.get("database", {}), "database", {"url", "data_dir"}))
+    db = _checked(
+        "database", _take(top.get("database", {}), "database", {"url", "url_file", "data_dir"})
+    )
+    url = env.get("DATABASE_URL") or credential(DATABASE_URL_CREDENTIAL, env) or db.get("url")
+    if not url and "url_file" in db:
+        url = read_secret_file(_path(db["url_file"], base), "database url") or None
     database = DatabaseConfig(
-        url=env.get("DATABASE_URL") or credential(DATABASE_URL_CREDENTIAL, env) or db.get("url"),
+        url=url,
         data_dir=_path(db["data_dir"], base) if "data_dir" in db else None,
     )
 
@@ -660,6 +665,35 @@ def _web(raw: Any) -> WebConfig:
     )
 
 
+def has_password(url: str) -> bool:
+    """Whether a PostgreSQL connection string (URL or key=value) holds a password."""
+    import psycopg.conninfo  # here: the settings load in commands that never connect
+
+    try:
+        return bool(psycopg.conninfo.conninfo_to_dict(url).get("password"))
+    except psycopg.ProgrammingError:
+        return "password" in url.lower() or "@" in url  # unparsable: assume the worst
+
+
+def _check_password_closed(path: Path, raw: Mapping[str, Any]) -> None:
+    """Refuse a database password in a settings file other users can read (as a token
+    file with group or other bits is refused).
+
+    Raises:
+        ConfigError: what to do instead, in one sentence.
+    """
+    table = raw.get("database")
+    url = table.get("url") if isinstance(table, Mapping) else None
+    if not isinstance(url, str) or not has_password(url):
+        return
+    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"config file {path} holds a database password and other users can read it: "
+            f"run chmod 600 {path}, or move the URL to [database] url_file (a file only "
+            "you can read) or to the systemd credential database-url (LoadCredential=)"
+        )
+
+
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Load settings from `path`, `COMFYVEIL_CONFIG` or `./comfyveil.toml`, if any."""
     env = os.environ if environ is None else environ
@@ -675,6 +709,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         raise ConfigError(f"config file {candidate} is not valid TOML: {exc}") from exc
     except TypeError as exc:
         raise ConfigError(f"config file {candidate}: {exc}") from exc
+    _check_password_closed(candidate, raw)
     try:
         return from_mapping(raw, base=candidate.parent.resolve(), environ=env)
     except TypeError as exc:  # a wrong value type reaching a dataclass

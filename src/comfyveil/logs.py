@@ -50,6 +50,9 @@ def formatter(name: str) -> logging.Formatter:
 # and request (prompts, /web links), websockets every frame, aiohttp's server requests.
 # They stay at INFO whatever the verbosity: -vv must not put prompts in the logs.
 QUIET_LIBRARIES = ("telegram", "websockets", "aiohttp", "httpx", "httpcore", "hpack")
+# huggingface_hub's client logs each request's URL at INFO (a hub's signed CDN address is
+# a working download link) and each response's headers at DEBUG: WARNING and above only.
+SILENT_LIBRARIES = ("httpx2", "httpcore2")
 
 
 def configure(level: int, fmt: str | None) -> None:
@@ -60,6 +63,8 @@ def configure(level: int, fmt: str | None) -> None:
     logging.basicConfig(level=level, format=TEXT_FORMAT)
     for name in QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(level, logging.INFO))
+    for name in SILENT_LIBRARIES:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
     use(fmt or "text")
     redaction.install()  # secrets registered later (the bot token) never reach a line
 

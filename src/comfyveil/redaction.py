@@ -8,7 +8,8 @@ itself (see telegram/request.py); this catches what slips past, above all third-
 messages: python-telegram-bot logs ``Set Bot API URL: .../bot<TOKEN>`` at debug level,
 and aiohttp's errors quote the request URL, which holds the token. It works at record
 creation (a log record factory), so every handler sees the redacted record: the CLI's,
-pytest's, any an operator adds. Tracebacks are formatted and redacted there too.
+pytest's, any an operator adds. Tracebacks are formatted and redacted there too. A URL's
+query string is masked whatever it holds (signed download links are one).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ MASK = "[redacted]"
 MIN_LENGTH = 6  # shorter "secrets" would mask ordinary words
 # Bot API tokens have this shape; masked even when not registered (a second bot, a test).
 _TOKEN_SHAPE = re.compile(r"\b\d{6,}:[A-Za-z0-9_-]{30,}\b")
+
+# A URL's query string: a signed download address (a hub's CDN redirect) is a working
+# link by its query alone, and huggingface_hub's retry warning quotes it.
+_QUERY = re.compile(r"\b([a-z][a-z0-9+.-]*://[^\s?#\"'<>]+)\?[^\s\"'<>)]*", re.IGNORECASE)
 
 _lock = threading.Lock()
 _secrets: tuple[str, ...] = ()
@@ -44,6 +49,7 @@ def redact(text: str) -> str:
     for secret in _secrets:
         if secret in text:
             text = text.replace(secret, MASK)
+    text = _QUERY.sub(lambda m: f"{m.group(1)}?{MASK}", text)
     return _TOKEN_SHAPE.sub(MASK, text)
 
 

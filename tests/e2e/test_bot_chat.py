@@ -698,13 +698,15 @@ async def test_under_telegrams_limits_results_go_first_and_status_edits_give_way
     assert limiter.shed > 0  # status traffic gave way instead
 
 
-# Three runs of /f on gpu0, a minute each, their results delivered long ago.
+# Three runs of /f on gpu0 of 8 steps at 256x256, a minute each, their results delivered
+# long ago.
 PAST_RUNS = """
 WITH past AS (
     INSERT INTO jobs (id, user_id, chat_id, command, workflow_hash, params, status,
                       submitted, backend, attempts, created_at, started_at, finished_at,
                       updated_at)
-    SELECT gen_random_uuid(), 109, 109, 'f', 'old', '{}'::jsonb, 'succeeded', true, 'gpu0',
+    SELECT gen_random_uuid(), 109, 109, 'f', 'old',
+           '{"steps": 8, "width": 256, "height": 256}'::jsonb, 'succeeded', true, 'gpu0',
            1, now() - make_interval(mins => g + 2), now() - make_interval(mins => g + 1),
            now() - make_interval(mins => g), now() - make_interval(mins => g)
     FROM generate_series(1, 3) AS g
@@ -717,8 +719,8 @@ INSERT INTO deliveries (job_id, sink) SELECT id, 'telegram' FROM past
 async def test_a_queued_jobs_eta_counts_what_the_running_job_still_needs(
     fake_telegram: FakeTelegram, fake_comfy_factory, db
 ) -> None:
-    # /f has taken 60 s on gpu0 each time: the job running there still needs most of
-    # that, however loaded this machine is, when the next one is queued behind it.
+    # /f of 8 steps has taken 60 s on gpu0 each time: the job running there still needs
+    # most of its run, however loaded this machine is, when the next one is queued.
     async with db.pool.connection() as conn:
         await conn.execute(PAST_RUNS)
     fake = await fake_comfy_factory(step_delay=3.0)
@@ -733,6 +735,7 @@ async def test_a_queued_jobs_eta_counts_what_the_running_job_still_needs(
         shown = re.search(r"about ([\d.]+) (s|min)", queued)
         assert shown, queued
         seconds = float(shown[1]) * (60 if shown[2] == "min" else 1)
-        # Its own 60 s and what the running job still needs (60 s less the few seconds
-        # it has run): not its own 60 s alone.
-        assert seconds >= 90, queued
+        # Its own 45 s (6 steps of the 8 that took 60 s) and what the running job still
+        # needs (its 60 s estimate less the seconds it ran, or once its steps show, its
+        # steps left at their 3 s): not its own 45 s alone.
+        assert seconds >= 50, queued

@@ -18,7 +18,8 @@ and `comfyveil models install` ask of it for a file at a pinned revision.
 Faults for tests: `cut_after` (bytes; the next `cuts` GETs of the CDN end the
 connection after that many body bytes), `down` (the CDN answers 503;
 `down_after_cut` sets it at a cut, so a whole run fails), `corrupt` (a
-byte offset flipped in what is sent, as a tampering mirror would). It counts what it
+byte offset flipped in what is sent, as a tampering mirror would), `oversize` (more
+bytes than the file, chunked, as a CDN filling a disk would). It counts what it
 sends per file (`sent`) and records each request (`requests`).
 
 Run alone (benchmarks): ``python -m tests.fakes.hf_hub --file REPO PATH FILE ...``
@@ -74,6 +75,9 @@ class FakeHub:
     down: bool = False
     corrupt: int | None = None
     down_after_cut: bool = False  # a cut leaves the CDN down (503) until `down` is reset
+    # The CDN sends this many bytes more than the file, chunked (no Content-Length), as a
+    # tampering mirror or CDN filling the disk would.
+    oversize: int = 0
     url: str = ""
     cdn_url: str = ""
     public_cdn_url: str = ""
@@ -204,7 +208,8 @@ class FakeHub:
                 return web.Response(status=416, headers={"Content-Range": f"bytes */{item.size}"})
             status = 206
             headers["Content-Range"] = f"bytes {start}-{item.size - 1}/{item.size}"
-        headers["Content-Length"] = str(item.size - start)
+        if not self.oversize:
+            headers["Content-Length"] = str(item.size - start)
         response = web.StreamResponse(status=status, headers=headers)
         await response.prepare(request)
         if request.method == "HEAD":
@@ -230,6 +235,15 @@ class FakeHub:
                 return response
             await response.write(chunk)
             sent += len(chunk)
+            self.sent[item.sha256] += len(chunk)
+        extra = self.oversize
+        while extra > 0:
+            chunk = bytes(min(CHUNK, extra))
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                return response  # the client stopped reading
+            extra -= len(chunk)
             self.sent[item.sha256] += len(chunk)
         await response.write_eof()
         return response

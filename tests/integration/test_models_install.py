@@ -18,7 +18,7 @@ import pytest
 from huggingface_hub import constants
 from huggingface_hub.utils import _detect_agent as hf_detect_agent
 
-from comfyveil import cli, redaction
+from comfyveil import cli, logs, redaction
 from comfyveil.errors import ComfyveilError, ConfigError, UsageError
 from comfyveil.models import local
 from tests.fakes.hf_hub import FakeFile, FakeHub
@@ -348,3 +348,42 @@ async def test_check_against_a_running_comfyui_names_what_it_lacks(
     assert "missing    vae/ae.safetensors" in out
     assert "2 missing; on the GPU host: comfyveil models install f --comfyui-dir DIR" in out
     assert await run("check", "sd3", "--server", fake.url) == 0
+
+
+async def test_no_download_address_nor_header_is_logged_at_any_verbosity(
+    hub: FakeHub, comfyui: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """-vv (DEBUG) with a cut, so huggingface_hub's own retry warning is made too: the
+    signed CDN address (a working download link) never reaches a line, nor a header."""
+    toml, (ckpt, _vae) = make_workflow(tmp_path / "wf", hub)
+    hub.cut_after, hub.cuts = 2500, 1
+    names = ("", *logs.QUIET_LIBRARIES, *logs.SILENT_LIBRARIES, "huggingface_hub")
+    before = {name: logging.getLogger(name).level for name in names}
+    try:
+        logs.configure(logging.DEBUG, None)  # what -vv sets up
+        caplog.set_level(logging.DEBUG)
+        assert await run("install", str(toml), "--comfyui-dir", str(comfyui), "--quiet") == 0
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
+    assert placed(comfyui, "checkpoints", ckpt).read_bytes() == ckpt.data
+    text = caplog.text.lower()
+    assert "/cdn/" in text  # the retry was logged, by path
+    assert "sig=" not in text and "expires=" not in text
+    assert "x-repo-commit" not in text and "x-linked" not in text and "location" not in text
+
+
+async def test_a_server_sending_more_than_the_pinned_size_is_stopped_there(
+    hub: FakeHub, comfyui: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    toml, (ckpt, _vae) = make_workflow(tmp_path / "wf", hub)
+    hub.oversize = 64 * 1024 * 1024  # a tampering CDN that would fill the disk
+
+    assert await run("install", str(toml), "--comfyui-dir", str(comfyui), "--quiet") == 1
+
+    err = capsys.readouterr().err
+    assert "checkpoints/tiny_ckpt.safetensors" in err and "longer than the 6000 bytes" in err
+    assert not placed(comfyui, "checkpoints", ckpt).exists()
+    assert leftovers(comfyui) == []  # no partial file of a lying server is kept
+    # stopped while it came: far less than the 64 MiB offered was taken
+    assert hub.sent[ckpt.sha256] < 16 * 1024 * 1024

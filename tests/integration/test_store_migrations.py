@@ -126,3 +126,33 @@ async def test_as_root_the_embedded_server_opens_no_private_directory() -> None:
             await embedded.EmbeddedServer(deep / "pg").start()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only")
+async def test_as_root_the_embedded_server_has_no_secret_and_no_root_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = "hf_" + "Zq7" * 12
+    monkeypatch.setenv("HF_TOKEN", secret)
+    monkeypatch.setenv("COMFYVEIL_TELEGRAM_TOKEN", "123456789:" + "A" * 35)
+    root = Path(tempfile.mkdtemp(prefix="comfyveil-embedded-"))
+    open_for_the_database_user(root / "pg")
+    server = embedded.EmbeddedServer(root / "pg")
+    try:
+        await server.start()
+        pid = int((root / "pg" / "postmaster.pid").read_text().split()[0])
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
+        assert secret.encode() not in environ and b"AAAAAAAAAA" not in environ
+        assert names <= {"PATH", "PGDATA", *embedded.KEPT_ENVIRONMENT} | {
+            "PG_GRANDPARENT_PID",  # pg_ctl's own, for the server
+            "PGLOCALEDIR", "PGSYSCONFDIR", "PWD",
+        }, names
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        assert "0" not in status["Uid"].split() and "0" not in status["Gid"].split(), status
+        assert "0" not in status["Groups"].split(), status
+    finally:
+        await server.stop()
+        shutil.rmtree(root, ignore_errors=True)

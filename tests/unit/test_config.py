@@ -176,3 +176,56 @@ def test_no_trace_is_on_for_every_backend_unless_turned_off(tmp_path: Path) -> N
 def test_the_images_api_is_served_unless_switched_off() -> None:
     assert config.from_mapping({}, environ={}).api.enabled
     assert not config.from_mapping({"api": {"enabled": False}}, environ={}).api.enabled
+
+
+def test_a_database_password_in_a_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text('[database]\nurl = "postgresql://cv:s3cret@db.internal/cv"\n')
+    conf.chmod(0o644)  # what `cp` leaves
+    with pytest.raises(config.ConfigError, match="chmod 600") as refused:
+        config.load(conf, environ={})
+    assert "s3cret" not in str(refused.value) and "url_file" in str(refused.value)
+    conf.chmod(0o600)
+    assert config.load(conf, environ={}).database.url == "postgresql://cv:s3cret@db.internal/cv"
+    # without a password the file may stay readable (peer or certificate authentication)
+    conf.write_text('[database]\nurl = "postgresql://cv@db.internal/cv"\n')
+    conf.chmod(0o644)
+    assert config.load(conf, environ={}).database.url == "postgresql://cv@db.internal/cv"
+    # the URL from a file only its owner can read
+    secret = tmp_path / "database-url"
+    secret.write_text("host=db.internal user=cv password=s3cret\n")
+    secret.chmod(0o640)
+    conf.write_text(f'[database]\nurl_file = "{secret}"\n')
+    with pytest.raises(config.ConfigError, match="readable by others"):
+        config.load(conf, environ={})
+    secret.chmod(0o600)
+    assert config.load(conf, environ={}).database.url == "host=db.internal user=cv password=s3cret"
+
+
+def test_a_backends_client_key_comes_as_a_credential_under_dynamic_user(tmp_path: Path) -> None:
+    """Under DynamicUser= the service's user exists only while it runs: a key file owned
+    by root 0600 is out of its reach and 0644 is refused. With the settings and the key as
+    credentials (LoadCredential=, files 0400 of the service's user in a 0500 directory),
+    a relative auth_key_file is read from $CREDENTIALS_DIRECTORY beside the settings."""
+    import base64
+
+    from comfyveil.anyone import runtime
+
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    key = credentials / "gpu1.auth_private"
+    key.write_text("a" * 56 + ":descriptor:x25519:" + base64.b32encode(bytes(range(32))).decode())
+    conf = credentials / "comfyveil.toml"
+    conf.write_text(
+        '[[backends]]\nname = "gpu1"\nurl = "http://' + "b" * 56 + '.anon:8188"\n'
+        'via = "anyone"\nauth_key_file = "gpu1.auth_private"\n'
+    )
+    for path in (key, conf):
+        path.chmod(0o400)
+    credentials.chmod(0o500)
+    try:
+        settings = config.load(conf, environ={"CREDENTIALS_DIRECTORY": str(credentials)})
+        assert settings.backends[0].auth_key_file == key
+        assert runtime._key_files(settings, ()) == [key]  # accepted before anon starts
+    finally:
+        credentials.chmod(0o700)

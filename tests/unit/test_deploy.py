@@ -148,3 +148,15 @@ def test_the_docs_document_every_metric() -> None:
         family = next(f for f in metrics.REGISTRY.collect() if f.name == name)
         shown = name + ("_total" if family.type == "counter" else "")
         assert f"`{shown}" in readme, shown
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda u: u.name)
+def test_the_configuration_directory_is_roots_alone(unit: Path) -> None:
+    """Settings may hold a database password: /etc/comfyveil is 0700, and a service of a
+    user made at start reads its settings as a credential (%d), not from /etc."""
+    text = unit.read_text()
+    if "ConfigurationDirectory=" in text:
+        assert "ConfigurationDirectoryMode=0700" in text
+    for flag in re.findall(r"--config (\S+)", text):
+        assert flag.startswith("%d/"), flag
+        assert f"LoadCredential={flag.removeprefix('%d/')}:/etc/comfyveil/" in text

@@ -7,11 +7,10 @@ import uuid
 
 import pytest
 
-from comfyveil.comfy.routing import Estimator
 from comfyveil.store import eta
 
 
-def taught(*runs: tuple[str, str, float]) -> Estimator:
+def taught(*runs: tuple[str, str, float]) -> eta.Model:
     return eta.estimator_from(eta.Run(b, c, s) for b, c, s in runs)
 
 
@@ -29,11 +28,12 @@ def test_the_jobs_running_now_count_for_what_they_still_need() -> None:
 
 def test_a_job_running_past_its_estimate_still_holds_its_gpu() -> None:
     estimator = taught(*WARM)
-    busy = [eta.Busy("gpu0", "f", 30.0)]  # 20 s past its 10 s estimate
+    busy = [eta.Busy("gpu0", "f", 30.0)]  # 20 s past its 10 s estimate, no progress known
     wait = eta.estimate(estimator, command="f", backends=["gpu0"], busy=busy)
-    assert wait.seconds == pytest.approx(10.0 + 10.0 * eta.OVERRUN_SHARE)
+    # Not "nearly done": the estimate was wrong, it is expected to run half as long again.
+    assert wait.seconds == pytest.approx(30.0 * eta.OVERRUN_SHARE + 10.0)
     running = eta.estimate(estimator, command="f", backends=["gpu0"], on="gpu0", elapsed=30.0)
-    assert running.seconds is not None and running.seconds > 0  # never "0 s" while it runs
+    assert running.seconds == pytest.approx(15.0)  # never "0 s", nor "1 s", while it runs
 
 
 def test_the_queue_ahead_is_split_by_backend_as_the_pool_would_send_it() -> None:
@@ -116,3 +116,71 @@ def test_a_run_starts_when_the_one_before_it_on_its_backend_ended() -> None:
         ("gpu1", 10.0),
         ("gpu0", 10.0),
     ]
+
+
+def test_the_estimate_grows_with_the_steps_and_pixels_asked_for() -> None:
+    # /f at 4 steps of 512x512 (a step per quarter megapixel: 1 unit of work) took 5 s,
+    # at 8 steps of 1024x1024 (8 units) 33 s: 1 s fixed and 4 s per unit.
+    small = eta.work_of({"steps": 4, "width": 512, "height": 512})
+    large = eta.work_of({"steps": 8, "width": 1024, "height": 1024})
+    assert large == pytest.approx(8 * small)
+    model = eta.estimator_from(
+        [eta.Run("gpu0", "f", 1.0 + 4.0 * small, small)] * 2
+        + [eta.Run("gpu0", "f", 1.0 + 4.0 * large, large)] * 2
+    )
+    assert model.run_seconds("gpu0", "f", small) == pytest.approx(5.0)
+    assert model.run_seconds("gpu0", "f", large) == pytest.approx(33.0)
+    mid = eta.estimate(model, command="f", backends=["gpu0"], work=2 * small)
+    assert mid.seconds == pytest.approx(9.0)  # neither 5 s nor 33 s: what it asks
+
+
+def test_a_running_job_still_needs_its_steps_left_at_the_pace_it_showed() -> None:
+    # Learnt from progress events: 0.5 s a step of 20, 2 s of loading and decoding.
+    model = eta.estimator_from([eta.Run("gpu0", "f", 12.0, 1.0, steps=20, step_s=0.5)] * 3)
+    # This one is slower than its estimate (1 s a step): 12 steps left need 12 s, not
+    # the 12 - 9 = 3 s its estimate leaves after 9 s.
+    running = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0"],
+        on="gpu0",
+        elapsed=9.0,
+        steps=20,
+        done=8,
+        step_s=1.0,
+    )
+    assert running.seconds == pytest.approx(12 * 1.0 + 2.0 * eta.TAIL_SHARE)
+    # Before its first step, a job never needs less than all its steps.
+    fresh = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0"],
+        on="gpu0",
+        elapsed=11.5,
+        steps=20,
+    )
+    assert fresh.seconds == pytest.approx(20 * 0.5)
+
+
+def test_a_job_ahead_pays_a_model_switch_as_often_as_runs_lately_did() -> None:
+    # gpu0 ran f, f, sd, sd, f, f: two of five runs after another found other models
+    # loaded, each switch 4 s over the warm run.
+    model = taught(
+        ("gpu0", "f", 10.0),
+        ("gpu0", "f", 10.0),
+        ("gpu0", "sd", 9.0),
+        ("gpu0", "sd", 5.0),
+        ("gpu0", "f", 14.0),
+        ("gpu0", "f", 10.0),
+    )
+    assert model.switch_share == pytest.approx(2 / 5)
+    # The first job ahead follows the last run (sd): a switch for sure. The second, and
+    # ours, follow jobs placed by the guess: a switch two times in five, 1.6 s each.
+    wait = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0"],
+        ahead=[eta.Ahead("f"), eta.Ahead("sd")],
+        last_command={"gpu0": "sd"},
+    )
+    assert wait.seconds == pytest.approx((10.0 + 4.0) + (5.0 + 1.6) + (10.0 + 1.6))

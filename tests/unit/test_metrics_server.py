@@ -190,3 +190,21 @@ async def test_web_sign_ins_are_counted_by_outcome() -> None:
         "failed": 1,
         "refused": 1,
     }
+
+
+async def test_a_name_not_ours_is_421_so_no_page_reads_metrics_by_dns_rebinding() -> None:
+    import socket
+
+    listener = server.MetricsServer("127.0.0.1", 0, parts())
+    url = await listener.start()
+    port = url.rsplit(":", 1)[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            for host in ("attacker.example", f"rebind.attacker.example:{port}"):
+                async with session.get(f"{url}/metrics", headers={"Host": host}) as r:
+                    assert r.status == 421 and "comfyveil_" not in await r.text()
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", socket.gethostname()):
+                async with session.get(f"{url}/healthz", headers={"Host": host}) as r:
+                    assert r.status == 200, host
+    finally:
+        await listener.close()

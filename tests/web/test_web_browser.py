@@ -77,7 +77,7 @@ async def test_the_whole_journey_with_javascript_off(db, fake_comfy_factory, sho
 
         # progress: the page refreshes itself (meta refresh, no script) until the result
         body = await page.inner_text("main")
-        assert re.search(r"Place in the queue|Progress|Elapsed|Ready in", body), body
+        assert re.search(r"Place in the queue|Waiting|Progress|Elapsed|Ready in", body), body
         assert await page.locator('meta[http-equiv="refresh"]').count() == 1
         await page.wait_for_selector("img[alt^='Result 1']", timeout=TIMEOUT_MS)
         assert await page.locator('meta[http-equiv="refresh"]').count() == 0

@@ -18,7 +18,7 @@ RUN_S = 10  # every measured run of /f here
 def other(user: int) -> jobs.NewJob:
     return jobs.NewJob(
         user_id=user, chat_id=user, command="f", workflow_hash="h" * 64,
-        params={"prompt": "a red fox"},
+        params={"prompt": "a red fox", "steps": 4, "width": 256, "height": 256},
     )
 
 
@@ -44,7 +44,8 @@ async def measured_runs(db: database.Database, backends: list[str]) -> None:
 
 
 async def running_past_their_estimate(db: database.Database, backends: list[str]) -> None:
-    """A job on each backend, running for 30 s and more: three times its estimate."""
+    """A job on each backend, running (ComfyUI started it) for 30 s and more: three times
+    its estimate, with no progress to go by."""
     for n, backend in enumerate(backends):
         await db.jobs.enqueue(other(850 + n))
         claimed = await db.jobs.claim("busy")
@@ -52,8 +53,10 @@ async def running_past_their_estimate(db: database.Database, backends: list[str]
         claimed = await db.jobs.mark_submitted(claimed, backend)
         await sql(
             db,
-            "UPDATE jobs SET started_at = now() - make_interval(secs => %s) WHERE id = %s",
-            30 + 10 * n, claimed.id,
+            "UPDATE jobs SET started_at = now() - make_interval(secs => %s),"
+            " executing_at = now() - make_interval(secs => %s),"
+            " progress = '{\"state\": \"running\"}' WHERE id = %s",
+            31 + 10 * n, 30 + 10 * n, claimed.id,
         )
 
 
@@ -90,7 +93,8 @@ async def test_the_chat_and_the_web_page_say_the_same_place_and_eta(
     chat_eta = re.search(r"about (\d+) s", chat)
     assert web_place and web_eta and chat_place and chat_eta, (page, chat)
     assert web_place[1] == chat_place[1] == "2"  # the other user's job, then this one
-    # Both GPUs are busy with jobs past their 10 s estimate (a tenth more each): the job
-    # ahead takes one at 1 s, this one the other: 11 s, not "0 s" nor 10 s.
-    assert web_eta[1] == chat_eta[1] == "11", (page, chat)
+    # Both GPUs are busy with jobs past their 10 s estimate, not taken as nearly done:
+    # half as long again as they ran (15 s and 20 s). The job ahead takes the first free
+    # (done at 25 s), this one the other: 30 s, not "0 s" nor 10 s.
+    assert web_eta[1] == chat_eta[1] == "30", (page, chat)
     assert ahead.status is jobs.Status.QUEUED

@@ -153,9 +153,13 @@ async def test_job_page_refreshes_and_cancel_stops_a_slow_job(db, fake_comfy_fac
         )
         job_id = uuid.UUID(JOB_URL.search(str(response.url)).group(1))  # type: ignore[union-attr]
 
-        async def running() -> bool:
+        async def running() -> bool:  # ComfyUI started it: its running time counts
             job = await stack.db.jobs.get(job_id)
-            return job is not None and job.status is jobs.Status.RUNNING
+            return (
+                job is not None
+                and job.executing_at is not None
+                and (job.progress or {}).get("state") == "running"
+            )
 
         await wait_for(running)
         _, page = await get_text(session, f"{stack.url}/jobs/{job_id}")

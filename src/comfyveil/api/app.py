@@ -85,6 +85,8 @@ async def file(request: web.Request) -> web.StreamResponse:
     expires = request.query.get("expires", "")
     sig = request.query.get("sig", "")
     fmt = request.query.get("format", "")
+    if not links.well_formed(expires, sig):
+        raise web.HTTPNotFound()
     if not links.valid(svc.link_secret, job_id, index, expires, sig, fmt=fmt):
         raise ApiError(403, _("That link has expired or is not valid."), code="invalid_link")
     found = next((o for o in await svc.db.jobs.outputs(job_id) if o.index == index), None)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import re
 import time
 import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +24,7 @@ from comfyveil import errors, images
 from comfyveil import policy as policy_mod
 from comfyveil.api import formats, links, retries, streaming, webhooks
 from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
-from comfyveil.api.errors import ApiError, bad_request, from_usage
+from comfyveil.api.errors import QUEUE_RETRY_SECONDS, ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
 from comfyveil.i18n import _
@@ -85,6 +88,54 @@ KEPT = (
 )
 
 
+# Requests of one account answered at once: each may hold up to MAX_N jobs' outputs in
+# memory as base64, and a retry with the same Idempotency-Key costs no quota, so without
+# this bound one account could have any number of answers built at once.
+MAX_ANSWERING = 4
+_answering: Counter[int] = Counter()
+_SLOT = web.RequestKey("api_answering", int)
+
+
+def answering(account_id: int) -> int:
+    """How many requests of this account are being answered now (in this process)."""
+    return _answering[account_id]
+
+
+def _enter(request: web.Request) -> None:
+    """Take one of the account's answer slots, or refuse with 429."""
+    account_id = request[ACCOUNT].id
+    if _answering[account_id] >= MAX_ANSWERING:
+        raise ApiError(
+            429,
+            _("This account has {n} requests being answered; send more when one has ended.").format(
+                n=MAX_ANSWERING
+            ),
+            code="rate_limit_exceeded",
+            retry_after=QUEUE_RETRY_SECONDS,
+        )
+    _answering[account_id] += 1
+    request[_SLOT] = account_id
+
+
+def _one_of_few(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """`handler`, giving back the answer slot `_enter` took, however it ends."""
+
+    @functools.wraps(handler)
+    async def bounded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:
+            account_id = request.get(_SLOT)
+            if account_id is not None:
+                _answering[account_id] -= 1
+                if _answering[account_id] <= 0:
+                    del _answering[account_id]
+
+    return bounded
+
+
 def unknown_model(name: object) -> ApiError:
     if not isinstance(name, str) or not name.strip():
         return ApiError(
@@ -112,6 +163,32 @@ def _fingerprint(request: web.Request, route: str) -> retries.Fingerprint | None
     if IDEMPOTENCY.match(request.headers.get("Idempotency-Key", "")):
         return None
     return retries.Fingerprint(route, request[ACCOUNT].id, services(request).link_secret)
+
+
+async def _limits_first(request: web.Request, svc: ApiServices, who: access_mod.Who) -> None:
+    """The desk's limits, asked before the body is read or an image decoded (as the chat
+    and the pages do); a retry of a request whose jobs were queued passes, since the
+    store answers it with those jobs whatever the limits say now: one with the same
+    Idempotency-Key, or, while the account has requests whose client went away, one
+    that may take those over (told apart by its body, read next)."""
+    try:
+        await submit.check_limits(svc, who)
+    except errors.UsageError as exc:
+        sent = request.headers.get("Idempotency-Key", "")
+        if not (
+            who.allowed
+            and IDEMPOTENCY.match(sent)
+            and await svc.db.jobs.key_used(_job_key(request, sent, 0), who.user_id)
+        ) and not (
+            who.allowed
+            and not sent
+            and await svc.requests.has_abandoned(request[ACCOUNT].id)
+        ):
+            raise from_usage(exc) from None
+
+
+def _job_key(request: web.Request, token: str, i: int) -> str:
+    return f"api:{request[ACCOUNT].id}:{token}:{i}"
 
 
 async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
@@ -142,8 +219,11 @@ def _from_json(body: dict[str, Any], fingerprint: retries.Fingerprint | None) ->
     return ask
 
 
+@_one_of_few
 async def generations(request: web.Request) -> web.StreamResponse:
     svc, who = await caller(request)
+    _enter(request)
+    await _limits_first(request, svc, who)
     body = await _json_body(request, MAX_JSON)
     ask = _from_json(body, _fingerprint(request, "generations"))
     if ask.prompt is None:
@@ -151,8 +231,11 @@ async def generations(request: web.Request) -> web.StreamResponse:
     return await _answer(request, svc, who, ask, edit=False)
 
 
+@_one_of_few
 async def edits(request: web.Request) -> web.StreamResponse:
     svc, who = await caller(request)
+    _enter(request)
+    await _limits_first(request, svc, who)
     limits = svc.settings.limits
     if request.content_type == "application/json":
         # the JSON form: images as data URLs ("image", "image[]" or "images":
@@ -433,7 +516,7 @@ async def _answer(
         try:
             # A bad size or prompt is answered before anything is queued; the limits are
             # asked by the store with each job (`submit.queue`), not once more before.
-            wf.validate(values)
+            submit.validate(svc.settings, wf, values)
             await submit.check_policy(svc, entry.name, submit.policy_texts(wf, values))
         except policy_mod.PromptRefused as exc:
             raise ApiError(
@@ -506,14 +589,13 @@ async def _queue(
 ) -> list[jobs.Job]:
     """Queue n jobs (n seeds); a refusal part-way cancels those queued by this request.
     A client's Idempotency-Key makes a retried request wait for the same jobs."""
-    account = request[ACCOUNT]
     sent = request.headers.get("Idempotency-Key", "")
     token = sent if IDEMPOTENCY.match(sent) else uuid.uuid4().hex
     queued: list[jobs.Job] = []
     try:
         for i in range(n):
             job = await submit.queue(
-                svc, who, entry, dict(values), inputs, key=f"api:{account.id}:{token}:{i}"
+                svc, who, entry, dict(values), inputs, key=_job_key(request, token, i)
             )
             queued.append(job)
     except errors.UsageError as exc:

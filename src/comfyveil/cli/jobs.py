@@ -16,6 +16,7 @@ from typing import Any
 
 from comfyveil import cli, config
 from comfyveil.cli.submit import CLI_USER_ID, describe_progress
+from comfyveil.desk import state as job_state
 from comfyveil.errors import UsageError
 from comfyveil.store import database, jobs
 from comfyveil.store import eta as eta_mod
@@ -120,16 +121,13 @@ async def show_job(args: argparse.Namespace) -> int:
         # The one ETA every front end shows (store/eta.py), for the configured backends.
         up = eta_mod.backends_up(None, settings.backend_list())
         wait = await db.jobs.wait(job_id, backends=up)
-        position = wait.ahead if wait is not None and wait.queued else None
+        place = wait.place if wait is not None else None
         eta = wait.seconds if wait is not None else None
         history = await db.jobs.events(job_id)
         outputs = await db.jobs.outputs(job_id)
     print(f"job      {job.id}")
     print(f"command  /{job.command}")
-    # An ended job's status says it all ("succeeded", not "succeeded: succeeded").
-    progress = describe_progress(job, position)
-    print(f"status   {job.status.value}" + ("" if progress == job.status.value else
-                                             f": {progress}"))
+    print(f"status   {describe_progress(job, job_state.of(job, place=place))}")
     print(f"backend  {job.backend or '-'}  (attempt {job.attempts} of {job.max_attempts})")
     print(f"created  {_time(job.created_at)}   finished {_time(job.finished_at)}")
     if eta is not None:

@@ -204,10 +204,11 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                     print(f"comfyveil: web front end as a hidden service: http://{address}",
                           flush=True)
                     links = settings.web.public_url or f"http://{address}"
-                invite = await web_server.first_invite(settings, db, links)
+                invite = await web_server.first_invite(
+                    settings, db, links, terminal=sys.stdout.isatty()
+                )
                 if invite is not None:
-                    print(f"comfyveil: first admin invitation (works once): {invite}",
-                          flush=True)
+                    print(f"comfyveil: {invite}", flush=True)
                 if bot is None:
                     print("comfyveil: no Telegram token, so the web front end runs alone; "
                           "Ctrl-C stops it", flush=True)

@@ -26,6 +26,8 @@ from comfyveil import cli, config, sinks
 from comfyveil import policy as policy_mod
 from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
+from comfyveil.desk import state as job_state
+from comfyveil.desk import submit as desk_submit
 from comfyveil.errors import ComfyveilError, UsageError
 from comfyveil.store import database, jobs
 
@@ -72,8 +74,7 @@ async def load_path(db: database.Database, name: str) -> workflow.Workflow:
     try:
         wf = await asyncio.to_thread(workflow.load, path)
         toml_text = await asyncio.to_thread(path.read_text, encoding="utf-8")
-        graph_text = await asyncio.to_thread(path.with_suffix(".json").read_text,
-                                             encoding="utf-8")
+        graph_text = await asyncio.to_thread(path.with_suffix(".json").read_text, encoding="utf-8")
     except workflow.WorkflowError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:
@@ -136,35 +137,43 @@ async def build_job(
     images = [await asyncio.to_thread(check_image, path, settings) for path in image_paths]
     for param, image in zip(names, images, strict=False):
         values[param] = image.filename
-    validated = wf.validate(values)
-    for param in names[len(images):]:
+    validated = desk_submit.validate(settings, wf, values)
+    for param in names[len(images) :]:
         validated.pop(param, None)  # unbound images are not in the graph's values
     return jobs.NewJob(
-        user_id=CLI_USER_ID, chat_id=CLI_USER_ID, command=wf.command,
-        workflow_hash=wf.hash, params=validated, inputs=images, priority=priority,
+        user_id=CLI_USER_ID,
+        chat_id=CLI_USER_ID,
+        command=wf.command,
+        workflow_hash=wf.hash,
+        params=validated,
+        inputs=images,
+        priority=priority,
         max_attempts=settings.worker.max_attempts,
     )
 
 
-def describe_progress(job: jobs.Job, position: int | None) -> str:
-    """One line about where a job stands, for a terminal."""
-    if job.status is jobs.Status.QUEUED:
+def describe_progress(job: jobs.Job, seen: job_state.JobState) -> str:
+    """One line about where a job stands, for a terminal: the state every front end
+    names the same way (desk/state.py), and what goes with it."""
+    stage = job_state.Stage
+    if seen.stage is stage.QUEUED:
+        if seen.note:
+            return f"{seen.word}: {seen.note}"
         if job.attempts and job.error:
-            return f"retrying after: {job.error}"
-        return "queued" if position is None else f"queued, {position} job(s) ahead"
-    p = job.progress or {}
-    state = p.get("state")
-    if job.status is jobs.Status.RUNNING:
-        if state == "waiting":
-            return str(p.get("text") or "waiting for a GPU")
-        if state == "queued_on_backend":
-            where = "running" if p.get("position") == 0 else f"#{p.get('position')} on"
-            return f"{where} {p.get('backend', job.backend or '')}".strip()
-        if p.get("percent") is not None:
-            return (f"running on {p.get('backend', job.backend)}: step "
-                    f"{p.get('value', 0):g}/{p.get('max', 0):g} ({p['percent']:.0f}%)")
-        return f"running on {job.backend}" if job.backend else "starting"
-    return str(job.status)
+            return f"{seen.word}, retrying after: {job.error}"
+        return seen.word if seen.place is None else f"{seen.word} #{seen.place}"
+    if seen.stage is stage.WAITING_GPU:
+        where = f" {seen.backend}" if seen.backend else ""
+        there = f", #{seen.gpu_place} there" if seen.gpu_place else ""
+        return f"{seen.word}{where}{there}"
+    if seen.stage is stage.RUNNING:
+        parts = [f"{seen.word} on {seen.backend}" if seen.backend else seen.word]
+        if seen.step is not None and seen.steps:
+            percent = f" ({seen.percent:.0f}%)" if seen.percent is not None else ""
+            parts.append(f"step {seen.step}/{seen.steps}{percent}")
+        line = ": ".join(parts)
+        return line if seen.running_s is None else f"{line}, {seen.running_s:.0f} s"
+    return seen.word
 
 
 async def wait_for_job(
@@ -172,6 +181,7 @@ async def wait_for_job(
 ) -> jobs.Job:
     """Follow a job until it ends, writing progress lines to `stream`."""
     last = ""
+    states = job_state.StateMemory()  # a line never goes back to an earlier state
     async with db.listen((database.UPDATES_CHANNEL,)) as listener:
         notes = listener.__aiter__()
         pending: asyncio.Task[Any] | None = None
@@ -182,8 +192,9 @@ async def wait_for_job(
                     raise ComfyveilError("the job disappeared from the queue")
                 if job.status.finished:
                     return job
-                position = await db.jobs.position(job_id)
-                line = describe_progress(job, position)
+                ahead = await db.jobs.position(job_id)
+                place = None if ahead is None else ahead + 1
+                line = describe_progress(job, states.shown(job_id, job_state.of(job, place=place)))
                 if line != last:
                     last = line
                     print(line, file=stream, flush=True)
@@ -205,7 +216,12 @@ async def run(args: argparse.Namespace) -> int:
         _run_args.check_out(args.out)
     async with await database.Database.open(settings) as db:
         new = await build_job(
-            db, settings, args.workflow, args.prompt, args.values, args.image,
+            db,
+            settings,
+            args.workflow,
+            args.prompt,
+            args.values,
+            args.image,
             priority=args.priority,
         )
         job = await db.jobs.enqueue(new)

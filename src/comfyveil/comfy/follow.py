@@ -64,7 +64,14 @@ class Following:
                     return result
             elif position != last:
                 last = position
-                await _call_back(on_event, events.QueuePosition(prompt_id, position))
+                # Polled, no execution_start comes: the prompt in the queue's running part
+                # is what that event would have said (running, not "next").
+                event: events.Event = (
+                    events.ExecutionStart(prompt_id, None)
+                    if position == 0
+                    else events.QueuePosition(prompt_id, position)
+                )
+                await _call_back(on_event, event)
             await asyncio.sleep(self.poll_interval)
 
     async def _emit_position(

@@ -4,6 +4,7 @@ values, applying them to a fresh copy of the graph, hashing it, checking a backe
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -164,20 +165,27 @@ class Workflow:
             options = ", ".join(sorted(self.params)) or "-"
             raise ParamError(
                 _("unknown option {option}; options: {options}").format(
-                    option=ltr(f"--{clip(name_or_alias, 40)}"), options=ltr(options)),
+                    option=ltr(f"--{clip(name_or_alias, 40)}"), options=ltr(options)
+                ),
                 param=name_or_alias,
             )
         return self.params[name]
 
     def validate(
-        self, values: Mapping[str, object], *, rng: random.Random | None = None
+        self,
+        values: Mapping[str, object],
+        *,
+        rng: random.Random | None = None,
+        max_text: int | None = None,
     ) -> dict[str, object]:
         """Check and complete a user's values; the result is what `apply` takes.
 
         Strings are coerced (``--set steps=4`` arrives as ``"4"``), bounds are checked,
         defaults filled in, and a seed drawn for each seed parameter not given (see
         `seed_params`; its default, if any, is never used). Values of
-        ``None`` count as not given. Image values pass through unchanged.
+        ``None`` count as not given. Image values pass through unchanged. `max_text`
+        bounds every text value too (the operator's ``[limits] max_prompt_length``), with
+        the same sentence as a workflow's own ``max_length``, whichever is lower.
 
         Raises:
             ParamError: an unknown option, a missing required one, or a bad value.
@@ -194,6 +202,12 @@ class Workflow:
         result: dict[str, object] = {}
         for name, p in self.params.items():
             if name in given:
+                if (
+                    p.type == "text"
+                    and max_text is not None
+                    and (p.max_length is None or p.max_length > max_text)
+                ):
+                    p = dataclasses.replace(p, max_length=max_text)
                 result[name] = p.convert(given[name])
             elif name in seeds:
                 # Drawn even when a default is declared: the same seed would repeat the
@@ -206,7 +220,8 @@ class Workflow:
             elif p.required:
                 if p.description:
                     text = _("{name} is required: {hint}").format(
-                        name=ltr(name), hint=p.described())
+                        name=ltr(name), hint=p.described()
+                    )
                 else:
                     text = _("{name} is required").format(name=ltr(name))
                 raise ParamError(text, param=name)

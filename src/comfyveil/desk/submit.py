@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 
-from comfyveil import errors
+from comfyveil import config, errors
 from comfyveil import policy as policy_mod
 from comfyveil.comfy import workflow
 from comfyveil.desk import access, availability, failures, registry
@@ -28,6 +28,19 @@ def policy_texts(wf: workflow.Workflow, values: Mapping[str, object]) -> list[st
     not the negative prompt (``--no gore`` asks for less) nor input image names."""
     skip = {"negative", *wf.image_params}
     return [v for k, v in values.items() if k not in skip and isinstance(v, str)]
+
+
+def validate(
+    settings: config.Settings, wf: workflow.Workflow, values: Mapping[str, object]
+) -> dict[str, object]:
+    """`wf.validate` with the operator's ``[limits] max_prompt_length`` bounding every text
+    value (a workflow's own lower ``max_length`` still binds): one rule for the chat, the
+    pages, the API and ``comfyveil submit``.
+
+    Raises:
+        ParamError: one plain sentence naming the option.
+    """
+    return wf.validate(values, max_text=settings.limits.max_prompt_length)
 
 
 async def check_policy(services: PolicyDesk, command: str, texts: Sequence[str]) -> None:
@@ -58,6 +71,21 @@ async def check_allowed(services: Desk, who: access.Who, entry: registry.Entry) 
         raise access.NotAllowed(
             _("Only the bot's admins can use {command}.").format(command=ltr(f"/{entry.name}"))
         )
+    await check_limits(services, who)
+
+
+async def check_limits(services: Desk, who: access.Who) -> None:
+    """Refuse a user who may not queue anything now (not allowed, over a limit, cooling
+    down), asked by every front end before it reads or decodes an uploaded image, so a
+    refused user never costs the server an image's decoding; the store asks again, and
+    counts, when the job is queued.
+
+    Raises:
+        NotAllowed: banned or not allowed.
+        QueueLimitReached, DailyQuotaReached, CoolingDown: the user must wait.
+    """
+    if not who.allowed:
+        raise access.NotAllowed(_("You are not allowed to use this service."))
     await services.db.jobs.check_limits(who.user_id, **services.access.limits(who))
 
 
@@ -90,7 +118,7 @@ async def queue(
         )
     await check_policy(svc, entry.name, policy_texts(entry.workflow, values))
     await availability.confirm(svc.pool, entry)
-    validated = entry.workflow.validate(dict(values))
+    validated = validate(svc.settings, entry.workflow, values)
     new = jobs.NewJob(
         user_id=who.user_id,
         chat_id=who.chat_id,
@@ -138,5 +166,5 @@ async def again(
             )
     values = entry.workflow.without_seeds(job.params)
     await check_policy(services, entry.name, policy_texts(entry.workflow, values))
-    validated = entry.workflow.validate(values)
+    validated = validate(services.settings, entry.workflow, values)
     return entry, validated, inputs

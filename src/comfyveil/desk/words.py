@@ -9,6 +9,7 @@ from comfyveil.i18n import N_, _
 # A job's status in a word, for /history and the web pages.
 STATUS_WORDS = {
     "queued": N_("queued"),
+    "waiting": N_("waiting on a GPU"),  # accepted by a backend, pending in its own queue
     "running": N_("running"),
     "succeeded": N_("done"),
     "failed": N_("failed"),

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from comfyveil import metrics
+from comfyveil import hosts, metrics
 from comfyveil.errors import ConfigError
 from comfyveil.store import errors as store_errors
 
@@ -49,7 +49,10 @@ class MetricsServer:
         self.url = ""
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1024)  # GETs only: no body to read
+        app = web.Application(  # GETs only: no body to read
+            client_max_size=1024,
+            middlewares=[hosts.middleware(lambda: (self.host, *hosts.own_names()))],
+        )
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)

@@ -48,6 +48,7 @@ __all__ = [
     "ChecksumError",
     "GatedError",
     "HubError",
+    "OversizeError",
     "download",
     "endpoint",
     "read_token",
@@ -86,6 +87,10 @@ class GatedError(HubError):
 
 class ChecksumError(HubError):
     """The downloaded bytes are not the ones the manifest pins."""
+
+
+class OversizeError(HubError):
+    """The server sent more bytes than the manifest pins (a tampering mirror or CDN)."""
 
 
 def endpoint() -> str:
@@ -215,8 +220,9 @@ class _HashingWriter:
     _RESET = object()
 
     def __init__(self, handle: Any, prefix: hashlib._Hash, position: int,
-                 on_bytes: Callable[[int], None] | None) -> None:
+                 on_bytes: Callable[[int], None] | None, limit: int) -> None:
         self._handle = handle
+        self._limit = limit
         self._digest = prefix
         self._position = position
         self._start = position
@@ -237,6 +243,10 @@ class _HashingWriter:
                 self._digest.update(item)  # type: ignore[arg-type]
 
     def write(self, data: bytes) -> int:
+        # The pinned size bounds what reaches the disk while it comes, not after: a
+        # server that sends more is lying, and its bytes are not worth resuming.
+        if self._position + len(data) > self._limit:
+            raise OversizeError("the server sent more bytes than the manifest pins")
         self._handle.write(data)
         self._queue.put(bytes(data))
         self._position += len(data)
@@ -292,6 +302,8 @@ def download(
     Raises:
         GatedError: the repository wants a token with access (401/403).
         ChecksumError: the bytes are not the manifest's (the download is deleted).
+        OversizeError: the server sent more than the pinned size (stopped there, and the
+            download is deleted).
         HubError: the hub is unreachable, lacks the file, or serves another size; a
             partial download is kept to resume next time.
     """
@@ -340,7 +352,7 @@ def download(
                 on_bytes(done)
     try:
         with open(partial, "ab") as handle, _HashingWriter(
-            handle, prefix, done, on_bytes
+            handle, prefix, done, on_bytes, model.size
         ) as writer:
             file_download.http_get(
                 location, writer, resume_size=done, headers=get_headers,
@@ -350,6 +362,12 @@ def download(
             handle.flush()
             os.fsync(handle.fileno())  # the bytes are on disk before the name says so
             received = writer.hexdigest()
+    except OversizeError:
+        partial.unlink(missing_ok=True)
+        raise OversizeError(
+            f"{model.relative} from {where} is longer than the {model.size} bytes the "
+            "manifest pins; the download was deleted and nothing was placed"
+        ) from None
     except Exception as exc:
         raise _translated(exc, model, base, where, kept=partial) from exc
     if received != model.sha256:

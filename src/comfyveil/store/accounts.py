@@ -161,6 +161,11 @@ _ACCOUNT_COLUMNS = (
 )
 
 
+# The note of the first admin's invitation (made while no account exists).
+FIRST_ADMIN = "first admin"
+_CLOSE_FIRST_ADMIN = "DELETE FROM web_invites WHERE note = 'first admin' AND used_at IS NULL"
+
+
 class WebStore:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
@@ -180,14 +185,37 @@ class WebStore:
     async def create_invite(
         self, *, is_admin: bool, hours: float, created_by: int | None = None
     ) -> str:
-        """A new one-time invitation; its token (shown once, stored only as a digest)."""
+        """A new one-time invitation; its token (shown once, stored only as a digest).
+
+        An admin invitation made while no account exists is the first admin's: it
+        replaces any earlier unused one (one live link at most), and the first sign-up
+        closes it (see `sign_up`)."""
         token = new_token()
-        await self._one(
-            "INSERT INTO web_invites (token_hash, is_admin, created_by, expires_at) "
-            "VALUES (%(h)s, %(admin)s, %(by)s, now() + make_interval(secs => %(secs)s))",
-            {"h": digest(token), "admin": is_admin, "by": created_by, "secs": hours * 3600},
-        )
+        async with errors.wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
+            # One at a time: two starts at once must not leave two first-admin links.
+            await conn.execute("LOCK TABLE web_invites IN SHARE ROW EXCLUSIVE MODE")
+            cursor = await conn.execute("SELECT EXISTS (SELECT 1 FROM web_accounts) AS any")
+            row = await cursor.fetchone()
+            first = is_admin and created_by is None and row is not None and not row["any"]
+            if first:
+                await conn.execute(_CLOSE_FIRST_ADMIN)
+            await conn.execute(
+                "INSERT INTO web_invites (token_hash, is_admin, created_by, expires_at, note) "
+                "VALUES (%(h)s, %(admin)s, %(by)s, now() + make_interval(secs => %(secs)s), "
+                "%(note)s)",
+                {
+                    "h": digest(token),
+                    "admin": is_admin,
+                    "by": created_by,
+                    "secs": hours * 3600,
+                    "note": FIRST_ADMIN if first else "",
+                },
+            )
         return token
+
+    async def close_first_admin_invites(self) -> None:
+        """Close every unused first-admin invitation (an account exists now)."""
+        await self._one(_CLOSE_FIRST_ADMIN)
 
     async def invite_open(self, token: str) -> bool:
         row = await self._one(
@@ -269,6 +297,8 @@ class WebStore:
                 "UPDATE web_invites SET used_at = now(), used_by = %(id)s WHERE token_hash = %(h)s",
                 {"id": account_id, "h": digest(token)},
             )
+            # An account exists now: no other link may open a first admin account.
+            await conn.execute(_CLOSE_FIRST_ADMIN)
         assert created is not None
         return Account.from_row(created)
 
@@ -501,7 +531,7 @@ class WebStore:
     async def history(self, user_id: int, *, limit: int, offset: int) -> list[Row]:
         return await self._all(
             "SELECT id, command, status, params->>'prompt' AS prompt, created_at, "
-            "finished_at, error FROM jobs WHERE user_id = %(u)s "
+            "finished_at, error, progress->>'state' AS state FROM jobs WHERE user_id = %(u)s "
             "ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
             {"u": user_id, "limit": limit, "offset": offset},
         )

@@ -1,4 +1,4 @@
-"""The images API's requests (migration 0029): which jobs a request without an
+"""The images API's requests (migration 0024): which jobs a request without an
 Idempotency-Key queued, whether a client still waits for them, and when the last one
 went. OpenAI's SDK retries a request that timed out or lost its connection with the same
 body, so a retry takes over the jobs its first try left instead of paying for new ones;
@@ -50,6 +50,16 @@ class ApiRequestStore:
         if not rows:
             return None
         return Taken(rows[0]["id"], tuple(rows[0]["job_ids"]))
+
+    async def has_abandoned(self, account_id: int) -> bool:
+        """Whether this account has a request whose client went away that a retry may
+        still take over (so a retry must not be refused for the jobs it holds)."""
+        rows = await self._all(
+            "SELECT 1 FROM api_requests WHERE account_id = %(a)s "
+            "AND state IN ('open', 'kept') AND clients = 0 LIMIT 1",
+            {"a": account_id},
+        )
+        return bool(rows)
 
     async def open(self, account_id: int, fingerprint: bytes, job_ids: list[uuid.UUID]) -> int:
         """Remember a request that queued `job_ids`, with its client waiting."""

@@ -12,6 +12,10 @@ own binaries readable and enterable by every local user; when the socket path wo
 too long it puts the socket in a shared directory it sets to 0777, and the server trusts
 every local connection. Rather than let it open a private directory (``/root``) or the
 database to the machine's other users, `start` refuses then and says what to do.
+
+Its commands (initdb, pg_ctl, and so the server) get a minimal environment (PATH, the
+locale, PGDATA), never ours with its tokens; as root they run with the `pgserver` user's
+own group and no supplementary group, not root's group 0.
 """
 
 from __future__ import annotations
@@ -19,9 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pwd
 import stat
+import subprocess
 import threading
+import types
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +77,66 @@ def check_root_safety(data_dir: Path, binaries: Path) -> None:
         )
 
 
+# What PostgreSQL's programs (initdb, pg_ctl, the server) get of our environment: their
+# path and locale, nothing else (not the bot token nor HF_TOKEN, which another process
+# of the same user could read in /proc/PID/environ).
+KEPT_ENVIRONMENT = ("LANG", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "TZ")
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def server_environment(args: Any) -> dict[str, str]:
+    """The environment of one of pgserver's commands: PATH, the locale, PGDATA."""
+    env = {"PATH": SAFE_PATH}
+    env.update({k: os.environ[k] for k in KEPT_ENVIRONMENT if k in os.environ})
+    words = [str(a) for a in args] if isinstance(args, list | tuple) else []
+    if "-D" in words[:-1]:
+        env["PGDATA"] = words[words.index("-D") + 1]
+    return env
+
+
+def _confined(run: Callable[..., Any]) -> Callable[..., Any]:
+    """`subprocess.run` for pgserver's commands: a minimal environment, and when they run
+    as another user (we are root), that user's own group and no supplementary group, not
+    root's group 0, which subprocess keeps when only `user` is given."""
+
+    def confined(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        kwargs["env"] = server_environment(args)
+        user = kwargs.get("user")
+        if user is not None and os.geteuid() == 0:
+            gid = pwd.getpwnam(user).pw_gid
+            if gid == 0:
+                raise errors.EmbeddedServerError(
+                    f"the system user {user} that runs the embedded PostgreSQL has group 0 "
+                    "(root); give it a group of its own (usermod -g)"
+                )
+            kwargs["group"] = gid
+            kwargs["extra_groups"] = []
+        return run(args, *rest, **kwargs)
+
+    return confined
+
+
+def _confine(commands: Any) -> None:
+    """Route pgserver's command runner (its module's `subprocess.run`) through `_confined`,
+    once."""
+    current = commands.subprocess
+    if getattr(current, "comfyveil_confined", False):
+        return
+    shim = types.ModuleType("subprocess")
+    shim.__dict__.update(subprocess.__dict__)
+    shim.run = _confined(subprocess.run)  # type: ignore[attr-defined]
+    shim.comfyveil_confined = True  # type: ignore[attr-defined]
+    commands.subprocess = shim
+
+
 def _start(data_dir: Path) -> str:
     with warnings.catch_warnings():
         # platformdirs warns about XDG_RUNTIME_DIR at import; irrelevant here.
         warnings.simplefilter("ignore")
         import pgserver
+        from pgserver import _commands
+
+    _confine(_commands)
 
     data_dir = data_dir.expanduser().resolve()
     with _lock:

@@ -1,14 +1,22 @@
 """How long until a job's result: one answer for the chat, the web page and `jobs show`.
 
-The routing estimator (`comfy.routing.Estimator`: per backend and workflow, the median
-of recent runs, and what a model switch adds there) is fed the recent successful runs
-the database holds, oldest first; a run whose backend ran another command just before
-is a cold start, its extra over that backend's warm runs the switch's cost. Then the
-queue is played forward: each backend is busy for what its running jobs still need (a
-job near or past its estimate still needs a tenth of it: never "0 s" while it runs) and
-for the jobs waiting on it; each job ahead, in claim order, goes where it would finish
-first, as the pool sends it; ours last. The answer says where the queue ahead goes,
-backend by backend, the running jobs included.
+What a run costs is learnt per backend and command from the recent successful runs the
+database holds, in what the job asks of the GPU: its *work*, sampler steps times
+megapixels times frames (`work_of`). A run is a fixed part (loaders, encoders, the
+decoder) plus seconds per unit of work; the sampler's pace comes from ComfyUI's progress
+events (the worker records seconds per step, `step_s`), else from runs of different sizes
+(the median of the slopes between them), else in proportion to the work. A run whose
+backend ran another command just before is a cold start: its extra over the warm
+prediction is what a model switch costs there. A run counts from ComfyUI's start of the
+prompt (`executing_at`), not from the claim.
+
+Then the queue is played forward: each backend is busy for what its running jobs still
+need and for the jobs waiting on it; each job ahead, in claim order, goes where it would
+finish first, as the pool sends it; ours last. A running job still needs its steps left
+at the pace it has shown, plus its tail (never less than its steps left need); one past
+its estimate with no progress to go by is not taken as nearly done: it is expected to run
+half as long again as it has. The answer says where the queue ahead goes, backend by
+backend, the running jobs included.
 
 The place in the queue moves forward only (`PlaceMemory`): round-robin may put another
 user's job ahead of one already shown "#1"; the place shown stays the smallest shown so
@@ -19,45 +27,88 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import statistics
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from comfyveil.comfy.routing import Estimator
-
-OVERRUN_SHARE = 0.1  # of its estimate, what a job running (near or) past it still needs
+OVERRUN_SHARE = 0.5  # of what it ran so far, what a job past its estimate still needs
+TAIL_SHARE = 1.0  # of a run's fixed part, what comes after the sampler: with the models
+# loaded (a switch is counted apart), what is left is mostly decoding, saving and sending
 SIMULATED = 64  # jobs ahead placed one by one; those beyond are spread evenly
 CANDIDATES = 8  # backends soonest free a job ahead is weighed on (model switches differ)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
+WINDOW = 15  # recent warm runs per backend and command a cost is fitted to
+MEGAPIXEL = 1024 * 1024
+
+
+def work_of(params: Mapping[str, Any] | None) -> float:
+    """What a job asks of the GPU, in sampler steps x megapixels x frames x batch: what a
+    run's sampler time grows with. A parameter a workflow lacks counts as 1."""
+    params = params or {}
+
+    def number(name: str) -> float | None:
+        value = params.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return None
+        return float(value)
+
+    steps = number("steps") or 1.0
+    width, height = number("width"), number("height")
+    if width is not None and height is not None:
+        megapixels = width * height / MEGAPIXEL
+    else:
+        megapixels = number("megapixels") or 1.0
+    frames = number("length") or number("frames") or 1.0
+    batch = number("batch_size") or 1.0
+    return steps * megapixels * frames * batch
+
+
+def steps_of(params: Mapping[str, Any] | None) -> int | None:
+    value = (params or {}).get("steps")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """A finished successful run: where, what, how long (seconds), in order of finishing."""
+    """A finished successful run: where, what, how long (seconds), in order of finishing;
+    its work (`work_of`), its steps and, when the worker measured it, a step's seconds."""
 
     backend: str
     command: str
     seconds: float
+    work: float = 1.0
+    steps: int | None = None
+    step_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Busy:
-    """A job on a backend now: running for `elapsed` s, or waiting there (None)."""
+    """A job on a backend now: running for `elapsed` s (since ComfyUI started it), or
+    waiting there (None); its work, its steps, the steps done and a step's seconds so far
+    (from its progress events, None before any)."""
 
     backend: str
     command: str
     elapsed: float | None
+    work: float = 1.0
+    steps: int | None = None
+    done: float | None = None
+    step_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Ahead:
     """A job that will be claimed before ours: its command and the backends it may use
-    (None: any)."""
+    (None: any), and its work."""
 
     command: str
     backends: tuple[str, ...] | None = None
+    work: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,47 +138,190 @@ class Wait:
         return self.ahead + 1 if self.queued else None
 
 
-def runs_from(spans: Iterable[tuple[str, str, float, float]]) -> list[Run]:
-    """Runs from (backend, command, started, finished) spans (any clock, in seconds),
-    oldest first. A job is started when claimed, and may then wait on its backend behind
-    another (`max_waiting`): its run starts when the one before it there finished."""
+def runs_from(spans: Iterable[Sequence[Any]]) -> list[Run]:
+    """Runs from (backend, command, started, finished[, work, steps, step_s]) spans (any
+    clock, in seconds), oldest first. A run may have waited on its backend behind another
+    (`max_waiting`) when its start is not ComfyUI's own: it starts, at the latest, when
+    the one before it there finished."""
     runs: list[Run] = []
     last_end: dict[str, float] = {}
-    for backend, command, started, finished in sorted(spans, key=lambda s: s[3]):
+    for span in sorted(spans, key=lambda s: s[3]):
+        backend, command, started, finished = span[0], span[1], span[2], span[3]
+        work = float(span[4]) if len(span) > 4 and span[4] else 1.0
+        steps = int(span[5]) if len(span) > 5 and span[5] else None
+        step_s = float(span[6]) if len(span) > 6 and span[6] else None
         begun = max(started, last_end.get(backend, started))
         last_end[backend] = finished
-        runs.append(Run(backend, command, max(0.0, finished - begun)))
+        runs.append(Run(backend, command, max(0.0, finished - begun), work, steps, step_s))
     return runs
 
 
-def estimator_from(runs: Iterable[Run]) -> Estimator:
-    """The routing estimator, taught the runs (oldest first)."""
-    estimator = Estimator()
-    previous: dict[str, str] = {}
-    cold: list[Run] = []
-    unsure: list[Run] = []
-    for run in runs:
-        before = previous.get(run.backend)
-        previous[run.backend] = run.command
-        if before is None:
-            unsure.append(run)  # what ran before it there is not known: warm or cold?
-        elif before != run.command:
-            cold.append(run)  # the models were switched: learnt once the warm runs are
-        else:
-            estimator.learn(run.backend, run.command, run.seconds)
-    measured = {(e.backend, e.workflow) for e in estimator.estimates() if e.run is not None}
-    for run in unsure:  # only where nothing surer was measured
-        if (run.backend, run.command) not in measured:
-            estimator.learn(run.backend, run.command, run.seconds)
-    for run in cold:
-        warm = estimator.run_seconds(run.backend, run.command)
-        load = None if warm is None else max(0.0, run.seconds - warm)
-        estimator.learn(run.backend, run.command, run.seconds, load=load)
-    return estimator
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """A run's seconds: `fixed` plus `rate` per unit of work."""
+
+    fixed: float
+    rate: float
+
+    def seconds(self, work: float) -> float:
+        return self.fixed + self.rate * work
+
+
+def fit(runs: Sequence[Run]) -> Cost:
+    """A command's cost on one backend from its warm runs (any order).
+
+    Runs with a measured step: the sampler's share is its steps at that pace, the rest is
+    fixed. Otherwise runs of different sizes: the median of the slopes between them (one
+    odd run moves it little), the fixed part what is left. One size only: in proportion.
+    """
+    paced = [r for r in runs if r.step_s is not None and r.steps]
+    if paced:
+        rate = statistics.median(r.step_s * r.steps / r.work for r in paced)  # type: ignore[operator]
+        fixed = statistics.median(max(0.0, r.seconds - rate * r.work) for r in paced)
+        return Cost(fixed, rate)
+    slopes = [
+        (b.seconds - a.seconds) / (b.work - a.work)
+        for a, b in itertools.combinations(runs, 2)
+        if abs(b.work - a.work) > 1e-9 * max(a.work, b.work)
+    ]
+    if slopes:
+        rate = max(0.0, statistics.median(slopes))
+        fixed = statistics.median(r.seconds - rate * r.work for r in runs)
+        if fixed >= 0.0:
+            return Cost(fixed, rate)
+    return Cost(0.0, statistics.median(r.seconds / r.work for r in runs))
+
+
+class Model:
+    """What runs cost, per backend and command, and what a model switch adds there."""
+
+    def __init__(self) -> None:
+        self._warm: dict[tuple[str, str], list[Run]] = collections.defaultdict(list)
+        self._costs: dict[tuple[str, str], Cost] = {}
+        self._cold: dict[tuple[str, str], float] = {}
+        self._cold_others: dict[str, float] = {}
+        self._others: dict[str, list[Cost]] = {}
+        self._ran: set[str] = set()
+        self._followed = self._switched = 0  # runs after another there; of them switches
+
+    @property
+    def switch_share(self) -> float:
+        """How often a run lately found other models loaded (0 before any is known)."""
+        return self._switched / self._followed if self._followed else 0.0
+
+    def learn(self, runs: Iterable[Run]) -> None:
+        """Learn the runs (oldest first)."""
+        previous: dict[str, str] = {}
+        cold: list[Run] = []
+        unsure: list[Run] = []
+        for run in runs:
+            before = previous.get(run.backend)
+            previous[run.backend] = run.command
+            self._ran.add(run.backend)
+            if before is not None:
+                self._followed += 1
+                self._switched += before != run.command
+            if before is None:
+                unsure.append(run)  # what ran before it there is not known: warm or cold?
+            elif before != run.command:
+                cold.append(run)  # the models were switched: weighed once the warm are fit
+            else:
+                self._warm[(run.backend, run.command)].append(run)
+        self._costs = {key: fit(runs[-WINDOW:]) for key, runs in self._warm.items() if runs}
+        extras: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+        for run in cold:
+            key = (run.backend, run.command)
+            if key in self._costs:
+                extras[key].append(max(0.0, run.seconds - self._costs[key].seconds(run.work)))
+        self._cold = {key: statistics.median(v[-WINDOW:]) for key, v in extras.items()}
+        by_command: dict[str, list[float]] = collections.defaultdict(list)
+        for (_, command), extra in self._cold.items():
+            by_command[command].append(extra)
+        switch = {c: statistics.median(v) for c, v in by_command.items()}
+        # Where no warm run was measured, the first runs (most likely cold: a backend's
+        # first run loads its models) and the cold ones are all there is: what a switch
+        # costs elsewhere comes off them, since a cold start adds it again.
+        guess: dict[tuple[str, str], list[Run]] = collections.defaultdict(list)
+        for run in (*unsure, *cold):
+            key = (run.backend, run.command)
+            if key not in self._costs:
+                load = min(switch.get(run.command, 0.0), run.seconds * 0.9)
+                guess[key].append(replace(run, seconds=run.seconds - load))
+        self._costs.update({key: fit(runs[-WINDOW:]) for key, runs in guess.items()})
+        self._others: dict[str, list[Cost]] = collections.defaultdict(list)
+        for (_, command), cost in self._costs.items():
+            self._others[command].append(cost)
+        self._cold_others = switch
+
+    def cost(self, backend: str, command: str) -> Cost | None:
+        """The cost there: measured there, else the median of the other backends' (a
+        backend that ran nothing yet has none: the pool tries it)."""
+        found = self._costs.get((backend, command))
+        if found is not None or backend not in self._ran:
+            return found
+        others = self._others.get(command)
+        if not others:
+            return None
+        return Cost(
+            statistics.median(c.fixed for c in others), statistics.median(c.rate for c in others)
+        )
+
+    def run_seconds(self, backend: str, command: str, work: float = 1.0) -> float | None:
+        """A warm run of `work` there (see `cost`)."""
+        cost = self.cost(backend, command)
+        return None if cost is None else cost.seconds(work)
+
+    def cold_seconds(self, backend: str, command: str) -> float:
+        """The extra of a cold start: measured there, else on the other backends, else 0."""
+        found = self._cold.get((backend, command))
+        return found if found is not None else self._cold_others.get(command, 0.0)
+
+    def typical(self, backend: str, work: float = 1.0) -> float:
+        """A run of whatever command there: for jobs there we know nothing of."""
+        own = [c.seconds(work) for (b, _), c in self._costs.items() if b == backend]
+        return statistics.median(own) if own else 0.0
+
+    def anywhere(self, names: Iterable[str], command: str) -> Cost | None:
+        """The cheapest backend's cost of `command` among `names`."""
+        found = [c for b in names if (c := self.cost(b, command)) is not None]
+        return min(found, key=lambda c: c.seconds(1.0)) if found else None
+
+
+def estimator_from(runs: Iterable[Run]) -> Model:
+    """The cost model, taught the runs (oldest first)."""
+    model = Model()
+    model.learn(runs)
+    return model
+
+
+def still_needs(
+    cost: float,
+    elapsed: float,
+    *,
+    fixed: float,
+    pace: float | None,
+    steps: int | None,
+    done: float | None,
+) -> float:
+    """Seconds a job running for `elapsed` s still needs, its run expected to take `cost`.
+
+    With progress (`done` of `steps` at `pace` seconds a step): the steps left at that
+    pace and the tail after the sampler. Without: what its estimate leaves, or, past
+    its estimate, half as long again as it ran. Never less than its steps left need.
+    """
+    left_steps = None
+    if steps is not None:
+        left_steps = max(0.0, steps - (done or 0.0))
+    floor = left_steps * pace if left_steps is not None and pace is not None else 0.0
+    if done is not None and left_steps is not None and pace is not None:
+        return floor + fixed * TAIL_SHARE
+    if elapsed < cost:
+        return max(cost - elapsed, floor)
+    return max(elapsed * OVERRUN_SHARE, floor)
 
 
 def estimate(
-    estimator: Estimator,
+    estimator: Model,
     *,
     command: str,
     backends: Sequence[str] | int,
@@ -137,6 +331,10 @@ def estimate(
     elapsed: float | None = None,
     on: str | None = None,
     last_command: Mapping[str, str] | None = None,
+    work: float = 1.0,
+    steps: int | None = None,
+    done: float | None = None,
+    step_s: float | None = None,
 ) -> Wait:
     """Seconds until a job of `command` is done, with the queue ahead split by backend.
 
@@ -149,6 +347,8 @@ def estimate(
         on: the backend ours is on (running, or waiting there behind `busy`);
         elapsed: for how long it has run there (None: it waits there).
         last_command: the command each backend ran last (its models are loaded).
+        work, steps, done, step_s: what ours asks (`work_of`), its steps, and once it
+            runs, the steps done and a step's seconds so far.
     """
     names = (
         [f"{UNKNOWN_BACKEND}{i}" for i in range(backends)]
@@ -162,35 +362,64 @@ def estimate(
         return Wait(None, ahead=len(ahead))
 
     order = {b: i for i, b in enumerate(names)}
-    table = _Table(estimator)
-    warm: dict[tuple[str, str], float] = {}
-    anywhere: dict[str, float | None] = {}
+    costs: dict[tuple[str, str], Cost | None] = {}
+    anywhere: dict[str, Cost | None] = {}
 
-    def runs_of(cmd: str) -> float | None:
-        if cmd not in anywhere:
-            found = [s for b in names if (s := table.run(b, cmd)) is not None]
-            anywhere[cmd] = min(found) if found else None
-        return anywhere[cmd]
-
-    def cost(backend: str, cmd: str) -> float:
+    def cost_of(backend: str, cmd: str) -> Cost | None:
         key = (backend, cmd)
-        if key not in warm:
-            warm[key] = table.run(backend, cmd) or runs_of(cmd) or table.typical(backend)
-        seconds = warm[key]
-        if loaded[backend] not in (None, cmd):
-            seconds += table.cold(backend, cmd)
+        if key not in costs:
+            found = estimator.cost(backend, cmd)
+            if found is None:
+                if cmd not in anywhere:
+                    anywhere[cmd] = estimator.anywhere(names, cmd)
+                found = anywhere[cmd]
+            costs[key] = found
+        return costs[key]
+
+    def cost(backend: str, cmd: str, units: float, *, expected: bool = False) -> float:
+        found = cost_of(backend, cmd)
+        seconds = found.seconds(units) if found is not None else estimator.typical(backend, units)
+        if expected and guessed[backend]:
+            # After a job ahead placed there by this guess: which models it leaves loaded
+            # depends on every choice before it, so a job pays a switch as often as runs
+            # lately did (one switch more or less in the guess would swing the ETA).
+            seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
+        elif loaded[backend] not in (None, cmd):
+            seconds += estimator.cold_seconds(backend, cmd)
         return seconds
+
+    def pace_of(
+        backend: str, cmd: str, units: float, n: int | None, measured: float | None
+    ) -> float | None:
+        if measured is not None:
+            return measured
+        found = cost_of(backend, cmd)
+        if found is None or not n:
+            return None
+        return found.rate * units / n
 
     free_at = dict.fromkeys(names, 0.0)
     loaded: dict[str, str | None] = {b: (last_command or {}).get(b) for b in names}
     running: collections.Counter[str] = collections.Counter()
+    guessed = dict.fromkeys(names, False)  # a job ahead was placed there by the guess
 
-    def take(backend: str, cmd: str, elapsed_s: float | None) -> None:
-        seconds = cost(backend, cmd)
-        if elapsed_s is not None:  # running: what it still needs, never nothing
-            seconds = max(seconds - elapsed_s, seconds * OVERRUN_SHARE)
+    def take(
+        backend: str, cmd: str, units: float, job: Busy | None = None, *, expected: bool = False
+    ) -> None:
+        seconds = cost(backend, cmd, units, expected=expected)
+        if job is not None and job.elapsed is not None:  # running: what it still needs
+            found = cost_of(backend, cmd)
+            seconds = still_needs(
+                seconds,
+                job.elapsed,
+                fixed=found.fixed if found is not None else 0.0,
+                pace=pace_of(backend, cmd, units, job.steps, job.step_s),
+                steps=job.steps,
+                done=job.done,
+            )
         free_at[backend] += seconds
         loaded[backend] = cmd
+        guessed[backend] = guessed[backend] or expected
         heapq.heappush(free, (free_at[backend], order[backend], backend))
 
     # The backends by when they are free (stale entries skipped): a job ahead looks at
@@ -199,9 +428,9 @@ def estimate(
     # Running first (they are the oldest on each backend), then those waiting there.
     for job in sorted(busy, key=lambda j: j.elapsed is None):
         running[job.backend] += 1
-        take(job.backend, job.command, job.elapsed)
+        take(job.backend, job.command, job.work, job)
 
-    def place(cmd: str, allowed: tuple[str, ...] | None) -> str:
+    def place(cmd: str, units: float, allowed: tuple[str, ...] | None) -> str:
         if allowed is not None:
             able = [b for b in names if b in allowed] or names
         else:
@@ -213,28 +442,40 @@ def estimate(
                     able.append(b)
             for b in able:  # back in, as they were
                 heapq.heappush(free, (free_at[b], order[b], b))
-        return min(able, key=lambda b: (free_at[b] + cost(b, cmd), order[b]))
+        return min(able, key=lambda b: (free_at[b] + cost(b, cmd, units, expected=True), order[b]))
 
     where: collections.Counter[str] = collections.Counter()
     for job in ahead[:SIMULATED]:
-        backend = place(job.command, job.backends)
+        backend = place(job.command, job.work, job.backends)
         where[backend] += 1
-        take(backend, job.command, None)
+        take(backend, job.command, job.work, expected=True)
     if len(ahead) > SIMULATED:
         # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
         # would cost more than the precision is worth to a wait of that length.
-        rest = sum(runs_of(job.command) or 0.0 for job in ahead[SIMULATED:])
+        rest = 0.0
+        for job in ahead[SIMULATED:]:
+            found = cost_of(names[0], job.command)
+            rest += found.seconds(job.work) if found is not None else 0.0
         for backend in names:
             free_at[backend] += rest / len(names)
             heapq.heappush(free, (free_at[backend], order[backend], backend))
-    known = runs_of(command) is not None
+    known = cost_of(names[0], command) is not None or any(
+        cost_of(b, command) is not None for b in names
+    )
     if on is not None and on in free_at and elapsed is not None:
         ours = on  # running: only what it still needs
-        own = cost(on, command)
-        total = max(own - elapsed, own * OVERRUN_SHARE)
+        found = cost_of(on, command)
+        total = still_needs(
+            cost(on, command, work),
+            elapsed,
+            fixed=found.fixed if found is not None else 0.0,
+            pace=pace_of(on, command, work, steps, step_s),
+            steps=steps,
+            done=done,
+        )
     else:
-        ours = on if on is not None and on in free_at else place(command, own_backends)
-        take(ours, command, None)
+        ours = on if on is not None and on in free_at else place(command, work, own_backends)
+        take(ours, command, work, expected=on is None)
         total = free_at[ours]
     return Wait(
         seconds=total if known else None,
@@ -243,44 +484,6 @@ def estimate(
         ahead_by_backend=dict(where),
         backend=ours,
     )
-
-
-class _Table:
-    """The estimator's answers (`Estimator.run_seconds`, `cold_seconds`, `typical`, same
-    rules) read from one pass over its estimates: a queue of hundreds of jobs on a pool
-    of many backends asks them thousands of times."""
-
-    def __init__(self, estimator: Estimator) -> None:
-        self._run: dict[tuple[str, str], float] = {}
-        self._cold: dict[tuple[str, str], float] = {}
-        runs: dict[str, list[float]] = collections.defaultdict(list)
-        colds: dict[str, list[float]] = collections.defaultdict(list)
-        own: dict[str, list[float]] = collections.defaultdict(list)
-        for e in estimator.estimates():
-            if e.run is not None:
-                self._run[(e.backend, e.workflow)] = e.run
-                runs[e.workflow].append(e.run)
-                own[e.backend].append(e.run)
-            if e.cold_extra is not None:
-                self._cold[(e.backend, e.workflow)] = e.cold_extra
-                colds[e.workflow].append(e.cold_extra)
-        self._ran = {e.backend for e in estimator.estimates()}
-        self._others = {w: statistics.median(v) for w, v in runs.items()}
-        self._cold_others = {w: statistics.median(v) for w, v in colds.items()}
-        self._typical = {b: statistics.median(v) for b, v in own.items()}
-
-    def run(self, backend: str, workflow: str) -> float | None:
-        found = self._run.get((backend, workflow))
-        if found is not None or backend not in self._ran:
-            return found
-        return self._others.get(workflow)
-
-    def cold(self, backend: str, workflow: str) -> float:
-        found = self._cold.get((backend, workflow))
-        return found if found is not None else self._cold_others.get(workflow, 0.0)
-
-    def typical(self, backend: str) -> float:
-        return self._typical.get(backend, 0.0)
 
 
 def backends_up(pool: Any, configured: Sequence[Any]) -> list[str] | None:

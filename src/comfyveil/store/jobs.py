@@ -136,6 +136,7 @@ class Job:
     updated_at: dt.datetime
     request_message_id: int | None = None  # the chat message that asked for it
     requested_by: str | None = None  # who asked, in groups (a display name)
+    executing_at: dt.datetime | None = None  # when ComfyUI started its prompt
 
     @classmethod
     def from_row(cls, row: Row) -> Job:
@@ -168,6 +169,7 @@ class Job:
             updated_at=row["updated_at"],
             request_message_id=row.get("request_message_id"),
             requested_by=row.get("requested_by"),
+            executing_at=row.get("executing_at"),
         )
 
 
@@ -207,6 +209,18 @@ def _queued(row: Row | None) -> Row:
 
 
 ETA_RUNS = 50  # recent runs of each command an ETA's estimator learns from
+
+
+def _number(value: Any) -> float | None:
+    """A number from a progress or parameter field (JSON), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number > 0 else None
 
 
 def _queued_eta(row: Row, parallel: int) -> float | None:
@@ -399,14 +413,21 @@ class JobStore:
                 raise errors.CancelRequested() from None
             raise
 
-    async def record_progress(self, job: Job, data: Mapping[str, Any]) -> bool:
+    async def record_progress(
+        self, job: Job, data: Mapping[str, Any], *, executing_for: float | None = None
+    ) -> bool:
         """Store the latest progress and notify listeners; True when a cancel was requested.
+
+        Args:
+            executing_for: seconds since ComfyUI started the job's prompt (its
+                execution_start), once it did; the first one given is kept.
 
         Raises:
             LeaseLost: this worker no longer holds the job.
         """
         row = await self.db.one(
-            "record_progress", job_id=job.id, worker_id=job.lease_owner, progress=Jsonb(dict(data))
+            "record_progress", job_id=job.id, worker_id=job.lease_owner,
+            progress=Jsonb(dict(data)), executing_for=executing_for,
         )
         if row is None:
             raise errors.LeaseLost()
@@ -531,6 +552,11 @@ class JobStore:
             return None
         return job
 
+    async def key_used(self, key: str, user_id: int) -> bool:
+        """Whether `user_id` queued a job with idempotency key `key` (a retried request,
+        which `enqueue` answers with that job whatever the limits say now)."""
+        return await self.db.one("key_used", key=key, user_id=user_id) is not None
+
     async def get(self, job_id: uuid.UUID) -> Job | None:
         row = await self.db.one("get_job", job_id=job_id)
         return Job.from_row(row) if row else None
@@ -648,17 +674,29 @@ class JobStore:
             return None
         ahead: list[eta_mod.Ahead] = []
         busy: list[eta_mod.Busy] = []
-        for command, allowed, backend, elapsed, state in row["busy"]:
+        for command, allowed, backend, elapsed, state, size, done, steps, step_s in row["busy"]:
+            work = eta_mod.work_of(size)
             if backend is None or state == "waiting":  # claimed, waiting for a GPU: ahead
                 if row["queued"]:
-                    ahead.append(eta_mod.Ahead(command, tuple(allowed) if allowed else None))
+                    ahead.append(
+                        eta_mod.Ahead(command, tuple(allowed) if allowed else None, work)
+                    )
                 continue
-            busy.append(eta_mod.Busy(backend, command, elapsed))
+            busy.append(
+                eta_mod.Busy(
+                    backend, command, elapsed, work,
+                    _count(steps) or eta_mod.steps_of(size), _number(done), _number(step_s),
+                )
+            )
         ahead += [
-            eta_mod.Ahead(command, tuple(allowed) if allowed else None)
-            for command, allowed in row["ahead"]
+            eta_mod.Ahead(command, tuple(allowed) if allowed else None, eta_mod.work_of(size))
+            for command, allowed, size in row["ahead"]
         ]
-        runs = eta_mod.runs_from(tuple(r) for r in row["runs"])
+        runs = eta_mod.runs_from(
+            (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
+             _number(step_s))
+            for b, c, start, end, size, steps, step_s in row["runs"]
+        )
         last = {run.backend: run.command for run in runs}
         names = list(backends) if backends is not None else list(dict.fromkeys(last))
         on = elapsed = None
@@ -669,6 +707,7 @@ class JobStore:
             # job running there) or queued on the backend waits behind that job.
             if row["state"] == "running":
                 elapsed = max(0.0, float(row["elapsed"] or 0.0))
+        size = row["size"]
         found = eta_mod.estimate(
             eta_mod.estimator_from(runs),
             command=row["command"],
@@ -679,6 +718,10 @@ class JobStore:
             on=on,
             elapsed=elapsed,
             last_command=last,
+            work=eta_mod.work_of(size),
+            steps=_count(row["steps"]) or eta_mod.steps_of(size),
+            done=_number(row["done"]) if elapsed is not None else None,
+            step_s=_number(row["step_s"]) if elapsed is not None else None,
         )
         if not row["queued"]:  # only queued jobs have a place in the queue
             return eta_mod.Wait(found.seconds, 0, found.running, {}, found.backend)

@@ -1,5 +1,5 @@
 """The latest sampler preview of jobs whose client asked for partial images (migration
-0030): asked for by the API, written by the worker running the job, read by the API's
+0025): asked for by the API, written by the worker running the job, read by the API's
 stream. Only a job with a row gets its previews written."""
 
 from __future__ import annotations

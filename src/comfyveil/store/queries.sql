@@ -63,7 +63,7 @@ RETURNING jobs.*;
 -- for (a job cancelled before this is never sent); durable, see the top of this file
 WITH updated AS (
     UPDATE jobs
-    SET submitted = true, backend = %(backend)s, updated_at = now()
+    SET submitted = true, backend = %(backend)s, executing_at = NULL, updated_at = now()
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
       AND NOT cancel_requested
     RETURNING jobs.*
@@ -74,12 +74,18 @@ WITH updated AS (
 SELECT * FROM updated;
 
 -- record_progress --
--- Store the latest progress of a running job and tell listeners (no event row)
+-- Store the latest progress of a running job and tell listeners (no event row); once
+-- ComfyUI started the prompt (executing_for: seconds ago, by the worker's clock), when it
+-- did, unless known already (a worker re-attached to a prompt running since)
 WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), updated AS (
     UPDATE jobs
-    SET progress = %(progress)s, updated_at = now()
+    SET progress = %(progress)s, updated_at = now(),
+        executing_at = coalesce(
+            executing_at,
+            now() - make_interval(secs => %(executing_for)s::float8)
+        )
     FROM relaxed
     WHERE id = %(job_id)s AND status = 'running' AND lease_owner = %(worker_id)s
     RETURNING id, status, cancel_requested
@@ -282,6 +288,10 @@ WITH expired AS (
     WHERE job_id IN (SELECT id FROM updated WHERE status <> 'queued')
 )
 SELECT * FROM updated;
+
+-- key_used --
+-- Whether a job of this user was queued with this idempotency key (a retried request)
+SELECT 1 AS used FROM jobs WHERE idempotency_key = %(key)s AND user_id = %(user_id)s;
 
 -- get_job --
 -- One job by id
@@ -816,8 +826,10 @@ ORDER BY total DESC, command;
 -- eta_state --
 -- What a job's ETA (store/eta.py) needs, in one round trip: the job itself; the jobs to
 -- be claimed before it, in claim order, with the backends each may use; the other jobs
--- on the backends now, with how long each has run (NULL: waiting on its backend); and
--- the last runs of each command among them. The order is position_and_eta's.
+-- on the backends now, with how long each has run since ComfyUI started it (NULL: waiting
+-- on its backend) and its progress; and the last runs of each command among them. Each
+-- job comes with the parameters its work is counted from (steps, size, frames: `size`).
+-- The order is position_and_eta's.
 WITH queued AS (
     SELECT j.id, j.command, j.priority, j.created_at, j.backends,
            row_number() OVER (PARTITION BY j.user_id
@@ -830,7 +842,14 @@ WITH queued AS (
     SELECT j.id, j.command, j.status, j.backends,
            coalesce(j.backend, j.progress->>'backend') AS backend,
            j.progress->>'state' AS state,
-           extract(epoch FROM now() - j.started_at)::float8 AS elapsed
+           extract(epoch FROM now() - coalesce(j.executing_at, j.started_at))::float8
+               AS elapsed,
+           jsonb_build_object('steps', j.params->'steps', 'width', j.params->'width',
+                              'height', j.params->'height', 'length', j.params->'length',
+                              'megapixels', j.params->'megapixels',
+                              'batch_size', j.params->'batch_size') AS size,
+           j.progress->'value' AS done, j.progress->'max' AS steps,
+           j.progress->'step_s' AS step_s
     FROM jobs j WHERE j.id = %(job_id)s
 ), me AS (
     SELECT * FROM queued WHERE id = %(job_id)s
@@ -845,33 +864,60 @@ WITH queued AS (
     SELECT r.command, r.backends, r.started_at,
            coalesce(r.backend, r.progress->>'backend') AS backend,
            r.progress->>'state' AS state,
-           extract(epoch FROM now() - r.started_at)::float8 AS elapsed
+           extract(epoch FROM now() - coalesce(r.executing_at, r.started_at))::float8
+               AS elapsed,
+           jsonb_build_object('steps', r.params->'steps', 'width', r.params->'width',
+                              'height', r.params->'height', 'length', r.params->'length',
+                              'megapixels', r.params->'megapixels',
+                              'batch_size', r.params->'batch_size') AS size,
+           r.progress->'value' AS done, r.progress->'max' AS steps,
+           r.progress->'step_s' AS step_s
     FROM jobs r
     WHERE r.status = 'running' AND r.id <> %(job_id)s
 )
-SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed,
+SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m.done,
+       m.steps, m.step_s,
        EXISTS (SELECT 1 FROM me) AS queued,
        (SELECT count(*) FROM ahead)::int AS ahead_count,
-       coalesce((SELECT json_agg(json_build_array(a.command, a.backends)
+       -- the sizes of the first 2000 only (those the ETA looks at one by one)
+       coalesce((SELECT json_agg(json_build_array(
+                            a.command, a.backends,
+                            jsonb_build_object('steps', p.params->'steps',
+                                               'width', p.params->'width',
+                                               'height', p.params->'height',
+                                               'length', p.params->'length',
+                                               'megapixels', p.params->'megapixels',
+                                               'batch_size', p.params->'batch_size'))
                                  ORDER BY -a.priority, a.round, a.turn, a.created_at, a.id)
                  FROM (SELECT * FROM ahead
-                       ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a),
+                       ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a
+                 JOIN jobs p ON p.id = a.id),
                 '[]'::json) AS ahead,
        coalesce((SELECT json_agg(json_build_array(g.command, g.backends, g.backend,
-                                                  CASE WHEN g.state = 'queued_on_backend'
-                                                       THEN NULL ELSE g.elapsed END,
-                                                  g.state)
+                                                  CASE WHEN g.state = 'running'
+                                                       THEN g.elapsed END,
+                                                  g.state, g.size, g.done, g.steps,
+                                                  g.step_s)
                                  ORDER BY g.started_at)
                  FROM on_gpus g), '[]'::json) AS busy,
-       -- the last runs of each command involved, as eta_runs reads them
-       coalesce((SELECT json_agg(json_build_array(r.backend, c.command,
-                                                  extract(epoch FROM r.started_at)::float8,
-                                                  extract(epoch FROM r.finished_at)::float8)
+       -- the last runs of each command involved, from ComfyUI's start of each (or the
+       -- claim, for runs recorded before that start was)
+       coalesce((SELECT json_agg(json_build_array(
+                            r.backend, c.command,
+                            extract(epoch FROM coalesce(r.executing_at, r.started_at))::float8,
+                            extract(epoch FROM r.finished_at)::float8,
+                            r.size, r.progress->'max', r.progress->'step_s')
                                  ORDER BY r.finished_at)
                  FROM (SELECT command FROM mine UNION SELECT command FROM ahead
                        UNION SELECT command FROM on_gpus) c
                  CROSS JOIN LATERAL (
-                     SELECT backend, started_at, finished_at FROM jobs
+                     SELECT backend, started_at, executing_at, finished_at, progress,
+                            jsonb_build_object(
+                                'steps', params->'steps', 'width', params->'width',
+                                'height', params->'height', 'length', params->'length',
+                                'megapixels', params->'megapixels',
+                                'batch_size', params->'batch_size') AS size
+                     FROM jobs
                      WHERE status = 'succeeded' AND started_at IS NOT NULL
                        AND command = c.command
                      ORDER BY finished_at DESC LIMIT %(runs)s) r

@@ -1,4 +1,4 @@
-"""Webhook endpoints of web accounts and their outbox (migration 0031).
+"""Webhook endpoints of web accounts and their outbox (migration 0026).
 
 A job of the jobs API that ends writes one delivery per endpoint of its account in the
 transaction that ended it (a trigger); `watch` makes any other job do the same (an

@@ -24,6 +24,7 @@ from telegram.error import BadRequest
 
 from comfyveil import errors, i18n
 from comfyveil.desk import access, availability, language, registry
+from comfyveil.desk import state as job_state
 from comfyveil.desk import submit as desk_submit
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import jobs
@@ -202,7 +203,7 @@ async def run_workflow(
     prefs = who.settings
     values, as_file = submit.build_values(entry, parsed, prefs)
     await desk_submit.check_policy(services, entry.name, desk_submit.policy_texts(wf, values))
-    validated = wf.validate(values)
+    validated = desk_submit.validate(services.settings, wf, values)
     inputs = []
     if entry.takes_image:
         inputs.append(await submit.find_image(context.bot, services, message, entry))
@@ -326,13 +327,14 @@ async def history(update: Update, context: BotContext, who: access.Who, text: st
     entries = []
     for job in recent:
         prompt = job.params.get("prompt")
-        elapsed = None
-        if job.started_at and job.finished_at and job.status is jobs.Status.SUCCEEDED:
-            elapsed = (job.finished_at - job.started_at).total_seconds()
+        # The state in the words every front end uses; a result's time is its run on
+        # the GPU, from ComfyUI's start (desk/state.py).
+        seen = job_state.of(job)
+        elapsed = seen.running_s if job.status is jobs.Status.SUCCEEDED else None
         seed = job.params.get("seed")
         entries.append(render.HistoryEntry(
             id=str(job.id), command=job.command,
-            prompt=prompt if isinstance(prompt, str) else "", status=job.status.value,
+            prompt=prompt if isinstance(prompt, str) else "", status=job_state.key(seen.stage),
             created_at=job.created_at, seed=seed if isinstance(seed, int) else None,
             elapsed_s=elapsed,
         ))

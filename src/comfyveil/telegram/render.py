@@ -28,7 +28,7 @@ MAX_CAPTION_CHARS = 1024
 SHORT_ID_CHARS = 8
 DOT = " · "
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobStatus = Literal["queued", "waiting", "running", "succeeded", "failed", "cancelled"]
 
 @dataclass(frozen=True)
 class JobView:

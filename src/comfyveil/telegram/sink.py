@@ -88,10 +88,13 @@ def seeded(job: jobs.Job) -> bool:
 
 def caption_for(job: jobs.Job, *, asked_by: str | None = None) -> str:
     elapsed = waited = None
-    if job.started_at is not None and job.finished_at is not None:
-        elapsed = max(0.0, (job.finished_at - job.started_at).total_seconds())
-    if job.started_at is not None:
-        waited = max(0.0, (job.started_at - job.created_at).total_seconds())
+    # It ran from ComfyUI's start of the prompt; the wait before (our queue, a free GPU,
+    # the GPU's own queue) is waiting. Runs recorded before that start was: from the claim.
+    began = job.executing_at or job.started_at
+    if began is not None and job.finished_at is not None:
+        elapsed = max(0.0, (job.finished_at - began).total_seconds())
+    if began is not None:
+        waited = max(0.0, (began - job.created_at).total_seconds())
     seed = job.params.get("seed")
     prompt = job.params.get("prompt")
     view = render.JobView(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import datetime as dt
 import logging
 import time
 import uuid
@@ -33,6 +32,7 @@ from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
 from comfyveil import i18n
 from comfyveil import tasks as background
 from comfyveil.desk import failures, language
+from comfyveil.desk import state as job_state
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, eta, jobs
 from comfyveil.store import errors as store_errors
@@ -107,6 +107,7 @@ class StatusTracker:
         self.backends = backends
         self.places = eta.PlaceMemory()
         self.etas = eta.EtaMemory()
+        self.states = job_state.StateMemory()
         self.offline = offline
         self.is_admin = is_admin
         self.room = room
@@ -280,41 +281,41 @@ class StatusTracker:
         )
         if waiting and self.offline():
             return replies.esc(_(ALL_OFFLINE).format(cancel=ltr("/cancel")))
-        if job.status is jobs.Status.QUEUED:
-            # The one ETA every front end shows (store/eta.py): the running jobs and the
-            # queue ahead, backend by backend; the place only moves forward, the ETA does not
-            # jump back up.
+        # One state for every front end (desk/state.py), shown only forward; the one ETA
+        # every front end shows (store/eta.py), the place in the queue only moving forward.
+        seen = job_state.of(job)
+        if seen.stage is job_state.Stage.QUEUED and seen.note is None:
             wait = await self.db.jobs.wait(job.id, backends=self.backends())
             place = wait.place if wait is not None else None
-            view = render.JobView(
-                id=str(job.id), command=job.command, status="queued",
-                position=None if place is None else self.places.place(job.id, place),
-                eta_s=self.etas.seconds(
-                    job.id, wait.seconds if wait is not None else None, time.monotonic()
-                ),
+            seen = self.states.shown(job.id, job_state.of(job, place=place))
+            if seen.stage is job_state.Stage.QUEUED:
+                view = render.JobView(
+                    id=str(job.id), command=job.command, status="queued",
+                    position=None if seen.place is None else self.places.place(job.id, seen.place),
+                    eta_s=self.etas.seconds(
+                        job.id, wait.seconds if wait is not None else None, time.monotonic()
+                    ),
+                )
+                return render.status_text(view)
+        else:
+            seen = self.states.shown(job.id, seen)
+        if seen.stage is job_state.Stage.QUEUED:  # a worker holds it, waiting for a free GPU
+            return replies.esc(replies.sentence(seen.note or "").rstrip(".。"))
+        if seen.stage is job_state.Stage.WAITING_GPU:
+            wait = await self.db.jobs.wait(job.id, backends=self.backends())
+            parts = [_("Waiting on {backend}").format(backend=ltr(seen.backend))
+                     if seen.backend else _("Waiting on a GPU")]
+            eta_s = self.etas.seconds(
+                job.id, wait.seconds if wait is not None else None, time.monotonic()
             )
-            return render.status_text(view)
-        if job.status is jobs.Status.RUNNING:
-            progress = job.progress or {}
-            state = progress.get("state")
-            backend = progress.get("backend") or job.backend
-            if state == "waiting":
-                return replies.esc(replies.sentence(str(progress.get("text") or "")).rstrip(".。"))
-            if state == "queued_on_backend" and (progress.get("position") or 0) > 0:
-                return replies.esc(_("Next on {backend}").format(backend=ltr(backend))
-                                   if backend else _("Next"))
-            if state == "submitted":
-                return replies.esc(_("Sent to {backend}").format(backend=ltr(backend))
-                                   if backend else _("Sent to a GPU"))
-            percent = progress.get("percent")
-            running_s = None
-            if job.started_at is not None:
-                running_s = (dt.datetime.now(dt.UTC) - job.started_at).total_seconds()
+            if eta_s is not None:
+                parts.append(_("about {time}").format(time=ltr(render.duration(max(eta_s, 1)))))
+            return replies.esc(render.DOT.join(parts))
+        if seen.stage is job_state.Stage.RUNNING:
             view = render.JobView(
-                id=str(job.id), command=job.command, status="running", backend=backend,
-                progress=float(percent) / 100 if isinstance(percent, int | float) else None,
-                step=_int(progress.get("value")), steps=_int(progress.get("max")),
-                running_s=running_s,
+                id=str(job.id), command=job.command, status="running", backend=seen.backend,
+                progress=seen.percent / 100 if seen.percent is not None else None,
+                step=seen.step, steps=seen.steps, running_s=seen.running_s,
             )
             return render.status_text(view)
         return final_text(job, detail=self.is_admin(job.user_id))
@@ -537,17 +538,11 @@ CANCEL_BUTTON = N_("✖ Cancel")
 DONE = N_("Done.")
 ALL_OFFLINE = N_("All GPUs are offline; your job runs when one is back — {cancel} to drop it.")
 
-# How far a job has come, by what its status shows; within one attempt it only grows.
-_STAGES = {"waiting": 1, "submitted": 2, "queued_on_backend": 2, "running": 3}
-
-
 def rank(job: jobs.Job) -> tuple[int, int]:
-    """(attempt, stage) of what `job`'s status shows: queued 0, waiting for a GPU 1, sent
-    to one 2, running 3. A retry starts a new attempt, which may show "Queued" again."""
-    if job.status is jobs.Status.QUEUED:
-        return job.attempts, 0
-    state = str((job.progress or {}).get("state") or "running")
-    return max(job.attempts - 1, 0), _STAGES.get(state, 3)
+    """(attempt, stage) of what `job`'s status shows (desk/state.py): queued 0, waiting on
+    a GPU 1, running 2. A retry starts a new attempt, which may show "Queued" again."""
+    seen = job_state.of(job)
+    return seen.attempt, seen.stage.rank
 
 
 def cancel_keyboard(job: jobs.Job) -> InlineKeyboardMarkup:

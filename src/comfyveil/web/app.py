@@ -9,17 +9,20 @@ rendered by Jinja2 with autoescape; no page has a script or an inline style.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from comfyveil import config, constant_time, i18n
+from comfyveil import config, constant_time, hosts, i18n
 from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import language as language_mod
+from comfyveil.desk import links
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
@@ -123,6 +126,19 @@ async def _csrf_ok(request: web.Request) -> bool:
     return services(request).forms.valid(request.cookies.get(auth.ANON_COOKIE), sent)
 
 
+def _names(settings: config.Settings) -> list[str]:
+    """The names the web front end answers besides addresses: [web] public_url's, the
+    hidden service's address (once published), [web] host's, the machine's own."""
+    found = [settings.web.host, *hosts.own_names()]
+    if settings.web.public_url:
+        found.append(urlsplit(settings.web.public_url).hostname or "")
+    if settings.web.hidden_service:
+        hostname = settings.data_dir / "anon" / "hs" / links.SERVICE_NAME / "hostname"
+        with contextlib.suppress(OSError):
+            found.append(hostname.read_text().strip())
+    return found
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     if _mounted(request):
@@ -171,7 +187,7 @@ def build(
         forms=auth.FormTokens(form_secret),
     )
     app = web.Application(
-        middlewares=[_errors, _session],
+        middlewares=[hosts.middleware(lambda: _names(settings)), _errors, _session],
         client_max_size=settings.limits.max_image_bytes + FORM_SLACK,
     )
     app[SERVICES] = svc

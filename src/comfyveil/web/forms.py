@@ -8,6 +8,7 @@ so each error is shown beside its field; nothing is queued while any remains.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,12 +126,18 @@ def build_fields(
     given: Mapping[str, str] | None = None,
     errors: Mapping[str, str] | None = None,
     results: list[tuple[str, str]] | None = None,
+    max_text: int | None = None,
 ) -> list[Field]:
-    """The form's fields: `given` (a submitted form) over the defaults, with `errors`."""
+    """The form's fields: `given` (a submitted form) over the defaults, with `errors`;
+    `max_text` (``[limits] max_prompt_length``) bounds text fields as the desk does."""
     given = given or {}
     errors = errors or {}
     fields = []
     for name, p in entry.workflow.params.items():
+        if p.type == "text" and max_text is not None and (
+            p.max_length is None or p.max_length > max_text
+        ):
+            p = dataclasses.replace(p, max_length=max_text)
         f = Field(
             name=name,
             label=label_for(p),

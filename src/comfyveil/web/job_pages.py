@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import datetime as dt
 import io
 import time
 import uuid
@@ -24,6 +23,7 @@ from comfyveil import tasks as background
 from comfyveil.desk import availability, failures
 from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
+from comfyveil.desk import state as job_state
 from comfyveil.desk.jobs import owned_output
 from comfyveil.desk.language import CHOICE
 from comfyveil.desk.submit import queue
@@ -69,13 +69,6 @@ async def owned_job(request: web.Request) -> tuple[web_store.Account, jobs.Job]:
     return account, job
 
 
-def _elapsed(job: jobs.Job) -> float | None:
-    if job.started_at is None:
-        return None
-    end = job.finished_at or dt.datetime.now(dt.UTC)
-    return max(0.0, (end - job.started_at).total_seconds())
-
-
 async def job_page(request: web.Request) -> web.Response:
     account = require_account(request)
     svc = services(request)
@@ -92,28 +85,36 @@ async def job_page(request: web.Request) -> web.Response:
         if wait is not None and wait.place is not None:
             position = svc.places.place(job.id, wait.place)
         elif job.status is jobs.Status.QUEUED:
-            # claimed between the two reads: show it running (its elapsed time), not as a
-            # queued job with no place in the queue
+            # claimed between the two reads: show where it stands now, not as a queued
+            # job with no place in the queue
             job = await svc.db.jobs.get(job.id) or job
+    # One state for every front end (desk/state.py), shown only forward: a prompt waiting
+    # in a GPU's own queue is not "running", and running time counts from its start.
+    seen = svc.states.shown(job.id, job_state.of(job, place=position))
+    if seen.stage is not job_state.Stage.QUEUED:
+        position = None
     if job.status is not jobs.Status.SUCCEEDED:
         outputs = []
     who = who_is(request)
     edits = availability.edits(svc.pool, [e for e in await svc.registry.all() if e.allows(who)])
-    progress = job.progress or {}
-    percent = progress.get("percent")
     return render(
         request,
         "job.html",
         job=job,
+        state=seen,
         position=position,
-        eta=eta,
-        elapsed=_elapsed(job),
-        percent=percent if isinstance(percent, int | float) else None,
-        step=progress.get("value"),
-        steps=progress.get("max"),
+        eta=eta if not seen.stage.finished else None,
+        elapsed=seen.running_s,
+        percent=seen.percent if seen.stage is job_state.Stage.RUNNING else None,
+        step=seen.step,
+        steps=seen.steps,
         # stored in English by the worker ("waiting for a GPU"): said in the page's language
-        waiting=_(str(progress.get("text") or ""))
-        if progress.get("state") == "waiting"
+        waiting=_(seen.note)
+        if seen.note
+        # claimed by a worker, being handed to a GPU: no place in the queue any more
+        else _("Starting…")
+        if seen.stage is job_state.Stage.QUEUED and position is None
+        and job.status is jobs.Status.RUNNING
         else None,
         outputs=[o for o in outputs],
         inputs=inputs,
@@ -287,6 +288,10 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _stage(row: Any) -> job_state.Stage:
+    return job_state.stage_of(row["status"], row["state"])
+
+
 def _page(request: web.Request) -> int:
     try:
         return max(1, min(int(request.query.get("page", "1")), 10_000))
@@ -301,7 +306,10 @@ async def history(request: web.Request) -> web.Response:
         account.user_id, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
     # Each row's time and status word made here, not by template calls per row.
-    shown = [(r, when(r["created_at"]), status_word(r["status"])) for r in rows[:PAGE_SIZE]]
+    # the state in the words every front end uses (a prompt in a GPU's queue is waiting)
+    shown = [
+        (r, when(r["created_at"]), status_word(job_state.key(_stage(r)))) for r in rows[:PAGE_SIZE]
+    ]
     return render(request, "history.html", rows=shown, page=page, more=len(rows) > PAGE_SIZE)
 
 

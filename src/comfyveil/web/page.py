@@ -21,6 +21,7 @@ from comfyveil import policy as policy_mod
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import registry as registry_mod
+from comfyveil.desk import state as job_state
 from comfyveil.desk.words import status_word
 from comfyveil.i18n import N_
 from comfyveil.store import accounts as web_store
@@ -43,6 +44,7 @@ class WebServices:
     passphrases: auth.Passphrases = field(init=False)
     places: eta.PlaceMemory = field(default_factory=eta.PlaceMemory)  # shown, per job
     etas: eta.EtaMemory = field(default_factory=eta.EtaMemory)  # shown, per job
+    states: job_state.StateMemory = field(default_factory=job_state.StateMemory)  # shown
     templates: jinja2.Environment = field(init=False)
     stylesheet: bytes = field(init=False)
 

@@ -19,7 +19,7 @@ from comfyveil import errors, images
 from comfyveil.desk import availability
 from comfyveil.desk import registry as registry_mod
 from comfyveil.desk.jobs import owned_output, parse_ref
-from comfyveil.desk.submit import IMAGE_PLACEHOLDER, queue
+from comfyveil.desk.submit import IMAGE_PLACEHOLDER, check_limits, queue
 from comfyveil.i18n import _, ltr
 from comfyveil.images import MIMES
 from comfyveil.store import accounts as web_store
@@ -49,9 +49,13 @@ async def home(request: web.Request) -> web.Response:
     runnable = {e.name for e in availability.runnable(svc.pool, entries)}
     # Each command's words looked up here, not by a template call per command.
     entries_shown = [(e.name, e.title(), e.description(), e.name in runnable) for e in entries]
-    return render(request, "home.html", entries=entries_shown,
-                  unavailable_mark=_(availability.UNAVAILABLE_MARK),
-                  done=request.query.get("done"))
+    return render(
+        request,
+        "home.html",
+        entries=entries_shown,
+        unavailable_mark=_(availability.UNAVAILABLE_MARK),
+        done=request.query.get("done"),
+    )
 
 
 async def result_choices(svc: WebServices, account: web_store.Account) -> list[tuple[str, str]]:
@@ -71,8 +75,9 @@ async def result_choices(svc: WebServices, account: web_store.Account) -> list[t
         label += " · " + ltr(f"#{uuid.UUID(str(i.job_id)).hex[:8]}")
         prompt = " ".join(i.prompt.split())
         if prompt:
-            label += ": " + (prompt if len(prompt) <= PROMPT_SHOWN else
-                             prompt[: PROMPT_SHOWN - 1].rstrip() + "…")
+            label += ": " + (
+                prompt if len(prompt) <= PROMPT_SHOWN else prompt[: PROMPT_SHOWN - 1].rstrip() + "…"
+            )
         choices.append((f"{i.job_id}:{i.index}", label))
     return choices
 
@@ -80,7 +85,9 @@ async def result_choices(svc: WebServices, account: web_store.Account) -> list[t
 async def _entry(request: web.Request) -> registry_mod.Entry:
     svc = services(request)
     entry = await svc.registry.get(request.match_info["command"])
-    if entry is None:
+    # A command for admins only does not exist for anyone else: the same 404 as an unknown
+    # one, so its form (title, options, bounds) is never shown to them.
+    if entry is None or not entry.allows(who_is(request)):
         raise web.HTTPNotFound()
     return entry
 
@@ -99,10 +106,15 @@ async def form_page(request: web.Request) -> web.Response:
         prefs,
         given=given if chosen else None,
         results=await result_choices(svc, account) if entry.takes_image else None,
+        max_text=svc.settings.limits.max_prompt_length,
     )
     why = availability.reason(svc.pool, entry.workflow)  # said before the form is filled
     return render(
-        request, "form.html", entry=entry, fields=fields, nonce=uuid.uuid4().hex,
+        request,
+        "form.html",
+        entry=entry,
+        fields=fields,
+        nonce=uuid.uuid4().hex,
         problem=availability.refusal(entry, why) if why is not None else None,
     )
 
@@ -154,7 +166,7 @@ async def submit(request: web.Request) -> web.Response:
     job: jobs.Job | None = None
     who = who_is(request)
     try:  # refused now, before an uploaded image is decoded (asked again when queued)
-        await svc.db.jobs.check_limits(who.user_id, **svc.access.limits(who))
+        await check_limits(svc, who)
     except errors.UsageError as exc:
         problem = forms.sentence(_(str(exc)))
     inputs: list[jobs.InputImage] = []
@@ -179,6 +191,7 @@ async def submit(request: web.Request) -> web.Response:
         given=forms.given_strings(form),
         errors=field_errors,
         results=await result_choices(svc, account) if entry.takes_image else None,
+        max_text=svc.settings.limits.max_prompt_length,
     )
     nonce = form.get("nonce")
     return render(

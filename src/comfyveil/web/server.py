@@ -108,10 +108,21 @@ async def start(
     return Running(url=public_url(settings, port), port=port, runner=runner, purge=purge)
 
 
-async def first_invite(settings: config.Settings, db: database.Database, url: str) -> str | None:
-    """An admin invitation link when no account exists yet (the operator's first)."""
+async def first_invite(
+    settings: config.Settings, db: database.Database, url: str, *, terminal: bool
+) -> str | None:
+    """What a start says of the first admin's invitation, or None once an account exists
+    (and then no first-admin link stays open). On a terminal: a new link (replacing any
+    earlier unused one). Elsewhere (a journal, a log file, which others may read): which
+    command prints it, and no link is made."""
     store = web_store.WebStore(db.pool)
     if await store.accounts(limit=1):
+        await store.close_first_admin_invites()
         return None
+    if not terminal:
+        return (
+            "no web account yet: `comfyveil web invite --admin` prints the first admin's "
+            "invitation (works once)"
+        )
     token = await store.create_invite(is_admin=True, hours=settings.web.invite_hours)
-    return f"{url}/invite/{token}"
+    return f"first admin invitation (works once): {url}/invite/{token}"

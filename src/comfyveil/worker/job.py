@@ -55,6 +55,11 @@ class Running:
     progress_next: dict[str, Any] | None = None  # the newest progress not yet written
     progress_task: asyncio.Task[None] | None = None
     progress_closed: bool = False  # the job left the backend: no more progress writes
+    # When ComfyUI started the prompt (monotonic; None before): "running" counts from it.
+    executing_since: float | None = None
+    # The sampler's first progress tick seen (node, value, monotonic time): its pace so far
+    # tells the ETA what the steps left still need.
+    steps_from: tuple[str | None, float, float] | None = None
     # What the job left on its backend (no trace), removed once its final status is
     # written: until then a successor can still fetch its images.
     cleanup: list[execute.Cleanup] = field(default_factory=list)
@@ -501,6 +506,7 @@ class JobRunner:
             images = await self.store.inputs(job.id) if wf.image_params else []
             for name, image in zip(wf.image_params, images, strict=False):
                 inputs[name] = execute.InputImage(image.data, image.mime)
+            running.executing_since = running.steps_from = None  # a new run of the prompt
             submitted: dict[str, Any] = {"state": "submitted", "backend": backend.name}
             slot = running.slot
             if slot is not None and slot.expected is not None:
@@ -553,6 +559,7 @@ class JobRunner:
                 data = {"state": "queued_on_backend", "position": event.position}
                 force = True
             elif isinstance(event, events.ExecutionStart):
+                running.executing_since = time.monotonic()
                 data = {"state": "running"}
                 force = True
             elif isinstance(event, events.Executing) and event.node is not None:
@@ -566,8 +573,15 @@ class JobRunner:
                     "max": event.max,
                     "percent": percent,
                 }
+                pace = _step_seconds(running, event.node, float(event.value))
+                if pace is not None:
+                    data["step_s"] = round(pace, 4)
             elif isinstance(event, events.Preview):
                 self._record_preview(running, event)
+            if data is not None and data["state"] == "running" and running.executing_since is None:
+                # Re-attached to a prompt that started before (its start is kept in the
+                # store), or an event stream that skipped it: running from now at the latest.
+                running.executing_since = time.monotonic()
             if data is not None:
                 slot = running.slot
                 if slot is not None:
@@ -643,7 +657,12 @@ class JobRunner:
             data, running.progress_next = running.progress_next, None
             running.progress_at, running.progress_due = time.monotonic(), math.inf
             try:
-                cancel = await self.store.record_progress(running.job, data)
+                since = running.executing_since if data.get("state") == "running" else None
+                cancel = await self.store.record_progress(
+                    running.job,
+                    data,
+                    executing_for=None if since is None else max(0.0, time.monotonic() - since),
+                )
             except store_errors.LeaseLost:
                 if running.progress_closed or running.settled:
                     return  # the job ended meanwhile: its final status is the last word
@@ -708,3 +727,14 @@ class JobRunner:
         except (comfy_errors.ComfyError, store_errors.StoreError) as exc:
             logger.info("could not clean up after a cancelled job: %s", exc,
                         extra={"action": "scrub_failed", "job_id": str(job.id)})
+
+
+def _step_seconds(running: Running, node: str | None, value: float) -> float | None:
+    """Seconds a sampler step took so far in this run (from its first tick seen to this
+    one); None until two ticks of one node were seen."""
+    now = time.monotonic()
+    first = running.steps_from
+    if first is None or first[0] != node or value <= first[1]:
+        running.steps_from = (node, value, now)
+        return None
+    return (now - first[2]) / (value - first[1])

@@ -1,4 +1,4 @@
--- comfyveil schema, version 25: the last node and model lists each backend answered.
+-- comfyveil schema, version 22: the last node and model lists each backend answered.
 --
 -- The pool reads a backend's /object_info when it answers; a process started while a GPU
 -- was down knew nothing of it, so /help and the menu offered every command and a job

@@ -1,0 +1,89 @@
+"""The ETA the store gives (every front end shows it) counts what a job asks of the GPU:
+its steps and size, learnt from finished runs timed from ComfyUI's start, and what a
+running job still needs by the pace its progress showed."""
+
+from __future__ import annotations
+
+import pytest
+
+from comfyveil.store import database, jobs
+
+
+def asking(user: int, steps: int, side: int) -> jobs.NewJob:
+    return jobs.NewJob(
+        user_id=user,
+        chat_id=user,
+        command="f",
+        workflow_hash="h" * 64,
+        params={"prompt": "a red fox", "steps": steps, "width": side, "height": side},
+    )
+
+
+async def sql(db: database.Database, query: str, *args: object) -> None:
+    async with db.pool.connection() as conn:
+        await conn.execute(query, args)
+
+
+async def finished_run(
+    db: database.Database,
+    user: int,
+    steps: int,
+    side: int,
+    *,
+    waited: float,
+    ran: float,
+    ago: float,
+) -> None:
+    """A run of /f on gpu0 that waited `waited` s in the GPU's queue, then ran `ran` s."""
+    await db.jobs.enqueue(asking(user, steps, side))
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None
+    claimed = await db.jobs.mark_submitted(claimed, "gpu0")
+    await db.jobs.complete(claimed)
+    await sql(
+        db,
+        "UPDATE jobs SET started_at = now() - make_interval(secs => %s),"
+        " executing_at = now() - make_interval(secs => %s),"
+        " finished_at = now() - make_interval(secs => %s) WHERE id = %s",
+        ago + ran + waited,
+        ago + ran,
+        ago,
+        claimed.id,
+    )
+
+
+async def test_a_job_asking_for_more_steps_and_pixels_gets_a_longer_eta(
+    db: database.Database,
+) -> None:
+    # 4 steps of 512x512 ran 3 s, 8 steps of 1024x1024 ran 17 s: 1 s fixed, 2 s per step
+    # and megapixel. Each waited 30 s in the GPU's queue first: not part of a run.
+    await finished_run(db, 1, 4, 512, waited=30, ran=3, ago=300)
+    await finished_run(db, 2, 8, 1024, waited=30, ran=17, ago=200)
+    await finished_run(db, 3, 4, 512, waited=30, ran=3, ago=100)
+    big = await db.jobs.enqueue(asking(4, 8, 1024))
+    wait = await db.jobs.wait(big.id, backends=["gpu0"])
+    assert wait is not None and wait.seconds == pytest.approx(17.0, rel=0.05)
+    small = await db.jobs.enqueue(asking(5, 2, 512))  # behind the big one on one GPU
+    wait = await db.jobs.wait(small.id, backends=["gpu0"])
+    assert wait is not None and wait.seconds == pytest.approx(17.0 + 2.0, rel=0.05)
+
+
+async def test_a_running_job_still_needs_its_steps_left_at_its_own_pace(
+    db: database.Database,
+) -> None:
+    await finished_run(db, 1, 4, 512, waited=0, ran=3, ago=300)
+    await finished_run(db, 2, 8, 1024, waited=0, ran=17, ago=200)
+    await finished_run(db, 3, 4, 512, waited=0, ran=3, ago=100)
+    await db.jobs.enqueue(asking(4, 8, 1024))
+    running = await db.jobs.claim("w")
+    assert running is not None
+    running = await db.jobs.mark_submitted(running, "gpu0")
+    # ComfyUI started it 16 s ago (its estimate: 17 s); it is at step 2 of 8 at 6 s a
+    # step: 6 steps left need 36 s, not the 1 s its estimate leaves.
+    await db.jobs.record_progress(
+        running,
+        {"state": "running", "backend": "gpu0", "value": 2, "max": 8, "step_s": 6.0},
+        executing_for=16.0,
+    )
+    wait = await db.jobs.wait(running.id, backends=["gpu0"])
+    assert wait is not None and wait.seconds == pytest.approx(6 * 6.0 + 1.0, rel=0.05)
