@@ -432,20 +432,11 @@ QUALITIES = ("low", "medium", "high", "xhigh", "max", "auto")
 
 
 def _prompt_limit(svc: ApiServices, entry: registry.Entry, prompt: str) -> None:
-    """The chat's limit on a prompt's length, in the chat's words: the binding one of the
-    operator's [limits] and the workflow's own."""
-    wf = entry.workflow
-    limit = svc.settings.limits.max_prompt_length
-    own = wf.params[wf.prompt_param].max_length if wf.prompt_param is not None else None
-    if own is not None:
-        limit = min(limit, own)
-    if len(prompt) > limit:
-        raise bad_request(
-            _("The prompt is {length} characters long; the limit is {limit}.").format(
-                length=len(prompt), limit=limit
-            ),
-            param="prompt",
-        )
+    """The desk's limit on a prompt's length, in the chat's words."""
+    try:
+        submit.check_prompt_length(svc.settings, entry.workflow, prompt)
+    except errors.UsageError as exc:
+        raise bad_request(str(exc), param="prompt") from None
 
 
 async def _answer(

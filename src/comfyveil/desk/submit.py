@@ -38,9 +38,34 @@ def validate(
     pages, the API and ``comfyveil submit``.
 
     Raises:
-        ParamError: one plain sentence naming the option.
+        ParamError: one plain sentence naming the option; for the prompt, the chat's own
+            sentence, so every front end refuses a long prompt in the same words.
     """
+    if wf.prompt_param is not None:
+        prompt = values.get(wf.prompt_param)
+        if isinstance(prompt, str):
+            check_prompt_length(settings, wf, prompt)
     return wf.validate(values, max_text=settings.limits.max_prompt_length)
+
+
+def check_prompt_length(settings: config.Settings, wf: workflow.Workflow, prompt: str) -> None:
+    """Refuse a prompt past the binding one of ``[limits] max_prompt_length`` and the
+    workflow's own ``max_length``, in the words the chat uses.
+
+    Raises:
+        ParamError: "The prompt is N characters long; the limit is M."
+    """
+    limit = settings.limits.max_prompt_length
+    own = wf.params[wf.prompt_param].max_length if wf.prompt_param is not None else None
+    if own is not None:
+        limit = min(limit, own)
+    if len(prompt) > limit:
+        raise workflow.ParamError(
+            _("The prompt is {length} characters long; the limit is {limit}.").format(
+                length=ltr(len(prompt)), limit=ltr(limit)
+            ),
+            param=wf.prompt_param,
+        )
 
 
 async def check_policy(services: PolicyDesk, command: str, texts: Sequence[str]) -> None:
