@@ -379,11 +379,16 @@ def estimate(
     def cost(backend: str, cmd: str, units: float, *, expected: bool = False) -> float:
         found = cost_of(backend, cmd)
         seconds = found.seconds(units) if found is not None else estimator.typical(backend, units)
-        if expected and guessed[backend]:
-            # After a job ahead placed there by this guess: which models it leaves loaded
-            # depends on every choice before it, so a job pays a switch as often as runs
-            # lately did (one switch more or less in the guess would swing the ETA).
-            seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
+        if expected and any(guessed.values()):
+            # A job this guess places behind another guessed one: which job really goes
+            # where, and so which models each finds, is not known until the ones before
+            # it are sent, so it pays a switch as often as runs lately did; only a
+            # backend known to hold its models (nothing guessed there) spares it. A
+            # switch counted all or nothing moved the ETA by a whole model load each
+            # time a job ahead landed elsewhere than guessed. The next job to be sent
+            # finds what the backends hold now: its switch is known.
+            if guessed[backend] or loaded[backend] not in (None, cmd):
+                seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
         elif loaded[backend] not in (None, cmd):
             seconds += estimator.cold_seconds(backend, cmd)
         return seconds
