@@ -209,3 +209,18 @@ def test_a_job_sent_after_another_guessed_one_pays_the_share_of_a_switch() -> No
     # for it would move ours by 2.4 s each time the first one landed elsewhere.
     assert wait.backend == "gpu1"
     assert wait.seconds == pytest.approx((5.0 + 1.6) + (10.0 + 1.6))
+
+
+def test_a_command_seen_only_cold_is_not_charged_its_model_load_on_every_run() -> None:
+    # sd ran once, right after f (a switch: 9 s); no warm sd run yet. A switch to f was
+    # measured at 4 s over its warm run: sd's load is taken to cost as much.
+    model = taught(
+        ("gpu0", "f", 10.0),
+        ("gpu0", "f", 10.0),
+        ("gpu0", "sd", 9.0),
+        ("gpu0", "f", 14.0),
+    )
+    warm = eta.estimate(model, command="sd", backends=["gpu0"], last_command={"gpu0": "sd"})
+    cold = eta.estimate(model, command="sd", backends=["gpu0"], last_command={"gpu0": "f"})
+    # Before: 9 s either way, until a warm run of sd came and every ETA fell at once.
+    assert warm.seconds == pytest.approx(5.0) and cold.seconds == pytest.approx(9.0)
