@@ -36,8 +36,13 @@ Reported per load, as a share of the mean wait really left (unscaled seconds):
   less is half of it), and also from 1 s left.
 
 New is reported as shown (through `EtaMemory`) and raw (as the estimator said it): the
-shown one must not meet the targets by hiding a wrong estimate. Prints a table, then one
-JSON object as the very last line.
+shown one must not meet the targets by hiding a wrong estimate.
+
+Each raw jump is taken apart (`explain`): the later refresh's parts are swapped into the
+earlier one's state one at a time (the cost model refit, the progress of jobs running at
+both, the jobs that finished, the jobs ahead that went to a GPU, the models loaded, the
+queue, our own job's state), and the jump is put down to the part that moved it most.
+Prints a table, then one JSON object as the very last line.
 """
 
 from __future__ import annotations
@@ -521,6 +526,8 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
     causes = dict.fromkeys(TERMS, 0)
     weight = dict.fromkeys(TERMS, 0.0)
     worst: list[tuple[float, int, str, dict[str, float]]] = []
+    jobs: set[int] = set()
+    not_finished: set[int] = set()  # jobs with a jump not led by a job that finished
     for index, seen in snaps.items():
         for a, b in itertools.pairwise(seen):
             left = (a.seconds() or 0.0) - (b.at - a.at)
@@ -532,12 +539,17 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
             moved = explain(a, b)
             term = max(moved, key=lambda t: abs(moved[t]))
             causes[term] += 1
+            jobs.add(index)
+            if term != "finished":
+                not_finished.add(index)
             for t, v in moved.items():
                 weight[t] += abs(v) / left
             worst.append((change, index, term, moved))
     worst.sort(key=lambda w: -abs(w[0]))
     return {
         "jumps": sum(causes.values()),
+        "jobs": len(jobs),
+        "jobs_but_finished": len(not_finished),
         "by_largest_term": causes,
         "share_moved": {t: round(v / max(1, sum(causes.values())), 3) for t, v in weight.items()},
         "worst": [
@@ -574,7 +586,11 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
     for r in rows:
         why = r["raw_jumps_by_cause"]
-        print(f"{r['load']:.0%} raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']}")
+        print(
+            f"{r['load']:.0%} raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']} "
+            f"in {why['jobs']} jobs; jobs with one not led by a job that finished: "
+            f"{why['jobs_but_finished']}"
+        )
         print(
             "  by the term that moved most: "
             + ", ".join(f"{t} {n}" for t, n in why["by_largest_term"].items() if n)
