@@ -52,7 +52,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
             described: dict[str, Any] | None = None
             while not closing.is_set():
                 news.clear()  # before the reads: news after them wakes the wait below
-                for event in await store.events_after(job.id, sent_event):
+                news_read = await store.news(job.id, sent_event)
+                for event in news_read.events:
                     sent_event = event.id
                     data = {
                         "id": str(job.id),
@@ -67,12 +68,14 @@ async def stream(request: web.Request) -> web.StreamResponse:
                     )
                     first = False
                     sent_update = 0
-                found = await svc.db.jobs.get(job.id)
+                found = news_read.job
                 if found is None:  # forgotten meanwhile: nothing more will come
                     break
                 if _micros(found) > sent_update:
                     sent_update = _micros(found)
-                    described = await job_view.describe(svc, found, known=described)
+                    described = await job_view.describe(
+                        svc, found, known=described, outputs=news_read.outputs
+                    )
                     await sse.send(
                         json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
                     )
