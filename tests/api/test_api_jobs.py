@@ -229,7 +229,12 @@ async def test_refusals_are_the_desks_sentences_and_queue_nothing(db, fake_comfy
             async with api.get(f"{s.url}/v1/jobs/{job['id']}/outputs/0") as r:  # not yet made
                 assert (await r.json())["error"]["code"] == "output_not_found"
         async with session(other) as stranger:  # another account's job is not there
-            for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/outputs/0")):
+            for method, path in (
+                ("GET", ""),
+                ("DELETE", ""),
+                ("GET", "/outputs/0"),
+                ("GET", "/events"),
+            ):
                 async with stranger.request(method, f"{s.url}/v1/jobs/{job['id']}{path}") as r:
                     assert r.status == 404
                     assert (await r.json())["error"]["code"] == "job_not_found"
