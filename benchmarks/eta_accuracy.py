@@ -36,8 +36,13 @@ Reported per load, as a share of the mean wait really left (unscaled seconds):
   less is half of it), and also from 1 s left.
 
 New is reported as shown (through `EtaMemory`) and raw (as the estimator said it): the
-shown one must not meet the targets by hiding a wrong estimate. Prints a table, then one
-JSON object as the very last line.
+shown one must not meet the targets by hiding a wrong estimate.
+
+Each raw jump is taken apart (`explain`): the later refresh's parts are swapped into the
+earlier one's state one at a time (the cost model refit, the progress of jobs running at
+both, the jobs that finished, the jobs ahead that went to a GPU, the models loaded, the
+queue, our own job's state), and the jump is put down to the part that moved it most.
+Prints a table, then one JSON object as the very last line.
 """
 
 from __future__ import annotations
@@ -160,6 +165,95 @@ class Estimates:
         self.blind = eta.estimator_from(eta.runs_from([s[:4] for s in spans]))
 
 
+@dataclass
+class Snapshot:
+    """What one ETA was computed from: the jobs on the GPUs and ahead, by job, so that
+    a jump between two refreshes can be taken apart (`explain`)."""
+
+    at: float
+    model: eta.Model
+    busy: dict[int, eta.Busy]
+    ahead: dict[int, eta.Ahead]  # in claim order
+    last: dict[str, str]
+    own: dict[str, Any]
+    placed: dict[int, str] = field(default_factory=dict)  # where the guess put each ahead
+
+    def seconds(self, **swap: Any) -> float | None:
+        parts = {
+            "model": self.model,
+            "busy": self.busy,
+            "ahead": self.ahead,
+            "last": self.last,
+            "own": self.own,
+            **swap,
+        }
+        return eta.estimate(
+            parts["model"],
+            backends=self.own["names"],
+            busy=list(parts["busy"].values()),
+            ahead=list(parts["ahead"].values()),
+            last_command=parts["last"],
+            **{k: v for k, v in parts["own"].items() if k != "names"},
+        ).seconds
+
+
+def snapshot(
+    state: State,
+    asks: list[Ask],
+    index: int,
+    now: float,
+    names: list[str],
+    *,
+    model: eta.Model,
+    blind: bool,
+) -> Snapshot:
+    def work(i: int) -> float:
+        return 1.0 if blind else asks[i].work
+
+    last: dict[str, str] = {}
+    for backend, command, *_ in sorted(state.spans, key=lambda s: s[3]):
+        last[backend] = command
+    busy: dict[int, eta.Busy] = {}
+    for i, gpu in state.on_gpu.items():
+        if i == index:
+            continue
+        running = gpu.started is not None
+        busy[i] = eta.Busy(
+            gpu.backend,
+            asks[i].command,
+            now - gpu.started if running else None,  # type: ignore[operator]
+            work(i),
+            None if blind else asks[i].steps,
+            None if blind or not running else gpu.done,
+            None if blind or not running else gpu.step_s,
+        )
+    queue = list(state.queued)
+    if index in queue:
+        ahead = list(state.claimed) + queue[: queue.index(index)]
+    else:  # claimed, waiting for a GPU
+        ahead = [i for i in state.claimed if i < index]
+    mine = state.on_gpu.get(index)
+    started = mine is not None and mine.started is not None
+    own = {
+        "names": names,
+        "command": asks[index].command,
+        "on": mine.backend if mine is not None else None,
+        "elapsed": now - mine.started if started else None,  # type: ignore[operator, union-attr]
+        "work": work(index),
+        "steps": None if blind else asks[index].steps,
+        "done": None if blind or not started else mine.done,  # type: ignore[union-attr]
+        "step_s": None if blind or not started else mine.step_s,  # type: ignore[union-attr]
+    }
+    return Snapshot(
+        now,
+        model,
+        busy,
+        {} if mine is not None else {i: eta.Ahead(asks[i].command, None, work(i)) for i in ahead},
+        last,
+        own,
+    )
+
+
 def estimate(
     state: State,
     asks: list[Ask],
@@ -170,52 +264,7 @@ def estimate(
     model: eta.Model,
     blind: bool,
 ) -> float | None:
-    def work(i: int) -> float:
-        return 1.0 if blind else asks[i].work
-
-    last: dict[str, str] = {}
-    for backend, command, *_ in sorted(state.spans, key=lambda s: s[3]):
-        last[backend] = command
-    busy: list[eta.Busy] = []
-    for i, gpu in state.on_gpu.items():
-        if i == index:
-            continue
-        running = gpu.started is not None
-        busy.append(
-            eta.Busy(
-                gpu.backend,
-                asks[i].command,
-                now - gpu.started if running else None,  # type: ignore[operator]
-                work(i),
-                None if blind else asks[i].steps,
-                None if blind or not running else gpu.done,
-                None if blind or not running else gpu.step_s,
-            )
-        )
-    queue = list(state.queued)
-    if index in queue:
-        ahead = list(state.claimed) + queue[: queue.index(index)]
-    else:  # claimed, waiting for a GPU
-        ahead = [i for i in state.claimed if i < index]
-    mine = state.on_gpu.get(index)
-    started = mine is not None and mine.started is not None
-    wait = eta.estimate(
-        model,
-        command=asks[index].command,
-        backends=names,
-        busy=busy,
-        ahead=[]
-        if mine is not None
-        else [eta.Ahead(asks[i].command, None, work(i)) for i in ahead],
-        on=mine.backend if mine is not None else None,
-        elapsed=now - mine.started if started else None,  # type: ignore[operator, union-attr]
-        last_command=last,
-        work=work(index),
-        steps=None if blind else asks[index].steps,
-        done=None if blind or not started else mine.done,  # type: ignore[union-attr]
-        step_s=None if blind or not started else mine.step_s,  # type: ignore[union-attr]
-    )
-    return wait.seconds
+    return snapshot(state, asks, index, now, names, model=model, blind=blind).seconds()
 
 
 async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -> dict[str, Any]:
@@ -256,6 +305,7 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
     looks: dict[str, dict[int, list[tuple[float, float]]]] = {
         k: defaultdict(list) for k in ("shown", "raw", "blind", "old")
     }
+    snaps: dict[int, list[Snapshot]] = defaultdict(list)  # the raw ETA's, as `looks`
     done: dict[int, float] = {}
     queue: asyncio.Queue[int] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
@@ -266,7 +316,9 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
 
     def look(index: int, at: float) -> None:
         models.refresh()
-        raw = estimate(state, asks, index, at, names, model=models.new, blind=False)
+        snap = snapshot(state, asks, index, at, names, model=models.new, blind=False)
+        raw = snap.seconds()
+        snaps[index].append(snap)
         blind = estimate(state, asks, index, at, names, model=models.blind, blind=True)
         old = old_eta(state, asks, index, len(names))
         if raw is not None:
@@ -415,7 +467,96 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
             "jobs_jumped_over_20pct_from_1s": jumped_1s,
             "largest_jump_from_1s": round(worst_1s, 2),
         }
+    row["raw_jumps_by_cause"] = explain_all(snaps, done)
     return row
+
+
+TERMS = (
+    "refit",  # the cost model learnt a run that finished
+    "progress",  # jobs running at both refreshes (ours included): their pace, vs counting down
+    "finished",  # a job on a GPU finished
+    "started",  # a job ahead went to a GPU (left the queue for a backend)
+    "loaded",  # the models a backend holds changed
+    "queue",  # the jobs ahead changed otherwise (new, reordered)
+    "own",  # ours changed state (queued, claimed, waiting on a GPU, running)
+)
+
+
+def explain(a: Snapshot, b: Snapshot) -> dict[str, float]:
+    """How much each term moved the ETA from refresh `a` to refresh `b`, in seconds
+    against `a` counted down: swap `a`'s parts for `b`'s one at a time."""
+    dt = b.at - a.at
+    parts: dict[str, Any] = {}
+    before = a.seconds() or 0.0
+    moved: dict[str, float] = {}
+
+    def step(term: str, **swap: Any) -> None:
+        nonlocal before
+        parts.update(swap)
+        after = a.seconds(**parts) or 0.0
+        moved[term] = after - before
+        before = after
+
+    step("refit", model=b.model)
+    same_own = a.own["on"] == b.own["on"] and (a.own["elapsed"] is None) == (
+        b.own["elapsed"] is None
+    )
+    step(
+        "progress",
+        busy={i: b.busy.get(i, job) for i, job in a.busy.items()},
+        own=b.own if same_own else a.own,
+    )
+    moved["progress"] += dt
+    step("finished", busy={i: b.busy[i] for i in a.busy if i in b.busy})
+    started = {i: job for i, job in b.busy.items() if i not in a.busy}
+    step(
+        "started",
+        busy={**parts["busy"], **started},
+        ahead={i: job for i, job in a.ahead.items() if i not in started},
+    )
+    step("loaded", last=b.last)
+    step("queue", ahead=b.ahead)
+    step("own", own=b.own)
+    return moved
+
+
+def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dict[str, Any]:
+    """For every raw jump over JUMP (from LEAST_S left), the term that moved it most; and
+    how much each term moved the ETA at those refreshes, as a share of the ETA then."""
+    causes = dict.fromkeys(TERMS, 0)
+    weight = dict.fromkeys(TERMS, 0.0)
+    worst: list[tuple[float, int, str, dict[str, float]]] = []
+    jobs: set[int] = set()
+    not_finished: set[int] = set()  # jobs with a jump not led by a job that finished
+    for index, seen in snaps.items():
+        for a, b in itertools.pairwise(seen):
+            left = (a.seconds() or 0.0) - (b.at - a.at)
+            if left < LEAST_S:
+                continue
+            change = (b.seconds() or 0.0) / left - 1.0
+            if abs(change) <= JUMP + 1e-9:
+                continue
+            moved = explain(a, b)
+            term = max(moved, key=lambda t: abs(moved[t]))
+            causes[term] += 1
+            jobs.add(index)
+            if term != "finished":
+                not_finished.add(index)
+            for t, v in moved.items():
+                weight[t] += abs(v) / left
+            worst.append((change, index, term, moved))
+    worst.sort(key=lambda w: -abs(w[0]))
+    return {
+        "jumps": sum(causes.values()),
+        "jobs": len(jobs),
+        "jobs_but_finished": len(not_finished),
+        "by_largest_term": causes,
+        "share_moved": {t: round(v / max(1, sum(causes.values())), 3) for t, v in weight.items()},
+        "worst": [
+            {"job": i, "change": round(c, 2), "term": t, **{k: round(v, 2) for k, v in m.items()}}
+            for c, i, t, m in worst[:8]
+        ],
+    }
 
 
 async def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -443,6 +584,23 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{k['jobs_jumped_over_20pct']:>6} {k['largest_jump']:>7.0%} "
                 f"{k['jobs_jumped_over_20pct_from_1s']:>9} {k['largest_jump_from_1s']:>7.0%}"
             )
+    for r in rows:
+        why = r["raw_jumps_by_cause"]
+        print(
+            f"{r['load']:.0%} raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']} "
+            f"in {why['jobs']} jobs; jobs with one not led by a job that finished: "
+            f"{why['jobs_but_finished']}"
+        )
+        print(
+            "  by the term that moved most: "
+            + ", ".join(f"{t} {n}" for t, n in why["by_largest_term"].items() if n)
+        )
+        print(
+            "  mean move per term, share of the ETA: "
+            + ", ".join(f"{t} {v:.0%}" for t, v in why["share_moved"].items())
+        )
+        for w in why["worst"]:
+            print("   ", w)
     met = all(
         r[kind]["first_mae"] < TARGET_MAE
         and r[kind]["later_mae"] < TARGET_MAE

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -97,6 +98,8 @@ def main() -> int:
     args = parser.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, hard))
+    # The parsers' own warnings (an update skipped, ...) would be a line per input.
+    logging.disable(logging.WARNING)
 
     http_each = int(args.total * args.http_share / (HTTP_TARGETS + 1 / 3) + 0.5)
     pure_each = (args.total - int(http_each * (HTTP_TARGETS + 1 / 3))) // len(targets.PURE_TARGETS)

@@ -10,6 +10,7 @@ import logging
 import uuid
 
 import aiohttp
+import av
 from PIL import Image
 
 from comfyveil import images
@@ -71,6 +72,14 @@ async def test_a_video_from_submit_to_download_with_its_stream_read_to_the_end(
                 assert r.headers["Content-Disposition"].endswith('.mp4"')
                 data = await r.read()
             assert len(data) == out["size"] and images.sniff_mime(data) == "video/mp4"
+            # a real MP4 a player opens: 5 frames of Wan's latent make 2 of 848x480
+            with av.open(io.BytesIO(data)) as video:
+                frames = [(f.width, f.height) for f in video.decode(video=0)]
+                tags = dict(video.metadata)
+            assert frames == [(848, 480)] * 2
+            # the prompt and workflow ComfyUI wrote into the file's tags are gone
+            assert not {"prompt", "workflow", "comment"} & tags.keys()
+            assert PROMPT.encode() not in data and b"CLIPTextEncode" not in data
             # the options as the chat reads them: 16:9 near the workflow's own 640x640
             row = await db.jobs.get(uuid.UUID(job["id"]))
             assert row is not None
@@ -220,7 +229,12 @@ async def test_refusals_are_the_desks_sentences_and_queue_nothing(db, fake_comfy
             async with api.get(f"{s.url}/v1/jobs/{job['id']}/outputs/0") as r:  # not yet made
                 assert (await r.json())["error"]["code"] == "output_not_found"
         async with session(other) as stranger:  # another account's job is not there
-            for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/outputs/0")):
+            for method, path in (
+                ("GET", ""),
+                ("DELETE", ""),
+                ("GET", "/outputs/0"),
+                ("GET", "/events"),
+            ):
                 async with stranger.request(method, f"{s.url}/v1/jobs/{job['id']}{path}") as r:
                     assert r.status == 404
                     assert (await r.json())["error"]["code"] == "job_not_found"

@@ -8,6 +8,7 @@ import os
 import socket
 from typing import Any
 
+import av
 import pytest
 from PIL import Image
 
@@ -452,7 +453,11 @@ async def test_video_outputs_are_classified_as_video(fake_comfy: FakeComfyUI) ->
         assert (out.kind, out.subfolder) == ("video", "video")
         assert out.filename.endswith(".mp4")
         chunks = [chunk async for chunk in client.stream(out)]
-        assert b"".join(chunks)[4:8] == b"ftyp"
+    # a playable H.264 MP4, with the prompt in its tags as ComfyUI's SaveVideo writes it
+    with av.open(io.BytesIO(b"".join(chunks))) as video:
+        assert video.streams.video[0].codec_context.name == "h264"
+        assert [(f.width, f.height) for f in video.decode(video=0)] == [(32, 32)] * 4
+        assert "EmptyImage" in video.metadata["prompt"]
 
 
 # --- the same model-free scenarios against the fake, and a real ComfyUI when asked ---------

@@ -184,3 +184,43 @@ def test_a_job_ahead_pays_a_model_switch_as_often_as_runs_lately_did() -> None:
         last_command={"gpu0": "sd"},
     )
     assert wait.seconds == pytest.approx((10.0 + 4.0) + (5.0 + 1.6) + (10.0 + 1.6))
+
+
+def test_a_job_sent_after_another_guessed_one_pays_the_share_of_a_switch() -> None:
+    # Warm: f 10 s, sd 5 s; a switch 4 s; two of five runs after another switched.
+    model = taught(
+        ("gpu0", "f", 10.0),
+        ("gpu0", "f", 10.0),
+        ("gpu0", "sd", 9.0),
+        ("gpu0", "sd", 5.0),
+        ("gpu0", "f", 14.0),
+        ("gpu0", "f", 10.0),
+    )
+    wait = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0", "gpu1"],
+        ahead=[eta.Ahead("f"), eta.Ahead("sd")],
+        last_command={"gpu0": "f", "gpu1": "f"},
+    )
+    # The first job ahead is sent next: gpu0 holds its models (10 s). The second is sent
+    # after it, where is not known yet: on gpu1 it pays a switch two times in five, not
+    # for sure (5 + 1.6 s); ours follows it there (10 + 1.6 s). A whole switch counted
+    # for it would move ours by 2.4 s each time the first one landed elsewhere.
+    assert wait.backend == "gpu1"
+    assert wait.seconds == pytest.approx((5.0 + 1.6) + (10.0 + 1.6))
+
+
+def test_a_command_seen_only_cold_is_not_charged_its_model_load_on_every_run() -> None:
+    # sd ran once, right after f (a switch: 9 s); no warm sd run yet. A switch to f was
+    # measured at 4 s over its warm run: sd's load is taken to cost as much.
+    model = taught(
+        ("gpu0", "f", 10.0),
+        ("gpu0", "f", 10.0),
+        ("gpu0", "sd", 9.0),
+        ("gpu0", "f", 14.0),
+    )
+    warm = eta.estimate(model, command="sd", backends=["gpu0"], last_command={"gpu0": "sd"})
+    cold = eta.estimate(model, command="sd", backends=["gpu0"], last_command={"gpu0": "f"})
+    # Before: 9 s either way, until a warm run of sd came and every ETA fell at once.
+    assert warm.seconds == pytest.approx(5.0) and cold.seconds == pytest.approx(9.0)

@@ -20,7 +20,9 @@ from aiohttp import web
 from aiohttp_sse import sse_response
 
 from comfyveil.api import job_view
-from comfyveil.api.jobs import _store, owned
+from comfyveil.api.context import ACCOUNT, caller
+from comfyveil.api.jobs import _store, job_uuid, no_job
+from comfyveil.store import api_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -42,48 +44,64 @@ def _micros(job: Any) -> int:
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
-    svc, _who, job = await owned(request)
+    svc, _who = await caller(request)
+    job_id = job_uuid(request)
     sent_event, sent_update = _last(request.headers.get("Last-Event-ID", ""))
     closing = request.app[CLOSING]
     store = _store(svc)
-    async with sse_response(request, headers={"Cache-Control": "no-store"}) as sse:
-        with svc.waiter.watching(job.id) as news, contextlib.suppress(ConnectionError):
+    # watched before the first read, so that news after that read wakes the wait below
+    with svc.waiter.watching(job_id) as news:
+        # the first read also tells whose job it is: no read of the job before it
+        read: api_jobs.News | None = await store.news(job_id, sent_event)
+        if read.job is None or read.job.user_id != request[ACCOUNT].user_id:
+            raise no_job(str(job_id))
+        async with sse_response(request, headers={"Cache-Control": "no-store"}) as sse:
             first = True
             described: dict[str, Any] | None = None
-            while not closing.is_set():
-                news.clear()  # before the reads: news after them wakes the wait below
-                for event in await store.events_after(job.id, sent_event):
-                    sent_event = event.id
-                    data = {
-                        "id": str(job.id),
-                        "state": job_view.event_state(event),
-                        "at": job_view.time_text(event.at),
-                    }
-                    await sse.send(
-                        json.dumps(data),
-                        id=f"{sent_event}.0",
-                        event="state",
-                        retry=RETRY_MS if first else None,
-                    )
-                    first = False
-                    sent_update = 0
-                found = await svc.db.jobs.get(job.id)
-                if found is None:  # forgotten meanwhile: nothing more will come
-                    break
-                if _micros(found) > sent_update:
-                    sent_update = _micros(found)
-                    described = await job_view.describe(svc, found, known=described)
-                    await sse.send(
-                        json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
-                    )
-                if found.status.finished:
-                    break
-                waits = [asyncio.ensure_future(news.wait()), asyncio.ensure_future(closing.wait())]
-                try:
-                    await asyncio.wait(waits, timeout=FALLBACK, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiting in waits:
-                        waiting.cancel()
+            with contextlib.suppress(ConnectionError):
+                while not closing.is_set():
+                    if read is None:
+                        news.clear()  # before the reads: news after them wakes the wait
+                        read = await store.news(job_id, sent_event)
+                    for event in read.events:
+                        sent_event = event.id
+                        data = {
+                            "id": str(job_id),
+                            "state": job_view.event_state(event),
+                            "at": job_view.time_text(event.at),
+                        }
+                        await sse.send(
+                            json.dumps(data),
+                            id=f"{sent_event}.0",
+                            event="state",
+                            retry=RETRY_MS if first else None,
+                        )
+                        first = False
+                        sent_update = 0
+                    found, outputs, read = read.job, read.outputs, None
+                    if found is None:  # forgotten meanwhile: nothing more will come
+                        break
+                    if _micros(found) > sent_update:
+                        sent_update = _micros(found)
+                        described = await job_view.describe(
+                            svc, found, known=described, outputs=outputs
+                        )
+                        await sse.send(
+                            json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
+                        )
+                    if found.status.finished:
+                        break
+                    waits = [
+                        asyncio.ensure_future(news.wait()),
+                        asyncio.ensure_future(closing.wait()),
+                    ]
+                    try:
+                        await asyncio.wait(
+                            waits, timeout=FALLBACK, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        for waiting in waits:
+                            waiting.cancel()
     return sse
 
 

@@ -62,12 +62,14 @@ async def describe(
     *,
     known: dict[str, Any] | None = None,
     estimate: bool = True,
+    outputs: list[api_jobs.OutputInfo] | None = None,
 ) -> dict[str, Any]:
     """The job as GET /v1/jobs/{id} answers it. `known`: an earlier description of the
     same job in the same state (a stream's last), whose place and ETA stand while only
     its progress moved: the queue is not read again at each step. `estimate` False:
     no place nor ETA (null), for the answer to a submission, which reading the whole
-    queue would slow down several times over."""
+    queue would slow down several times over. `outputs`: the succeeded job's outputs,
+    when already read with it (None: read here)."""
     state = state_of(job.status, job.progress)
     position = eta_seconds = None
     if known is not None and known.get("state") == state:
@@ -85,8 +87,9 @@ async def describe(
     if job.status is jobs.Status.SUCCEEDED:
         step = steps
         percent = 100.0
-    outputs: list[api_jobs.OutputInfo] = []
-    if job.status is jobs.Status.SUCCEEDED:
+    if job.status is not jobs.Status.SUCCEEDED:
+        outputs = []
+    elif outputs is None:
         outputs = await api_jobs.ApiJobStore(svc.db.pool).outputs(job.id)
     seed = job.params.get("seed")
     return {

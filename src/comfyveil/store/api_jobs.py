@@ -24,6 +24,29 @@ class OutputInfo:
     size: int
 
 
+@dataclass(frozen=True)
+class News:
+    """What an event stream reads at each wake-up: the job's history after a point, the
+    job as it stands after that history, and its outputs once it has succeeded."""
+
+    events: list[JobEvent]
+    job: Job | None
+    outputs: list[OutputInfo]
+
+
+_EVENTS_AFTER = "SELECT * FROM job_events WHERE job_id = %(j)s AND id > %(a)s ORDER BY id"
+_JOB = "SELECT * FROM jobs WHERE id = %(j)s"
+_OUTPUTS = (
+    'SELECT o."index", o.filename, o.kind, o.mime, octet_length(o.data) AS size '
+    'FROM job_outputs o WHERE o.job_id = %(j)s {also} ORDER BY o."index"'
+)
+
+_ALL_OUTPUTS = _OUTPUTS.format(also="")
+_SUCCEEDED_OUTPUTS = _OUTPUTS.format(
+    also="AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = o.job_id AND j.status = 'succeeded')"
+)
+
+
 class ApiJobStore:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
@@ -51,21 +74,30 @@ class ApiJobStore:
         )
         return [Job.from_row(r) for r in rows]
 
-    async def events_after(self, job_id: uuid.UUID, after: int) -> list[JobEvent]:
-        """The job's history after event `after` (0: all of it), oldest first."""
-        rows = await self._all(
-            "SELECT * FROM job_events WHERE job_id = %(j)s AND id > %(a)s ORDER BY id",
-            {"j": job_id, "a": after},
-        )
-        return [JobEvent.from_row(r) for r in rows]
+    async def news(self, job_id: uuid.UUID, after: int) -> News:
+        """The job's history after event `after`, then the job, then its outputs if it
+        has succeeded, sent in one round trip (a pipeline on one connection): a stream
+        wakes up several times a job, its last wake-up on the path to the client's result,
+        and each round trip costs more than its query on a busy machine. The history is
+        read first, so the job read after it is never older than the last event sent."""
+        params = {"j": job_id, "a": after}
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            async with conn.pipeline():
+                events = await conn.execute(_EVENTS_AFTER, params)
+                job = await conn.execute(_JOB, params)
+                # read after the job: a job read as succeeded has its outputs (written in
+                # the statement that ended it), and none are read before it has
+                outputs = await conn.execute(_SUCCEEDED_OUTPUTS, params)
+            found = await job.fetchone()
+            return News(
+                events=[JobEvent.from_row(r) for r in await events.fetchall()],
+                job=Job.from_row(found) if found else None,
+                outputs=[OutputInfo(**r) for r in await outputs.fetchall()],
+            )
 
     async def outputs(self, job_id: uuid.UUID) -> list[OutputInfo]:
         """What the job's outputs are, without their bytes."""
-        rows = await self._all(
-            'SELECT "index", filename, kind, mime, octet_length(data) AS size '
-            'FROM job_outputs WHERE job_id = %(j)s ORDER BY "index"',
-            {"j": job_id},
-        )
+        rows = await self._all(_ALL_OUTPUTS, {"j": job_id})
         return [OutputInfo(**r) for r in rows]
 
     async def output(self, job_id: uuid.UUID, index: int, user_id: int) -> Output | None:

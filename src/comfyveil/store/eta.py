@@ -200,6 +200,7 @@ class Model:
         self._costs: dict[tuple[str, str], Cost] = {}
         self._cold: dict[tuple[str, str], float] = {}
         self._cold_others: dict[str, float] = {}
+        self._cold_any = 0.0  # a switch's median extra over the commands measured
         self._others: dict[str, list[Cost]] = {}
         self._ran: set[str] = set()
         self._followed = self._switched = 0  # runs after another there; of them switches
@@ -241,11 +242,15 @@ class Model:
         # Where no warm run was measured, the first runs (most likely cold: a backend's
         # first run loads its models) and the cold ones are all there is: what a switch
         # costs elsewhere comes off them, since a cold start adds it again.
+        # A command whose switch was never measured loads its models as the others do:
+        # until one of its runs is seen warm, a load counted in every run of it made each
+        # ETA seconds too long, then fall by all of them at once.
+        self._cold_any = statistics.median(switch.values()) if switch else 0.0
         guess: dict[tuple[str, str], list[Run]] = collections.defaultdict(list)
         for run in (*unsure, *cold):
             key = (run.backend, run.command)
             if key not in self._costs:
-                load = min(switch.get(run.command, 0.0), run.seconds * 0.9)
+                load = min(switch.get(run.command, self._cold_any), run.seconds * 0.9)
                 guess[key].append(replace(run, seconds=run.seconds - load))
         self._costs.update({key: fit(runs[-WINDOW:]) for key, runs in guess.items()})
         self._others: dict[str, list[Cost]] = collections.defaultdict(list)
@@ -272,9 +277,10 @@ class Model:
         return None if cost is None else cost.seconds(work)
 
     def cold_seconds(self, backend: str, command: str) -> float:
-        """The extra of a cold start: measured there, else on the other backends, else 0."""
+        """The extra of a cold start: measured there, else on the other backends, else
+        what a switch to another command costs, else 0."""
         found = self._cold.get((backend, command))
-        return found if found is not None else self._cold_others.get(command, 0.0)
+        return found if found is not None else self._cold_others.get(command, self._cold_any)
 
     def typical(self, backend: str, work: float = 1.0) -> float:
         """A run of whatever command there: for jobs there we know nothing of."""
@@ -379,11 +385,16 @@ def estimate(
     def cost(backend: str, cmd: str, units: float, *, expected: bool = False) -> float:
         found = cost_of(backend, cmd)
         seconds = found.seconds(units) if found is not None else estimator.typical(backend, units)
-        if expected and guessed[backend]:
-            # After a job ahead placed there by this guess: which models it leaves loaded
-            # depends on every choice before it, so a job pays a switch as often as runs
-            # lately did (one switch more or less in the guess would swing the ETA).
-            seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
+        if expected and any(guessed.values()):
+            # A job this guess places behind another guessed one: which job really goes
+            # where, and so which models each finds, is not known until the ones before
+            # it are sent, so it pays a switch as often as runs lately did; only a
+            # backend known to hold its models (nothing guessed there) spares it. A
+            # switch counted all or nothing moved the ETA by a whole model load each
+            # time a job ahead landed elsewhere than guessed. The next job to be sent
+            # finds what the backends hold now: its switch is known.
+            if guessed[backend] or loaded[backend] not in (None, cmd):
+                seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
         elif loaded[backend] not in (None, cmd):
             seconds += estimator.cold_seconds(backend, cmd)
         return seconds
