@@ -39,21 +39,29 @@ async def send_api_bodies(
     problems: list[str] = []
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     for body in bodies:
-        async with session.post(
-            url + "/v1/images/generations", data=body, headers=headers
-        ) as response:
-            problems += await _judge(response, body)
+        try:
+            async with session.post(
+                url + "/v1/images/generations", data=body, headers=headers
+            ) as response:
+                problems += await _judge(response, body)
+        except aiohttp.ClientError as exc:  # the answer never reached the client
+            problems.append(f"{type(exc).__name__} for {body!r:.300}")
     for parts in edits:
         form = aiohttp.FormData()
         for name, data, filename in parts:
             if filename is None:  # a plain field, as clients send the prompt and model
+                if not name.isascii():  # aiohttp's client aborts sending such a part
+                    name = name.encode("unicode_escape").decode()
                 form.add_field(name, data.decode("utf-8", "replace"))
             else:
                 form.add_field(name, data, filename=filename)
-        async with session.post(
-            url + "/v1/images/edits", data=form, headers={"Authorization": f"Bearer {key}"}
-        ) as response:
-            problems += await _judge(response, parts)
+        try:
+            async with session.post(
+                url + "/v1/images/edits", data=form, headers={"Authorization": f"Bearer {key}"}
+            ) as response:
+                problems += await _judge(response, parts)
+        except aiohttp.ClientError as exc:  # the answer never reached the client
+            problems.append(f"{type(exc).__name__} for {parts!r:.300}")
     return problems
 
 
