@@ -88,12 +88,18 @@ async def test_a_prompt_pending_in_the_gpus_queue_is_waiting_not_running_everywh
 async def test_submit_wait_never_shows_an_earlier_state_after_a_later_one(
     db: database.Database, fake_comfy_factory
 ) -> None:
-    # Two prompts on one GPU that takes two at a time: the second waits in its queue.
+    # Two prompts on one GPU that takes two at a time: the second, queued once the first
+    # runs there, waits in the GPU's own queue (queued together, either may go first).
     gpu = await fake_comfy_factory(step_delay=0.15)
-    first = await enqueue(db, steps=4, user=1)
-    second = await enqueue(db, steps=2, user=2)
+    first = await enqueue(db, steps=8, user=1)
     out = io.StringIO()
     async with running_worker(db, [gpu.url], max_waiting=2):
+
+        async def first_on_the_gpu() -> bool:
+            return gpu.running is not None
+
+        await wait_for(first_on_the_gpu)
+        second = await enqueue(db, steps=2, user=2)
         await cli_submit.wait_for_job(db, second.id, out, poll=0.02)
         await wait_status(db, first.id, jobs.Status.SUCCEEDED)
     lines = out.getvalue().splitlines()
