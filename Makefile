@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test soak lint bench mutants screenshots clean
+.PHONY: install anon chromium systemd-analyze run test soak chaos lint bench mutants screenshots clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ test: install $(VENV)/anon/anon chromium systemd-analyze
 # The whole suite 5 times in a row: every failure with its test id (scripts/soak.py).
 soak: install $(VENV)/anon/anon chromium systemd-analyze
 	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS)
+
+# Users on every front end while faults strike at random (tests/chaos): every request
+# ends in one result or one sentence, no prompt runs twice, nothing is left on a GPU host.
+# HOURS=1 for the long run; the soak runs 5 minutes of it after its suite runs.
+HOURS ?= 0.1
+CHAOS_SEED ?= $(shell date +%s)
+chaos: install
+	$(TEST_ENV) $(BIN)/python -m tests.chaos --minutes $(shell echo "$(HOURS) * 60" | bc) --seed $(CHAOS_SEED)
 
 # The README's screenshots, taken again by the browser tests into docs/.
 screenshots: install chromium

@@ -1,0 +1,139 @@
+"""`python -m tests.chaos`: users on every front end while faults strike at random.
+
+    python -m tests.chaos --minutes 60 --seed 7    # make chaos HOURS=1
+    python -m tests.chaos --minutes 5              # the soak's version
+
+Prints what was asked and told, the faults by kind, each invariant's violations (with
+the job's events), and as its last line one JSON object with the figures. Exit status 1
+when any invariant was violated. The same --seed draws the same users and faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+
+from tests.chaos import checks
+from tests.chaos.faults import Faults
+from tests.chaos.system import System
+from tests.chaos.users import History, Users
+
+WARM_UP_S = 30.0
+SETTLE_S = 240.0
+
+
+async def _all_settled(system: System) -> bool:
+    """Every job ended, and every chat job's result handed to the chat (a result finished
+    by a worker of another process reaches the chat through the bot's catch-up)."""
+    try:
+        rows = await system.query(
+            "SELECT count(*) AS n FROM jobs j WHERE status IN ('queued', 'running')"
+            " OR (status = 'succeeded' AND chat_id > 0 AND NOT EXISTS ("
+            "     SELECT 1 FROM deliveries d WHERE d.job_id = j.id))")
+    except Exception:
+        return False
+    return rows[0]["n"] == 0
+
+
+async def main(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    system = System()
+    history = History()
+    report = checks.Report()
+    print(f"chaos: seed {args.seed}, {args.minutes} min, {args.rate} requests/s, in {system.tmp}",
+          flush=True)
+    await system.start()
+    users = Users(system, history, rng)
+    faults = Faults(system, random.Random(args.seed + 1), every=(args.fault_min, args.fault_max))
+    rss_warm: dict[str, int] = {}
+    db_warm = 0
+    try:
+        await users.prepare()
+        started = time.monotonic()
+        until = started + args.minutes * 60
+        fault_task = asyncio.create_task(faults.run(until))
+        warmed = False
+        while time.monotonic() < until:
+            users.one()
+            await asyncio.sleep(rng.expovariate(args.rate))
+            if not warmed and time.monotonic() - started > WARM_UP_S:
+                warmed = True
+                rss_warm = {n: p.rss() or 0 for n, p in system.processes.items()}
+                db_warm = await asyncio.to_thread(system.postgres.size_bytes)
+            for process in system.processes.values():  # a restarted process warms up anew
+                if process.warm_rss is None and time.monotonic() - process.started_at > WARM_UP_S:
+                    process.warm_rss = process.rss()
+        fault_task.cancel()
+        await faults.settle()
+        print("chaos: faults stopped, settling", flush=True)
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and (users.tasks or not await _all_settled(system)):
+            await asyncio.sleep(2)
+        await asyncio.sleep(10)  # deliveries and clean-ups after the last job ends
+        rss_end = {n: p.rss() or 0 for n, p in system.processes.items()}
+        for name, process in system.processes.items():
+            end = rss_end.get(name, 0)
+            if process.warm_rss and end > 1.5 * process.warm_rss:
+                report.add("no growing memory", None,
+                           f"{name}: {process.warm_rss >> 20} MiB warm, {end >> 20} MiB at the end")
+        await checks.check(system, history, report)
+        db_end = await asyncio.to_thread(system.postgres.size_bytes)
+    finally:
+        await users.close()
+        orphans = await system.stop()
+    for orphan in orphans:
+        report.add("no orphan processes", None, orphan)
+
+    _print(history, faults, report, rss_warm, db_warm, db_end, args)
+    return 1 if report.violations else 0
+
+
+def _print(history: History, faults: Faults, report: checks.Report, rss_warm: dict[str, int],
+           db_warm: int, db_end: int, args: argparse.Namespace) -> None:
+    print("\nrequests (front end: what the user was told)")
+    for key, count in sorted(report.outcomes.items()):
+        print(f"  {key:28} {count:>6}")
+    print(f"  {'all':28} {len(history.requests):>6}")
+    print("\nfaults")
+    for kind, count in sorted(faults.counts().items()):
+        print(f"  {kind:28} {count:>6}")
+    print(f"  {'all':28} {len(faults.log):>6}")
+    for kind, count in sorted(faults.skipped.items()):
+        print(f"  (not possible here: {kind} x{count})")
+    print("\nnotes")
+    for note, count in sorted(report.notes.items()):
+        print(f"  {count:>6}  {note}")
+    print(f"\nPostgreSQL data: {db_warm >> 20} MiB after warm-up, {db_end >> 20} MiB at the end")
+    print(f"\nviolations: {len(report.violations)}")
+    by_invariant: dict[str, list[checks.Violation]] = {}
+    for violation in report.violations:
+        by_invariant.setdefault(violation.invariant, []).append(violation)
+    for invariant, found in by_invariant.items():
+        print(f"  {invariant}: {len(found)}")
+        for violation in found[:10]:
+            print(f"    {violation.request}: {violation.detail[:400]}")
+    print(json.dumps({
+        "seed": args.seed, "minutes": args.minutes, "requests": len(history.requests),
+        "faults": len(faults.log), "faults_by_kind": dict(faults.counts()),
+        "violations": len(report.violations),
+        "violations_by_invariant": {k: len(v) for k, v in by_invariant.items()},
+        "outcomes": dict(report.outcomes),
+    }))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
+    parser.add_argument("--rate", type=float, default=1.5, help="requests a second")
+    parser.add_argument("--fault-min", type=float, default=5.0, help="seconds between faults")
+    parser.add_argument("--fault-max", type=float, default=15.0)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))

@@ -1,0 +1,189 @@
+"""What must hold at the end of a chaos run, checked against what really happened.
+
+The history says what each user was told; the database, the fake Bot API's messages and
+the fake GPUs' execution counts say what happened. Each violation names the request, its
+jobs and their events, so a run can be replayed with the same seed and looked into.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from tests.chaos.system import System
+from tests.chaos.users import History, Request
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@dataclasses.dataclass
+class Violation:
+    invariant: str
+    request: str
+    detail: str
+
+
+@dataclasses.dataclass
+class Report:
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    notes: Counter[str] = dataclasses.field(default_factory=Counter)
+    outcomes: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def add(self, invariant: str, request: Request | None, detail: str) -> None:
+        who = f"#{request.rid} {request.front} {request.token}" if request else "-"
+        self.violations.append(Violation(invariant, who, detail))
+
+
+async def check(system: System, history: History, report: Report) -> None:
+    rows = await system.query(
+        "SELECT id, status, chat_id, user_id, error, status_message_id, attempts,"
+        " params->>'prompt' AS prompt FROM jobs")
+    by_token: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        token = (row["prompt"] or "").split(" ", 1)[0]
+        by_token.setdefault(token, []).append(row)
+    delivered = _media_by_job(system)
+    restarted_run = system.processes["run"].restarts > 0
+    for request in history.requests:
+        jobs = by_token.get(request.token, [])
+        report.outcomes[f"{request.front}: {request.told}"] += 1
+        if request.forgotten:
+            report.notes["requests forgotten by their user (/forget), not checked"] += 1
+            continue
+        for job in jobs:
+            if job["status"] not in TERMINAL:
+                report.add("every accepted job ends", request,
+                           f"job {job['id']} is still {job['status']} "
+                           + await _events(system, job["id"]))
+        if request.front == "chat":
+            await _chat(system, request, jobs, delivered, restarted_run, report)
+        elif request.front == "api":
+            _api(request, jobs, report)
+        elif request.front == "web":
+            _web(request, jobs, report)
+        elif request.front == "cli":
+            _cli(request, jobs, report)
+    _executions(system, rows, report)
+    _leftovers(system, report)
+
+
+async def _events(system: System, job_id: Any) -> str:
+    events = await system.query(
+        "SELECT kind, status, data FROM job_events WHERE job_id = %s ORDER BY id", (job_id,))
+    return "; events: " + ", ".join(f"{e['kind']}/{e['status']}" for e in events)
+
+
+def _media_by_job(system: System) -> Counter[str]:
+    """Results the chat users received, by job (the Re-roll button under each names it)."""
+    sent: Counter[str] = Counter()
+    for method in ("sendPhoto", "sendDocument", "sendVideo", "sendAnimation"):
+        for call in system.telegram.calls(method):
+            markup = call.result.get("reply_markup") or {}
+            for row in markup.get("inline_keyboard", []):
+                for button in row:
+                    data = button.get("callback_data", "")
+                    if data.startswith(("again:", "file:", "edit:")):
+                        sent[data.split(":")[1]] += 1
+                        break
+                else:
+                    continue
+                break
+    return sent
+
+
+async def _chat(system: System, request: Request, jobs: list[dict[str, Any]],
+                delivered: Counter[str], restarted_run: bool, report: Report) -> None:
+    if not jobs:
+        replies = [m for m in system.telegram.bot_messages(int(request.user))
+                   if (m.get("reply_to_message") or {}).get("message_id") == request.message_id]
+        if replies:
+            report.notes["chat requests refused with a sentence"] += 1
+        else:
+            report.add("every message is answered", request, "no job and no reply")
+        return
+    if len(jobs) > 1 + request.rerolls:
+        report.add("a request runs once", request,
+                   f"{len(jobs)} jobs for one message and {request.rerolls} re-rolls")
+    for job in jobs:
+        hexid = job["id"].hex
+        count = delivered.get(hexid, 0)
+        if job["status"] == "succeeded":
+            if count == 0:
+                report.add("a result is delivered", request,
+                           f"job {job['id']} succeeded, nothing sent"
+                           + await _events(system, job["id"]))
+            elif count > 1:
+                if restarted_run:
+                    report.notes["results sent twice across a crash of the bot (by design:"
+                                 " a crash between sending and recording re-sends once)"] += 1
+                else:
+                    report.add("a result is delivered once", request,
+                               f"job {job['id']} sent {count} times")
+        elif job["status"] in ("failed", "cancelled"):
+            if count:
+                report.add("a failed job sends no result", request, f"job {job['id']}")
+            if job["status"] == "failed" and not request.cancelled and not job["error"]:
+                report.add("a failure says why", request, f"job {job['id']} has no error text")
+
+
+def _api(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
+    if len(jobs) > 1:
+        report.add("a retry never pays twice", request,
+                   f"{len(jobs)} jobs for one images.generate: "
+                   + ", ".join(f"{j['id']}={j['status']}" for j in jobs))
+    if request.told == "result" and not any(j["status"] == "succeeded" for j in jobs):
+        report.add("a result comes from a job", request, "an image with no succeeded job")
+    if request.told in ("nothing", "error"):
+        ran = [j for j in jobs if j["status"] == "succeeded"]
+        if ran:
+            report.notes["API requests whose client gave up after its job ran"] += 1
+
+
+def _web(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
+    if request.told == "accepted":
+        ids = {str(j["id"]) for j in jobs}
+        if set(request.job_ids) - ids:
+            report.add("an accepted job is kept", request, f"job {request.job_ids} is gone")
+    elif request.told == "error":
+        report.add("no server error", request, request.detail)
+    if len(jobs) > 1:
+        report.add("a request runs once", request, f"{len(jobs)} jobs for one form")
+
+
+def _cli(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
+    if request.told == "error":
+        report.add("no stack trace", request, request.detail)
+    if request.told == "result" and not any(j["status"] == "succeeded" for j in jobs):
+        report.add("a result comes from a job", request, "exit 0 with no succeeded job")
+    if len(jobs) > 1:
+        report.add("a request runs once", request, f"{len(jobs)} jobs for one submit")
+
+
+def _executions(system: System, rows: list[dict[str, Any]], report: Report) -> None:
+    counts: Counter[str] = Counter()
+    lost: set[str] = set()
+    for gpu in system.gpus:
+        counts.update(gpu.all_executions())
+        lost |= gpu.lost_mid_run
+    for row in rows:
+        prompt_id = str(row["id"])
+        runs = counts.get(prompt_id, 0)
+        allowed = 2 if prompt_id in lost else 1
+        if runs > allowed:
+            report.add("a prompt runs to completion once", None,
+                       f"job {prompt_id} ran {runs} times ({row['status']})")
+        elif runs == 2:
+            report.notes["prompts run again after their GPU lost its queue mid-run"] += 1
+
+
+def _leftovers(system: System, report: Report) -> None:
+    for gpu in system.gpus:
+        files = gpu.leftovers()
+        if files:
+            report.add("nothing of a user's left on a GPU host", None,
+                       f"{gpu.name}: {len(files)} files, e.g. {files[:3]}")
+        history = list(gpu.fake.history_entries)
+        if history:
+            report.add("no history entry left", None,
+                       f"{gpu.name}: {len(history)} entries, e.g. {history[:3]}")
