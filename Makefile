@@ -68,7 +68,7 @@ soak: install $(VENV)/anon/anon chromium systemd-analyze
 HOURS ?= 0.1
 CHAOS_SEED ?= $(shell date +%s)
 chaos: install
-	$(TEST_ENV) $(BIN)/python -m tests.chaos --minutes $(shell echo "$(HOURS) * 60" | bc) --seed $(CHAOS_SEED)
+	$(TEST_ENV) $(BIN)/python -m tests.chaos --hours $(HOURS) --seed $(CHAOS_SEED)
 
 # The README's screenshots, taken again by the browser tests into docs/.
 screenshots: install chromium

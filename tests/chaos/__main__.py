@@ -128,11 +128,15 @@ def _print(history: History, faults: Faults, report: checks.Report, rss_warm: di
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--hours", type=float, help="instead of --minutes")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--rate", type=float, default=1.5, help="requests a second")
     parser.add_argument("--fault-min", type=float, default=5.0, help="seconds between faults")
     parser.add_argument("--fault-max", type=float, default=15.0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.hours is not None:
+        args.minutes = args.hours * 60
+    return args
 
 
 if __name__ == "__main__":
