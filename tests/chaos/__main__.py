@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
+import signal
 import sys
 import time
 
@@ -33,10 +35,58 @@ async def _all_settled(system: System) -> bool:
         rows = await system.query(
             "SELECT count(*) AS n FROM jobs j WHERE status IN ('queued', 'running')"
             " OR (status = 'succeeded' AND chat_id > 0 AND NOT EXISTS ("
-            "     SELECT 1 FROM deliveries d WHERE d.job_id = j.id))")
+            "     SELECT 1 FROM deliveries d WHERE d.job_id = j.id))"
+        )
     except Exception:
         return False
     return rows[0]["n"] == 0
+
+
+JOB_TABLES = (
+    "jobs",
+    "job_events",
+    "job_inputs",
+    "job_outputs",
+    "deliveries",
+    "delivery_claims",
+    "backend_traces",
+)
+
+
+async def _database_bytes(system: System) -> int:
+    with contextlib.suppress(Exception):  # down at that moment: counted as 0
+        rows = await system.query("SELECT pg_database_size(current_database()) AS n")
+        return int(rows[0]["n"])
+    return 0
+
+
+async def _retention(system: System, report: checks.Report) -> int:
+    """Retention as short as a second, `comfyveil run` started again (it purges at
+    start): nothing of any job may be left; the database's size after a VACUUM (what
+    autovacuum does) is returned."""
+    system.set_retention_days(1 / 86400)
+    await asyncio.sleep(2)  # every job ended longer ago than that
+    run = system.processes["run"]
+    run.signal(signal.SIGTERM)
+    await run.wait(30)
+    run.start()
+    await system.wait_web()
+    left: dict[str, int] = {}
+    for _ in range(30):
+        await asyncio.sleep(2)
+        left = {}
+        for table in JOB_TABLES:
+            rows = await system.query(f"SELECT count(*) AS n FROM {table}")
+            if rows[0]["n"]:
+                left[table] = rows[0]["n"]
+        if not left:
+            break
+    if left:
+        report.add(
+            "retention leaves nothing of a job", None, f"rows left a minute after the purge: {left}"
+        )
+    await system.execute("VACUUM")
+    return await _database_bytes(system)
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -44,13 +94,15 @@ async def main(args: argparse.Namespace) -> int:
     system = System()
     history = History()
     report = checks.Report()
-    print(f"chaos: seed {args.seed}, {args.minutes} min, {args.rate} requests/s, in {system.tmp}",
-          flush=True)
+    print(
+        f"chaos: seed {args.seed}, {args.minutes} min, {args.rate} requests/s, in {system.tmp}",
+        flush=True,
+    )
     await system.start()
     users = Users(system, history, rng)
     faults = Faults(system, random.Random(args.seed + 1), every=(args.fault_min, args.fault_max))
     rss_warm: dict[str, int] = {}
-    db_warm = 0
+    db_warm = db_end = db_purged = 0
     try:
         await users.prepare()
         started = time.monotonic()
@@ -63,7 +115,7 @@ async def main(args: argparse.Namespace) -> int:
             if not warmed and time.monotonic() - started > WARM_UP_S:
                 warmed = True
                 rss_warm = {n: p.rss() or 0 for n, p in system.processes.items()}
-                db_warm = await asyncio.to_thread(system.postgres.size_bytes)
+                db_warm = await _database_bytes(system)
             for process in system.processes.values():  # a restarted process warms up anew
                 if process.warm_rss is None and time.monotonic() - process.started_at > WARM_UP_S:
                     process.warm_rss = process.rss()
@@ -78,22 +130,33 @@ async def main(args: argparse.Namespace) -> int:
         for name, process in system.processes.items():
             end = rss_end.get(name, 0)
             if process.warm_rss and end > 1.5 * process.warm_rss:
-                report.add("no growing memory", None,
-                           f"{name}: {process.warm_rss >> 20} MiB warm, {end >> 20} MiB at the end")
-        await checks.check(system, history, report)
-        db_end = await asyncio.to_thread(system.postgres.size_bytes)
+                report.add(
+                    "no growing memory",
+                    None,
+                    f"{name}: {process.warm_rss >> 20} MiB warm, {end >> 20} MiB at the end",
+                )
+        await checks.check(system, history, report, users.sessions)
+        db_end = await _database_bytes(system)
+        db_purged = await _retention(system, report)
     finally:
         await users.close()
         orphans = await system.stop()
     for orphan in orphans:
         report.add("no orphan processes", None, orphan)
 
-    _print(history, faults, report, rss_warm, db_warm, db_end, args)
+    _print(history, faults, report, rss_warm, (db_warm, db_end, db_purged), args)
     return 1 if report.violations else 0
 
 
-def _print(history: History, faults: Faults, report: checks.Report, rss_warm: dict[str, int],
-           db_warm: int, db_end: int, args: argparse.Namespace) -> None:
+def _print(
+    history: History,
+    faults: Faults,
+    report: checks.Report,
+    rss_warm: dict[str, int],
+    db: tuple[int, int, int],
+    args: argparse.Namespace,
+) -> None:
+    db_warm, db_end, db_purged = db
     print("\nrequests (front end: what the user was told)")
     for key, count in sorted(report.outcomes.items()):
         print(f"  {key:28} {count:>6}")
@@ -107,7 +170,10 @@ def _print(history: History, faults: Faults, report: checks.Report, rss_warm: di
     print("\nnotes")
     for note, count in sorted(report.notes.items()):
         print(f"  {count:>6}  {note}")
-    print(f"\nPostgreSQL data: {db_warm >> 20} MiB after warm-up, {db_end >> 20} MiB at the end")
+    print(
+        f"\ndatabase: {db_warm / 2**20:.1f} MiB after warm-up, {db_end / 2**20:.1f} MiB at"
+        f" the end, {db_purged / 2**20:.1f} MiB after retention purged every job"
+    )
     print(f"\nviolations: {len(report.violations)}")
     by_invariant: dict[str, list[checks.Violation]] = {}
     for violation in report.violations:
@@ -116,13 +182,21 @@ def _print(history: History, faults: Faults, report: checks.Report, rss_warm: di
         print(f"  {invariant}: {len(found)}")
         for violation in found[:10]:
             print(f"    {violation.request}: {violation.detail[:400]}")
-    print(json.dumps({
-        "seed": args.seed, "minutes": args.minutes, "requests": len(history.requests),
-        "faults": len(faults.log), "faults_by_kind": dict(faults.counts()),
-        "violations": len(report.violations),
-        "violations_by_invariant": {k: len(v) for k, v in by_invariant.items()},
-        "outcomes": dict(report.outcomes),
-    }))
+    print(
+        json.dumps(
+            {
+                "seed": args.seed,
+                "minutes": args.minutes,
+                "requests": len(history.requests),
+                "faults": len(faults.log),
+                "faults_by_kind": dict(faults.counts()),
+                "violations": len(report.violations),
+                "violations_by_invariant": {k: len(v) for k, v in by_invariant.items()},
+                "outcomes": dict(report.outcomes),
+                "database_mib": [round(b / 2**20, 1) for b in db],
+            }
+        )
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

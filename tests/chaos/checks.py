@@ -8,9 +8,14 @@ jobs and their events, so a run can be replayed with the same seed and looked in
 from __future__ import annotations
 
 import dataclasses
+import html
+import re
 from collections import Counter
 from typing import Any
 
+import aiohttp
+
+from comfyveil.desk import failures
 from tests.chaos.system import System
 from tests.chaos.users import History, Request
 
@@ -35,10 +40,13 @@ class Report:
         self.violations.append(Violation(invariant, who, detail))
 
 
-async def check(system: System, history: History, report: Report) -> None:
+async def check(
+    system: System, history: History, report: Report, sessions: list[aiohttp.ClientSession]
+) -> None:
     rows = await system.query(
         "SELECT id, status, chat_id, user_id, error, status_message_id, attempts,"
-        " params->>'prompt' AS prompt FROM jobs")
+        " quota_refunded, params->>'prompt' AS prompt FROM jobs"
+    )
     by_token: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         token = (row["prompt"] or "").split(" ", 1)[0]
@@ -47,30 +55,43 @@ async def check(system: System, history: History, report: Report) -> None:
     restarted_run = system.processes["run"].restarts > 0
     for request in history.requests:
         jobs = by_token.get(request.token, [])
-        report.outcomes[f"{request.front}: {request.told}"] += 1
         if request.forgotten:
             report.notes["requests forgotten by their user (/forget), not checked"] += 1
+            report.outcomes[f"{request.front}: forgotten"] += 1
             continue
         for job in jobs:
             if job["status"] not in TERMINAL:
-                report.add("every accepted job ends", request,
-                           f"job {job['id']} is still {job['status']} "
-                           + await _events(system, job["id"]))
+                report.add(
+                    "every accepted job ends",
+                    request,
+                    f"job {job['id']} is still {job['status']} " + await _events(system, job["id"]),
+                )
+            elif job["status"] == "failed" and not job["quota_refunded"]:
+                # every request of the run is valid: no failure is its user's doing
+                report.add(
+                    "a failure not the user's gives the quota back",
+                    request,
+                    f"job {job['id']} failed ({job['error']}), quota kept"
+                    + await _events(system, job["id"]),
+                )
         if request.front == "chat":
             await _chat(system, request, jobs, delivered, restarted_run, report)
         elif request.front == "api":
             _api(request, jobs, report)
         elif request.front == "web":
             _web(request, jobs, report)
+            await _web_page(system, sessions[int(request.user[3:])], request, jobs, report)
         elif request.front == "cli":
             _cli(request, jobs, report)
+        report.outcomes[f"{request.front}: {request.told}"] += 1
     _executions(system, rows, report)
     _leftovers(system, report)
 
 
 async def _events(system: System, job_id: Any) -> str:
     events = await system.query(
-        "SELECT kind, status, data FROM job_events WHERE job_id = %s ORDER BY id", (job_id,))
+        "SELECT kind, status, data FROM job_events WHERE job_id = %s ORDER BY id", (job_id,)
+    )
     return "; events: " + ", ".join(f"{e['kind']}/{e['status']}" for e in events)
 
 
@@ -92,46 +113,120 @@ def _media_by_job(system: System) -> Counter[str]:
     return sent
 
 
-async def _chat(system: System, request: Request, jobs: list[dict[str, Any]],
-                delivered: Counter[str], restarted_run: bool, report: Report) -> None:
+async def _chat(
+    system: System,
+    request: Request,
+    jobs: list[dict[str, Any]],
+    delivered: Counter[str],
+    restarted_run: bool,
+    report: Report,
+) -> None:
     if not jobs:
-        replies = [m for m in system.telegram.bot_messages(int(request.user))
-                   if (m.get("reply_to_message") or {}).get("message_id") == request.message_id]
+        replies = [
+            m
+            for m in system.telegram.bot_messages(int(request.user))
+            if (m.get("reply_to_message") or {}).get("message_id") == request.message_id
+        ]
         if replies:
             report.notes["chat requests refused with a sentence"] += 1
+            request.told = "refused"
         else:
-            report.add("every message is answered", request, "no job and no reply")
+            report.add(
+                "every message is answered",
+                request,
+                "no job and no reply; " + _bot_calls(system, request),
+            )
         return
+    request.told = "accepted"
     if len(jobs) > 1 + request.rerolls:
-        report.add("a request runs once", request,
-                   f"{len(jobs)} jobs for one message and {request.rerolls} re-rolls")
+        report.add(
+            "a request runs once",
+            request,
+            f"{len(jobs)} jobs for one message and {request.rerolls} re-rolls",
+        )
     for job in jobs:
         hexid = job["id"].hex
         count = delivered.get(hexid, 0)
         if job["status"] == "succeeded":
             if count == 0:
-                report.add("a result is delivered", request,
-                           f"job {job['id']} succeeded, nothing sent"
-                           + await _events(system, job["id"]))
+                report.add(
+                    "a result is delivered",
+                    request,
+                    f"job {job['id']} succeeded, nothing sent" + await _events(system, job["id"]),
+                )
             elif count > 1:
                 if restarted_run:
-                    report.notes["results sent twice across a crash of the bot (by design:"
-                                 " a crash between sending and recording re-sends once)"] += 1
+                    report.notes[
+                        "results sent twice across a crash of the bot (by design:"
+                        " a crash between sending and recording re-sends once)"
+                    ] += 1
                 else:
-                    report.add("a result is delivered once", request,
-                               f"job {job['id']} sent {count} times")
+                    report.add(
+                        "a result is delivered once", request, f"job {job['id']} sent {count} times"
+                    )
         elif job["status"] in ("failed", "cancelled"):
             if count:
                 report.add("a failed job sends no result", request, f"job {job['id']}")
             if job["status"] == "failed" and not request.cancelled and not job["error"]:
                 report.add("a failure says why", request, f"job {job['id']} has no error text")
+            told = _ending_told(system, request, job)
+            if told is not None:
+                report.add(
+                    "a failure is said in one sentence in the chat",
+                    request,
+                    f"job {job['id']} {job['status']}: {told}" + await _events(system, job["id"]),
+                )
+
+
+def _bot_calls(system: System, request: Request, seconds: float = 120) -> str:
+    """What the bot asked of the Bot API in this chat after the request (with the calls
+    that failed, and why), and the faults then: to see where an answer was lost."""
+    calls = [
+        c
+        for c in system.telegram.sent
+        if str(c.params.get("chat_id")) == request.user
+        and request.sent_at - 1 <= c.at <= request.sent_at + seconds
+    ]
+    said = ", ".join(
+        f"+{c.at - request.sent_at:.1f}s {c.method}"
+        + ("" if c.ok else f" FAILED {c.error}")
+        + (f" {str(c.params.get('text', ''))[:60]!r}" if c.method == "sendMessage" else "")
+        for c in calls
+    )
+    return f"bot calls in the chat: [{said}]"
+
+
+def _ending_told(system: System, request: Request, job: dict[str, Any]) -> str | None:
+    """None when the chat shows the job's ending sentence once (its status message turned
+    into it, or one reply saying it); else what the chat shows instead."""
+    want = failures.sentence(job["error"]) if job["status"] == "failed" else "Cancelled."
+    messages = system.telegram.messages(job["chat_id"])
+    if job["status_message_id"] is not None:
+        shown = next((m for m in messages if m["message_id"] == job["status_message_id"]), None)
+        if shown is None:
+            return None  # deleted: the chat user removed it, or a /forget did
+        text = shown.get("text", "")
+        return None if text == want else f"its status message says {text!r}, not {want!r}"
+    replies = [
+        m
+        for m in messages
+        if m.get("from", {}).get("is_bot")
+        and (m.get("reply_to_message") or {}).get("message_id") == request.message_id
+        and m.get("text") == want
+    ]
+    if len(replies) == 1:
+        return None
+    return f"{len(replies)} messages say {want!r}"
 
 
 def _api(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
     if len(jobs) > 1:
-        report.add("a retry never pays twice", request,
-                   f"{len(jobs)} jobs for one images.generate: "
-                   + ", ".join(f"{j['id']}={j['status']}" for j in jobs))
+        report.add(
+            "a retry never pays twice",
+            request,
+            f"{len(jobs)} jobs for one images.generate: "
+            + ", ".join(f"{j['id']}={j['status']}" for j in jobs),
+        )
     if request.told == "result" and not any(j["status"] == "succeeded" for j in jobs):
         report.add("a result comes from a job", request, "an image with no succeeded job")
     if request.told in ("nothing", "error"):
@@ -149,6 +244,48 @@ def _web(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
         report.add("no server error", request, request.detail)
     if len(jobs) > 1:
         report.add("a request runs once", request, f"{len(jobs)} jobs for one form")
+
+
+async def _web_page(
+    system: System,
+    session: aiohttp.ClientSession,
+    request: Request,
+    jobs: list[dict[str, Any]],
+    report: Report,
+) -> None:
+    """The job page shows the job's end as the database holds it: the image (that
+    downloads), the failure sentence, or "Cancelled."."""
+    for job in jobs:
+        if job["status"] not in TERMINAL:
+            continue
+        url = f"{system.web_url}/jobs/{job['id']}"
+        try:
+            async with session.get(url) as response:
+                page = await response.text()
+                status = response.status
+            shown = re.search(r'class="status status-(\w+)"', page)
+            problem = None
+            if status != 200 or shown is None:
+                problem = f"the page answers {status}"
+            elif shown.group(1) != job["status"]:
+                problem = f"the page says {shown.group(1)}"
+            elif job["status"] == "succeeded":
+                async with session.get(f"{url}/out/0") as response:
+                    body = await response.read()
+                    if response.status != 200 or not body:
+                        problem = f"the result answers {response.status}"
+            elif job["status"] == "failed":
+                said = re.search(r'<p class="problem">([^<]*)</p>', page)
+                if said is None or not html.unescape(said.group(1)).strip():
+                    problem = "no failure sentence"
+        except aiohttp.ClientError as exc:
+            problem = f"{type(exc).__name__}"
+        if problem:
+            report.add(
+                "the job page shows the job's end",
+                request,
+                f"job {job['id']} {job['status']}: {problem}" + await _events(system, job["id"]),
+            )
 
 
 def _cli(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
@@ -171,8 +308,11 @@ def _executions(system: System, rows: list[dict[str, Any]], report: Report) -> N
         runs = counts.get(prompt_id, 0)
         allowed = 2 if prompt_id in lost else 1
         if runs > allowed:
-            report.add("a prompt runs to completion once", None,
-                       f"job {prompt_id} ran {runs} times ({row['status']})")
+            report.add(
+                "a prompt runs to completion once",
+                None,
+                f"job {prompt_id} ran {runs} times ({row['status']})",
+            )
         elif runs == 2:
             report.notes["prompts run again after their GPU lost its queue mid-run"] += 1
 
@@ -181,9 +321,15 @@ def _leftovers(system: System, report: Report) -> None:
     for gpu in system.gpus:
         files = gpu.leftovers()
         if files:
-            report.add("nothing of a user's left on a GPU host", None,
-                       f"{gpu.name}: {len(files)} files, e.g. {files[:3]}")
+            report.add(
+                "nothing of a user's left on a GPU host",
+                None,
+                f"{gpu.name}: {len(files)} files, e.g. {files[:3]}",
+            )
         history = list(gpu.fake.history_entries)
         if history:
-            report.add("no history entry left", None,
-                       f"{gpu.name}: {len(history)} entries, e.g. {history[:3]}")
+            report.add(
+                "no history entry left",
+                None,
+                f"{gpu.name}: {len(history)} entries, e.g. {history[:3]}",
+            )

@@ -18,10 +18,22 @@ from tests.chaos.system import System
 
 # kind -> weight; the processes' faults are the commonest, as in a real fleet's week
 WEIGHTS = {
-    "worker-sigkill": 8, "worker-sigterm": 5, "run-sigkill": 5, "run-sigterm": 3,
-    "gpu-crash": 6, "postgres-stop": 4, "postgres-sigkill": 3,
-    "gpu-500": 5, "gpu-hangs-upload": 3, "gpu-hangs-download": 3,
-    "telegram-429": 4, "telegram-500": 4, "telegram-slow": 2, "disk-full": 2,
+    "worker-sigkill": 8,
+    "worker-sigterm": 5,
+    "run-sigkill": 5,
+    "run-sigterm": 3,
+    "gpu-crash": 4,
+    "gpu-sigterm": 2,
+    "postgres-stop": 4,
+    "postgres-sigkill": 3,
+    "gpu-500": 5,
+    "gpu-hangs-upload": 3,
+    "gpu-hangs-download": 3,
+    "telegram-429": 4,
+    "telegram-500": 4,
+    "telegram-502": 2,
+    "telegram-timeout": 3,
+    "disk-full": 2,
 }
 
 
@@ -114,6 +126,17 @@ class Faults:
         self._later(pause, gpu.restart)
         return f"{gpu.name} (running {running}), back empty after {pause:.1f} s"
 
+    async def _gpu_sigterm(self) -> str | None:
+        """ComfyUI stopped by its service manager: connections close, it comes back empty."""
+        gpu = self.rng.choice(self.system.gpus)
+        if gpu.fake._runner is None:
+            return None
+        running = gpu.fake.running.prompt_id if gpu.fake.running else None
+        await gpu.stop()
+        pause = self.rng.uniform(1, 10)
+        self._later(pause, gpu.restart)
+        return f"{gpu.name} (running {running}) stopped, back empty after {pause:.1f} s"
+
     async def _gpu_500(self) -> str | None:
         gpu = self.rng.choice(self.system.gpus)
         path = self.rng.choice(["/prompt", "/view", "/upload/image", "/history"])
@@ -177,7 +200,16 @@ class Faults:
             self.system.telegram.fail_next(None, 500, "Internal Server Error")
         return f"next {n} calls 500"
 
-    async def _telegram_slow(self) -> str | None:
+    async def _telegram_timeout(self) -> str | None:
+        pause = self.rng.uniform(5, 40)
+        self.system.telegram.hold()
+        self._later(pause, self._release_telegram)
+        return f"no answer for {pause:.1f} s"
+
+    async def _release_telegram(self) -> None:
+        self.system.telegram.release()
+
+    async def _telegram_502(self) -> str | None:
         n = self.rng.randint(1, 5)
         for _ in range(n):
             self.system.telegram.fail_next(None, 502, "Bad Gateway")

@@ -59,7 +59,8 @@ class Postgres:
         (self.root / "pg").mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(self.root / "pg")],
-            capture_output=True, check=False,
+            capture_output=True,
+            check=False,
         )
         self.mounted = done.returncode == 0
 
@@ -80,8 +81,13 @@ class Postgres:
     async def stop(self) -> None:
         from pgserver._commands import pg_ctl
 
-        await asyncio.to_thread(pg_ctl, ["-w", "-m", "fast", "stop"], pgdata=self.data,
-                                user=self.server.system_user, timeout=60)
+        await asyncio.to_thread(
+            pg_ctl,
+            ["-w", "-m", "fast", "stop"],
+            pgdata=self.data,
+            user=self.server.system_user,
+            timeout=60,
+        )
 
     async def kill(self) -> None:
         pid = self.pid()
@@ -120,8 +126,9 @@ class Postgres:
         with contextlib.suppress(Exception):
             await self.stop()
         if self.mounted:
-            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(self.root / "pg")],
-                                    check=False)
+            await asyncio.to_thread(
+                subprocess.run, ["umount", "-l", str(self.root / "pg")], check=False
+            )
 
 
 @dataclasses.dataclass
@@ -146,6 +153,12 @@ class Gpu:
             self.lost_mid_run.add(self.fake.running.prompt_id)
         self.collect()
         await self.fake.kill()
+
+    async def stop(self) -> None:
+        if self.fake.running is not None:
+            self.lost_mid_run.add(self.fake.running.prompt_id)
+        self.collect()
+        await self.fake.stop()
 
     async def restart(self) -> None:
         self.collect()
@@ -186,8 +199,9 @@ class Process:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log,
-                                         cwd=ROOT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=log, cwd=ROOT, start_new_session=True
+            )
         self.started_at = time.monotonic()
         self.warm_rss = None
 
@@ -241,7 +255,7 @@ class System:
         )
         data_dir = self.tmp / "data"
         data_dir.mkdir(mode=0o700)
-        self.config.write_text(
+        self.config_text = (
             f'data_dir = "{data_dir}"\n'
             f'[database]\nurl = "{self.database_url}"\n'
             f'[telegram]\napi_url = "{self.telegram.url}"\nopen = true\npoll_timeout = 1\n'
@@ -251,9 +265,9 @@ class System:
             "[worker]\nlease_seconds = 10\nmax_wait_offline = 120\njob_timeout = 120\n"
             "stop_grace = 3\n"
             f"[web]\nport = {port}\npassphrase_memory_mib = 19\npassphrase_iterations = 2\n"
-            "[api]\nenabled = true\n"
-            + backends
+            "[api]\nenabled = true\n" + backends
         )
+        self.config.write_text(self.config_text)
         self.config.chmod(0o600)
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
         env.pop("DATABASE_URL", None)
@@ -261,15 +275,23 @@ class System:
         env["COMFYVEIL_ANYONE_FORBID_PUBLIC"] = "1"
         python = [sys.executable, "-m", "comfyveil"]
         self.processes["run"] = Process(
-            "run", [*python, "run", "--config", str(self.config)], env, self.tmp / "run.log")
+            "run", [*python, "run", "--config", str(self.config)], env, self.tmp / "run.log"
+        )
         for index in range(2):
             name = f"worker{index}"
             self.processes[name] = Process(
-                name, [*python, "worker", "--config", str(self.config), "--id", name], env,
-                self.tmp / f"{name}.log")
+                name,
+                [*python, "worker", "--config", str(self.config), "--id", name],
+                env,
+                self.tmp / f"{name}.log",
+            )
         for process in self.processes.values():
             process.start()
         await self.wait_web()
+
+    def set_retention_days(self, days: float) -> None:
+        """For the processes started from now on."""
+        self.config.write_text(f"{self.config_text}[privacy]\njob_retention_days = {days}\n")
 
     async def wait_web(self, timeout: float = 90) -> None:
         import aiohttp
@@ -288,7 +310,9 @@ class System:
         """The jobs whose prompt holds `token` (a request of this run)."""
         return await self.query(
             "SELECT id, status, chat_id, user_id, error, status_message_id, attempts"
-            " FROM jobs WHERE params->>'prompt' LIKE %s", (f"{token} %",))
+            " FROM jobs WHERE params->>'prompt' LIKE %s",
+            (f"{token} %",),
+        )
 
     async def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         import psycopg
@@ -300,12 +324,28 @@ class System:
             cursor = await conn.execute(sql, args)
             return list(await cursor.fetchall())
 
+    async def execute(self, sql: str) -> None:
+        """A statement outside a transaction (VACUUM)."""
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(
+            self.database_url, autocommit=True, connect_timeout=5
+        ) as conn:
+            await conn.execute(sql)
+
     async def cli(self, *args: str, timeout: float = 120) -> tuple[int, str, str]:
         """A `comfyveil` command, as an operator runs it."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "comfyveil", *args, "--config", str(self.config),
-            env=self.processes["run"].env, cwd=self.tmp,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "comfyveil",
+            *args,
+            "--config",
+            str(self.config),
+            env=self.processes["run"].env,
+            cwd=self.tmp,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
@@ -329,7 +369,17 @@ class System:
             await gpu.fake.stop()
         await self.telegram.close()
         await self.postgres.close()
+        await asyncio.sleep(1)
+        # Children of this run, and any process anywhere still naming its directory (a
+        # child of a killed process that outlived it, re-parented to init).
         me = psutil.Process()
-        left = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in me.children(recursive=True)
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        return left
+        left: dict[int, str] = {}
+        children = {p.pid for p in me.children(recursive=True)}
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                line = " ".join(proc.cmdline())
+                if proc.pid in children or str(self.tmp) in line:
+                    left[proc.pid] = f"{proc.pid} {line[:120]}"
+        return list(left.values())

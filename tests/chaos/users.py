@@ -78,8 +78,12 @@ class Users:
             session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
             async with session.get(link) as response:
                 page = await response.text()
-            form = {"csrf": _csrf(page), "name": f"chaos{index}", "passphrase": PASSPHRASE,
-                    "again": PASSPHRASE}
+            form = {
+                "csrf": _csrf(page),
+                "name": f"chaos{index}",
+                "passphrase": PASSPHRASE,
+                "again": PASSPHRASE,
+            }
             async with session.post(link, data=form) as response:
                 assert response.status == 200, await response.text()
             self.sessions.append(session)
@@ -125,11 +129,9 @@ class Users:
             with contextlib.suppress(Exception):  # the database may be down: try again
                 ids = {row["id"].hex for row in await self.system.jobs_for(request.token)}
                 for call in self.system.telegram.calls("sendPhoto"):
-                    again = next((d for d in _buttons(call.result) if d.startswith("again:")),
-                                 None)
+                    again = next((d for d in _buttons(call.result) if d.startswith("again:")), None)
                     if again and again.split(":", 1)[1] in ids:
-                        self.system.telegram.user_presses(
-                            user_id, call.result["message_id"], again)
+                        self.system.telegram.user_presses(user_id, call.result["message_id"], again)
                         request.rerolls += 1
                         return
 
@@ -154,24 +156,37 @@ class Users:
         url = self.system.web_url
         async with session.get(url + "/c/f") as response:
             page = await response.text()
-        form = {"csrf": _csrf(page), "prompt": f"{request.token} a fox", **{
-            k: str(v) for k, v in SIZE.items()}}
+            if not CSRF.search(page):
+                # the form page itself failed: a sentence in the page is an answer, a
+                # page with none (or a stack trace) is not
+                said = _first_error(page)
+                told_why = response.status != 500 and said != "refused" and "Traceback" not in page
+                request.told = "refused" if told_why else "error"
+                request.detail = f"form page {response.status}: {said}"
+                return
+        form = {
+            "csrf": _csrf(page),
+            "prompt": f"{request.token} a fox",
+            **{k: str(v) for k, v in SIZE.items()},
+        }
         async with session.post(url + "/c/f", data=form, allow_redirects=False) as response:
             location = response.headers.get("Location", "")
             body = await response.text()
             found = JOB_PATH.search(location)
             if response.status in (302, 303) and found:
                 request.told, request.job_ids = "accepted", [found.group(1)]
-            elif response.status < 500:
-                request.told, request.detail = "refused", _first_error(body)
             else:
-                request.told, request.detail = "error", f"{response.status}"
+                said = _first_error(body)
+                told_why = response.status != 500 and said != "refused"
+                request.told = "refused" if told_why else "error"
+                request.detail = f"{response.status}: {said}"
         if request.told == "accepted" and self.rng.random() < 0.1:
             async with session.get(url + location) as response:
                 page = await response.text()
             with contextlib.suppress(AssertionError):
-                async with session.post(url + location + "/cancel",
-                                        data={"csrf": _csrf(page)}) as response:
+                async with session.post(
+                    url + location + "/cancel", data={"csrf": _csrf(page)}
+                ) as response:
                     await response.read()
                     request.cancelled = True
 
@@ -193,12 +208,16 @@ class Users:
 
         index = self.rng.randrange(len(self.api_keys))
         request = self.history.new("api", f"web{index}")
-        client = openai.AsyncOpenAI(base_url=self.system.web_url + "/v1",
-                                    api_key=self.api_keys[index], timeout=20)  # SDK retries on
+        client = openai.AsyncOpenAI(
+            base_url=self.system.web_url + "/v1", api_key=self.api_keys[index], timeout=20
+        )  # SDK retries on
         try:
             result = await client.images.generate(
-                model="f", prompt=f"{request.token} a fox", size="256x256",
-                response_format="b64_json")
+                model="f",
+                prompt=f"{request.token} a fox",
+                size="256x256",
+                response_format="b64_json",
+            )
             data = base64.b64decode(result.data[0].b64_json or "")
             request.told = "result" if data else "error"
         except openai.APIStatusError as exc:
@@ -215,8 +234,18 @@ class Users:
         request = self.history.new("cli", "cli")
         out_dir = self.system.tmp / "cli-out" / request.token
         code, _out, err = await self.system.cli(
-            "submit", "f", f"{request.token} a fox", "--set", "width=256", "--set",
-            "height=256", "--wait", "--out", str(out_dir), timeout=300)
+            "submit",
+            "f",
+            f"{request.token} a fox",
+            "--set",
+            "width=256",
+            "--set",
+            "height=256",
+            "--wait",
+            "--out",
+            str(out_dir),
+            timeout=300,
+        )
         request.detail = (err.strip().splitlines() or [""])[-1][:200]
         if code == 0:
             request.told = "result"
@@ -240,12 +269,10 @@ def _csrf(page: str) -> str:
 
 
 def _first_error(body: str) -> str:
-    found = re.search(r'class="error"[^>]*>([^<]{1,160})', body)
+    found = re.search(r'class="(?:error|problem)"[^>]*>([^<]{1,160})', body)
     return found.group(1).strip() if found else "refused"
 
 
 def _buttons(message: dict[str, Any]) -> list[str]:
     markup = message.get("reply_markup") or {}
     return [b.get("callback_data", "") for row in markup.get("inline_keyboard", []) for b in row]
-
-
