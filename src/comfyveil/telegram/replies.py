@@ -13,15 +13,13 @@ from telegram.constants import ParseMode
 from telegram.error import TelegramError
 
 from comfyveil import errors
+from comfyveil.desk.failures import DATABASE_DOWN as DATABASE_DOWN
 from comfyveil.desk.failures import INTERNAL as INTERNAL
 from comfyveil.desk.failures import plain_sentence as sentence
-from comfyveil.i18n import N_, _
+from comfyveil.i18n import _
 from comfyveil.store import errors as store_errors
 
 logger = logging.getLogger(__name__)
-
-# Translated where they are sent, in the reader's language.
-DATABASE_DOWN = N_("The bot's database is not answering right now; try again in a minute.")
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
