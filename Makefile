@@ -58,9 +58,12 @@ test: install $(VENV)/anon/anon chromium systemd-analyze
 	$(BIN)/ruff check src tests benchmarks
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) --durations=15
 
-# The whole suite 5 times in a row: every failure with its test id (scripts/soak.py).
+# The whole suite 5 times in a row: every failure with its test id (scripts/soak.py);
+# then 5 minutes of chaos (below), whatever the suite's runs gave.
 soak: install $(VENV)/anon/anon chromium systemd-analyze
-	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS); suite=$$?; \
+	$(TEST_ENV) $(BIN)/python -W ignore -m tests.chaos --minutes 5 --seed $(CHAOS_SEED); \
+	chaos=$$?; test $$suite = 0 && test $$chaos = 0
 
 # Users on every front end while faults strike at random (tests/chaos): every request
 # ends in one result or one sentence, no prompt runs twice, nothing is left on a GPU host.
@@ -68,7 +71,7 @@ soak: install $(VENV)/anon/anon chromium systemd-analyze
 HOURS ?= 0.1
 CHAOS_SEED ?= $(shell date +%s)
 chaos: install
-	$(TEST_ENV) $(BIN)/python -m tests.chaos --hours $(HOURS) --seed $(CHAOS_SEED)
+	$(TEST_ENV) $(BIN)/python -W ignore -m tests.chaos --hours $(HOURS) --seed $(CHAOS_SEED)
 
 # The README's screenshots, taken again by the browser tests into docs/.
 screenshots: install chromium
