@@ -115,3 +115,19 @@ async def test_not_modified_and_a_rate_limit_do_not_stop_the_status_or_the_resul
         await fake_telegram.wait_for(
             lambda _: status.result["message_id"] in fake_telegram.deleted(64), timeout=10
         )
+
+
+async def test_a_refusal_the_bot_api_fails_to_take_is_sent_again(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    """A refusal is the user's only answer: a 500 or a lost connection while sending it
+    must not swallow it."""
+    fake_telegram.fail_next("sendMessage", 500, "Internal Server Error")
+    fake_telegram.fail_next("sendMessage", 502, "Bad Gateway")
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(65, f"/f a fox --steps banana {SMALL}")
+        answer = await fake_telegram.wait_for_call("sendMessage", chat_id=65, timeout=20)
+    assert "Steps must be a whole number" in answer.result["text"]
+    failed = [c for c in fake_telegram.calls(ok=False) if to_chat(65, "sendMessage")(c)]
+    assert [c.error for c in failed] == ["Internal Server Error", "Bad Gateway"]
+    assert await db.jobs.list_for_user(65, limit=1) == []
