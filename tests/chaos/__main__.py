@@ -18,6 +18,7 @@ import random
 import signal
 import sys
 import time
+from typing import Any
 
 from tests.chaos import checks
 from tests.chaos.faults import Faults
@@ -28,18 +29,30 @@ WARM_UP_S = 30.0
 SETTLE_S = 240.0
 
 
-async def _all_settled(system: System) -> bool:
-    """Every job ended, and every chat job's result handed to the chat (a result finished
-    by a worker of another process reaches the chat through the bot's catch-up)."""
+async def _all_settled(system: System, history: History) -> bool:
+    """Every chat message answered (a job, or a sentence), every job ended, and every chat
+    job's result handed to the chat (a result finished by a worker of another process
+    reaches the chat through the bot's catch-up)."""
     try:
         rows = await system.query(
             "SELECT count(*) AS n FROM jobs j WHERE status IN ('queued', 'running')"
             " OR (status = 'succeeded' AND chat_id > 0 AND NOT EXISTS ("
-            "     SELECT 1 FROM deliveries d WHERE d.job_id = j.id))"
+            "     SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.sink = 'telegram'))"
         )
+        if rows[0]["n"]:
+            return False
+        prompts = await system.query("SELECT params->>'prompt' AS p FROM jobs")
     except Exception:
         return False
-    return rows[0]["n"] == 0
+    by_token: dict[str, list[dict[str, Any]]] = {}
+    for row in prompts:
+        by_token.setdefault((row["p"] or "").split(" ", 1)[0], []).append(row)
+    answered = checks.refusals_of(system, history, by_token)
+    return all(
+        r.token in by_token or r.rid in answered or r.forgotten
+        for r in history.requests
+        if r.front == "chat"
+    )
 
 
 JOB_TABLES = (
@@ -123,7 +136,9 @@ async def main(args: argparse.Namespace) -> int:
         await faults.settle()
         print("chaos: faults stopped, settling", flush=True)
         deadline = time.monotonic() + SETTLE_S
-        while time.monotonic() < deadline and (users.tasks or not await _all_settled(system)):
+        while time.monotonic() < deadline and (
+            users.tasks or not await _all_settled(system, history)
+        ):
             await asyncio.sleep(2)
         await asyncio.sleep(10)  # deliveries and clean-ups after the last job ends
         rss_end = {n: p.rss() or 0 for n, p in system.processes.items()}

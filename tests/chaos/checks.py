@@ -52,6 +52,7 @@ async def check(
         token = (row["prompt"] or "").split(" ", 1)[0]
         by_token.setdefault(token, []).append(row)
     delivered = _media_by_job(system)
+    refusals = refusals_of(system, history, by_token)
     restarted_run = system.processes["run"].restarts > 0
     for request in history.requests:
         jobs = by_token.get(request.token, [])
@@ -75,7 +76,7 @@ async def check(
                     + await _events(system, job["id"]),
                 )
         if request.front == "chat":
-            await _chat(system, request, jobs, delivered, restarted_run, report)
+            await _chat(system, request, jobs, refusals, delivered, restarted_run, report)
         elif request.front == "api":
             _api(request, jobs, report)
         elif request.front == "web":
@@ -92,7 +93,15 @@ async def _events(system: System, job_id: Any) -> str:
     events = await system.query(
         "SELECT kind, status, data FROM job_events WHERE job_id = %s ORDER BY id", (job_id,)
     )
-    return "; events: " + ", ".join(f"{e['kind']}/{e['status']}" for e in events)
+    sent = await system.query(
+        "SELECT sink, outcome, detail FROM deliveries WHERE job_id = %s", (job_id,)
+    )
+    return (
+        "; events: "
+        + ", ".join(f"{e['kind']}/{e['status']}" for e in events)
+        + "; deliveries: "
+        + ", ".join(f"{d['sink']}={d['outcome']} {d['detail']}" for d in sent)
+    )
 
 
 def _media_by_job(system: System) -> Counter[str]:
@@ -117,18 +126,15 @@ async def _chat(
     system: System,
     request: Request,
     jobs: list[dict[str, Any]],
+    refusals: dict[int, str],
     delivered: Counter[str],
     restarted_run: bool,
     report: Report,
 ) -> None:
     if not jobs:
-        replies = [
-            m
-            for m in system.telegram.bot_messages(int(request.user))
-            if (m.get("reply_to_message") or {}).get("message_id") == request.message_id
-        ]
-        if replies:
-            report.notes["chat requests refused with a sentence"] += 1
+        said = refusals.get(request.rid)
+        if said is not None:
+            report.notes[f"chat requests refused: {said[:70]}"] += 1
             request.told = "refused"
         else:
             report.add(
@@ -176,6 +182,44 @@ async def _chat(
                     request,
                     f"job {job['id']} {job['status']}: {told}" + await _events(system, job["id"]),
                 )
+
+
+# The bot's answers to the run's /cancel and /forget (theirs, not a refusal of a request).
+_NOT_REFUSALS = re.compile(
+    r"^(Cancelled|Stopping job|Job .* has already ended|You have no jobs? |Nothing was deleted"
+    r"|Deleted\.)"
+)
+
+
+def refusals_of(
+    system: System, history: History, by_token: dict[str, list[dict[str, Any]]]
+) -> dict[int, str]:
+    """The sentence that answered each chat request that made no job, by request id.
+
+    In a private chat the bot answers without quoting the message, so each such request
+    takes, in order, the first answer after it that no other request took: a sent message
+    with no buttons (a status message has Cancel, a /forget question Yes/No) that is not
+    the answer to a /cancel or a /forget.
+    """
+    answers: dict[str, list[tuple[float, int | None, str]]] = {}
+    for call in system.telegram.calls("sendMessage"):
+        result = call.result or {}
+        text = result.get("text", "")
+        if result.get("reply_markup") or _NOT_REFUSALS.match(text):
+            continue
+        quoted = (result.get("reply_to_message") or {}).get("message_id")
+        answers.setdefault(str(call.params.get("chat_id")), []).append((call.at, quoted, text))
+    found: dict[int, str] = {}
+    for request in history.requests:
+        if request.front != "chat" or by_token.get(request.token):
+            continue
+        chat = answers.get(request.user, [])
+        for index, (at, quoted, text) in enumerate(chat):
+            if at >= request.sent_at - 0.5 and quoted in (None, request.message_id):
+                found[request.rid] = text
+                del chat[index]
+                break
+    return found
 
 
 def _bot_calls(system: System, request: Request, seconds: float = 120) -> str:
