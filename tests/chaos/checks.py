@@ -19,6 +19,8 @@ from comfyveil.desk import failures
 from tests.chaos.system import System
 from tests.chaos.users import History, Request
 
+DATABASE_DOWN = str(failures.DATABASE_DOWN)
+
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -86,7 +88,7 @@ async def check(
             _cli(request, jobs, report)
         report.outcomes[f"{request.front}: {request.told}"] += 1
     _executions(system, rows, report)
-    _leftovers(system, report)
+    await _leftovers(system, history, report)
 
 
 async def _events(system: System, job_id: Any) -> str:
@@ -205,17 +207,38 @@ def refusals_of(
     for call in system.telegram.calls("sendMessage"):
         result = call.result or {}
         text = result.get("text", "")
-        if result.get("reply_markup") or _NOT_REFUSALS.match(text):
+        if result.get("reply_markup"):
             continue
         quoted = (result.get("reply_to_message") or {}).get("message_id")
         answers.setdefault(str(call.params.get("chat_id")), []).append((call.at, quoted, text))
+    # A /cancel or /forget takes its own answer first: the first answer of the kind
+    # those get in the 30 s after it, else the first sentence that could answer anything
+    # (the database being down).
+    for sent_at, chat_id in history.commands:
+        chat = answers.get(chat_id, [])
+        own = [
+            i
+            for i, (at, _q, text) in enumerate(chat)
+            if sent_at - 0.5 <= at <= sent_at + 30 and _NOT_REFUSALS.match(text)
+        ]
+        anything = [
+            i
+            for i, (at, _q, text) in enumerate(chat)
+            if at >= sent_at - 0.5 and text == DATABASE_DOWN
+        ]
+        if own or anything:
+            del chat[(own or anything)[0]]
     found: dict[int, str] = {}
     for request in history.requests:
         if request.front != "chat" or by_token.get(request.token):
             continue
         chat = answers.get(request.user, [])
         for index, (at, quoted, text) in enumerate(chat):
-            if at >= request.sent_at - 0.5 and quoted in (None, request.message_id):
+            if (
+                at >= request.sent_at - 0.5
+                and quoted in (None, request.message_id)
+                and not _NOT_REFUSALS.match(text)
+            ):
                 found[request.rid] = text
                 del chat[index]
                 break
@@ -361,19 +384,27 @@ def _executions(system: System, rows: list[dict[str, Any]], report: Report) -> N
             report.notes["prompts run again after their GPU lost its queue mid-run"] += 1
 
 
-def _leftovers(system: System, report: Report) -> None:
+async def _leftovers(system: System, history: History, report: Report) -> None:
+    requests = {r.token: r for r in history.requests}
     for gpu in system.gpus:
-        files = gpu.leftovers()
-        if files:
+        for path, token in gpu.leftovers():
+            jobs = (
+                await system.query(
+                    "SELECT id FROM jobs WHERE params->>'prompt' LIKE %s", (f"{token} %",)
+                )
+                if token
+                else []
+            )
+            events = "".join([await _events(system, j["id"]) for j in jobs])
             report.add(
                 "nothing of a user's left on a GPU host",
-                None,
-                f"{gpu.name}: {len(files)} files, e.g. {files[:3]}",
+                requests.get(token),
+                f"{gpu.name}: {path} (jobs {[str(j['id']) for j in jobs]}){events}",
             )
-        history = list(gpu.fake.history_entries)
-        if history:
+        entries = list(gpu.fake.history_entries)
+        if entries:
             report.add(
                 "no history entry left",
                 None,
-                f"{gpu.name}: {len(history)} entries, e.g. {history[:3]}",
+                f"{gpu.name}: {len(entries)} entries, e.g. {entries[:3]}",
             )

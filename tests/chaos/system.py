@@ -164,9 +164,12 @@ class Gpu:
         self.collect()
         await self.fake.restart()
 
-    def leftovers(self) -> list[str]:
-        """Files that still hold a picture: the product overwrites what it cannot delete
-        (ComfyUI has no route for that) with a 1x1 image."""
+    def leftovers(self) -> list[tuple[str, str]]:
+        """Files that still hold a picture, each with the request token its prompt held
+        ("" when unknown): the product overwrites what it cannot delete (ComfyUI has no
+        route for that) with a 1x1 image."""
+        import re
+
         from PIL import Image
 
         left = []
@@ -174,13 +177,16 @@ class Gpu:
             for path in folder.rglob("*"):
                 if not path.is_file():
                     continue
+                token = ""
                 try:
                     with Image.open(path) as image:
                         if image.size == (1, 1):
                             continue
+                        found = re.search(r"chaos-\d{6}", str(image.info.get("prompt", "")))
+                        token = found.group(0) if found else ""
                 except OSError:
                     pass
-                left.append(str(path.relative_to(self.fake.root)))
+                left.append((str(path.relative_to(self.fake.root)), token))
         return left
 
 

@@ -49,6 +49,7 @@ class Request:
 class History:
     def __init__(self) -> None:
         self.requests: list[Request] = []
+        self.commands: list[tuple[float, str]] = []  # (sent at, chat) of /cancel, /forget
         self._next = 0
 
     def new(self, front: str, user: str) -> Request:
@@ -113,6 +114,7 @@ class Users:
         roll = self.rng.random()
         if roll < 0.08:
             await asyncio.sleep(self.rng.uniform(0.2, 3))
+            self.history.commands.append((time.monotonic(), str(user_id)))
             self.system.telegram.user_sends(user_id, "/cancel")
             request.cancelled = True
         elif roll < 0.16:
@@ -136,6 +138,7 @@ class Users:
                         return
 
     async def _forget(self, user_id: int) -> None:
+        self.history.commands.append((time.monotonic(), str(user_id)))
         self.system.telegram.user_sends(user_id, "/forget")
         await asyncio.sleep(1.0)
         for call in reversed(self.system.telegram.calls("sendMessage")):
