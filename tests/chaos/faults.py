@@ -67,6 +67,8 @@ class Faults:
                 self.skipped[kind] += 1
             else:
                 self.log.append(Injected(time.monotonic(), kind, detail))
+                with open(self.system.tmp / "faults.log", "a") as out:
+                    out.write(f"{time.strftime('%H:%M:%S')} {kind}: {detail}\n")
 
     def _later(self, seconds: float, heal: Callable[[], Awaitable[None]]) -> None:
         async def wait_and_heal() -> None:
@@ -89,6 +91,7 @@ class Faults:
         process = self.system.processes[name]
         if process.proc is None or process.proc.poll() is not None:
             return None
+        process.held_down = True
         process.signal(signum)
         if signum == signal.SIGTERM and await process.wait(30) is None:
             process.signal(signal.SIGKILL)

@@ -51,6 +51,7 @@ class Postgres:
         self.mounted = False
         self.data = root / "pg" / "data"
         self.server: Any = None
+        self.failures: list[str] = []
 
     def _mount(self) -> None:
         """A tmpfs of its own under the data, so filling it fills nothing else."""
@@ -99,14 +100,17 @@ class Postgres:
                 await asyncio.sleep(0.05)
 
     async def resume(self) -> None:
-        """Start again after a stop or a kill (crash recovery after a kill)."""
-        for _ in range(30):
+        """Start again after a stop or a kill (crash recovery after a kill). Recovery on a
+        full or freshly freed disk may fail: tried again for two minutes; a server that
+        still will not start is written down (`failures`), as a broken run, not a pass."""
+        for _ in range(120):
             try:
                 await asyncio.to_thread(self.server.ensure_postgres_running)
                 return
-            except Exception:  # recovery on a full or freshly freed disk: try again
+            except Exception as exc:
+                last = exc
                 await asyncio.sleep(1)
-        raise RuntimeError("PostgreSQL did not come back in 30 tries; see its log")
+        self.failures.append(f"PostgreSQL did not start again: {type(last).__name__} {last}")
 
     def fill_disk(self) -> Path | None:
         """Fill the tmpfs under the data; None when there is none to fill."""
@@ -125,6 +129,8 @@ class Postgres:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.stop()
+        with contextlib.suppress(OSError):  # kept for reading after the run
+            shutil.copy(self.data / "log", self.root / "postgres.log")
         if self.mounted:
             await asyncio.to_thread(
                 subprocess.run, ["umount", "-l", str(self.root / "pg")], check=False
@@ -202,6 +208,9 @@ class Process:
     started_at: float = 0.0
     warm_rss: int | None = None
     restarts: int = 0
+    held_down: bool = False  # stopped by a fault, which starts it again
+    exited_at: float | None = None
+    exits: list[str] = dataclasses.field(default_factory=list)  # exits of its own
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
@@ -210,6 +219,23 @@ class Process:
             )
         self.started_at = time.monotonic()
         self.warm_rss = None
+        self.held_down = False
+        self.exited_at = None
+
+    def supervise(self) -> None:
+        """What systemd's Restart=on-failure, RestartSec=5 does (deploy/systemd): a
+        process that exited by itself is started again 5 s later; its last log line says
+        why it exited."""
+        if self.proc is None or self.held_down or self.proc.poll() is None:
+            return
+        now = time.monotonic()
+        if self.exited_at is None:
+            self.exited_at = now
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+            self.exits.append(f"exit {self.proc.returncode}: {(lines or [''])[-1][:160]}")
+        elif now - self.exited_at >= 5:
+            self.restarts += 1
+            self.start()
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
