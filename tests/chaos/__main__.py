@@ -30,9 +30,10 @@ SETTLE_S = 240.0
 
 
 async def _all_settled(system: System, history: History) -> bool:
-    """Every chat message answered (a job, or a sentence), every job ended, and every chat
-    job's result handed to the chat (a result finished by a worker of another process
-    reaches the chat through the bot's catch-up)."""
+    """Every chat message answered (a job, or a sentence), every job ended, nothing of
+    theirs written down as left on a GPU, and every chat job's result handed to the chat
+    (a result finished by a worker of another process reaches the chat through the bot's
+    catch-up)."""
     try:
         rows = await system.query(
             "SELECT count(*) AS n FROM jobs j WHERE status IN ('queued', 'running')"
@@ -40,6 +41,10 @@ async def _all_settled(system: System, history: History) -> bool:
             "     SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.sink = 'telegram'))"
         )
         if rows[0]["n"]:
+            return False
+        # what jobs left on the GPUs is swept within a minute of their end
+        traces = await system.query("SELECT count(*) AS n FROM backend_traces")
+        if traces[0]["n"]:
             return False
         prompts = await system.query("SELECT params->>'prompt' AS p FROM jobs")
     except Exception:
