@@ -165,6 +165,13 @@ async def main(args: argparse.Namespace) -> int:
             db_purged = await _retention(system, report)
         except Exception as exc:  # still print what was found
             report.add("retention leaves nothing of a job", None, f"not checked: {exc!r}")
+        if db_warm and db_purged > 1.1 * db_warm:
+            report.add(
+                "the database's size is back within 10 % after retention",
+                None,
+                f"{db_warm / 2**20:.1f} MiB after warm-up, {db_purged / 2**20:.1f} MiB after"
+                " the purge and a VACUUM",
+            )
     finally:
         await users.close()
         orphans = await system.stop()
