@@ -230,7 +230,7 @@ def refusals_of(
             del chat[(own or anything)[0]]
     found: dict[int, str] = {}
     for request in history.requests:
-        if request.front != "chat" or by_token.get(request.token):
+        if request.front != "chat" or request.forgotten or by_token.get(request.token):
             continue
         chat = answers.get(request.user, [])
         for index, (at, quoted, text) in enumerate(chat):

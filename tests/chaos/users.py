@@ -138,20 +138,36 @@ class Users:
                         return
 
     async def _forget(self, user_id: int) -> None:
-        self.history.commands.append((time.monotonic(), str(user_id)))
+        """/forget, then Yes on the question it asked (not an older one); every request
+        of this user sent before the bot has acted on the Yes may be gone with it."""
+        sent_at = time.monotonic()
+        self.history.commands.append((sent_at, str(user_id)))
         self.system.telegram.user_sends(user_id, "/forget")
-        await asyncio.sleep(1.0)
-        for call in reversed(self.system.telegram.calls("sendMessage")):
-            if call.params.get("chat_id") not in (user_id, str(user_id)):
-                continue
-            data = _buttons(call.result)
-            yes = next((d for d in data if d.startswith("forget") and d.endswith("yes")), None)
-            if yes:
-                self.system.telegram.user_presses(user_id, call.result["message_id"], yes)
-                for request in self.history.requests:
-                    if request.front == "chat" and request.user == str(user_id):
-                        request.forgotten = True
-                return
+        deadline = sent_at + 90
+        while time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+            for call in self.system.telegram.calls("sendMessage"):
+                if call.at < sent_at or str(call.params.get("chat_id")) != str(user_id):
+                    continue
+                data = _buttons(call.result)
+                yes = next((d for d in data if d.startswith("forget") and d.endswith("yes")), None)
+                if yes:
+                    await self._confirm_forget(user_id, call.result["message_id"], yes)
+                    return
+
+    async def _confirm_forget(self, user_id: int, message_id: int, yes: str) -> None:
+        self.system.telegram.user_presses(user_id, message_id, yes)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the question says it is done
+            shown = [
+                m for m in self.system.telegram.messages(user_id) if m["message_id"] == message_id
+            ]
+            if shown and not _buttons(shown[0]):
+                break
+            await asyncio.sleep(1.0)
+        for request in self.history.requests:
+            if request.front == "chat" and request.user == str(user_id):
+                request.forgotten = True
 
     # -- the web form -----------------------------------------------------------------
 
