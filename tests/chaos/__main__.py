@@ -117,6 +117,13 @@ async def main(args: argparse.Namespace) -> int:
         f"chaos: seed {args.seed}, {args.minutes} min, {args.rate} requests/s, in {system.tmp}",
         flush=True,
     )
+    # The anon mode (one backend behind a hidden service, anon killed) is not
+    # built: say so in every run's output rather than let a reader assume it ran.
+    print(
+        "chaos: COMFYVEIL_CHAOS_ANON (a backend behind anon, anon killed) is not"
+        " implemented: no anon in this run",
+        flush=True,
+    )
     await system.start()
     users = Users(system, history, rng)
     faults = Faults(system, random.Random(args.seed + 1), every=(args.fault_min, args.fault_max))
