@@ -274,3 +274,28 @@ async def test_what_a_job_left_on_a_backend_is_swept_soon_after_it_ends_not_at_t
             await wait_for(lambda: _no_traces(db), timeout=10)
         finally:
             sweeping.cancel()
+
+
+async def test_an_output_whose_overwrite_failed_is_still_found_by_the_next_sweep(
+    db: database.Database, fake_comfy: FakeComfyUI
+) -> None:
+    # The clean-up after a job: one overwrite answered 500. The prompt's history entry,
+    # the only record of its output files' names, must outlive that failure.
+    job_id = uuid.uuid4()
+    wf = workflow.find("qwen")
+    upload = notrace.upload_trace("image/jpeg")
+    history = notrace.Trace("history", str(job_id))
+    async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
+        await db.traces.record(job_id, "gpu0", [history, upload])
+        await client.upload_image(photo_with_gps(), upload.name, type="temp")
+        values = wf.validate({"prompt": "hat", "steps": 1, "image": upload.reference})
+        await client.run(wf.apply(values), prompt_id=str(job_id))
+        await db.traces.drop("gpu0", await notrace.scrub(client, None, [upload]))
+        fake_comfy.fail_requests("/upload/image", times=1)
+        gone = await notrace.scrub(client, str(job_id), [])  # the outputs its history names
+        await db.traces.drop("gpu0", gone)
+    assert user_files(fake_comfy)  # one file could not be overwritten
+    async with pool.Pool(backend_configs([fake_comfy.url]), probe_interval=0.2) as backends:
+        await retention.purge_once(db, config.PrivacyConfig(), backends)
+    assert await nothing_left(fake_comfy)
+    assert await db.traces.settled() == []
