@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test docs soak lint bench mutants fuzz screenshots clean
+.PHONY: install anon chromium systemd-analyze run test docs soak chaos lint bench mutants fuzz screenshots clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,9 +64,20 @@ test: install $(VENV)/anon/anon chromium systemd-analyze
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) --durations=15
 
-# The whole suite 5 times in a row: every failure with its test id (scripts/soak.py).
+# The whole suite 5 times in a row: every failure with its test id (scripts/soak.py);
+# then 5 minutes of chaos (below), whatever the suite's runs gave.
 soak: install $(VENV)/anon/anon chromium systemd-analyze
-	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python scripts/soak.py --runs 5 -- $(PYTEST_ARGS); suite=$$?; \
+	$(TEST_ENV) $(BIN)/python -W ignore -m tests.chaos --minutes 5 --seed $(CHAOS_SEED); \
+	chaos=$$?; test $$suite = 0 && test $$chaos = 0
+
+# Users on every front end while faults strike at random (tests/chaos): every request
+# ends in one result or one sentence, no prompt runs twice, nothing is left on a GPU host.
+# HOURS=1 for the long run; the soak runs 5 minutes of it after its suite runs.
+HOURS ?= 0.1
+CHAOS_SEED ?= $(shell date +%s)
+chaos: install
+	$(TEST_ENV) $(BIN)/python -W ignore -m tests.chaos --hours $(HOURS) --seed $(CHAOS_SEED)
 
 # The docs' screenshots, taken again by the browser tests into docs/.
 screenshots: install chromium

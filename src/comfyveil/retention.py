@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Sequence
 
 from comfyveil import config
@@ -25,6 +26,7 @@ from comfyveil.store.traces import StoredTrace
 logger = logging.getLogger(__name__)
 
 PURGE_INTERVAL = 3600.0  # seconds between two purges
+SWEEP_INTERVAL = 60.0  # seconds between two sweeps of the backends for settled traces
 SWEEP_WAIT = 5.0  # seconds a prompt still on its GPU may take to end before it is left for later
 
 
@@ -98,12 +100,21 @@ async def purge_forever(
     *,
     interval: float = PURGE_INTERVAL,
     backends: pool_mod.Pool | None = None,
+    sweep_interval: float = SWEEP_INTERVAL,
 ) -> None:
-    """Purge at start, then every `interval` seconds, until cancelled."""
+    """Purge at start, then every `interval` seconds, until cancelled; between purges,
+    sweep the backends every `sweep_interval` seconds. A job whose retry ran on another
+    backend, or whose clean-up failed there, left traces that only a sweep removes: they
+    go within about `sweep_interval` of the job's end, not at the next purge."""
+    next_purge = 0.0
     while True:
         try:
-            await purge_once(db, privacy, backends)
+            if time.monotonic() >= next_purge:
+                await purge_once(db, privacy, backends)
+                next_purge = time.monotonic() + interval
+            elif backends is not None:
+                await sweep(db, backends, await db.traces.settled())
         except store_errors.StoreError as exc:  # the database is down: try again later
             logger.warning("could not purge old jobs: %s", exc,
                            extra={"action": "purge_failed"})
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval if backends is None else min(interval, sweep_interval))

@@ -4,6 +4,8 @@ modified" or a 429 pauses nothing that matters."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.e2e.bot_support import SMALL, no_call, running_bot, to_chat
@@ -161,3 +163,46 @@ async def test_an_answer_larger_than_any_the_bot_api_sends_is_refused_unread() -
     finally:
         await client.shutdown()
         await runner.cleanup()
+
+
+async def test_a_refusal_the_bot_api_fails_to_take_is_sent_again(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    """A refusal is the user's only answer: a 500 or a lost connection while sending it
+    must not swallow it."""
+    fake_telegram.fail_next("sendMessage", 500, "Internal Server Error")
+    fake_telegram.fail_next("sendMessage", 502, "Bad Gateway")
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(65, f"/f a fox --steps banana {SMALL}")
+        answer = await fake_telegram.wait_for_call("sendMessage", chat_id=65, timeout=20)
+    assert "Steps must be a whole number" in answer.result["text"]
+    failed = [c for c in fake_telegram.calls(ok=False) if to_chat(65, "sendMessage")(c)]
+    assert [c.error for c in failed] == ["Internal Server Error", "Bad Gateway"]
+    assert await db.jobs.list_for_user(65, limit=1) == []
+
+
+async def test_a_cancelled_jobs_sentence_is_written_again_after_a_bot_api_failure(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    """The status message's last edit is the job's one sentence: a 500 must not leave it
+    saying the job is queued."""
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False) as stack:
+        stack.send(66, f"/f a wren {SMALL}")
+        status = await fake_telegram.wait_for_call("sendMessage", chat_id=66)
+        fake_telegram.fail_next("editMessageText", 500, "Internal Server Error")
+        stack.send(66, "/cancel")
+
+        def says(text: str) -> Any:
+            def check(_calls: Any) -> bool:
+                shown = [
+                    m
+                    for m in fake_telegram.messages(66)
+                    if m["message_id"] == status.result["message_id"]
+                ]
+                return bool(shown) and shown[0].get("text") == text
+
+            return check
+
+        await fake_telegram.wait_for(says("Cancelled."), timeout=20)
+    failed = [c for c in fake_telegram.calls(ok=False) if to_chat(66, "editMessageText")(c)]
+    assert [c.error for c in failed] == ["Internal Server Error"]

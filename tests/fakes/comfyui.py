@@ -52,6 +52,7 @@ import json
 import mimetypes
 import random
 import re
+import shutil
 import string
 import struct
 import tempfile
@@ -332,10 +333,13 @@ class FakeComfyUI:
         await self._halt(abort=True)
 
     async def restart(self) -> str:
-        """Come back on the same port with nothing in memory (files on disk remain)."""
+        """Come back on the same port with nothing in memory; `input/` and `output/` keep
+        their files, `temp/` is emptied (ComfyUI's main.py removes it at every start)."""
         if self._runner is not None:
             await self.kill()
         self._reset_memory()
+        shutil.rmtree(self.dirs["temp"], ignore_errors=True)
+        self.dirs["temp"].mkdir(parents=True, exist_ok=True)
         return await self.start()
 
     async def partition(self) -> None:

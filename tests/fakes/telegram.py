@@ -125,8 +125,7 @@ class Limits:
     count_deletions: bool = False  # deleteMessage(s) count toward `overall` too
 
 
-def _window_wait(window: collections.deque[float], now: float, limit: int,
-                 span: float) -> float:
+def _window_wait(window: collections.deque[float], now: float, limit: int, span: float) -> float:
     """Seconds until one more message fits in `window` (`limit` per `span` s); 0: now."""
     while window and window[0] <= now - span:
         window.popleft()
@@ -272,6 +271,7 @@ class FakeTelegram:
         self._rate_limited = 0
         self._retry_after: float = 1
         self._failures: list[tuple[str | None, ApiError]] = []
+        self._held: asyncio.Event | None = None  # set: calls answer again (see `hold`)
         self._blocked_by: set[int] = set()  # users (private chats) that blocked the bot
         self._kicked_from: set[int] = set()  # groups that removed the bot
         self._migrated: dict[int, int] = {}  # group id -> the supergroup it became
@@ -307,6 +307,7 @@ class FakeTelegram:
         return self.url
 
     async def close(self) -> None:
+        self.release()
         self._poll_generation += 1
         self._new_update.set()
         if self._runner is not None:
@@ -486,8 +487,9 @@ class FakeTelegram:
         wait = max(waits)
         if wait > 0:
             seconds = max(1, math.ceil(wait))  # Telegram says whole seconds
-            return ApiError(429, f"Too Many Requests: retry after {seconds}",
-                            {"retry_after": seconds})
+            return ApiError(
+                429, f"Too Many Requests: retry after {seconds}", {"retry_after": seconds}
+            )
         self._overall.append(now)
         if chat_window is not None:
             chat_window.append(now)
@@ -495,8 +497,22 @@ class FakeTelegram:
             self._private[chat_id] = (tokens - 1.0, now)
         return None
 
+    def hold(self) -> None:
+        """Stop answering: every call (getUpdates too) waits unread until `release`, as
+        when the Bot API times out; a call whose client gave up meanwhile is dropped."""
+        if self._held is None:
+            self._held = asyncio.Event()
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.set()
+
     def fail_next(
-        self, method: str | None, code: int, description: str,
+        self,
+        method: str | None,
+        code: int,
+        description: str,
         parameters: dict[str, Any] | None = None,
     ) -> None:
         """Answer the next call of ``method`` (any method but getUpdates if None) with
@@ -692,6 +708,10 @@ class FakeTelegram:
     async def _handle_method(self, request: web.Request) -> web.Response:
         if request.match_info["token"] != self.token:
             return _error(ApiError(401, "Unauthorized"))
+        if self._held is not None:
+            await self._held.wait()
+            if request.transport is None or request.transport.is_closing():
+                return _error(ApiError(504, "Gateway Timeout"))  # nobody reads it
         name = request.match_info["method"]
         handler = getattr(self, f"_api_{name.lower()}", None)
         if handler is None:

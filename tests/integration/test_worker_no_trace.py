@@ -3,6 +3,7 @@ output, input and temp folders hold nothing of the user's; files carry no metada
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import uuid
@@ -241,5 +242,60 @@ async def test_a_video_is_written_there_downloaded_then_overwritten(
     (written,) = fake_comfy.dirs["output"].rglob("*.mp4")
     with Image.open(written) as placeholder:  # the video's name, a 1x1 image inside
         assert placeholder.size == (1, 1)
+    assert await nothing_left(fake_comfy)
+    assert await db.traces.settled() == []
+
+
+async def test_what_a_job_left_on_a_backend_is_swept_soon_after_it_ends_not_at_the_next_purge(
+    db: database.Database, fake_comfy: FakeComfyUI
+) -> None:
+    # A job whose first try failed there after its prompt ran (its images wait in temp/,
+    # written down in backend_traces) and whose retry then ended on another backend:
+    # nothing of it is running anywhere any more, and nothing else would clean gpu0.
+    job_id = uuid.uuid4()
+    wf = workflow.find("qwen")
+    upload = notrace.upload_trace("image/jpeg")
+    privacy = config.PrivacyConfig()
+    async with pool.Pool(backend_configs([fake_comfy.url]), probe_interval=0.2) as backends:
+        sweeping = asyncio.create_task(
+            retention.purge_forever(db, privacy, backends=backends, sweep_interval=0.2)
+        )
+        try:
+            await asyncio.sleep(0.3)  # the purge at start is done: this comes after it
+            async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
+                await db.traces.record(
+                    job_id, "gpu0", [notrace.Trace("history", str(job_id)), upload]
+                )
+                await client.upload_image(photo_with_gps(), upload.name, type="temp")
+                values = wf.validate({"prompt": "hat", "steps": 1, "image": upload.reference})
+                await client.run(wf.apply(values), prompt_id=str(job_id))
+            assert user_files(fake_comfy)
+            await wait_for(lambda: nothing_left(fake_comfy), timeout=10)
+            await wait_for(lambda: _no_traces(db), timeout=10)
+        finally:
+            sweeping.cancel()
+
+
+async def test_an_output_whose_overwrite_failed_is_still_found_by_the_next_sweep(
+    db: database.Database, fake_comfy: FakeComfyUI
+) -> None:
+    # The clean-up after a job: one overwrite answered 500. The prompt's history entry,
+    # the only record of its output files' names, must outlive that failure.
+    job_id = uuid.uuid4()
+    wf = workflow.find("qwen")
+    upload = notrace.upload_trace("image/jpeg")
+    history = notrace.Trace("history", str(job_id))
+    async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
+        await db.traces.record(job_id, "gpu0", [history, upload])
+        await client.upload_image(photo_with_gps(), upload.name, type="temp")
+        values = wf.validate({"prompt": "hat", "steps": 1, "image": upload.reference})
+        await client.run(wf.apply(values), prompt_id=str(job_id))
+        await db.traces.drop("gpu0", await notrace.scrub(client, None, [upload]))
+        fake_comfy.fail_requests("/upload/image", times=1)
+        gone = await notrace.scrub(client, str(job_id), [])  # the outputs its history names
+        await db.traces.drop("gpu0", gone)
+    assert user_files(fake_comfy)  # one file could not be overwritten
+    async with pool.Pool(backend_configs([fake_comfy.url]), probe_interval=0.2) as backends:
+        await retention.purge_once(db, config.PrivacyConfig(), backends)
     assert await nothing_left(fake_comfy)
     assert await db.traces.settled() == []

@@ -17,11 +17,12 @@ from comfyveil.api.context import SERVICES, ApiServices, caller, services
 from comfyveil.api.errors import ApiError
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
-from comfyveil.desk import availability
+from comfyveil.desk import availability, failures
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
 from comfyveil.store import accounts, api_keys, database, web_state
+from comfyveil.store import errors as store_errors
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,13 @@ async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
         if exc.status >= 400:
             return ApiError(exc.status, _("There is nothing here."), code="not_found").response()
         raise
+    except store_errors.DatabaseUnreachable:
+        logger.warning(
+            "API request: the database is unreachable", extra={"action": "api_database_down"}
+        )
+        return ApiError(
+            503, _(failures.DATABASE_DOWN), type="server_error", code="database_down"
+        ).response()
     except Exception as exc:
         # The type only: a message or traceback could hold the request's prompt.
         logger.error("API request failed: %s", type(exc).__name__, extra={"action": "api_error"})

@@ -343,7 +343,9 @@ async def scrub(
             gone.append(trace)
         elif not isinstance(result, errors.ComfyError):
             raise result  # a bug, not a backend problem
-    if prompt_id is not None:
+    # The history entry is the only record of the output files' names: it goes only
+    # once they are all overwritten, else the next sweep could not find them.
+    if prompt_id is not None and len(gone) == len(targets):
         await client.delete_history([prompt_id])
         gone.append(Trace("history", prompt_id))
     return gone

@@ -22,6 +22,8 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \"", re.M
 
 # Translated where they are sent, in the reader's language.
 INTERNAL = N_("Something went wrong on our side; please try again.")
+# PostgreSQL stopped or restarting: every front end says so (503), not a server error.
+DATABASE_DOWN = N_("The bot's database is not answering right now; try again in a minute.")
 
 # What users read, in one place (to be translated as a whole).
 OUT_OF_MEMORY = N_(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 import logging
@@ -10,18 +11,19 @@ from typing import Any, TypeVar
 
 from telegram import Message, ReplyParameters, Update
 from telegram.constants import ParseMode
-from telegram.error import TelegramError
+from telegram.error import BadRequest, NetworkError, TelegramError
 
 from comfyveil import errors
+from comfyveil.desk.failures import DATABASE_DOWN as DATABASE_DOWN
 from comfyveil.desk.failures import INTERNAL as INTERNAL
 from comfyveil.desk.failures import plain_sentence as sentence
-from comfyveil.i18n import N_, _
+from comfyveil.i18n import _
 from comfyveil.store import errors as store_errors
 
 logger = logging.getLogger(__name__)
 
-# Translated where they are sent, in the reader's language.
-DATABASE_DOWN = N_("The bot's database is not answering right now; try again in a minute.")
+# Seconds between the tries of an error reply the Bot API failed (about a minute in all).
+ERROR_REPLY_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -55,6 +57,26 @@ async def reply(update: Update, text: str, **kwargs: Any) -> Message | None:
     )
 
 
+async def _reply_surely(update: Update, text: str) -> None:
+    """`reply`, sent again while the Bot API fails or times out (a 5xx, a lost
+    connection): the sentence is the user's only answer; nothing else would send it."""
+    for delay in (*ERROR_REPLY_RETRY_DELAYS, None):
+        try:
+            await reply(update, text)
+            return
+        except BadRequest as send_error:  # refused (a NetworkError in PTB): not again
+            logger.info("could not send the error reply: %s", type(send_error).__name__)
+            return
+        except NetworkError as send_error:  # a 5xx, TimedOut, a lost connection
+            if delay is None:
+                logger.info("could not send the error reply: %s", type(send_error).__name__)
+                return
+            await asyncio.sleep(delay)
+        except TelegramError as send_error:
+            logger.info("could not send the error reply: %s", type(send_error).__name__)
+            return
+
+
 def plain_errors(handler: F) -> F:
     """Answer comfyveil's own errors with their one sentence; let the rest reach the
     application's error handler (which logs them and apologises)."""
@@ -67,10 +89,7 @@ def plain_errors(handler: F) -> F:
             if not isinstance(exc, errors.UsageError):
                 logger.warning("request failed: %s", type(exc).__name__,
                                extra={"action": "request_failed"})
-            try:
-                await reply(update, esc(user_message(exc)))
-            except TelegramError as send_error:
-                logger.info("could not send the error reply: %s", type(send_error).__name__)
+            await _reply_surely(update, esc(user_message(exc)))
             return None
 
     return wrapper  # type: ignore[return-value]

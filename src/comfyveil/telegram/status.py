@@ -27,7 +27,7 @@ from typing import Any
 
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ParseMode
-from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
+from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError
 
 from comfyveil import i18n
 from comfyveil import tasks as background
@@ -45,7 +45,9 @@ GROUP_INTERVAL = 3.0  # seconds, in groups
 FALLBACK_REFRESH = 5.0  # seconds between re-reads of every tracked job without NOTIFY
 MAX_CONCURRENT_REFRESH = 16  # status re-renders (database reads + one edit) at once
 SHED_PAUSE = 0.5  # seconds before a status update left out for results is tried again
-FINAL_EDIT_TRIES = 3  # a status message's last edit, tried again after each RetryAfter
+# Seconds between the tries of a status message's last edit the Bot API failed (5xx,
+# time-out: about a minute in all); a RetryAfter waits what Telegram asked instead.
+FINAL_EDIT_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 FINISHED_MEMORY = 4096  # finished jobs remembered, so a second finish() does nothing
 # Telegram allows a bot about 30 messages a second in all; status edits may use a third of
 # that, so results and replies always find room however many jobs wait.
@@ -352,7 +354,9 @@ class StatusTracker:
                 # Refused even after the rate limiter's retries: rather than keep trying
                 # while the status stays above the result, mark it done at the next chance.
                 await asyncio.sleep(retry_seconds(exc))
-        for _try in range(FINAL_EDIT_TRIES):
+        # The last edit is a failed or cancelled job's one sentence: a 5xx, a time-out or
+        # a lost connection is tried again, as a rate limit is.
+        for delay in (*FINAL_EDIT_RETRY_DELAYS, None):
             try:
                 await self.bot.edit_message_text(
                     text, chat_id=job.chat_id, message_id=message_id, parse_mode=ParseMode.HTML,
@@ -363,10 +367,16 @@ class StatusTracker:
                 logger.debug("status message not changed: %s", exc.message)
                 return
             except RetryAfter as exc:
-                await asyncio.sleep(retry_seconds(exc))
+                failure, wait = "RetryAfter", retry_seconds(exc)
+            except NetworkError as exc:
+                failure, wait = type(exc).__name__, delay or 0.0
             except TelegramError as exc:
                 logger.info("status message not finished: %s", type(exc).__name__)
                 return
+            if delay is None:
+                logger.info("status message not finished: %s", failure)
+                return
+            await asyncio.sleep(wait)
 
     # --- loops ----------------------------------------------------------------------
 

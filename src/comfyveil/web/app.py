@@ -21,12 +21,13 @@ from comfyveil import config, constant_time, hosts, i18n
 from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
+from comfyveil.desk import failures, links
 from comfyveil.desk import language as language_mod
-from comfyveil.desk import links
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
 from comfyveil.store import database
+from comfyveil.store import errors as store_errors
 from comfyveil.web import account_pages, admin, auth, job_pages, pages, webhook_pages
 from comfyveil.web.page import (
     SERVICES,
@@ -88,8 +89,9 @@ async def _session(request: web.Request, handler: Any) -> web.StreamResponse:
         # Refused before any handler: a handler reading the form again would see what
         # follows the undecodable field, unchecked, CSRF token and all.
         return error_page(
-            request, 400, _("That form could not be read. Go back, reload the page and send "
-                            "it again.")
+            request,
+            400,
+            _("That form could not be read. Go back, reload the page and send it again."),
         )
     if request.method == "POST" and not await _csrf_ok(request):
         return error_page(
@@ -153,6 +155,12 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_page(request, 413, _("That upload is too large."))
     except web.HTTPException:
         raise
+    except store_errors.DatabaseUnreachable:
+        # PostgreSQL restarting: a moment's wait, not a bug to log with its stack
+        logger.warning(
+            "web request: the database is unreachable", extra={"action": "web_database_down"}
+        )
+        return error_page(request, 503, _(failures.DATABASE_DOWN))
     except Exception:
         logger.exception("web request failed", extra={"action": "web_error"})
         return error_page(request, 500, _("Something went wrong on the server; try again."))
