@@ -273,8 +273,10 @@ async def test_replays_of_one_account_are_answered_a_few_at_a_time(db, fake_comf
 
             waiting = [asyncio.create_task(post()) for _ in range(api_images.MAX_ANSWERING)]
 
-            async def all_in() -> bool:
-                return api_images.answering(account.id) == len(waiting)
+            async def all_in() -> bool:  # each holds a slot, and their one job is queued
+                return api_images.answering(account.id) == len(waiting) and bool(
+                    await stack.db.jobs.list_for_user(account.user_id)
+                )
 
             await wait_for(all_in, timeout=30)
             status, body = await asyncio.wait_for(post(), 10)  # one more replay
