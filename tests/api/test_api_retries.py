@@ -106,8 +106,10 @@ async def test_a_started_job_is_kept_for_a_retry_and_two_live_requests_are_two(
     async with web_stack(db, [fake_comfy], api=FAST_GRACE) as stack, client() as session:
         await sign_up(session, await stack.invite(), "vic")
         key = await make_key(session, stack.url)
+        # 3 s: long enough for the job to be claimed and sent even on a loaded machine (a
+        # job not yet sent when the grace ends is given up, not kept: another promise).
         impatient = openai.AsyncOpenAI(
-            base_url=f"{stack.url}/v1", api_key=key, timeout=1.0, max_retries=0
+            base_url=f"{stack.url}/v1", api_key=key, timeout=3.0, max_retries=0
         )
         fake_comfy.pause()  # on the GPU (claimed and sent), not finished
 
