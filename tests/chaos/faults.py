@@ -168,6 +168,8 @@ class Faults:
 
     async def _postgres_stop(self) -> str | None:
         pause = self.rng.choice([self.rng.uniform(1, 8), self.rng.uniform(8, 30)])
+        if self.system.postgres.pid() is None:
+            return None  # still down from an earlier fault: pg_ctl stop would fail
         await self.system.postgres.stop()
         self._later(pause, self.system.postgres.resume)
         return f"stopped for {pause:.1f} s"
