@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from comfyveil.comfy import workflow
-from comfyveil.desk import registry
+from comfyveil.desk import options, registry
 from comfyveil.telegram import callbacks_data, commands, parse, submit
 
 
@@ -149,3 +149,16 @@ def test_an_aspect_ratio_a_bound_would_bend_is_fitted_within_the_bounds() -> Non
 def test_an_aspect_ratio_no_size_can_keep_is_refused_in_words() -> None:
     with pytest.raises(parse.ParseError, match="does not fit the sizes /f can make"):
         submit.size_for(_small_model(64, maximum=96), "4:1")
+
+
+def test_the_jobs_api_fits_an_aspect_ratio_as_the_chat_does() -> None:
+    """The jobs API's options by name follow the chat's one rule: a bound bends neither the
+    ratio (152x64, not 96x64) nor, where no size keeps it, goes by without a word."""
+    f = entry("f")
+    small = registry.Entry("f", f.command, _small_model(64))
+    values = options.values_for(small, "a fox", {"ar": "21:9"})
+    assert (values["width"], values["height"]) == (152, 64)
+    tight = registry.Entry("f", f.command, _small_model(64, maximum=96))
+    with pytest.raises(options.OptionError, match="does not fit the sizes /f can make") as err:
+        options.values_for(tight, "a fox", {"ar": "4:1"})
+    assert err.value.param == "ar"

@@ -4,8 +4,8 @@ aliases, bounds and sentences as the chat's ``--steps 4 --ar 16:9`` and the web 
 the same rule for an aspect ratio (a size of about the workflow's own pixel count, in its
 multiples, within its bounds).
 
-The chat's parser keeps its own copy of the aspect rule for its typed syntax; the
-sentences here are its msgids, so both read the same in every language.
+The aspect rule lives here alone: the chat's ``--ar`` and its /settings call
+:func:`parse_aspect` and :func:`size_for` too, so every front end reads a ratio the same.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from comfyveil import errors
 from comfyveil.comfy import workflow
 from comfyveil.desk import registry
 from comfyveil.desk.submit import IMAGE_PLACEHOLDER
-from comfyveil.i18n import _, ltr
+from comfyveil.i18n import N_, _, ltr
 
 ASPECT_OPTION = "ar"
 NEGATIVE_OPTION = "negative"
@@ -67,7 +67,27 @@ def parse_aspect(ar: str) -> tuple[float, float]:
     return width, height
 
 
-def _clamp(value: int, param: workflow.Param) -> int:
+def aspect_to_size(ar: str, base_pixels: int, multiple: int = 16) -> tuple[int, int]:
+    """Width and height for aspect ratio ``ar`` with about ``base_pixels`` pixels.
+
+    Both sides are multiples of ``multiple`` (latent models need it), e.g. 16:9 at
+    1024*1024 pixels gives (1360, 768).
+
+    Raises:
+        OptionError: when ``ar`` is not a ratio or is beyond 4:1.
+    """
+    width, height = parse_aspect(ar)
+    ratio = width / height
+    w = math.sqrt(base_pixels * ratio)
+    h = math.sqrt(base_pixels / ratio)
+    return (
+        max(multiple, round(w / multiple) * multiple),
+        max(multiple, round(h / multiple) * multiple),
+    )
+
+
+def clamp(value: int, param: workflow.Param) -> int:
+    """`value` within the parameter's bounds, on its step."""
     low = int(param.min) if param.min is not None else value
     high = int(param.max) if param.max is not None else value
     value = min(max(value, low), high)
@@ -80,19 +100,59 @@ def _clamp(value: int, param: workflow.Param) -> int:
     return value
 
 
+RATIO_TOLERANCE = 1.1  # sides are rounded to the workflow's step: near is as asked
+RATIO_DOES_NOT_FIT = N_(
+    "The aspect ratio {ratio} does not fit the sizes {command} can make "
+    "(width {width}, height {height}); choose a less extreme one."
+)
+
+
+def _bounds(param: workflow.Param) -> str:
+    low = int(param.min) if param.min is not None else None
+    high = int(param.max) if param.max is not None else None
+    if low is not None and high is not None:
+        return f"{low}-{high}"
+    return f"≥{low}" if low is not None else f"≤{high}" if high is not None else "any"
+
+
 def size_for(wf: workflow.Workflow, ar: str) -> tuple[int, int]:
-    """Width and height for aspect ratio `ar`, about as many pixels as the default size."""
+    """Width and height for aspect ratio `ar`, about as many pixels as the default size.
+
+    Raises:
+        OptionError: not a ratio, too extreme, or no size within the bounds keeps it.
+    """
     width_p, height_p = wf.params["width"], wf.params["height"]
     w0, h0 = registry.graph_value(wf, "width"), registry.graph_value(wf, "height")
     pixels = DEFAULT_PIXELS
     if isinstance(w0, int) and isinstance(h0, int) and w0 > 0 and h0 > 0:
         pixels = w0 * h0
     multiple = int(width_p.step or 16)
-    width, height = parse_aspect(ar)
-    ratio = width / height
-    w = max(multiple, round(math.sqrt(pixels * ratio) / multiple) * multiple)
-    h = max(multiple, round(math.sqrt(pixels / ratio) / multiple) * multiple)
-    return _clamp(w, width_p), _clamp(h, height_p)
+    width, height = aspect_to_size(ar, pixels, multiple)
+    wanted = width / height
+    # A side beyond its bounds moves both sides, so the picture keeps the ratio asked for
+    # (21:9 with a 64 px minimum height is 152x64, not 96x64).
+    w, h = float(width), float(height)
+    if width_p.max is not None and w > width_p.max:
+        w, h = float(width_p.max), float(width_p.max) / wanted
+    if height_p.max is not None and h > height_p.max:
+        w, h = float(height_p.max) * wanted, float(height_p.max)
+    if width_p.min is not None and w < width_p.min:
+        w, h = float(width_p.min), float(width_p.min) / wanted
+    if height_p.min is not None and h < height_p.min:
+        w, h = float(height_p.min) * wanted, float(height_p.min)
+    fitted = clamp(round(w), width_p), clamp(round(h), height_p)
+    got = fitted[0] / fitted[1]
+    if max(got / wanted, wanted / got) > RATIO_TOLERANCE:
+        raise OptionError(
+            _(RATIO_DOES_NOT_FIT).format(
+                ratio=ltr(ar),
+                command=ltr(f"/{wf.command}"),
+                width=ltr(_bounds(width_p)),
+                height=ltr(_bounds(height_p)),
+            ),
+            param=ASPECT_OPTION,
+        )
+    return fitted
 
 
 def values_for(

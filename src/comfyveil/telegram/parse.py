@@ -27,12 +27,18 @@ Syntax, as the /help text explains it to users::
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from comfyveil import errors, i18n
+from comfyveil import i18n
+
+# The chat's ``--ar`` follows the desk's one aspect rule, and the chat's refusals are the
+# desk's error for a command's options (the rule raises it): named here as the chat's.
+from comfyveil.desk.options import MAX_ASPECT as MAX_ASPECT
+from comfyveil.desk.options import OptionError as ParseError
+from comfyveil.desk.options import aspect_to_size as aspect_to_size
+from comfyveil.desk.options import parse_aspect
 from comfyveil.i18n import N_, _, ltr
 
 NEGATIVE_OPTION = "no"
@@ -45,7 +51,6 @@ FRONT_END_OPTIONS: Mapping[str, str] = {
 FLAG_VALUES = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes",
                "no": "no", "false": "no", "off": "no", "0": "no"}  # fmt: skip
 MAX_PROMPT_CHARS = 2000
-MAX_ASPECT = 4.0  # wider or taller than 4:1 makes broken images on every model we ship
 
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]{3,64}))?(?=\s|$)")
 # An option's name starts with a letter of any script: "--шаги 3" is an option the
@@ -59,11 +64,6 @@ _JOB_REF = re.compile(
 # figure dash): if an option's name follows, the user meant that option.
 _NEAR_OPTION = re.compile(r"(?:(?<=\s)|^)[-‐‑‒―−﹘﹣－]+([A-Za-z][A-Za-z0-9_-]*)(?==|\s|$)")
 _QUOTES = {'"': '"', "'": "'", "“": "”", "„": "“", "«": "»", "‘": "’"}
-_ASPECT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[:x×/]\s*(\d+(?:\.\d+)?)\s*$")
-
-
-class ParseError(errors.UsageError):
-    """That command is not valid."""
 
 
 @dataclass(frozen=True)
@@ -261,45 +261,3 @@ def _unquote_all(text: str) -> str:
     if len(text) >= 2 and text[0] in _QUOTES and text.endswith(_QUOTES[text[0]]):
         text = text[1:-1]
     return " ".join(text.split())
-
-
-def parse_aspect(ar: str) -> tuple[float, float]:
-    """Read ``W:H`` (also ``WxH``, ``W/H``); refuse ratios beyond 4:1.
-
-    Raises:
-        ParseError: when the text is not a ratio or the ratio is too extreme.
-    """
-    match = _ASPECT.match(ar)
-    if match is None:
-        raise ParseError(_("The aspect ratio {ratio} is not valid; write it like {example}.")
-                         .format(ratio=ltr(repr(ar[:20])), example=ltr("16:9")))
-    width, height = float(match.group(1)), float(match.group(2))
-    if width <= 0 or height <= 0:
-        raise ParseError(_("An aspect ratio needs two numbers above zero, like {example}.")
-                         .format(example=ltr("16:9")))
-    if max(width / height, height / width) > MAX_ASPECT:
-        raise ParseError(
-            _("The aspect ratio {ratio} is too extreme; use one between {low} and {high}.")
-            .format(ratio=ltr(f"{match.group(1)}:{match.group(2)}"), low=ltr("1:4"),
-                    high=ltr("4:1"))
-        )
-    return width, height
-
-
-def aspect_to_size(ar: str, base_pixels: int, multiple: int = 16) -> tuple[int, int]:
-    """Width and height for aspect ratio ``ar`` with about ``base_pixels`` pixels.
-
-    Both sides are multiples of ``multiple`` (latent models need it), e.g. 16:9 at
-    1024*1024 pixels gives (1360, 768).
-
-    Raises:
-        ParseError: when ``ar`` is not a ratio or is beyond 4:1.
-    """
-    width, height = parse_aspect(ar)
-    ratio = width / height
-    w = math.sqrt(base_pixels * ratio)
-    h = math.sqrt(base_pixels / ratio)
-    return (
-        max(multiple, round(w / multiple) * multiple),
-        max(multiple, round(h / multiple) * multiple),
-    )

@@ -18,11 +18,11 @@ from telegram import Bot, Message, User
 from telegram.error import BadRequest
 
 from comfyveil import errors, i18n, images
-from comfyveil.comfy import workflow
 from comfyveil.desk import access, registry
 from comfyveil.desk import submit as desk_submit
+from comfyveil.desk.options import clamp, size_for
 from comfyveil.desk.submit import IMAGE_PLACEHOLDER
-from comfyveil.i18n import N_, _, ltr
+from comfyveil.i18n import _, ltr
 from comfyveil.store import jobs
 from comfyveil.telegram import parse
 from comfyveil.telegram.context import DELIVERY_MODES_KEPT, Services
@@ -30,7 +30,6 @@ from comfyveil.telegram.sink import SEND_AS_FILE_SETTING, SPOILER_SETTING
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PIXELS = 1024 * 1024
 TELEGRAM_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses larger files (cloud Bot API)
 
 
@@ -49,62 +48,6 @@ def asker(user: User | None, *, in_group: bool) -> str | None:
     if not name and user.username:
         name = "@" + user.username
     return name[:ASKER_CHARS] or None
-
-
-def _clamp(value: int, param: workflow.Param) -> int:
-    low = int(param.min) if param.min is not None else value
-    high = int(param.max) if param.max is not None else value
-    value = min(max(value, low), high)
-    if param.step:
-        step = int(param.step)
-        base = low if param.min is not None else 0
-        value = base + round((value - base) / step) * step
-        while param.max is not None and value > param.max:
-            value -= step
-    return value
-
-
-def size_for(wf: workflow.Workflow, ar: str) -> tuple[int, int]:
-    """Width and height for aspect ratio `ar`, about as many pixels as the default size."""
-    width_p, height_p = wf.params["width"], wf.params["height"]
-    w0, h0 = registry.graph_value(wf, "width"), registry.graph_value(wf, "height")
-    pixels = DEFAULT_PIXELS
-    if isinstance(w0, int) and isinstance(h0, int) and w0 > 0 and h0 > 0:
-        pixels = w0 * h0
-    multiple = int(width_p.step or 16)
-    width, height = parse.aspect_to_size(ar, pixels, multiple)
-    wanted = width / height
-    # A side beyond its bounds moves both sides, so the picture keeps the ratio asked for
-    # (21:9 with a 64 px minimum height is 152x64, not 96x64).
-    w, h = float(width), float(height)
-    if width_p.max is not None and w > width_p.max:
-        w, h = float(width_p.max), float(width_p.max) / wanted
-    if height_p.max is not None and h > height_p.max:
-        w, h = float(height_p.max) * wanted, float(height_p.max)
-    if width_p.min is not None and w < width_p.min:
-        w, h = float(width_p.min), float(width_p.min) / wanted
-    if height_p.min is not None and h < height_p.min:
-        w, h = float(height_p.min) * wanted, float(height_p.min)
-    fitted = _clamp(round(w), width_p), _clamp(round(h), height_p)
-    got = fitted[0] / fitted[1]
-    if max(got / wanted, wanted / got) > RATIO_TOLERANCE:
-        raise parse.ParseError(_(RATIO_DOES_NOT_FIT).format(
-            ratio=ltr(ar), command=ltr(f"/{wf.command}"),
-            width=ltr(_bounds(width_p)), height=ltr(_bounds(height_p))))
-    return fitted
-
-
-RATIO_TOLERANCE = 1.1  # sides are rounded to the workflow's step: near is as asked
-RATIO_DOES_NOT_FIT = N_("The aspect ratio {ratio} does not fit the sizes {command} can make "
-                        "(width {width}, height {height}); choose a less extreme one.")
-
-
-def _bounds(param: workflow.Param) -> str:
-    low = int(param.min) if param.min is not None else None
-    high = int(param.max) if param.max is not None else None
-    if low is not None and high is not None:
-        return f"{low}-{high}"
-    return f"≥{low}" if low is not None else f"≤{high}" if high is not None else "any"
 
 
 def build_values(
@@ -137,7 +80,7 @@ def build_values(
         values["width"], values["height"] = size_for(wf, aspect)
     steps = wf.params.get("steps")
     if steps is not None and "steps" not in options and isinstance(prefs.get("steps"), int):
-        values["steps"] = _clamp(int(prefs["steps"]), steps)
+        values["steps"] = clamp(int(prefs["steps"]), steps)
     if (
         "seed" in wf.params and "seed" not in options
         and prefs.get("seed_mode") == "fixed" and isinstance(prefs.get("seed"), int)
