@@ -126,6 +126,23 @@ async def test_usage_errors_exit_2_with_one_plain_line(
     assert fake_comfy.prompts == []  # nothing reached the GPU
 
 
+async def test_a_prompt_past_the_operators_limit_is_refused_as_submit_refuses_it(
+    fake_comfy: FakeComfyUI, tmp_path: Path
+) -> None:
+    """``[limits] max_prompt_length`` binds `generate` too, in the chat's words."""
+    config = tmp_path / "comfyveil.toml"
+    config.write_text("[limits]\nmax_prompt_length = 40\n")
+    prompt = "a fox " * 6 + "sleep"  # 41 characters
+    run = await comfyveil(
+        "generate", "f", prompt, "--server", fake_comfy.url, "--config", str(config),
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )
+    assert run.code == 2
+    line = assert_one_plain_line(run)
+    assert line == "comfyveil: The prompt is 41 characters long; the limit is 40."
+    assert fake_comfy.prompts == []  # nothing reached the GPU
+
+
 async def test_missing_model_is_named_with_the_backend_and_exits_1(
     fake_comfy_factory, tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import execute, workflow
 from comfyveil.comfy import limits as comfy_limits
+from comfyveil.desk import submit as desk_submit
 from comfyveil.errors import UsageError
 
 
@@ -107,7 +108,8 @@ async def run(args: argparse.Namespace) -> int:
         values[wf.prompt_param] = " ".join(args.prompt)
     inputs = read_images(wf, args.image, settings)
     values.update({name: image.upload_name for name, image in inputs.items()})
-    validated = wf.validate(values)
+    # The operator's [limits] max_prompt_length binds here as on every front end.
+    validated = desk_submit.validate(settings, wf, values)
     _run_args.check_timeout(args.timeout)
     _run_args.check_out(args.out)
 
