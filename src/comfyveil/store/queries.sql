@@ -540,12 +540,20 @@ WHERE delivery_claims.claimed_until < now()
 RETURNING job_id;
 
 -- purge_expired --
--- Delete finished jobs (and their images, outputs, events) older than the retention
+-- Delete finished jobs (and their images, outputs, events) older than the retention, and
+-- their webhook deliveries (a job's id, command and state): those name their job only in
+-- the payload, so no cascade takes them. Deliveries of jobs deleted otherwise (DELETE
+-- /v1/jobs, a purge of an older version) go too. Every part of the statement sees the
+-- jobs as they were before it: the purged ones are named apart.
 WITH purged AS (
     DELETE FROM jobs
     WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(older_than)s)
     RETURNING id
+), hooks AS (
+    DELETE FROM webhook_deliveries d
+    WHERE d.payload -> 'data' ->> 'id' IN (SELECT id::text FROM purged)
+       OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = (d.payload -> 'data' ->> 'id')::uuid)
 )
 SELECT count(*) AS purged FROM purged;
 
@@ -646,6 +654,10 @@ WITH mine AS (
     DELETE FROM jobs j USING mine m
     WHERE j.id = m.id AND m.status <> 'running'
     RETURNING j.id
+), hooks AS (
+    -- their webhook deliveries name the job only in the payload: no cascade takes them
+    DELETE FROM webhook_deliveries
+    WHERE payload -> 'data' ->> 'id' IN (SELECT id::text FROM deleted)
 )
 SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM stopped) AS deleted,
        (SELECT count(*) FROM stopped) AS stopping;

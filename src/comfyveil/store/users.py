@@ -103,12 +103,13 @@ class UserStore:
     async def forget(self, user_id: int) -> int:
         """Delete everything stored about a user; the number of jobs deleted.
 
-        Jobs go with their input images, outputs, events and delivery records; then the
-        user's chat sessions, queue turn and settings. A job running on a GPU right now
-        keeps only its id, command and owner until its worker, told by the cancel request,
-        interrupts it there and ends it cancelled. What limits the user stays: the usage
-        counters (jobs today, the last job's time, no content) and an admin's role, quota
-        or /allow for them, so forgetting never resets a quota, a cooldown or a ban.
+        Jobs go with their input images, outputs, events, delivery records and webhook
+        deliveries; then the user's chat sessions, queue turn and settings. A job running
+        on a GPU right now keeps only its id, command and owner until its worker, told by
+        the cancel request, interrupts it there and ends it cancelled. What limits the
+        user stays: the usage counters (jobs today, the last job's time, no content) and
+        an admin's role, quota or /allow for them, so forgetting never resets a quota, a
+        cooldown or a ban.
         """
         async with self.db.session(transaction=True) as s:
             row = await s.one("forget_user_jobs", user_id=user_id)
