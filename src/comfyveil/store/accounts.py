@@ -23,11 +23,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from comfyveil import constant_time
 from comfyveil.i18n import N_
 from comfyveil.store import errors, jobs, users
+from comfyveil.store.pooled import PoolStore
 
 WEB_ID_BASE = -(1 << 62)
 
@@ -166,19 +165,11 @@ FIRST_ADMIN = "first admin"
 _CLOSE_FIRST_ADMIN = "DELETE FROM web_invites WHERE note = 'first admin' AND used_at IS NULL"
 
 
-class WebStore:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-
+class WebStore(PoolStore):
     async def _one(self, query: Any, params: dict[str, Any] | None = None) -> Row | None:
         async with errors.wrap_exceptions(), self.pool.connection() as conn:
             cursor = await conn.execute(query, params)
             return await cursor.fetchone() if cursor.description else None
-
-    async def _all(self, query: Any, params: dict[str, Any] | None = None) -> list[Row]:
-        async with errors.wrap_exceptions(), self.pool.connection() as conn:
-            cursor = await conn.execute(query, params)
-            return await cursor.fetchall() if cursor.description else []
 
     # -- invitations -------------------------------------------------------------------
 

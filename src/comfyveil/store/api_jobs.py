@@ -7,12 +7,10 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
-from typing import Any
-
-from psycopg_pool import AsyncConnectionPool
 
 from comfyveil.store import errors
 from comfyveil.store.jobs import Job, JobEvent, Output
+from comfyveil.store.pooled import PoolStore
 
 
 @dataclass(frozen=True)
@@ -47,15 +45,7 @@ _SUCCEEDED_OUTPUTS = _OUTPUTS.format(
 )
 
 
-class ApiJobStore:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-
-    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with errors.wrap_exceptions(), self.pool.connection() as conn:
-            cursor = await conn.execute(query, params)
-            return await cursor.fetchall() if cursor.description else []
-
+class ApiJobStore(PoolStore):
     async def page(
         self, user_id: int, *, limit: int, before: tuple[dt.datetime, uuid.UUID] | None = None
     ) -> list[Job]:

@@ -9,12 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from comfyveil.store import errors
 from comfyveil.store.accounts import _ACCOUNT_COLUMNS, Account, digest
+from comfyveil.store.pooled import PoolStore
 from comfyveil.store.users import User
 
 PREFIX = "cv-"  # tells a comfyveil key from others in a config file or a leak scanner
@@ -39,15 +36,7 @@ class ApiKey:
     last_used_at: dt.datetime | None
 
 
-class ApiKeyStore:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-
-    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with errors.wrap_exceptions(), self.pool.connection() as conn:
-            cursor = await conn.execute(query, params)
-            return await cursor.fetchall() if cursor.description else []
-
+class ApiKeyStore(PoolStore):
     async def create(self, account_id: int, label: str = "") -> str:
         """A new key for the account; the key itself (shown once, never stored)."""
         key = new_key()

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from comfyveil.store import errors
+from comfyveil.store.pooled import PoolStore
 
 MAX_PREVIEW = 2 * 1024 * 1024  # a preview frame larger than this is not kept
 
@@ -22,15 +19,7 @@ class Preview:
     data: bytes = field(repr=False)
 
 
-class PreviewStore:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-
-    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with errors.wrap_exceptions(), self.pool.connection() as conn:
-            cursor = await conn.execute(query, params)
-            return await cursor.fetchall() if cursor.description else []
-
+class PreviewStore(PoolStore):
     async def want(self, job_ids: list[uuid.UUID]) -> None:
         """Ask for the previews of these jobs."""
         await self._all(

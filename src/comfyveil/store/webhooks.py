@@ -15,9 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from comfyveil.store import errors
+from comfyveil.store.pooled import PoolStore
 
 SECRET_PREFIX = "whsec_"  # the Standard Webhooks form OpenAI's SDK and its verifier take
 CHANNEL = "comfyveil_webhooks"  # NOTIFY when deliveries are queued
@@ -48,15 +46,7 @@ class Delivery:
     attempts: int
 
 
-class WebhookStore:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-
-    async def _all(self, query: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with errors.wrap_exceptions(), self.pool.connection() as conn:
-            cursor = await conn.execute(query, params)
-            return await cursor.fetchall() if cursor.description else []
-
+class WebhookStore(PoolStore):
     async def create(self, account_id: int, url: str) -> tuple[int, str]:
         """A new endpoint of the account; its id and secret (shown once)."""
         secret = new_secret()
