@@ -7,7 +7,6 @@ records that every connection asked for the .anon name, as a name."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import socket
@@ -20,7 +19,7 @@ from tests.anyone.test_anyone_product import RecordingRelay
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.anyone import AnonPair, PrivateAnyoneNetwork
 from tests.web.browser import launch, needs_chromium
-from tests.web.support import PASSPHRASE
+from tests.web.support import PASSPHRASE, cli_env, cli_invite
 
 pytestmark = [pytest.mark.anyone, pytest.mark.slow, needs_chromium]
 
@@ -32,10 +31,7 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
-    env.pop("DATABASE_URL", None)
-    env["COMFYVEIL_ANYONE_FORBID_PUBLIC"] = "1"
-    return env
+    return cli_env(COMFYVEIL_ANYONE_FORBID_PUBLIC="1")
 
 
 async def _line(proc: asyncio.subprocess.Process, pattern: str, seen: list[str]) -> re.Match[str]:
@@ -47,26 +43,6 @@ async def _line(proc: asyncio.subprocess.Process, pattern: str, seen: list[str])
         raw = await asyncio.wait_for(proc.stdout.readline(), 180)  # type: ignore[union-attr]
         assert raw, "comfyveil stopped: " + "".join(seen)
         seen.append(raw.decode())
-
-
-async def _invite(conf: Path) -> str:
-    """What `comfyveil web invite --admin` prints: the link (at the .anon address)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "web",
-        "invite",
-        "--admin",
-        "--config",
-        str(conf),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode().splitlines()[0]
 
 
 async def test_the_web_front_end_opens_through_its_anon_address(
@@ -105,7 +81,7 @@ async def test_the_web_front_end_opens_through_its_anon_address(
         key_file = Path((await _line(proc, r"web client tester: key file (\S+)", seen))[1])
         # stdout is a pipe, no terminal: the command that prints the link, not the link
         await _line(proc, r"`comfyveil web invite --admin` prints", seen)
-        invite = await _invite(conf)
+        invite = await cli_invite(conf, env=_env())  # at the .anon address
         assert invite.startswith(f"http://{address}/invite/")
         assert oct(key_file.stat().st_mode & 0o777) == "0o600"
         await _line(proc, r"web hidden service is published", seen)

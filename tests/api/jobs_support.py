@@ -15,11 +15,11 @@ import aiohttp
 from comfyveil import config
 from comfyveil.cli import run as run_cli
 from comfyveil.comfy import pool
-from comfyveil.store import accounts, api_keys, database
+from comfyveil.store import api_keys, database
 from comfyveil.web import server
 from comfyveil.worker import Worker
 from tests.fakes.comfyui import FakeComfyUI
-from tests.web.support import WORKER, settings_for
+from tests.web.support import WORKER, new_account, settings_for
 
 
 @dataclasses.dataclass
@@ -42,9 +42,7 @@ class Stack:
 
     async def key(self, name: str = "ines") -> tuple[str, int]:
         """A key of a new account, and the account's user id."""
-        store = accounts.WebStore(self.db.pool)
-        token = await store.create_invite(is_admin=False, hours=1)
-        account = await store.sign_up(token, name, "not-a-hash: this account never logs in")
+        account = await new_account(self.db, name)
         return await api_keys.ApiKeyStore(self.db.pool).create(account.id, "t"), account.user_id
 
     async def job_count(self) -> int:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -12,10 +10,17 @@ import aiohttp
 from comfyveil.store import accounts, api_keys
 from tests.fakes.comfyui import FakeComfyUI
 from tests.lazy import lazy_import
-from tests.web.support import client, get_text, sign_up, wait_for, web_stack
-from tests.web.test_web_cli import _config, _env
+from tests.web.support import (
+    cli,
+    cli_config,
+    client,
+    get_text,
+    serving,
+    sign_up,
+    wait_for,
+    web_stack,
+)
 from tests.web.test_web_jobs import JOB_URL, submit_form
-from tests.web.test_web_processes import serving
 
 openai = lazy_import("openai")  # loaded by the first test that uses it
 
@@ -25,8 +30,8 @@ async def test_run_serves_the_api_by_default_and_not_when_switched_off(
 ) -> None:
     (tmp_path / "on").mkdir()
     (tmp_path / "off").mkdir()
-    on = _config(tmp_path / "on", database_url, fake_comfy)  # no [api]: the default
-    off = _config(tmp_path / "off", database_url, fake_comfy)
+    on = cli_config(tmp_path / "on", database_url, fake_comfy)  # no [api]: the default
+    off = cli_config(tmp_path / "off", database_url, fake_comfy)
     off.write_text(off.read_text() + "[api]\nenabled = false\n")
     store = accounts.WebStore(db.pool)
     async with serving(on) as with_api, serving(off) as without, client() as session:
@@ -69,22 +74,9 @@ async def test_run_serves_the_api_by_default_and_not_when_switched_off(
         assert 'action="/settings/keys"' in settings
 
     # nor does the command line make a key for an API that is off
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "web",
-        "apikey",
-        "vera",
-        "--config",
-        str(off),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode != 0 and not out.startswith(b"cv-")
-    assert b"[api] enabled = false" in err and b"Traceback" not in err
+    code, out, err = await cli(off, "web", "apikey", "vera")
+    assert code != 0 and not out.startswith("cv-")
+    assert "[api] enabled = false" in err and "Traceback" not in err
 
 
 async def test_the_settings_form_makes_no_key_while_the_api_is_off(db, fake_comfy) -> None:

@@ -20,12 +20,12 @@ from comfyveil import config
 from comfyveil.api import webhooks as sender_mod
 from comfyveil.cli import web as web_cli
 from comfyveil.desk import webhook_targets
-from comfyveil.store import accounts, jobs
+from comfyveil.store import jobs
 from comfyveil.store import webhooks as store
 from tests.api.jobs_support import stack
 from tests.fakes.socks_relay import SocksRelay
 from tests.lazy import lazy_import
-from tests.web.support import client, csrf_of, get_text, sign_up, wait_for, web_stack
+from tests.web.support import client, csrf_of, get_text, new_account, sign_up, wait_for, web_stack
 
 openai = lazy_import("openai")
 standardwebhooks = lazy_import("standardwebhooks")
@@ -219,9 +219,7 @@ def test_backoff_grows_to_an_hour() -> None:
 async def test_loopback_targets_are_refused_with_the_default(db, database_url, fake_comfy) -> None:
     defaults = config.Settings(database=config.DatabaseConfig(url=database_url))
     assert defaults.api.webhook_private_targets is False  # the promise, with the default
-    store_ = accounts.WebStore(db.pool)
-    token = await store_.create_invite(is_admin=False, hours=1)
-    await store_.sign_up(token, "pia", "not-a-hash")
+    pia = await new_account(db, "pia")
     for url in (
         "http://127.0.0.1:8080/x",
         "http://localhost/x",
@@ -232,12 +230,7 @@ async def test_loopback_targets_are_refused_with_the_default(db, database_url, f
     ):
         with pytest.raises(webhook_targets.TargetRefused):
             await web_cli.webhook(defaults, "pia", url)
-    assert (
-        await store.WebhookStore(db.pool).endpoints(
-            (await store_.account_by_name("pia")).id  # type: ignore[union-attr]
-        )
-        == []
-    )
+    assert await store.WebhookStore(db.pool).endpoints(pia.id) == []
     # the command line registers a public one and shows its secret once
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -309,10 +302,7 @@ async def test_via_anon_deliveries_leave_through_its_socks_port_and_wait_without
 ) -> None:
     relay = await SocksRelay().start()  # stands in for anon's SOCKS port
     # no web server here: the only senders are this test's own
-    web_store = accounts.WebStore(db.pool)
-    account = await web_store.sign_up(
-        await web_store.create_invite(is_admin=False, hours=1), "vic", "not-a-hash"
-    )
+    account = await new_account(db, "vic")
     user = account.user_id
     async with receiver() as rec:
         port = int(rec.url.rsplit(":", 1)[1].split("/", 1)[0])

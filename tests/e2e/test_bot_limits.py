@@ -11,6 +11,7 @@ from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.telegram import FakeTelegram
 from tests.integration.heartbeat_support import beating
 from tests.integration.worker_support import sent_values
+from tests.web.support import new_account
 
 
 async def test_allow_list_refuses_strangers_until_an_admin_allows_them(
@@ -190,10 +191,9 @@ async def test_users_names_web_accounts_the_command_line_and_admins_as_such(
 ) -> None:
     """/users showed a web account as a raw negative id, `comfyveil submit`'s jobs as
     "0 user" and an admin named in the configuration as "user"."""
-    from comfyveil.store import accounts, jobs
+    from comfyveil.store import jobs
 
-    web = accounts.WebStore(db.pool)
-    account = await web.sign_up(await web.create_invite(is_admin=False, hours=1), "Mina", "x")
+    account = await new_account(db, "Mina")
     for user in (account.user_id, 0):
         await db.jobs.enqueue(jobs.NewJob(user_id=user, chat_id=user, command="f",
                                           workflow_hash="h" * 64, params={"prompt": "a fox"}))

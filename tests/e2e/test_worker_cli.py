@@ -21,6 +21,7 @@ from tests.integration.worker_support import (
     wait_for,
     wait_status,
 )
+from tests.web.support import new_account
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -319,10 +320,7 @@ async def test_web_apikey_prints_the_sites_own_base_url(
     db: database.Database, database_url: str, tmp_path: Path
 ) -> None:
     """It printed "the base URL <your site>/v1" though it knows the site's address."""
-    from comfyveil.store import accounts
-
-    web = accounts.WebStore(db.pool)
-    await web.sign_up(await web.create_invite(is_admin=False, hours=1), "keyholder", "x")
+    await new_account(db, "keyholder")
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, ["http://127.0.0.1:9"])
     cfg.write_text(cfg.read_text() + '[web]\npublic_url = "https://art.example.org"\n')
     code, out, err = await run_cli("web", "apikey", "keyholder", "--config", str(cfg),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from comfyveil import config, retention
-from comfyveil.store import accounts, api_jobs, jobs, webhooks
+from comfyveil.store import api_jobs, jobs, webhooks
 from comfyveil.store.database import Database
 from tests.integration.test_store_jobs import new_job
+from tests.web.support import new_account
 
 
 async def test_the_purge_loop_removes_old_results_and_keeps_waiting_jobs(db: Database) -> None:
@@ -50,8 +51,7 @@ async def _hooked_jobs(db: Database, webhook_id: int) -> set[str]:
 async def test_a_jobs_webhook_deliveries_go_with_it(db: Database) -> None:
     """A delivery names its job, command and state: the purge takes it with its job, and
     one whose job was deleted otherwise (DELETE /v1/jobs); /forget takes them at once."""
-    web = accounts.WebStore(db.pool)
-    account = await web.sign_up(await web.create_invite(is_admin=False, hours=1), "ida", "h")
+    account = await new_account(db, "ida")
     hook_id, _secret = await webhooks.WebhookStore(db.pool).create(account.id, "http://h.test/")
     user = account.user_id
     old = await _ended_api_job(db, user, "old")

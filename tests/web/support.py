@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import re
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -149,3 +153,95 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(interval)
+
+
+async def new_account(
+    db: database.Database, name: str, *, admin: bool = False
+) -> web_store.Account:
+    """An account made in the store by an invitation's sign-up, for tests that need one
+    but not its pages (it never logs in: its passphrase hash is none)."""
+    store = web_store.WebStore(db.pool)
+    token = await store.create_invite(is_admin=admin, hours=1)
+    return await store.sign_up(token, name, "not-a-hash: this account never logs in")
+
+
+# --- the command line, as an operator runs it -------------------------------------------
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """A `comfyveil` process's environment: none of this run's COMFYVEIL_ settings nor
+    its DATABASE_URL, so the configuration file given is all it reads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
+    env.pop("DATABASE_URL", None)
+    return env | extra
+
+
+def cli_config(tmp_path: Path, database_url: str, comfy: FakeComfyUI) -> Path:
+    """A configuration file for the web front end on a free port, this database and GPU."""
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[[backends]]\nname = "gpu0"\nurl = "{comfy.url}"\nvia = "direct"\n'
+        "[web]\nport = 0\n"
+    )
+    return conf
+
+
+async def cli(conf: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`comfyveil ARGS --config CONF` in a process of its own: its exit status, stdout and
+    stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "comfyveil",
+        *args,
+        "--config",
+        str(conf),
+        env=cli_env() if env is None else env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def cli_invite(conf: Path, *, env: dict[str, str] | None = None) -> str:
+    """What `comfyveil web invite --admin` prints: the link."""
+    code, out, err = await cli(conf, "web", "invite", "--admin", env=env)
+    assert code == 0, err
+    return out.splitlines()[0]
+
+
+@contextlib.asynccontextmanager
+async def serving(conf: Path) -> AsyncIterator[str]:
+    """`comfyveil run` (the web front end, the API and a worker) in a process of its own;
+    its URL."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "comfyveil",
+        "run",
+        "--config",
+        str(conf),
+        env=cli_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        lines: list[str] = []
+        while not any("runs alone" in line for line in lines):
+            raw = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
+            assert raw, "stdout closed: " + "".join(lines)
+            lines.append(raw.decode())
+        found = re.search(r"web front end at (http://127\.0\.0\.1:\d+)", "".join(lines))
+        assert found
+        yield found.group(1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

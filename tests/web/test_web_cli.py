@@ -4,37 +4,19 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import sys
 from pathlib import Path
 
 from tests.fakes.comfyui import FakeComfyUI
-from tests.web.support import client, sign_up
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
-    env.pop("DATABASE_URL", None)
-    return env
-
-
-def _config(tmp_path: Path, database_url: str, comfy: FakeComfyUI) -> Path:
-    conf = tmp_path / "comfyveil.toml"
-    conf.write_text(
-        f'data_dir = "{tmp_path}"\n'
-        f'[database]\nurl = "{database_url}"\n'
-        f'[[backends]]\nname = "gpu0"\nurl = "{comfy.url}"\nvia = "direct"\n'
-        "[web]\nport = 0\n"
-    )
-    return conf
+from tests.web.support import cli, cli_config, cli_env, cli_invite, client, sign_up
 
 
 async def test_run_without_a_token_serves_the_web_alone_with_a_first_invite(
     fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
-    conf = _config(tmp_path, database_url, fake_comfy)
+    conf = cli_config(tmp_path, database_url, fake_comfy)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -42,7 +24,7 @@ async def test_run_without_a_token_serves_the_web_alone_with_a_first_invite(
         "run",
         "--config",
         str(conf),
-        env=_env(),
+        env=cli_env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -58,7 +40,7 @@ async def test_run_without_a_token_serves_the_web_alone_with_a_first_invite(
         # stdout is no terminal here (a journal, a log file): no link, but its command
         assert "/invite/" not in text, text
         assert "`comfyveil web invite --admin` prints the first admin's invitation" in text
-        invite = await _invite(conf)
+        invite = await cli_invite(conf)
         async with client() as session:
             home = await sign_up(
                 session, invite.replace("http://127.0.0.1:0", url.group(1)), "root"
@@ -74,45 +56,12 @@ async def test_run_without_a_token_serves_the_web_alone_with_a_first_invite(
             await proc.wait()
 
 
-async def _invite(conf: Path) -> str:
-    """What `comfyveil web invite --admin` prints: the link."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "web",
-        "invite",
-        "--admin",
-        "--config",
-        str(conf),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode().splitlines()[0]
-
-
 async def test_web_invite_prints_a_one_time_link(
     fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
-    conf = _config(tmp_path, database_url, fake_comfy)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "web",
-        "invite",
-        "--admin",
-        "--config",
-        str(conf),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    first, second = out.decode().splitlines()
+    conf = cli_config(tmp_path, database_url, fake_comfy)
+    code, out, err = await cli(conf, "web", "invite", "--admin")
+    assert code == 0, err
+    first, second = out.splitlines()
     assert re.fullmatch(r"http://127\.0\.0\.1:0/invite/[A-Za-z0-9_-]{43}", first)
     assert "works once" in second and "admin" in second

@@ -5,11 +5,6 @@ counts the failures every process sees."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
-import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,71 +14,26 @@ from comfyveil.store.web_state import WebState
 from comfyveil.web import auth
 from tests.fakes.comfyui import FakeComfyUI
 from tests.lazy import lazy_import
-from tests.web.support import PASSPHRASE, cheap_passphrases, client, csrf_of, get_text, wait_for
-from tests.web.test_web_cli import _config, _env
+from tests.web.support import (
+    PASSPHRASE,
+    cheap_passphrases,
+    cli,
+    cli_config,
+    client,
+    csrf_of,
+    get_text,
+    serving,
+    wait_for,
+)
 from tests.web.test_web_jobs import JOB_URL, submit_form
 
 openai = lazy_import("openai")  # loaded by the first test that uses it
 
 
-@contextlib.asynccontextmanager
-async def serving(conf: Path) -> AsyncIterator[str]:
-    """`comfyveil run` (the web front end, the API and a worker) in a process of its own;
-    its URL."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "run",
-        "--config",
-        str(conf),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        lines: list[str] = []
-        while not any("runs alone" in line for line in lines):
-            raw = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
-            assert raw, "stdout closed: " + "".join(lines)
-            lines.append(raw.decode())
-        found = re.search(r"web front end at (http://127\.0\.0\.1:\d+)", "".join(lines))
-        assert found
-        yield found.group(1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, err.decode()[-2000:]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def _apikey(conf: Path, name: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "web",
-        "apikey",
-        name,
-        "--label",
-        "cli",
-        "--config",
-        str(conf),
-        env=_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode().splitlines()[0]
-
-
 async def test_two_web_processes_on_one_database_serve_one_site(
     fake_comfy: FakeComfyUI, database_url: str, db, tmp_path: Path
 ) -> None:
-    conf = _config(tmp_path, database_url, fake_comfy)
+    conf = cli_config(tmp_path, database_url, fake_comfy)
     store = accounts.WebStore(db.pool)
     async with serving(conf) as one, serving(conf) as two, client() as session:
         # the sign-up form comes from one process and is sent to the other
@@ -121,7 +71,9 @@ async def test_two_web_processes_on_one_database_serve_one_site(
 
         await wait_for(done, timeout=30)
         # the images API of either process takes a key made on the command line
-        key = await _apikey(conf, "uma")
+        code, out, err = await cli(conf, "web", "apikey", "uma", "--label", "cli")
+        assert code == 0, err
+        key = out.splitlines()[0]
         for url in (one, two):
             api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
             assert "f" in {m.id for m in (await api.models.list()).data}
