@@ -25,6 +25,7 @@ from comfyveil import policy as policy_mod
 from comfyveil.api import formats, links, retries, streaming, webhooks
 from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import QUEUE_RETRY_SECONDS, ApiError, bad_request, from_usage
+from comfyveil.api.multipart import read_part
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
 from comfyveil.i18n import _
@@ -311,17 +312,13 @@ async def _from_multipart(request: web.Request, svc: ApiServices) -> Ask:
             raise bad_request(_("Send the edit as multipart/form-data."))
         name = (part.name or "").removesuffix("[]")
         if name in ("image", "mask"):
-            data = await _read(part, limits.max_image_bytes)
-            if data is None:
-                raise ApiError(413, _("That upload is too large."), param=name)
+            data = await read_part(part, limits.max_image_bytes, param=name)
             if name == "mask":
                 ask.mask = True
                 continue
             await _add_image(ask, data, svc)
             continue
-        raw = await _read(part, MAX_FIELD)
-        if raw is None:
-            raise ApiError(413, _("That upload is too large."), param=name)
+        raw = await read_part(part, MAX_FIELD, param=name)
         if ask.fingerprint is not None:
             ask.fingerprint.add(name, raw)
         text = raw.decode("utf-8", "replace")
@@ -329,18 +326,6 @@ async def _from_multipart(request: web.Request, svc: ApiServices) -> Ask:
     else:
         raise bad_request(_("That request has too many parts."))
     return ask
-
-
-async def _read(part: BodyPartReader, limit: int) -> bytes | None:
-    """The part's body, or None past `limit` bytes (read no further)."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await part.read_chunk(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _count(value: Any) -> int:

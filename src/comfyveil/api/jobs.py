@@ -25,6 +25,7 @@ from comfyveil import policy as policy_mod
 from comfyveil.api import job_view
 from comfyveil.api.context import ACCOUNT, ApiServices, caller
 from comfyveil.api.errors import ApiError, bad_request, from_usage
+from comfyveil.api.multipart import read_part
 from comfyveil.comfy.params import ParamError
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, options, registry, submit
@@ -142,17 +143,6 @@ def _from_data_url(item: object, limit: int) -> bytes:
         ) from None
 
 
-async def _read_part(part: BodyPartReader, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await part.read_chunk(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _read_multipart(request: web.Request, svc: ApiServices) -> Ask:
     try:
         reader = await request.multipart()
@@ -169,14 +159,10 @@ async def _read_multipart(request: web.Request, svc: ApiServices) -> Ask:
         if name in IMAGE_FIELDS:
             if len(ask.images) >= MAX_IMAGES:
                 raise bad_request(_("That request has too many parts."), param="images")
-            data = await _read_part(part, _image_limit(svc))
-            if data is None:
-                raise ApiError(413, _("That upload is too large."), param="images")
+            data = await read_part(part, _image_limit(svc), param="images")
             ask.images.append(data)
             continue
-        raw = await _read_part(part, MAX_FIELDS)
-        if raw is None:
-            raise ApiError(413, _("That upload is too large."), param=name)
+        raw = await read_part(part, MAX_FIELDS, param=name)
         text = raw.decode("utf-8", "replace")
         if name == "command":
             ask.command = text
