@@ -221,6 +221,13 @@ async def test_refusals_are_the_desks_sentences_and_queue_nothing(db, fake_comfy
             assert error["param"] == "images"
             for body in ([], {"prompt": PROMPT}, {"command": "f", "options": [1]}):
                 await refused(body)
+            form = aiohttp.FormData()  # a part past its limit: refused, read no further
+            form.add_field("command", "f")
+            form.add_field("prompt", "a" * (64 * 1024 + 1), content_type="text/plain")
+            async with api.post(s.url + "/v1/jobs", data=form) as r:
+                answer = await r.json()
+                assert r.status == 413 and answer["error"]["param"] == "prompt", answer
+                assert answer["error"]["message"] == "That upload is too large."
             async with api.get(s.url + "/v1/jobs?after=nonsense") as r:
                 assert r.status == 400 and (await r.json())["error"]["param"] == "after"
             assert await s.job_count() == 0
