@@ -9,17 +9,9 @@ import uuid
 from dataclasses import dataclass
 
 from comfyveil.store import errors
+from comfyveil.store.accounts import OutputInfo
 from comfyveil.store.jobs import Job, JobEvent, Output
 from comfyveil.store.pooled import PoolStore
-
-
-@dataclass(frozen=True)
-class OutputInfo:
-    index: int
-    filename: str
-    kind: str
-    mime: str
-    size: int
 
 
 @dataclass(frozen=True)
