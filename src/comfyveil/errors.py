@@ -33,3 +33,13 @@ class UsageError(ComfyveilError):
 
 class ConfigError(ComfyveilError):
     """The configuration is not valid."""
+
+
+def sentence(text: str) -> str:
+    """An error's words as one sentence, as the web pages and the API show them: a capital
+    first letter and a full stop at the end (unless it ends with one, ! or ?)."""
+    text = text.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."

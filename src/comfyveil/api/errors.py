@@ -53,15 +53,7 @@ class ApiError(Exception):
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, sentence(message), param=param, code=code)
-
-
-def sentence(text: str) -> str:
-    text = text.strip()
-    if not text:
-        return text
-    text = text[0].upper() + text[1:]
-    return text if text.endswith((".", "!", "?")) else text + "."
+    return ApiError(400, errors.sentence(message), param=param, code=code)
 
 
 def _seconds_to_midnight() -> int:
@@ -73,7 +65,7 @@ def _seconds_to_midnight() -> int:
 def from_usage(exc: errors.UsageError) -> ApiError:
     """The answer to a refusal of the desk: the limits are 429 with when to come back, a
     banned user 403, anything else a bad request in the desk's own words."""
-    message = sentence(_(str(exc)))
+    message = errors.sentence(_(str(exc)))
     if isinstance(exc, store_errors.CoolingDown):
         return ApiError(429, message, code="rate_limit_exceeded", retry_after=exc.seconds)
     if isinstance(exc, store_errors.QueueLimitReached):

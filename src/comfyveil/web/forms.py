@@ -16,6 +16,7 @@ from typing import Any
 from comfyveil import i18n
 from comfyveil.comfy import workflow
 from comfyveil.desk import registry
+from comfyveil.errors import sentence
 from comfyveil.i18n import N_, _
 
 TEXTAREA_PARAMS = ("prompt", "negative")
@@ -212,14 +213,6 @@ def read_values(
         if p.required and p.type != "image" and name not in values and name not in errors:
             errors[name] = _("This field is required.")
     return values, errors
-
-
-def sentence(text: str) -> str:
-    text = text.strip()
-    if not text:
-        return text
-    text = text[0].upper() + text[1:]
-    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def given_strings(form: Mapping[str, Any]) -> dict[str, str]:

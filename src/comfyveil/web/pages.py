@@ -168,20 +168,20 @@ async def submit(request: web.Request) -> web.Response:
     try:  # refused now, before an uploaded image is decoded (asked again when queued)
         await check_limits(svc, who)
     except errors.UsageError as exc:
-        problem = forms.sentence(_(str(exc)))
+        problem = errors.sentence(_(str(exc)))
     inputs: list[jobs.InputImage] = []
     for name in entry.workflow.image_params:
         if problem is None:
             try:
                 inputs.append(await _input_image(svc, account, name, form))
             except errors.UsageError as exc:
-                field_errors[name] = forms.sentence(_(str(exc)))
+                field_errors[name] = errors.sentence(_(str(exc)))
         values[name] = IMAGE_PLACEHOLDER
     if not field_errors and problem is None:
         try:
             job = await queue(svc, who, entry, values, inputs, key=_key(account, form))
         except errors.UsageError as exc:
-            problem = forms.sentence(_(str(exc)))
+            problem = errors.sentence(_(str(exc)))
     if job is not None:
         raise web.HTTPSeeOther(f"/jobs/{job.id}")
     prefs = preferences(request)
