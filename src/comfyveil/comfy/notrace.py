@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal, Protocol
@@ -155,10 +155,11 @@ def mode(no_trace: bool | str) -> Mode:
     return "off"
 
 
-def to_temp(graph: Mapping[str, Any], run: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """The graph with every image saver made a PreviewImage (temp folder, random name),
-    marked with `run` so no cache answers for it, and for each of those nodes the file
-    name prefix its images get (`comfyveil/f` -> `f`)."""
+def _swap_savers(
+    graph: Mapping[str, Any], saver: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The graph with every image saver made `saver(its inputs)`, and for each of those
+    nodes the file name prefix its images get (`comfyveil/f` -> `f`)."""
     out: dict[str, Any] = dict(graph)
     replaced: dict[str, str] = {}
     for node_id, node in graph.items():
@@ -166,12 +167,22 @@ def to_temp(graph: Mapping[str, Any], run: str) -> tuple[dict[str, Any], dict[st
             continue
         inputs = node.get("inputs") or {}
         prefix = PurePosixPath(str(inputs.get("filename_prefix") or "ComfyUI")).name
-        out[node_id] = {
-            "class_type": TEMP_SAVER,
-            "inputs": {"images": inputs.get("images"), RUN_INPUT: run},
-        }
+        out[node_id] = saver(inputs)
         replaced[str(node_id)] = prefix or "ComfyUI"
     return out, replaced
+
+
+def to_temp(graph: Mapping[str, Any], run: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The graph with every image saver made a PreviewImage (temp folder, random name),
+    marked with `run` so no cache answers for it, and for each of those nodes the file
+    name prefix its images get (`comfyveil/f` -> `f`)."""
+    return _swap_savers(
+        graph,
+        lambda inputs: {
+            "class_type": TEMP_SAVER,
+            "inputs": {"images": inputs.get("images"), RUN_INPUT: run},
+        },
+    )
 
 
 def temp_outputs(
@@ -196,16 +207,10 @@ def temp_outputs(
 def to_websocket(graph: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The graph with every image saver made a SaveImageWebsocket, and for each of those
     nodes the file name prefix its images get (`comfyveil/f` -> `f`)."""
-    out: dict[str, Any] = dict(graph)
-    replaced: dict[str, str] = {}
-    for node_id, node in graph.items():
-        if not isinstance(node, Mapping) or node.get("class_type") not in FILE_SAVERS:
-            continue
-        inputs = node.get("inputs") or {}
-        prefix = PurePosixPath(str(inputs.get("filename_prefix") or "ComfyUI")).name
-        out[node_id] = {"class_type": WEBSOCKET_SAVER, "inputs": {"images": inputs.get("images")}}
-        replaced[str(node_id)] = prefix or "ComfyUI"
-    return out, replaced
+    return _swap_savers(
+        graph,
+        lambda inputs: {"class_type": WEBSOCKET_SAVER, "inputs": {"images": inputs.get("images")}},
+    )
 
 
 def file_writers(graph: Mapping[str, Any]) -> list[tuple[str, str]]:
