@@ -137,6 +137,10 @@ async def test_queue_forget_repeat_does_not_get_past_the_limits(
         await stack.reply_text(ADMIN)
         stack.send(ADMIN, "/ban 54")
         await stack.reply_text(ADMIN, count=2)
+        stack.send(ADMIN, "/ban")  # no id: how to write it
+        assert await stack.reply_text(ADMIN, count=3) == (
+            "Write /ban and the user's id, e.g. /ban 123456789."
+        )
         stack.send(53, "/forget")
         ask = await fake_telegram.wait_for_call("sendMessage", chat_id=53)
         yes = ask.result["reply_markup"]["inline_keyboard"][0][0]["callback_data"]

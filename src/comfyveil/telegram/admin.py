@@ -92,13 +92,21 @@ def _who(row: Mapping[str, Any]) -> str:
     return code
 
 
-async def allow(update: Update, context: BotContext, who: access.Who, text: str) -> None:
-    """/allow ID: let a user use the bot (and lift a ban)."""
+def _the_user_id(text: str, command: str) -> int:
+    """The one user id `command` takes; a usage error that shows how to write it."""
     args = _args(text)
     if len(args) != 1:
-        raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
-            command=ltr("/allow"), example=ltr("/allow 123456789")))
-    user_id = _user_id(args[0], "/allow")
+        raise errors.UsageError(
+            _("Write {command} and the user's id, e.g. {example}.").format(
+                command=ltr(command), example=ltr(f"{command} 123456789")
+            )
+        )
+    return _user_id(args[0], command)
+
+
+async def allow(update: Update, context: BotContext, who: access.Who, text: str) -> None:
+    """/allow ID: let a user use the bot (and lift a ban)."""
+    user_id = _the_user_id(text, "/allow")
     await context.services.access.allow(user_id)
     await replies.reply(update, _("User {user} may use the bot now.").format(
         user=ltr(f"<code>{user_id}</code>")))
@@ -106,11 +114,7 @@ async def allow(update: Update, context: BotContext, who: access.Who, text: str)
 
 async def ban(update: Update, context: BotContext, who: access.Who, text: str) -> None:
     """/ban ID: refuse a user everywhere."""
-    args = _args(text)
-    if len(args) != 1:
-        raise errors.UsageError(_("Write {command} and the user's id, e.g. {example}.").format(
-            command=ltr("/ban"), example=ltr("/ban 123456789")))
-    user_id = _user_id(args[0], "/ban")
+    user_id = _the_user_id(text, "/ban")
     await context.services.access.ban(user_id)
     await replies.reply(update, _("User {user} is banned.").format(
         user=ltr(f"<code>{user_id}</code>")))
