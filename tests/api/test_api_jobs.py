@@ -219,6 +219,9 @@ async def test_refusals_are_the_desks_sentences_and_queue_nothing(db, fake_comfy
             assert error["code"] == "command_not_found"
             error = await refused({"command": "f", "images": ["http://x/y.png"]})
             assert error["param"] == "images"
+            not_an_image = "data:image/png;base64," + base64.b64encode(b"%PDF-1.7").decode()
+            error = await refused({"command": "qwen", "prompt": "a hat", "images": [not_an_image]})
+            assert error["param"] == "images" and "image" in error["message"], error
             for body in ([], {"prompt": PROMPT}, {"command": "f", "options": [1]}):
                 await refused(body)
             form = aiohttp.FormData()  # a part past its limit: refused, read no further

@@ -20,12 +20,12 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from comfyveil import errors, images
+from comfyveil import errors
 from comfyveil import policy as policy_mod
 from comfyveil.api import formats, links, retries, streaming, webhooks
 from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import QUEUE_RETRY_SECONDS, ApiError, bad_request, from_usage
-from comfyveil.api.multipart import read_part
+from comfyveil.api.uploads import input_image, read_part
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
 from comfyveil.i18n import _
@@ -278,23 +278,12 @@ def _data_url(value: Any) -> bytes:
 
 
 async def _add_image(ask: Ask, data: bytes, svc: ApiServices) -> None:
-    limits = svc.settings.limits
     if len(ask.images) >= MAX_IMAGES:
         raise bad_request(_("That request has too many parts."), param="image")
-    try:
-        checked = await asyncio.to_thread(
-            images.check_image,
-            data,
-            max_bytes=limits.max_image_bytes,
-            max_pixels=limits.max_image_pixels,
-        )
-    except errors.UsageError as exc:
-        raise from_usage(exc) from None
+    image = await input_image(data, svc.settings.limits)
     if ask.fingerprint is not None:
         ask.fingerprint.add("image", data)
-    ask.images.append(
-        jobs.InputImage(filename=f"api.{MIMES[checked.mime]}", mime=checked.mime, data=checked.data)
-    )
+    ask.images.append(image)
 
 
 async def _from_multipart(request: web.Request, svc: ApiServices) -> Ask:

@@ -9,7 +9,6 @@ forgets. The event stream is in `job_events`. Prompts and images are never logge
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import datetime as dt
@@ -25,12 +24,11 @@ from comfyveil import policy as policy_mod
 from comfyveil.api import job_view
 from comfyveil.api.context import ACCOUNT, ApiServices, caller
 from comfyveil.api.errors import ApiError, bad_request, from_usage
-from comfyveil.api.multipart import read_part
+from comfyveil.api.uploads import input_image, read_part
 from comfyveil.comfy.params import ParamError
 from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, options, registry, submit
 from comfyveil.i18n import _
-from comfyveil.images import MIMES
 from comfyveil.store import api_jobs, jobs
 
 MAX_FIELDS = 64 * 1024  # the command, prompt and options of one request
@@ -180,26 +178,7 @@ async def _read_multipart(request: web.Request, svc: ApiServices) -> Ask:
 
 
 async def _checked_images(svc: ApiServices, given: list[bytes]) -> list[jobs.InputImage]:
-    limits = svc.settings.limits
-    checked_all = []
-    for data in given:
-        try:
-            checked = await asyncio.to_thread(
-                images.check_image,
-                data,
-                max_bytes=limits.max_image_bytes,
-                max_pixels=limits.max_image_pixels,
-            )
-        except errors.UsageError as exc:
-            problem = from_usage(exc)
-            problem.param = "images"
-            raise problem from None
-        checked_all.append(
-            jobs.InputImage(
-                filename=f"api.{MIMES[checked.mime]}", mime=checked.mime, data=checked.data
-            )
-        )
-    return checked_all
+    return [await input_image(data, svc.settings.limits, param="images") for data in given]
 
 
 def unknown_command(name: object) -> ApiError:
