@@ -6,7 +6,9 @@ the job's stored history (``E``: its row in `job_events`), and ``job``, the whol
 microseconds). A client that reconnects with ``Last-Event-ID`` gets every state entry
 after ``E`` and the job once more if it changed after ``U``: nothing is missed, across a
 restart of the server too, as both live in the database. The stream is woken by the
-store's notifications (the images API's listener), with a slow re-read as a fallback."""
+store's notifications (the images API's listener), with a slow re-read as a fallback: news
+of a job that goes on is gathered for a moment (SETTLE) and read once, news of its end at
+once."""
 
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from comfyveil.store import api_jobs
 logger = logging.getLogger(__name__)
 
 FALLBACK = 5.0  # seconds between re-reads when no news arrives
+# Seconds the news of a job that goes on (claimed, sent to the GPU, progress) waits to be
+# read: a burst of it is read once, and not beside the worker's own writes on the job's
+# path. News that may be the end is read at once.
+SETTLE = 0.2
 RETRY_MS = 1000  # what a client waits before reconnecting (the SSE "retry" field)
 CLOSING = web.AppKey("api_job_streams_closing", asyncio.Event)
 
@@ -50,7 +56,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     closing = request.app[CLOSING]
     store = _store(svc)
     # watched before the first read, so that news after that read wakes the wait below
-    with svc.waiter.watching(job_id) as news:
+    with svc.waiter.watching(job_id) as watch:
         # the first read also tells whose job it is: no read of the job before it
         read: api_jobs.News | None = await store.news(job_id, sent_event)
         if read.job is None or read.job.user_id != request[ACCOUNT].user_id:
@@ -61,7 +67,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
             with contextlib.suppress(ConnectionError):
                 while not closing.is_set():
                     if read is None:
-                        news.clear()  # before the reads: news after them wakes the wait
+                        watch.clear()  # before the reads: news after them wakes the wait
                         read = await store.news(job_id, sent_event)
                     for event in read.events:
                         sent_event = event.id
@@ -91,18 +97,20 @@ async def stream(request: web.Request) -> web.StreamResponse:
                         )
                     if found.status.finished:
                         break
-                    waits = [
-                        asyncio.ensure_future(news.wait()),
-                        asyncio.ensure_future(closing.wait()),
-                    ]
-                    try:
-                        await asyncio.wait(
-                            waits, timeout=FALLBACK, return_when=asyncio.FIRST_COMPLETED
-                        )
-                    finally:
-                        for waiting in waits:
-                            waiting.cancel()
+                    await _first(watch.news, closing, timeout=FALLBACK)
+                    if watch.news.is_set() and not closing.is_set():
+                        await _first(watch.ended, closing, timeout=SETTLE)
     return sse
+
+
+async def _first(*events: asyncio.Event, timeout: float) -> None:
+    """Wait until one of `events` is set, or `timeout` seconds."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
 
 
 async def close_streams(app: web.Application) -> None:
