@@ -57,8 +57,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     store = _store(svc)
     # watched before the first read, so that news after that read wakes the wait below
     with svc.waiter.watching(job_id) as watch:
-        # the first read also tells whose job it is: no read of the job before it
-        read: api_jobs.News | None = await store.news(job_id, sent_event)
+        # the first read also tells whose job it is: no read of the job before it; and
+        # what its ETA needs, which the first description of a job not ended tells
+        read: api_jobs.News | None = await store.news(job_id, sent_event, eta=True)
         if read.job is None or read.job.user_id != request[ACCOUNT].user_id:
             raise no_job(str(job_id))
         async with sse_response(request, headers={"Cache-Control": "no-store"}) as sse:
@@ -84,13 +85,13 @@ async def stream(request: web.Request) -> web.StreamResponse:
                         )
                         first = False
                         sent_update = 0
-                    found, outputs, read = read.job, read.outputs, None
+                    found, outputs, waits, read = read.job, read.outputs, read.eta, None
                     if found is None:  # forgotten meanwhile: nothing more will come
                         break
                     if _micros(found) > sent_update:
                         sent_update = _micros(found)
                         described = await job_view.describe(
-                            svc, found, known=described, outputs=outputs
+                            svc, found, known=described, outputs=outputs, eta_read=waits
                         )
                         await sse.send(
                             json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
