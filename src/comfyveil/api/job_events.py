@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from aiohttp import web
-from aiohttp_sse import sse_response
+from aiohttp_sse import EventSourceResponse, sse_response
 
 from comfyveil.api import job_view
 from comfyveil.api.context import ACCOUNT, caller
@@ -62,7 +62,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
         read: api_jobs.News | None = await store.news(job_id, sent_event, eta=True)
         if read.job is None or read.job.user_id != request[ACCOUNT].user_id:
             raise no_job(str(job_id))
-        async with sse_response(request, headers={"Cache-Control": "no-store"}) as sse:
+        async with sse_response(
+            request, headers={"Cache-Control": "no-store"}, response_cls=EventStream
+        ) as sse:
             first = True
             described: dict[str, Any] | None = None
             with contextlib.suppress(ConnectionError):
@@ -70,6 +72,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
                     if read is None:
                         watch.clear()  # before the reads: news after them wakes the wait
                         read = await store.news(job_id, sent_event)
+                    batch: list[tuple[str, str, str, int | None]] = []
                     for event in read.events:
                         sent_event = event.id
                         data = {
@@ -77,31 +80,61 @@ async def stream(request: web.Request) -> web.StreamResponse:
                             "state": job_view.event_state(event),
                             "at": job_view.time_text(event.at),
                         }
-                        await sse.send(
-                            json.dumps(data),
-                            id=f"{sent_event}.0",
-                            event="state",
-                            retry=RETRY_MS if first else None,
-                        )
+                        retry = RETRY_MS if first else None
+                        batch.append((json.dumps(data), f"{sent_event}.0", "state", retry))
                         first = False
                         sent_update = 0
                     found, outputs, waits, read = read.job, read.outputs, read.eta, None
-                    if found is None:  # forgotten meanwhile: nothing more will come
-                        break
-                    if _micros(found) > sent_update:
+                    if found is not None and _micros(found) > sent_update:
                         sent_update = _micros(found)
                         described = await job_view.describe(
                             svc, found, known=described, outputs=outputs, eta_read=waits
                         )
-                        await sse.send(
-                            json.dumps(described), id=f"{sent_event}.{sent_update}", event="job"
+                        batch.append(
+                            (json.dumps(described), f"{sent_event}.{sent_update}", "job", None)
                         )
-                    if found.status.finished:
+                    # ended, or forgotten meanwhile: nothing more will come, and the last
+                    # events leave with the stream's end
+                    last = found is None or found.status.finished
+                    await sse.send_together(batch, end=last)
+                    if last:
                         break
                     await _first(watch.news, closing, timeout=FALLBACK)
                     if watch.news.is_set() and not closing.is_set():
                         await _first(watch.ended, closing, timeout=SETTLE)
     return sse
+
+
+class EventStream(EventSourceResponse):
+    """A stream whose events of one read go out in one write (the headers with the first,
+    the stream's end with the last): one packet and one wake-up of the client where each
+    event was one, on the CPUs the job's worker and its GPU's answers need meanwhile."""
+
+    gathering = False
+    _gathered = b""
+
+    async def write(self, data: bytes) -> None:
+        if self.gathering:
+            self._gathered += data
+            return
+        data, self._gathered = self._gathered + data, b""
+        await super().write(data)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        data, self._gathered = self._gathered + data, b""
+        await super().write_eof(data)
+
+    async def send_together(
+        self, events: list[tuple[str, str, str, int | None]], *, end: bool
+    ) -> None:
+        """Send `events` (data, id, event, retry) in one write; `end`: with the stream's
+        end, which follows at once (the server writes it when the handler returns)."""
+        for index, (data, id_, event, retry) in enumerate(events):
+            self.gathering = end or index < len(events) - 1
+            try:
+                await self.send(data, id=id_, event=event, retry=retry)
+            finally:
+                self.gathering = False
 
 
 async def _first(*events: asyncio.Event, timeout: float) -> None:
