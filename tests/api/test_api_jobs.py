@@ -14,6 +14,7 @@ import av
 from PIL import Image
 
 from comfyveil import images
+from comfyveil.api import job_events
 from comfyveil.store import jobs
 from tests.api.jobs_support import Event, events, stack
 from tests.web.support import wait_for
@@ -149,6 +150,34 @@ async def test_a_restart_of_the_server_mid_stream_loses_nothing(db, fake_comfy_f
             assert [e.id.split(".")[0] for e in before + after if e.event == "state"] == [
                 str(h.id) for h in history
             ]
+
+
+async def test_the_stream_ends_when_the_job_ends_while_it_gathers_news(
+    db, fake_comfy, monkeypatch
+) -> None:
+    # news of a job going on waits to be read (with the next), as long as this test
+    # lasts: its end is read at once all the same, with every entry before it
+    monkeypatch.setattr(job_events, "SETTLE", 3600.0)
+    async with stack(db, [fake_comfy], worker=False) as s:
+        key, _user = await s.key()
+        async with session(key) as api:
+            body = {"command": "f", "prompt": PROMPT}
+            async with api.post(s.url + "/v1/jobs", json=body) as r:
+                job = await r.json()
+            seen: list[Event] = []
+            stream = events(api, f"{s.url}/v1/jobs/{job['id']}/events")
+            async for event in stream:
+                seen.append(event)
+                if event.event == "job":
+                    break  # the first read told the job, queued
+            claimed = await db.jobs.claim("worker-test")
+            assert claimed is not None
+            claimed = await db.jobs.mark_submitted(claimed, "gpu0")
+            await db.jobs.complete(claimed, [])
+            seen += [e async for e in stream]
+            states = [e.data["state"] for e in seen if e.event == "state"]
+            assert states == ["queued", "waiting", "running", "succeeded"]
+            assert seen[-1].event == "job" and seen[-1].data["state"] == "succeeded"
 
 
 async def _true(value: bool) -> bool:

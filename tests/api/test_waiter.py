@@ -122,3 +122,25 @@ async def test_a_break_in_the_news_makes_the_wait_read_the_job(
         assert status is jobs.Status.SUCCEEDED and reads == [job.id]
     finally:
         await waiter.close()
+
+
+async def test_a_watch_tells_the_news_that_may_be_the_end_from_news_of_a_job_going_on(
+    db: database.Database,
+) -> None:
+    waiter = await started(db)
+    try:
+        job = await db.jobs.enqueue(new_job())
+        with waiter.watching(job.id) as watch:
+            claimed = await db.jobs.claim(WORKER)
+            assert claimed is not None
+            await asyncio.wait_for(watch.news.wait(), 10)
+            watch.clear()
+            claimed = await db.jobs.mark_submitted(claimed, "gpu0")
+            await asyncio.wait_for(watch.news.wait(), 10)
+            # claimed, sent to the GPU: news the jobs API's stream may gather, not an end
+            assert not watch.ended.is_set()
+            await db.jobs.complete(claimed, [])
+            await asyncio.wait_for(watch.ended.wait(), 10)
+            assert watch.news.is_set()
+    finally:
+        await waiter.close()

@@ -63,20 +63,24 @@ async def describe(
     known: dict[str, Any] | None = None,
     estimate: bool = True,
     outputs: list[api_jobs.OutputInfo] | None = None,
+    eta_read: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The job as GET /v1/jobs/{id} answers it. `known`: an earlier description of the
     same job in the same state (a stream's last), whose place and ETA stand while only
     its progress moved: the queue is not read again at each step. `estimate` False:
     no place nor ETA (null), for the answer to a submission, which reading the whole
     queue would slow down several times over. `outputs`: the succeeded job's outputs,
-    when already read with it (None: read here)."""
+    when already read with it (None: read here). `eta_read`: what its ETA needs, when
+    already read with it (`ApiJobStore.news`; None: read here if needed)."""
     state = state_of(job.status, job.progress)
     position = eta_seconds = None
     if known is not None and known.get("state") == state:
         position, eta_seconds = known.get("position"), known.get("eta_seconds")
     elif estimate and not job.status.finished:
         wait = await svc.db.jobs.wait(
-            job.id, backends=eta.backends_up(svc.pool, svc.settings.backend_list())
+            job.id,
+            backends=eta.backends_up(svc.pool, svc.settings.backend_list()),
+            read=eta_read,
         )
         if wait is not None:
             eta_seconds = round(wait.seconds, 1) if wait.seconds is not None else None

@@ -33,6 +33,7 @@ class Waiter:
     def __init__(self, db: database.Database) -> None:
         self.db = db
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._watches: dict[str, set[Watch]] = {}
         # the status each job's last notification named, heard while listening without
         # a break (a reconnect forgets it all: news may have been lost meanwhile)
         self._news: OrderedDict[str, str] = OrderedDict()
@@ -63,6 +64,7 @@ class Waiter:
             self._news.clear()
             self._lost()
             targets = {e for events in self._waiting.values() for e in events}
+            watches = {w for found in self._watches.values() for w in found}
         else:
             self._news.pop(job_id, None)
             self._news[job_id] = status if isinstance(status, str) else ""  # "": unknown
@@ -70,8 +72,13 @@ class Waiter:
                 self._news.popitem(last=False)
                 self._lost()  # a job's news forgotten: no wait may count on it
             targets = self._waiting.get(job_id, set())
+            watches = self._watches.get(job_id, set())
         for event in targets:
             event.set()
+        # a break, or news that does not say the job goes on, may be its end
+        ended = job_id is None or not _unfinished(status if isinstance(status, str) else None)
+        for watch in watches:
+            watch.heard(ended=ended)
 
     def _lost(self) -> None:
         """A break in the news: marks taken before it no longer vouch for a job."""
@@ -104,20 +111,20 @@ class Waiter:
                 await asyncio.sleep(RETRY)
 
     @contextlib.contextmanager
-    def watching(self, job_id: uuid.UUID) -> Iterator[asyncio.Event]:
-        """An event set on each news of the job (and after a break in the news), for a
-        reader that follows every change rather than the end (the jobs API's stream)."""
+    def watching(self, job_id: uuid.UUID) -> Iterator[Watch]:
+        """The news of the job as it comes (and each break in the news), for a reader that
+        follows every change rather than the end (the jobs API's stream)."""
         key = str(job_id)
-        event = asyncio.Event()
-        self._waiting.setdefault(key, set()).add(event)
+        watch = Watch()
+        self._watches.setdefault(key, set()).add(watch)
         try:
-            yield event
+            yield watch
         finally:
-            events = self._waiting.get(key)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._waiting[key]
+            found = self._watches.get(key)
+            if found is not None:
+                found.discard(watch)
+                if not found:
+                    del self._watches[key]
 
     async def finished(
         self, job_id: uuid.UUID, *, queued_at: int | None = None
@@ -155,6 +162,26 @@ class Waiter:
                 if not events:
                     del self._waiting[key]
                     self._news.pop(key, None)
+
+
+class Watch:
+    """What a reader following one job has heard since it last read the job: `news`, set
+    on each notification of the job and after each break in the news; `ended`, set only
+    when one of them may be the job's end (a final status, an unknown word, a break)."""
+
+    def __init__(self) -> None:
+        self.news = asyncio.Event()
+        self.ended = asyncio.Event()
+
+    def heard(self, *, ended: bool) -> None:
+        self.news.set()
+        if ended:
+            self.ended.set()
+
+    def clear(self) -> None:
+        """Before a read: what is heard after it is news again."""
+        self.news.clear()
+        self.ended.clear()
 
 
 def _unfinished(status: str | None) -> bool:

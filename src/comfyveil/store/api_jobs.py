@@ -7,10 +7,11 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from comfyveil.store import errors
 from comfyveil.store.accounts import OutputInfo
-from comfyveil.store.jobs import Job, JobEvent, Output
+from comfyveil.store.jobs import Job, JobEvent, JobStore, Output
 from comfyveil.store.pooled import PoolStore
 
 
@@ -22,6 +23,8 @@ class News:
     events: list[JobEvent]
     job: Job | None
     outputs: list[OutputInfo]
+    # the rows of query eta_state, when asked for (None: not read)
+    eta: list[dict[str, Any]] | None = None
 
 
 _EVENTS_AFTER = "SELECT * FROM job_events WHERE job_id = %(j)s AND id > %(a)s ORDER BY id"
@@ -56,12 +59,13 @@ class ApiJobStore(PoolStore):
         )
         return [Job.from_row(r) for r in rows]
 
-    async def news(self, job_id: uuid.UUID, after: int) -> News:
+    async def news(self, job_id: uuid.UUID, after: int, *, eta: bool = False) -> News:
         """The job's history after event `after`, then the job, then its outputs if it
         has succeeded, sent in one round trip (a pipeline on one connection): a stream
         wakes up several times a job, its last wake-up on the path to the client's result,
         and each round trip costs more than its query on a busy machine. The history is
-        read first, so the job read after it is never older than the last event sent."""
+        read first, so the job read after it is never older than the last event sent.
+        `eta`: also what the job's ETA needs (`JobStore.wait`), in the same round trip."""
         params = {"j": job_id, "a": after}
         async with errors.wrap_exceptions(), self.pool.connection() as conn:
             async with conn.pipeline():
@@ -70,11 +74,13 @@ class ApiJobStore(PoolStore):
                 # read after the job: a job read as succeeded has its outputs (written in
                 # the statement that ended it), and none are read before it has
                 outputs = await conn.execute(_SUCCEEDED_OUTPUTS, params)
+                waits = await conn.execute(*JobStore.eta_query(job_id)) if eta else None
             found = await job.fetchone()
             return News(
                 events=[JobEvent.from_row(r) for r in await events.fetchall()],
                 job=Job.from_row(found) if found else None,
                 outputs=[OutputInfo(**r) for r in await outputs.fetchall()],
+                eta=await waits.fetchall() if waits is not None else None,
             )
 
     async def outputs(self, job_id: uuid.UUID) -> list[OutputInfo]:

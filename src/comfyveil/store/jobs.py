@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import i18n, metrics
-from comfyveil.store import errors
+from comfyveil.store import errors, sql
 from comfyveil.store import eta as eta_mod
 from comfyveil.store.connector import Connector, Row, Session
 
@@ -660,7 +660,11 @@ class JobStore:
         return _queued_eta(row, parallel)
 
     async def wait(
-        self, job_id: uuid.UUID, *, backends: Sequence[str] | None = None
+        self,
+        job_id: uuid.UUID,
+        *,
+        backends: Sequence[str] | None = None,
+        read: list[Row] | None = None,
     ) -> eta_mod.Wait | None:
         """What the user of a queued or running job waits for (store/eta.py): the one ETA
         every front end shows. None when the job is not there or has ended.
@@ -668,8 +672,13 @@ class JobStore:
         Args:
             backends: the backends that can take jobs now (a GPU down is left out);
                 None: those that ran recently, and those with jobs now.
+            read: the rows of query eta_state (`eta_query`) when the caller read them
+                with its own reads of the job, in one round trip; None: read here.
         """
-        row = await self.db.one("eta_state", job_id=job_id, runs=ETA_RUNS)
+        if read is None:
+            row = await self.db.one("eta_state", job_id=job_id, runs=ETA_RUNS)
+        else:
+            row = read[0] if read else None
         if row is None or row["status"] not in (Status.QUEUED.value, Status.RUNNING.value):
             return None
         ahead: list[eta_mod.Ahead] = []
@@ -733,6 +742,12 @@ class JobStore:
             found.backend,
             queued=True,
         )
+
+    @staticmethod
+    def eta_query(job_id: uuid.UUID) -> tuple[LiteralString, dict[str, Any]]:
+        """Query eta_state and its values, for a caller that sends it with other reads
+        (then hands its rows to `wait`)."""
+        return sql.queries["eta_state"], {"job_id": job_id, "runs": ETA_RUNS}
 
     async def position_and_eta(
         self, job_id: uuid.UUID, *, parallel: int = 1
