@@ -1,0 +1,192 @@
+"""The chaos run's anon mode (COMFYVEIL_CHAOS_ANON=1): one backend behind a hidden service.
+
+A private Anyone network on 127.0.0.1 (the suite's `PrivateAnyoneNetwork`: 3 authorities,
+5 relays) and two anon clients run by the product's `ManagedAnon`: the GPU host's, which
+publishes one fake ComfyUI as a persistent hidden service with client authorization, and
+the bot host's, whose SOCKS socket the product is pointed at with `[anyone] socks`, the
+way an operator who runs their own anon does (the client key is that daemon's, in its
+ClientOnionAuthDir). Neither restarts by itself here: the faults below kill them with
+SIGKILL and start them again after 1-10 s, on the same sockets and keys.
+
+Safety: every anon process runs with the private network's DirAuthority lines,
+TestingTorNetwork 1 and OutboundBindAddress 127.0.0.1, and the public network is
+forbidden for this process and the product's (COMFYVEIL_ANYONE_FORBID_PUBLIC=1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from comfyveil.anyone import errors, hidden, process
+from comfyveil.anyone import network as network_mod
+from comfyveil.comfy.client import ComfyClient
+from tests.chaos.faults import WEIGHTS, Faults
+from tests.fixtures.anyone import ANON_DIR, PrivateAnyoneNetwork
+
+if TYPE_CHECKING:
+    from tests.chaos.system import Gpu, System
+
+ENV = "COMFYVEIL_CHAOS_ANON"
+BOOTSTRAP_S = 240.0  # 2 cores shared with other work: anon's first minute is CPU-bound
+REACHABLE_S = 300.0
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+class ChaosAnon:
+    """The private network, the GPU host's anon and the bot host's anon."""
+
+    def __init__(self, root: Path) -> None:
+        if ANON_DIR is None:
+            raise SystemExit(
+                f"{ENV}=1 needs the anon binary: set COMFYVEIL_ANON_DIR or run"
+                " `comfyveil anon install --dir .venv/anon`"
+            )
+        os.environ[network_mod.FORBID_PUBLIC_ENV] = "1"
+        self.root = root
+        self.net = PrivateAnyoneNetwork(ANON_DIR, root / "net")
+        self.host: process.ManagedAnon | None = None  # publishes the hidden service
+        self.client: process.ManagedAnon | None = None  # the product's traffic goes through
+        self.address = ""
+        self.gpu_name = ""
+
+    async def start(self, gpu: Gpu) -> str:
+        """Publish `gpu` as a hidden service; returns the [anyone] lines that point the
+        product at the bot host's anon (the backend's URL is then `url()`)."""
+        started = time.monotonic()
+        self.gpu_name = gpu.name
+        await self.net.start()
+        assert self.net.network is not None
+        spec = hidden.HiddenServiceSpec(self.root / "hs", f"127.0.0.1:{gpu.fake.port}")
+        bot_key = hidden.add_client(spec.directory, "bot")
+        self.host = process.ManagedAnon(
+            network=self.net.network,
+            binary=self.net.binary,
+            data_dir=self.root / "gpu-host",
+            hidden_services=[spec],
+            bootstrap_timeout=BOOTSTRAP_S,
+            supervise=False,
+        )
+        await self.host.start()
+        self.address = self.host.address_of(spec)
+        service_id, _ = hidden.split_address(self.address)
+        key_file = self.root / "keys" / "bot.auth_private"
+        hidden.write_client_key_file(key_file, service_id, bot_key)
+        self.client = process.ManagedAnon(
+            network=self.net.network,
+            binary=self.net.binary,
+            data_dir=self.root / "client",
+            client_keys=[key_file],
+            bootstrap_timeout=BOOTSTRAP_S,
+            supervise=False,
+        )
+        await self.client.start()
+        await self._reachable(gpu)
+        print(
+            f"chaos: anon mode: {gpu.name} is http://{self.address} (a hidden service on a"
+            f" private Anyone network, 10 anon processes), reachable after"
+            f" {time.monotonic() - started:.0f} s",
+            flush=True,
+        )
+        return f'[anyone]\nsocks = "unix:{self.client.socks_path}"\n'
+
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    async def _reachable(self, gpu: Gpu) -> None:
+        """The first request through a new hidden service can take a while (descriptor
+        upload, introduction): wait for one before users come, not during their run."""
+        assert self.client is not None
+        deadline = time.monotonic() + REACHABLE_S
+        while True:
+            probe = ComfyClient(
+                self.url(), name=gpu.name, timeout=30, proxy=self.client.socks_url("chaos-probe")
+            )
+            try:
+                await probe.system_stats()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                with contextlib.suppress(errors.AnonError):
+                    await self.client.new_identity()
+                await asyncio.sleep(2)
+            finally:
+                await probe.aclose()
+
+    async def kill(self, which: str) -> bool:
+        """SIGKILL the bot host's ("client") or the GPU host's ("host") anon; False when
+        it is already down (a fault before has not healed yet)."""
+        anon = self.client if which == "client" else self.host
+        if anon is None or anon.pid is None or not anon.ready:
+            return False
+        os.kill(anon.pid, signal.SIGKILL)
+        await anon.stop()  # reaps it and closes our control connection
+        return True
+
+    async def restart(self, which: str) -> None:
+        """Start it again on the same sockets, keys and service address; a start that
+        fails (a slow bootstrap) is tried again, as a service manager would."""
+        anon = self.client if which == "client" else self.host
+        assert anon is not None
+        for _ in range(5):
+            try:
+                await anon.start()
+                return
+            except errors.AnonError as exc:
+                print(f"chaos: anon {which} did not start again: {exc}", flush=True)
+                await asyncio.sleep(5)
+
+    async def close(self) -> None:
+        for anon in (self.client, self.host):
+            if anon is not None:
+                with contextlib.suppress(Exception):
+                    await anon.close()
+        await self.net.stop()
+
+
+# Drawn only in the anon mode; the bot host's anon carries every job of that backend.
+ANON_WEIGHTS = {"anon-client-sigkill": 3, "anon-host-sigkill": 2, "anon-both-sigkill": 1}
+
+
+class AnonFaults(Faults):
+    """The run's faults plus anon's: killed with SIGKILL, started again after 1-10 s."""
+
+    def __init__(
+        self, system: System, anon: ChaosAnon, rng: random.Random, *, every: tuple[float, float]
+    ) -> None:
+        super().__init__(system, rng, every=every)
+        self.weights = {**WEIGHTS, **ANON_WEIGHTS}
+        self.anon = anon
+
+    async def _kill_anon(self, *which: str) -> str | None:
+        killed = [w for w in which if await self.anon.kill(w)]
+        if not killed:
+            return None
+        pause = self.rng.uniform(1, 10)
+
+        async def again() -> None:
+            await asyncio.gather(*(self.anon.restart(w) for w in killed))
+
+        self._later(pause, again)
+        names = {"client": "the bot host's anon", "host": "the GPU host's anon"}
+        who = " and ".join(names[w] for w in killed)
+        return f"{who} ({self.anon.gpu_name}), back after {pause:.1f} s"
+
+    async def _anon_client_sigkill(self) -> str | None:
+        return await self._kill_anon("client")
+
+    async def _anon_host_sigkill(self) -> str | None:
+        return await self._kill_anon("host")
+
+    async def _anon_both_sigkill(self) -> str | None:
+        return await self._kill_anon("client", "host")
