@@ -191,6 +191,8 @@ async def main(args: argparse.Namespace) -> int:
         report.add("no orphan processes", None, orphan)
     for failure in system.postgres.failures:
         report.add("the run itself held (a harness failure, not the product's)", None, failure)
+    if system.anon is not None and system.anon.gpu is not None:
+        report.notes.update(system.anon.notes())
     for name, process in system.processes.items():
         for exit_line in process.exits:
             report.notes[

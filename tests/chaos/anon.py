@@ -57,13 +57,14 @@ class ChaosAnon:
         self.host: process.ManagedAnon | None = None  # publishes the hidden service
         self.client: process.ManagedAnon | None = None  # the product's traffic goes through
         self.address = ""
-        self.gpu_name = ""
+        self.gpu: Gpu | None = None
+        self.killed_mid_prompt = 0  # kills while the hidden GPU was running a prompt
 
     async def start(self, gpu: Gpu) -> str:
         """Publish `gpu` as a hidden service; returns the [anyone] lines that point the
         product at the bot host's anon (the backend's URL is then `url()`)."""
         started = time.monotonic()
-        self.gpu_name = gpu.name
+        self.gpu = gpu
         await self.net.start()
         assert self.net.network is not None
         spec = hidden.HiddenServiceSpec(self.root / "hs", f"127.0.0.1:{gpu.fake.port}")
@@ -146,6 +147,16 @@ class ChaosAnon:
                 print(f"chaos: anon {which} did not start again: {exc}", flush=True)
                 await asyncio.sleep(5)
 
+    def notes(self) -> dict[str, int]:
+        """What the run's figures say about the hidden GPU."""
+        assert self.gpu is not None
+        return {
+            f"prompts run to completion on {self.gpu.name}, behind the hidden service": sum(
+                self.gpu.all_executions().values()
+            ),
+            f"anon kills while {self.gpu.name} was running a prompt": self.killed_mid_prompt,
+        }
+
     async def close(self) -> None:
         for anon in (self.client, self.host):
             if anon is not None:
@@ -169,9 +180,14 @@ class AnonFaults(Faults):
         self.anon = anon
 
     async def _kill_anon(self, *which: str) -> str | None:
+        gpu = self.anon.gpu
+        assert gpu is not None
+        running = gpu.fake.running.prompt_id if gpu.fake.running else None
         killed = [w for w in which if await self.anon.kill(w)]
         if not killed:
             return None
+        if running is not None:
+            self.anon.killed_mid_prompt += 1
         pause = self.rng.uniform(1, 10)
 
         async def again() -> None:
@@ -180,7 +196,7 @@ class AnonFaults(Faults):
         self._later(pause, again)
         names = {"client": "the bot host's anon", "host": "the GPU host's anon"}
         who = " and ".join(names[w] for w in killed)
-        return f"{who} ({self.anon.gpu_name}), back after {pause:.1f} s"
+        return f"{who} ({gpu.name} running {running}), back after {pause:.1f} s"
 
     async def _anon_client_sigkill(self) -> str | None:
         return await self._kill_anon("client")
