@@ -172,6 +172,9 @@ async def main(args: argparse.Namespace) -> int:
                     f"{name}: {process.warm_rss >> 20} MiB warm, {end >> 20} MiB at the end",
                 )
         await checks.check(system, history, report, users.sessions)
+        if system.anon is not None:
+            with contextlib.suppress(Exception):
+                report.notes.update(await system.anon.outcomes(system))
         db_end = await _database_bytes(system)
         try:
             db_purged = await _retention(system, report)

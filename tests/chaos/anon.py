@@ -21,6 +21,7 @@ import os
 import random
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,7 @@ class ChaosAnon:
         self.address = ""
         self.gpu: Gpu | None = None
         self.killed_mid_prompt = 0  # kills while the hidden GPU was running a prompt
+        self.hit_jobs: set[str] = set()  # jobs running on the hidden GPU at a kill
 
     async def start(self, gpu: Gpu) -> str:
         """Publish `gpu` as a hidden service; returns the [anyone] lines that point the
@@ -147,6 +149,23 @@ class ChaosAnon:
                 print(f"chaos: anon {which} did not start again: {exc}", flush=True)
                 await asyncio.sleep(5)
 
+    async def outcomes(self, system: System) -> Counter[str]:
+        """How the jobs that ran on the hidden GPU when an anon was killed ended (before
+        retention purges them)."""
+        assert self.gpu is not None
+        ended: Counter[str] = Counter()
+        if not self.hit_jobs:
+            return ended
+        rows = await system.query(
+            "SELECT status, backend FROM jobs WHERE id::text = ANY(%s)", (list(self.hit_jobs),)
+        )
+        for row in rows:
+            where = "there" if row["backend"] == self.gpu.name else "on another backend"
+            ended[
+                f"jobs running on {self.gpu.name} when an anon was killed: {row['status']} {where}"
+            ] += 1
+        return ended
+
     def notes(self) -> dict[str, int]:
         """What the run's figures say about the hidden GPU."""
         assert self.gpu is not None
@@ -183,9 +202,16 @@ class AnonFaults(Faults):
         gpu = self.anon.gpu
         assert gpu is not None
         running = gpu.fake.running.prompt_id if gpu.fake.running else None
+        jobs: list[dict[str, object]] = []
+        with contextlib.suppress(Exception):  # PostgreSQL may be down from another fault
+            jobs = await self.system.query(
+                "SELECT id::text AS id FROM jobs WHERE status = 'running' AND backend = %s",
+                (gpu.name,),
+            )
         killed = [w for w in which if await self.anon.kill(w)]
         if not killed:
             return None
+        self.anon.hit_jobs.update(str(j["id"]) for j in jobs)
         if running is not None:
             self.anon.killed_mid_prompt += 1
         pause = self.rng.uniform(1, 10)
@@ -196,7 +222,10 @@ class AnonFaults(Faults):
         self._later(pause, again)
         names = {"client": "the bot host's anon", "host": "the GPU host's anon"}
         who = " and ".join(names[w] for w in killed)
-        return f"{who} ({gpu.name} running {running}), back after {pause:.1f} s"
+        return (
+            f"{who} ({gpu.name} running prompt {running}, {len(jobs)} jobs of ours on it),"
+            f" back after {pause:.1f} s"
+        )
 
     async def _anon_client_sigkill(self) -> str | None:
         return await self._kill_anon("client")
