@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 ENV = "COMFYVEIL_CHAOS_ANON"
 BOOTSTRAP_S = 240.0  # 2 cores shared with other work: anon's first minute is CPU-bound
 REACHABLE_S = 300.0
+MID_JOB_WAIT_S = 10.0  # how long a kill waits for a job on the hidden GPU
 
 
 def wanted() -> bool:
@@ -126,12 +127,18 @@ class ChaosAnon:
             finally:
                 await probe.aclose()
 
+    def up(self, which: str) -> bool:
+        """Whether that anon runs (not still coming back from an earlier kill)."""
+        anon = self.client if which == "client" else self.host
+        return anon is not None and anon.pid is not None and anon.ready
+
     async def kill(self, which: str) -> bool:
         """SIGKILL the bot host's ("client") or the GPU host's ("host") anon; False when
         it is already down (a fault before has not healed yet)."""
-        anon = self.client if which == "client" else self.host
-        if anon is None or anon.pid is None or not anon.ready:
+        if not self.up(which):
             return False
+        anon = self.client if which == "client" else self.host
+        assert anon is not None and anon.pid is not None
         os.kill(anon.pid, signal.SIGKILL)
         await anon.stop()  # reaps it and closes our control connection
         return True
@@ -201,13 +208,16 @@ class AnonFaults(Faults):
     async def _kill_anon(self, *which: str) -> str | None:
         gpu = self.anon.gpu
         assert gpu is not None
+        if not any(self.anon.up(w) for w in which):
+            return None
+        # The kill that matters comes while the hidden GPU has a job of ours: wait a
+        # little for one (at 1 request/s over three GPUs it is idle most of the time).
+        deadline = time.monotonic() + MID_JOB_WAIT_S
+        jobs = await self._jobs_on(gpu.name)
+        while not jobs and gpu.fake.running is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            jobs = await self._jobs_on(gpu.name)
         running = gpu.fake.running.prompt_id if gpu.fake.running else None
-        jobs: list[dict[str, object]] = []
-        with contextlib.suppress(Exception):  # PostgreSQL may be down from another fault
-            jobs = await self.system.query(
-                "SELECT id::text AS id FROM jobs WHERE status = 'running' AND backend = %s",
-                (gpu.name,),
-            )
         killed = [w for w in which if await self.anon.kill(w)]
         if not killed:
             return None
@@ -226,6 +236,15 @@ class AnonFaults(Faults):
             f"{who} ({gpu.name} running prompt {running}, {len(jobs)} jobs of ours on it),"
             f" back after {pause:.1f} s"
         )
+
+    async def _jobs_on(self, backend: str) -> list[dict[str, object]]:
+        """Our jobs submitted to `backend` and not ended."""
+        with contextlib.suppress(Exception):  # PostgreSQL may be down from another fault
+            return await self.system.query(
+                "SELECT id::text AS id FROM jobs WHERE status = 'running' AND backend = %s",
+                (backend,),
+            )
+        return []
 
     async def _anon_client_sigkill(self) -> str | None:
         return await self._kill_anon("client")
