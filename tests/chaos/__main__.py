@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from tests.chaos import anon as chaos_anon
 from tests.chaos import checks
 from tests.chaos.faults import Faults
 from tests.chaos.system import System
@@ -110,23 +111,27 @@ async def _retention(system: System, report: checks.Report) -> int:
 
 async def main(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
-    system = System()
+    system = System(anon=chaos_anon.wanted())
     history = History()
     report = checks.Report()
     print(
         f"chaos: seed {args.seed}, {args.minutes} min, {args.rate} requests/s, in {system.tmp}",
         flush=True,
     )
-    # The anon mode (one backend behind a hidden service, anon killed) is not
-    # built: say so in every run's output rather than let a reader assume it ran.
+    # Said in every run's output, so that no reader assumes anon was part of a run.
     print(
-        "chaos: COMFYVEIL_CHAOS_ANON (a backend behind anon, anon killed) is not"
-        " implemented: no anon in this run",
+        f"chaos: anon mode {'ON' if system.anon else 'off'} ({chaos_anon.ENV}=1: one backend"
+        " behind a hidden service on a private Anyone network, anon killed and restarted)",
         flush=True,
     )
     await system.start()
     users = Users(system, history, rng)
-    faults = Faults(system, random.Random(args.seed + 1), every=(args.fault_min, args.fault_max))
+    every = (args.fault_min, args.fault_max)
+    faults = (
+        chaos_anon.AnonFaults(system, system.anon, random.Random(args.seed + 1), every=every)
+        if system.anon
+        else Faults(system, random.Random(args.seed + 1), every=every)
+    )
     rss_warm: dict[str, int] = {}
     db_warm = db_end = db_purged = 0
     try:
@@ -167,6 +172,9 @@ async def main(args: argparse.Namespace) -> int:
                     f"{name}: {process.warm_rss >> 20} MiB warm, {end >> 20} MiB at the end",
                 )
         await checks.check(system, history, report, users.sessions)
+        if system.anon is not None:
+            with contextlib.suppress(Exception):
+                report.notes.update(await system.anon.outcomes(system))
         db_end = await _database_bytes(system)
         try:
             db_purged = await _retention(system, report)
@@ -186,6 +194,8 @@ async def main(args: argparse.Namespace) -> int:
         report.add("no orphan processes", None, orphan)
     for failure in system.postgres.failures:
         report.add("the run itself held (a harness failure, not the product's)", None, failure)
+    if system.anon is not None and system.anon.gpu is not None:
+        report.notes.update(system.anon.notes())
     for name, process in system.processes.items():
         for exit_line in process.exits:
             report.notes[
@@ -234,6 +244,7 @@ def _print(
         json.dumps(
             {
                 "seed": args.seed,
+                "anon": chaos_anon.wanted(),
                 "minutes": args.minutes,
                 "requests": len(history.requests),
                 "faults": len(faults.log),

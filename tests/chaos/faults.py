@@ -45,6 +45,8 @@ class Injected:
 
 
 class Faults:
+    weights = WEIGHTS  # the anon mode adds its kinds (tests/chaos/anon.py)
+
     def __init__(self, system: System, rng: random.Random, *, every: tuple[float, float]):
         self.system = system
         self.rng = rng
@@ -60,7 +62,7 @@ class Faults:
     async def run(self, until: float) -> None:
         while self.running and time.monotonic() < until:
             await asyncio.sleep(self.rng.uniform(*self.every))
-            kind = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+            kind = self.rng.choices(list(self.weights), weights=list(self.weights.values()))[0]
             inject = getattr(self, "_" + kind.replace("-", "_"))
             detail = await inject()
             if detail is None:

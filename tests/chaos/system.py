@@ -261,6 +261,8 @@ class System:
     """Everything the run starts, in one temporary directory."""
 
     def __init__(self, *, anon: bool = False) -> None:
+        from tests.chaos.anon import ChaosAnon  # not at the top: it imports this module
+
         self.tmp = Path(tempfile.mkdtemp(prefix="comfyveil-chaos-"))
         self.tmp.chmod(0o755)  # PostgreSQL runs as another user when we are root
         self.postgres = Postgres(self.tmp)
@@ -270,7 +272,7 @@ class System:
         self.web_url = ""
         self.database_url = ""
         self.config = self.tmp / "comfyveil.toml"
-        self.anon = anon
+        self.anon = ChaosAnon(self.tmp / "anon") if anon else None
 
     async def start(self) -> None:
         self.database_url = await self.postgres.start()
@@ -281,9 +283,15 @@ class System:
             self.gpus.append(Gpu(f"gpu{index}", fake))
         port = free_port()
         self.web_url = f"http://127.0.0.1:{port}"
+        urls = {gpu.name: gpu.fake.url for gpu in self.gpus}
+        anyone = ""
+        if self.anon is not None:  # the last GPU behind a hidden service
+            anyone = await self.anon.start(self.gpus[-1])
+            urls[self.gpus[-1].name] = self.anon.url()
         backends = "".join(
-            f'[[backends]]\nname = "{gpu.name}"\nurl = "{gpu.fake.url}"\nvia = "direct"\n'
-            for gpu in self.gpus
+            f'[[backends]]\nname = "{name}"\nurl = "{url}"\n'
+            + ('via = "direct"\n' if url.startswith("http://127.") else "")
+            for name, url in urls.items()
         )
         data_dir = self.tmp / "data"
         data_dir.mkdir(mode=0o700)
@@ -297,7 +305,7 @@ class System:
             "[worker]\nlease_seconds = 10\nmax_wait_offline = 120\njob_timeout = 120\n"
             "stop_grace = 3\n"
             f"[web]\nport = {port}\npassphrase_memory_mib = 19\npassphrase_iterations = 2\n"
-            "[api]\nenabled = true\n" + backends
+            "[api]\nenabled = true\n" + anyone + backends
         )
         self.config.write_text(self.config_text)
         self.config.chmod(0o600)
@@ -400,6 +408,8 @@ class System:
             gpu.collect()
             await gpu.fake.stop()
         await self.telegram.close()
+        if self.anon is not None:  # before the search for processes left behind
+            await self.anon.close()
         await self.postgres.close()
         await asyncio.sleep(1)
         # Children of this run, and any process anywhere still naming its directory (a

@@ -166,3 +166,20 @@ async def test_a_restart_while_a_gpu_is_down_still_knows_what_it_lacks(
     await lacking.partition()
     async with pool.Pool(configs, memory=db.model_lists) as p:  # the new lists were kept
         assert not p.get("gpu0").healthy and p.why_not(flux()) is None
+
+
+async def test_a_backend_too_slow_to_answer_its_probe_is_down_in_plain_words(
+    fake_comfy_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU behind anon that is slow to answer after anon restarted: the operator reads
+    why it is down (`comfyveil worker` prints it at start), not an exception's name."""
+    monkeypatch.setattr(pool, "PROBE_TIMEOUT", 0.5)
+    fake = await fake_comfy_factory()
+    fake.hold("/queue")
+    try:
+        async with pool.Pool(backend_configs([fake.url]), probe_interval=60) as p:
+            backend = p.get("gpu0")
+            assert backend is not None and not backend.healthy
+            assert backend.last_error == "backend gpu0 did not answer within 0.5 s"
+    finally:
+        fake.release("/queue")

@@ -651,7 +651,12 @@ class Pool:
                 if read:
                     backend.object_info = await backend.client.object_info(refresh=True)
                     backend.capabilities_at = now
-        except (errors.ComfyError, TimeoutError, OSError) as exc:
+        except TimeoutError:  # the probe's own deadline: its error has no words
+            await self.mark_down(
+                backend, f"backend {backend.name} did not answer within {PROBE_TIMEOUT:g} s"
+            )
+            return False
+        except (errors.ComfyError, OSError) as exc:
             await self.mark_down(backend, str(exc) if str(exc) else type(exc).__name__)
             return False
         except Exception as exc:  # one odd answer must not end health checks for all
