@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from comfyveil import config
+from comfyveil.api import retries
 from tests.api.test_api_openai import PROMPT, make_key
 from tests.lazy import lazy_import
 from tests.web.support import client, sign_up, wait_for, web_stack
@@ -101,12 +102,6 @@ async def test_a_client_that_gives_up_gets_its_waiting_job_cancelled_and_quota_b
         assert (await statuses(stack))[0] == "cancelled" and len(await statuses(stack)) == 2
 
 
-# A known bug, not yet found: in about one run in five the request's row is gone once its
-# client left, though its job was on the GPU and the row on record with its client (the
-# chaos run with seed 12 paid twice once, maybe for the same reason). Kept running, so a
-# fix shows as XPASS; docs/develop/reliability.md lists it.
-@pytest.mark.xfail(reason="a left request's row is sometimes gone before the sweep keeps it",
-                   strict=False)
 async def test_a_started_job_is_kept_for_a_retry_and_two_live_requests_are_two(
     db, fake_comfy
 ) -> None:
@@ -159,6 +154,55 @@ async def test_a_started_job_is_kept_for_a_retry_and_two_live_requests_are_two(
         )
         assert all(r.data[0].b64_json for r in both)
         assert await statuses(stack) == ["succeeded"] * 3
+
+
+@pytest.mark.parametrize("unseen", ["until_done", "until_written"])
+async def test_a_client_that_leaves_as_its_job_ends_leaves_it_to_its_retry(
+    db, fake_comfy, monkeypatch, unseen: str
+) -> None:
+    """The client leaves just before its job ends, and the server learns it only when the
+    job is done ("until_done": between two looks at the connection) or not before the
+    answer is written ("until_written"): the answer reached nobody, so the retry gets
+    that job's image and nothing is queued again."""
+    seen: list = []
+    look = retries.connected
+
+    def looked(request) -> bool:
+        seen.append(request)
+        return True if unseen == "until_written" else look(request)
+
+    monkeypatch.setattr(retries, "connected", looked)
+    monkeypatch.setattr(retries, "WATCH", 600.0)  # no look between the first and the end
+    async with web_stack(db, [fake_comfy], api=FAST_GRACE) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "wes")
+        key = await make_key(session, stack.url)
+        api = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0)
+        fake_comfy.pause()
+        first = asyncio.create_task(api.images.generate(model="f", prompt=PROMPT, size="256x256"))
+
+        async def on_gpu_and_waited_for() -> bool:
+            found = await stack.db.jobs.list_for_user(await _user(stack, "wes"))
+            async with stack.db.pool.connection() as conn:
+                cursor = await conn.execute("SELECT clients FROM api_requests")
+                rows = [r["clients"] for r in await cursor.fetchall()]
+            return bool(found) and found[0].submitted and rows == [1] and bool(seen)
+
+        await wait_for(on_gpu_and_waited_for, timeout=30)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await until(lambda: not look(seen[0]))  # the server's side of it is closed
+        fake_comfy.resume()
+
+        async def left() -> bool:  # the job done, its request left to a retry
+            async with stack.db.pool.connection() as conn:
+                cursor = await conn.execute("SELECT clients FROM api_requests")
+                rows = [r["clients"] for r in await cursor.fetchall()]
+            return await statuses(stack) == ["succeeded"] and rows == [0]
+
+        await wait_for(left, timeout=30)
+        again = await api.images.generate(model="f", prompt=PROMPT, size="256x256")
+        assert again.data[0].b64_json and await statuses(stack) == ["succeeded"]
 
 
 async def _user(stack, name: str) -> int:

@@ -180,9 +180,7 @@ async def _limits_first(request: web.Request, svc: ApiServices, who: access_mod.
             and IDEMPOTENCY.match(sent)
             and await svc.db.jobs.key_used(_job_key(request, sent, 0), who.user_id)
         ) and not (
-            who.allowed
-            and not sent
-            and await svc.requests.has_abandoned(request[ACCOUNT].id)
+            who.allowed and not sent and await svc.requests.has_abandoned(request[ACCOUNT].id)
         ):
             raise from_usage(exc) from None
 
@@ -544,12 +542,22 @@ async def _answer(
             raise
         if not present or data is None:
             return web.Response(status=499)  # nobody is there to read it
+        # Handed only once the whole answer is written: a client that leaves while it
+        # is being written never had it, and its retry must find the jobs, not pay again.
+        try:
+            if shape.stream:
+                response = await answer.completed(data)
+            else:
+                response = web.json_response({"created": int(time.time()), "data": data})
+                await response.prepare(request)
+                await response.write_eof()
+        except ConnectionError:
+            return web.Response(status=499)
         handed = True
-        if shape.stream:
-            return await answer.completed(data)
-        return web.json_response({"created": int(time.time()), "data": data})
+        return response
     finally:
-        await answer.stop()  # the previews, whatever the answer became
+        # The leave is noted before anything else is awaited here: a cancellation (a
+        # shutdown) landing in the previews' stop must not leave the row waited for.
         if row is not None:  # after the answer, off its path (and even if cancelled)
             task = retries.leave(svc.requests, row, handed=handed)
             svc.leaving.add(task)
@@ -558,6 +566,7 @@ async def _answer(
             told = asyncio.create_task(_client_went_away(svc, job_ids), name="api-webhooks")
             svc.leaving.add(told)
             told.add_done_callback(svc.leaving.discard)
+        await answer.stop()  # the previews, whatever the answer became
 
 
 async def _client_went_away(svc: ApiServices, job_ids: list[uuid.UUID]) -> None:
@@ -565,8 +574,11 @@ async def _client_went_away(svc: ApiServices, job_ids: list[uuid.UUID]) -> None:
         for job_id in job_ids:
             await webhooks.client_went_away(svc.db, job_id)
     except Exception as exc:  # the result still waits for a retry; only the event is lost
-        logger.warning("could not watch an abandoned request's jobs for webhooks: %s",
-                       type(exc).__name__, extra={"action": "api_webhook_watch_failed"})
+        logger.warning(
+            "could not watch an abandoned request's jobs for webhooks: %s",
+            type(exc).__name__,
+            extra={"action": "api_webhook_watch_failed"},
+        )
 
 
 async def _queue(

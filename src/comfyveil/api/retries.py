@@ -80,6 +80,10 @@ async def unless_gone(
                 await asyncio.gather(task, return_exceptions=True)
                 return False, None
             await asyncio.wait({task}, timeout=WATCH)
+        # The work may end between two looks at a client that left meanwhile: an answer
+        # nobody will read is no answer, so the request stays open for a retry.
+        if not connected(request):
+            return False, None
         return True, task.result()
     finally:
         if not task.done():  # this request itself was cancelled (shutdown)
