@@ -205,6 +205,54 @@ async def test_a_client_that_leaves_as_its_job_ends_leaves_it_to_its_retry(
         assert again.data[0].b64_json and await statuses(stack) == ["succeeded"]
 
 
+async def test_a_retry_sent_before_its_first_try_noticed_its_client_left_takes_it_over(
+    db, fake_comfy, monkeypatch
+) -> None:
+    """The first try looks at its connection only now and then: a retry sent in between
+    (its client gone, the leave not yet noted) takes the first try's job over; a live
+    identical request still is a request of its own."""
+    seen: list = []
+    look = retries.connected
+
+    def looked(request) -> bool:
+        seen.append(request)
+        return look(request)
+
+    monkeypatch.setattr(retries, "connected", looked)
+    monkeypatch.setattr(retries, "WATCH", 600.0)  # the first try looks once, then at the end
+    async with web_stack(db, [fake_comfy], api=FAST_GRACE) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "rex")
+        key = await make_key(session, stack.url)
+        api = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0)
+        fake_comfy.pause()
+        first = asyncio.create_task(api.images.generate(model="f", prompt=PROMPT, size="256x256"))
+
+        async def waited_for() -> bool:
+            async with stack.db.pool.connection() as conn:
+                cursor = await conn.execute("SELECT clients FROM api_requests")
+                rows = [r["clients"] for r in await cursor.fetchall()]
+            return rows == [1] and bool(seen)
+
+        await wait_for(waited_for, timeout=30)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await until(lambda: not look(seen[0]))  # gone, and the first try has not looked
+        retry = asyncio.create_task(api.images.generate(model="f", prompt=PROMPT, size="256x256"))
+
+        async def taken_over() -> bool:
+            async with stack.db.pool.connection() as conn:
+                cursor = await conn.execute("SELECT clients, attached FROM api_requests")
+                rows = [(r["clients"], r["attached"]) for r in await cursor.fetchall()]
+            return rows == [(1, 1)] or len(await statuses(stack)) > 1
+
+        await wait_for(taken_over, timeout=30)
+        fake_comfy.resume()
+        again = await retry
+        assert await statuses(stack) == ["succeeded"]  # one job, not two
+        assert again.data[0].b64_json
+
+
 async def _user(stack, name: str) -> int:
     account = await stack.store.account_by_name(name)
     assert account is not None

@@ -29,7 +29,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
-from comfyveil.store import jobs
+from comfyveil.store import api_requests, jobs
 
 MAX_N = 10  # OpenAI's own bound on n
 logger = logging.getLogger(__name__)
@@ -484,9 +484,7 @@ async def _answer(
     fingerprint = ask.fingerprint.digest() if ask.fingerprint is not None else None
     # A retry of a request whose client went away takes its jobs over (before the checks
     # below: they passed for those jobs, and a GPU down now does not undo them).
-    taken = (
-        await svc.requests.take_over(account.id, fingerprint) if fingerprint is not None else None
-    )
+    taken = await _take_over(svc, account.id, fingerprint)
     row: asyncio.Future[int] | None = None  # the request's row, written beside the wait
     if taken is not None:
         row = asyncio.get_running_loop().create_future()
@@ -523,6 +521,9 @@ async def _answer(
             mark = None  # an Idempotency-Key's jobs from before: read them
         if fingerprint is not None:
             row = asyncio.ensure_future(svc.requests.open(account.id, fingerprint, job_ids))
+    visit = (
+        None if row is None or fingerprint is None else svc.visits.enter(fingerprint, request, row)
+    )
     answer = streaming.Answer(request, shape, edit=edit)
     handed = False
     try:
@@ -558,15 +559,27 @@ async def _answer(
     finally:
         # The leave is noted before anything else is awaited here: a cancellation (a
         # shutdown) landing in the previews' stop must not leave the row waited for.
-        if row is not None:  # after the answer, off its path (and even if cancelled)
-            task = retries.leave(svc.requests, row, handed=handed)
-            svc.leaving.add(task)
-            task.add_done_callback(svc.leaving.discard)
+        if visit is not None:  # after the answer, off its path (and even if cancelled)
+            svc.visits.end(visit, handed=handed)
         if not handed and job_ids:  # its client went away: its jobs' ends go to the webhooks
             told = asyncio.create_task(_client_went_away(svc, job_ids), name="api-webhooks")
             svc.leaving.add(told)
             told.add_done_callback(svc.leaving.discard)
         await answer.stop()  # the previews, whatever the answer became
+
+
+async def _take_over(
+    svc: ApiServices, account_id: int, fingerprint: bytes | None
+) -> api_requests.Taken | None:
+    """The row of an identical request whose client went away, made this request's: one
+    already left, or one this process still answers whose client is gone (a retry sent
+    before its first try noticed)."""
+    if fingerprint is None:
+        return None
+    taken = await svc.requests.take_over(account_id, fingerprint)
+    if taken is None and await svc.visits.let_go_of_gone(fingerprint):
+        taken = await svc.requests.take_over(account_id, fingerprint)
+    return taken
 
 
 async def _client_went_away(svc: ApiServices, job_ids: list[uuid.UUID]) -> None:
