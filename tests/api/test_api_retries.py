@@ -253,6 +253,59 @@ async def test_a_retry_sent_before_its_first_try_noticed_its_client_left_takes_i
         assert again.data[0].b64_json
 
 
+async def test_a_retry_waits_for_the_sweep_that_holds_its_request(db, fake_comfy) -> None:
+    """The sweep locks a left request's row while it decides to keep it (its job is on
+    the GPU); a retry arriving at that moment waits for the row instead of passing it by
+    and queueing a second job."""
+    slow_sweep = config.ApiConfig(retry_grace=300.0, retry_keep=300.0)
+    async with web_stack(db, [fake_comfy], api=slow_sweep) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "sam")
+        key = await make_key(session, stack.url)
+        api = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0)
+        fake_comfy.pause()
+        first = asyncio.create_task(api.images.generate(model="f", prompt=PROMPT, size="256x256"))
+
+        async def clients() -> list[int]:
+            async with stack.db.pool.connection() as conn:
+                cursor = await conn.execute("SELECT clients FROM api_requests")
+                return [r["clients"] for r in await cursor.fetchall()]
+
+        async def on_gpu_and_waited_for() -> bool:
+            found = await stack.db.jobs.list_for_user(await _user(stack, "sam"))
+            return bool(found) and found[0].submitted and await clients() == [1]
+
+        await wait_for(on_gpu_and_waited_for, timeout=30)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+
+        async def left() -> bool:
+            return await clients() == [0]
+
+        await wait_for(left, timeout=30)
+        async with stack.db.pool.connection() as sweep, sweep.transaction():
+            await sweep.execute("SELECT id FROM api_requests FOR UPDATE")  # as `settle` does
+            retry = asyncio.create_task(
+                api.images.generate(model="f", prompt=PROMPT, size="256x256")
+            )
+
+            async def waiting_or_queued() -> bool:
+                async with stack.db.pool.connection() as conn:
+                    cursor = await conn.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE 'UPDATE api_requests%'"
+                    )
+                    waiting = bool(await cursor.fetchall())
+                return waiting or len(await statuses(stack)) > 1
+
+            await wait_for(waiting_or_queued, timeout=30)
+            await sweep.execute("UPDATE api_requests SET state = 'kept'")
+        fake_comfy.resume()
+        again = await retry
+        assert await statuses(stack) == ["succeeded"]  # one job, not two
+        assert again.data[0].b64_json
+
+
 async def _user(stack, name: str) -> int:
     account = await stack.store.account_by_name(name)
     assert account is not None
