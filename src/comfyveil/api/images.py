@@ -22,7 +22,7 @@ from aiohttp import BodyPartReader, web
 
 from comfyveil import errors, images
 from comfyveil import policy as policy_mod
-from comfyveil.api import formats, links, retries, streaming, webhooks
+from comfyveil.api import formats, job_events, links, retries, streaming, webhooks
 from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import QUEUE_RETRY_SECONDS, ApiError, bad_request, from_usage
 from comfyveil.desk import access as access_mod
@@ -525,6 +525,7 @@ async def _answer(
         None if row is None or fingerprint is None else svc.visits.enter(fingerprint, request, row)
     )
     answer = streaming.Answer(request, shape, edit=edit)
+    closing = request.app.get(job_events.CLOSING)  # set when this process shuts down
     handed = False
     try:
         work = _results(svc, job_ids, shape, _base(request, svc), mark)
@@ -534,7 +535,7 @@ async def _answer(
                 await answer.follow(svc.previews, job_ids)
         try:
             present, data = await retries.unless_gone(
-                request, work, tick=answer.ping if shape.stream else None
+                request, work, tick=answer.ping if shape.stream else None, stop=closing
             )
         except ApiError as problem:
             handed = True  # the client hears it: the request is over
@@ -542,7 +543,23 @@ async def _answer(
                 return await answer.error(problem)
             raise
         if not present or data is None:
-            return web.Response(status=499)  # nobody is there to read it
+            if closing is None or not closing.is_set() or not retries.connected(request):
+                return web.Response(status=499)  # nobody is there to read it
+            # This process is stopping (a restart): the client is told to try again, and
+            # its retry, on whichever process serves it, takes these jobs over. The leave
+            # is noted before it is told, so the retry finds it; the shutdown need not
+            # wait for the jobs.
+            if visit is not None:
+                await asyncio.wait({svc.visits.end(visit, handed=False)})
+            stopping = ApiError(
+                503,
+                _("Something went wrong on the server; try again."),
+                type="server_error",
+                code="server_stopping",
+            )
+            if shape.stream:
+                return await answer.error(stopping)
+            raise stopping
         # Handed only once the whole answer is written: a client that leaves while it
         # is being written never had it, and its retry must find the jobs, not pay again.
         try:

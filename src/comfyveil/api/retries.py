@@ -56,19 +56,21 @@ async def unless_gone(
     *,
     tick: Callable[[], Awaitable[None]] | None = None,
     every: float | None = None,
+    stop: asyncio.Event | None = None,
 ) -> tuple[bool, T | None]:
     """Run `work` while the client is connected: (True, its result), or (False, None) as
     soon as the client has gone (the work is stopped; the web server goes on with a
     handler whose client left, so the request must notice it itself). `tick` is called
     each `every` seconds meanwhile (a stream's keep-alive, so no proxy or client read
-    timeout takes a long job's silence for a dead server)."""
+    timeout takes a long job's silence for a dead server). A set `stop` (this process is
+    shutting down) ends the wait as a gone client does."""
     every = KEEPALIVE if every is None else every
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     due = loop.time() + every
     try:
         while not task.done():
-            alive = connected(request)
+            alive = connected(request) and not (stop is not None and stop.is_set())
             if alive and tick is not None and loop.time() >= due:
                 due = loop.time() + every
                 try:
@@ -137,14 +139,14 @@ class Visits:
         self._by.setdefault(fingerprint, set()).add(visit)
         return visit
 
-    def end(self, visit: Visit, *, handed: bool) -> None:
+    def end(self, visit: Visit, *, handed: bool) -> asyncio.Task[None]:
         """The request is over; its leave is noted unless a retry noted it first."""
         same = self._by.get(visit.fingerprint)
         if same is not None:
             same.discard(visit)
             if not same:
                 del self._by[visit.fingerprint]
-        self._leave(visit, handed=handed)
+        return self._leave(visit, handed=handed)
 
     async def let_go_of_gone(self, fingerprint: bytes) -> bool:
         """Note the leave of this digest's requests whose client is gone (True: some)."""
