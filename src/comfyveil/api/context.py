@@ -11,7 +11,7 @@ from aiohttp import web
 from comfyveil import config, i18n
 from comfyveil import policy as policy_mod
 from comfyveil.api.errors import ApiError
-from comfyveil.api.retries import Sweeper
+from comfyveil.api.retries import Sweeper, Visits
 from comfyveil.api.waiter import Waiter
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk import access as access_mod
@@ -35,6 +35,7 @@ class ApiServices:
     requests: api_requests.ApiRequestStore = field(init=False)
     previews: previews.PreviewStore = field(init=False)
     sweeper: Sweeper = field(init=False)
+    visits: Visits = field(init=False)
     # notes that a request's client is done, written after its answer (see retries.leave)
     leaving: set[asyncio.Task[None]] = field(default_factory=set)
     link_secret: bytes = b""  # read from the database at start, shared by every process
@@ -45,6 +46,7 @@ class ApiServices:
         self.previews = previews.PreviewStore(self.db.pool)
         api = self.settings.api
         self.sweeper = Sweeper(self.requests, grace=api.retry_grace, keep=api.retry_keep)
+        self.visits = Visits(self.requests, self.leaving)
 
 
 SERVICES = web.AppKey("api_services", ApiServices)

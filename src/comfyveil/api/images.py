@@ -22,7 +22,7 @@ from aiohttp import BodyPartReader, web
 
 from comfyveil import errors
 from comfyveil import policy as policy_mod
-from comfyveil.api import formats, links, retries, streaming, webhooks
+from comfyveil.api import formats, job_events, links, retries, streaming, webhooks
 from comfyveil.api.context import ACCOUNT, ApiServices, caller, services
 from comfyveil.api.errors import QUEUE_RETRY_SECONDS, ApiError, bad_request, from_usage
 from comfyveil.api.uploads import input_image, read_part
@@ -30,7 +30,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import availability, failures, registry, submit
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
-from comfyveil.store import jobs
+from comfyveil.store import api_requests, jobs
 
 MAX_N = 10  # OpenAI's own bound on n
 logger = logging.getLogger(__name__)
@@ -181,9 +181,7 @@ async def _limits_first(request: web.Request, svc: ApiServices, who: access_mod.
             and IDEMPOTENCY.match(sent)
             and await svc.db.jobs.key_used(_job_key(request, sent, 0), who.user_id)
         ) and not (
-            who.allowed
-            and not sent
-            and await svc.requests.has_abandoned(request[ACCOUNT].id)
+            who.allowed and not sent and await svc.requests.has_abandoned(request[ACCOUNT].id)
         ):
             raise from_usage(exc) from None
 
@@ -460,9 +458,7 @@ async def _answer(
     fingerprint = ask.fingerprint.digest() if ask.fingerprint is not None else None
     # A retry of a request whose client went away takes its jobs over (before the checks
     # below: they passed for those jobs, and a GPU down now does not undo them).
-    taken = (
-        await svc.requests.take_over(account.id, fingerprint) if fingerprint is not None else None
-    )
+    taken = await _take_over(svc, account.id, fingerprint)
     row: asyncio.Future[int] | None = None  # the request's row, written beside the wait
     if taken is not None:
         row = asyncio.get_running_loop().create_future()
@@ -499,7 +495,11 @@ async def _answer(
             mark = None  # an Idempotency-Key's jobs from before: read them
         if fingerprint is not None:
             row = asyncio.ensure_future(svc.requests.open(account.id, fingerprint, job_ids))
+    visit = (
+        None if row is None or fingerprint is None else svc.visits.enter(fingerprint, request, row)
+    )
     answer = streaming.Answer(request, shape, edit=edit)
+    closing = request.app.get(job_events.CLOSING)  # set when this process shuts down
     handed = False
     try:
         work = _results(svc, job_ids, shape, _base(request, svc), mark)
@@ -509,7 +509,7 @@ async def _answer(
                 await answer.follow(svc.previews, job_ids)
         try:
             present, data = await retries.unless_gone(
-                request, work, tick=answer.ping if shape.stream else None
+                request, work, tick=answer.ping if shape.stream else None, stop=closing
             )
         except ApiError as problem:
             handed = True  # the client hears it: the request is over
@@ -517,21 +517,60 @@ async def _answer(
                 return await answer.error(problem)
             raise
         if not present or data is None:
-            return web.Response(status=499)  # nobody is there to read it
+            if closing is None or not closing.is_set() or not retries.connected(request):
+                return web.Response(status=499)  # nobody is there to read it
+            # This process is stopping (a restart): the client is told to try again, and
+            # its retry, on whichever process serves it, takes these jobs over. The leave
+            # is noted before it is told, so the retry finds it; the shutdown need not
+            # wait for the jobs.
+            if visit is not None:
+                await asyncio.wait({svc.visits.end(visit, handed=False)})
+            stopping = ApiError(
+                503,
+                _("Something went wrong on the server; try again."),
+                type="server_error",
+                code="server_stopping",
+            )
+            if shape.stream:
+                return await answer.error(stopping)
+            raise stopping
+        # Handed only once the whole answer is written: a client that leaves while it
+        # is being written never had it, and its retry must find the jobs, not pay again.
+        try:
+            if shape.stream:
+                response = await answer.completed(data)
+            else:
+                response = web.json_response({"created": int(time.time()), "data": data})
+                await response.prepare(request)
+                await response.write_eof()
+        except ConnectionError:
+            return web.Response(status=499)
         handed = True
-        if shape.stream:
-            return await answer.completed(data)
-        return web.json_response({"created": int(time.time()), "data": data})
+        return response
     finally:
-        await answer.stop()  # the previews, whatever the answer became
-        if row is not None:  # after the answer, off its path (and even if cancelled)
-            task = retries.leave(svc.requests, row, handed=handed)
-            svc.leaving.add(task)
-            task.add_done_callback(svc.leaving.discard)
+        # The leave is noted before anything else is awaited here: a cancellation (a
+        # shutdown) landing in the previews' stop must not leave the row waited for.
+        if visit is not None:  # after the answer, off its path (and even if cancelled)
+            svc.visits.end(visit, handed=handed)
         if not handed and job_ids:  # its client went away: its jobs' ends go to the webhooks
             told = asyncio.create_task(_client_went_away(svc, job_ids), name="api-webhooks")
             svc.leaving.add(told)
             told.add_done_callback(svc.leaving.discard)
+        await answer.stop()  # the previews, whatever the answer became
+
+
+async def _take_over(
+    svc: ApiServices, account_id: int, fingerprint: bytes | None
+) -> api_requests.Taken | None:
+    """The row of an identical request whose client went away, made this request's: one
+    already left, or one this process still answers whose client is gone (a retry sent
+    before its first try noticed)."""
+    if fingerprint is None:
+        return None
+    taken = await svc.requests.take_over(account_id, fingerprint)
+    if taken is None and await svc.visits.let_go_of_gone(fingerprint):
+        taken = await svc.requests.take_over(account_id, fingerprint)
+    return taken
 
 
 async def _client_went_away(svc: ApiServices, job_ids: list[uuid.UUID]) -> None:
@@ -539,8 +578,11 @@ async def _client_went_away(svc: ApiServices, job_ids: list[uuid.UUID]) -> None:
         for job_id in job_ids:
             await webhooks.client_went_away(svc.db, job_id)
     except Exception as exc:  # the result still waits for a retry; only the event is lost
-        logger.warning("could not watch an abandoned request's jobs for webhooks: %s",
-                       type(exc).__name__, extra={"action": "api_webhook_watch_failed"})
+        logger.warning(
+            "could not watch an abandoned request's jobs for webhooks: %s",
+            type(exc).__name__,
+            extra={"action": "api_webhook_watch_failed"},
+        )
 
 
 async def _queue(

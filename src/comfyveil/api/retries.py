@@ -56,19 +56,21 @@ async def unless_gone(
     *,
     tick: Callable[[], Awaitable[None]] | None = None,
     every: float | None = None,
+    stop: asyncio.Event | None = None,
 ) -> tuple[bool, T | None]:
     """Run `work` while the client is connected: (True, its result), or (False, None) as
     soon as the client has gone (the work is stopped; the web server goes on with a
     handler whose client left, so the request must notice it itself). `tick` is called
     each `every` seconds meanwhile (a stream's keep-alive, so no proxy or client read
-    timeout takes a long job's silence for a dead server)."""
+    timeout takes a long job's silence for a dead server). A set `stop` (this process is
+    shutting down) ends the wait as a gone client does."""
     every = KEEPALIVE if every is None else every
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     due = loop.time() + every
     try:
         while not task.done():
-            alive = connected(request)
+            alive = connected(request) and not (stop is not None and stop.is_set())
             if alive and tick is not None and loop.time() >= due:
                 due = loop.time() + every
                 try:
@@ -80,6 +82,10 @@ async def unless_gone(
                 await asyncio.gather(task, return_exceptions=True)
                 return False, None
             await asyncio.wait({task}, timeout=WATCH)
+        # The work may end between two looks at a client that left meanwhile: an answer
+        # nobody will read is no answer, so the request stays open for a retry.
+        if not connected(request):
+            return False, None
         return True, task.result()
     finally:
         if not task.done():  # this request itself was cancelled (shutdown)
@@ -103,6 +109,59 @@ def leave(
             )
 
     return asyncio.create_task(left(), name="api-leave")
+
+
+class Visit:
+    """One request's hold on its row, let go of once: by the request when it ends, or
+    sooner by a retry that finds this request's client gone."""
+
+    def __init__(self, fingerprint: bytes, request: web.Request, row: asyncio.Future[int]):
+        self.fingerprint = fingerprint
+        self.request = request
+        self.row = row
+        self.left: asyncio.Task[None] | None = None
+
+
+class Visits:
+    """The requests this process answers now that hold a row, by digest. The first try
+    looks at its connection only now and then (`WATCH`), and notes its leave in the
+    background; a retry that arrives before that note is written lets the first try's
+    row go itself (its client is gone: it can never be handed its answer) and takes it
+    over, instead of queueing and paying anew."""
+
+    def __init__(self, store: api_requests.ApiRequestStore, leaving: set[asyncio.Task[None]]):
+        self.store = store
+        self.leaving = leaving
+        self._by: dict[bytes, set[Visit]] = {}
+
+    def enter(self, fingerprint: bytes, request: web.Request, row: asyncio.Future[int]) -> Visit:
+        visit = Visit(fingerprint, request, row)
+        self._by.setdefault(fingerprint, set()).add(visit)
+        return visit
+
+    def end(self, visit: Visit, *, handed: bool) -> asyncio.Task[None]:
+        """The request is over; its leave is noted unless a retry noted it first."""
+        same = self._by.get(visit.fingerprint)
+        if same is not None:
+            same.discard(visit)
+            if not same:
+                del self._by[visit.fingerprint]
+        return self._leave(visit, handed=handed)
+
+    async def let_go_of_gone(self, fingerprint: bytes) -> bool:
+        """Note the leave of this digest's requests whose client is gone (True: some)."""
+        gone = [v for v in self._by.get(fingerprint, ()) if not connected(v.request)]
+        tasks = [self._leave(v, handed=False) for v in gone]
+        if tasks:
+            await asyncio.wait(tasks)
+        return bool(tasks)
+
+    def _leave(self, visit: Visit, *, handed: bool) -> asyncio.Task[None]:
+        if visit.left is None:  # once: a second leave would free a retry's row
+            visit.left = leave(self.store, visit.row, handed=handed)
+            self.leaving.add(visit.left)
+            visit.left.add_done_callback(self.leaving.discard)
+        return visit.left
 
 
 class Sweeper:

@@ -37,13 +37,15 @@ class ApiRequestStore:
         """The oldest request of this account with this digest that no client waits for
         now, made this client's (None: there is none; the request queues its own jobs).
         A request some client still waits for is never taken: two identical requests
-        alive at once are two requests."""
+        alive at once are two requests. A row locked by the sweep (or another retry) is
+        waited for, not skipped: the sweep may be keeping it for this very retry, and a
+        retry taking it meanwhile re-reads it as taken (no longer `clients = 0`)."""
         rows = await self._all(
             "UPDATE api_requests SET clients = 1, left_at = NULL, attached = attached + 1 "
             "WHERE id = (SELECT id FROM api_requests "
             "  WHERE account_id = %(a)s AND fingerprint = %(f)s "
             "    AND state IN ('open', 'kept') AND clients = 0 "
-            "  ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            "  ORDER BY created_at, id LIMIT 1 FOR UPDATE) "
             "RETURNING id, job_ids",
             {"a": account_id, "f": fingerprint},
         )
