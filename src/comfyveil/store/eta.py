@@ -392,9 +392,16 @@ def estimate(
         found = cost_of(backend, cmd)
         return found.seconds(units) if found is not None else estimator.typical(backend, units)
 
+    colds: dict[tuple[str, str], float] = {}
+
     def switch(backend: str, cmd: str) -> float:
         """What loading `cmd`'s models costs there after the work placed there so far."""
-        return 0.0 if loaded[backend] in (None, cmd) else estimator.cold_seconds(backend, cmd)
+        if loaded[backend] in (None, cmd):
+            return 0.0
+        key = (backend, cmd)
+        if key not in colds:
+            colds[key] = estimator.cold_seconds(backend, cmd)
+        return colds[key]
 
     def pace_of(
         backend: str, cmd: str, units: float, n: int | None, measured: float | None
@@ -437,8 +444,7 @@ def estimate(
             seconds = left(job.backend, job.command, job.work, seconds, job)
         put(job.backend, job.command, seconds)
 
-    def capacity(backend: str) -> int:
-        return max(1, slots if isinstance(slots, int) else slots.get(backend, SLOTS))
+    capacity = {b: max(1, slots if isinstance(slots, int) else slots.get(b, SLOTS)) for b in names}
 
     def place(
         cmd: str, units: float, allowed: tuple[str, ...] | None, at: float, after: int
@@ -448,7 +454,7 @@ def estimate(
         when it is done."""
         able = [b for b in names if allowed is None or b in allowed] or names
         # The pool sends a job when a backend it can use has a free slot.
-        t = max(at, min(_slot_free(ends[b], capacity(b), at) for b in able))
+        t = max(at, min(_slot_free(ends[b], capacity[b], at) for b in able))
         while True:
             options: list[routing.Option] = []
             free: list[routing.Option] = []
@@ -460,7 +466,7 @@ def estimate(
                     b,
                     max(0.0, (queue[-1] if queue else 0.0) - t) + extra + run(b, cmd, units),
                     load,
-                    capacity(b),
+                    capacity[b],
                     extra > 0,
                 )
                 options.append(option)
