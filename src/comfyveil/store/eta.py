@@ -10,9 +10,12 @@ backend ran another command just before is a cold start: its extra over the warm
 prediction is what a model switch costs there. A run counts from ComfyUI's start of the
 prompt (`executing_at`), not from the claim.
 
-Then the queue is played forward: each backend is busy for what its running jobs still
-need and for the jobs waiting on it; each job ahead, in claim order, goes where it would
-finish first, as the pool sends it; ours last. A running job still needs its steps left
+Then the queue is played forward by the pool's own rule (`comfy.routing.choose`, the one
+function the pool places jobs with): each backend is busy for what its running jobs still
+need and for the jobs waiting on it, and holds `SLOTS` jobs at once; each job ahead, in
+claim order, is sent when a backend it may use has a free slot, to the backend the rule
+picks, and pays a model switch exactly where it lands on other models; ours last, its ETA
+the end of its run there. A running job still needs its steps left
 at the pace it has shown, plus its tail (never less than its steps left need); one past
 its estimate with no progress to go by is not taken as nearly done: it is expected to run
 half as long again as it has. The answer says where the queue ahead goes, backend by
