@@ -210,12 +210,14 @@ def test_a_job_ahead_pays_a_model_switch_only_where_it_lands_on_other_models() -
         model,
         command="f",
         backends=["gpu0"],
-        ahead=[eta.Ahead("f"), eta.Ahead("sd")],
+        ahead=[eta.Ahead("sd")],
         last_command={"gpu0": "sd"},
     )
-    # One GPU: f after sd switches (14), sd after f (5: no switch to sd measured),
-    # ours after sd switches again (14).
-    assert wait.seconds == pytest.approx(14.0 + 5.0 + 14.0)
+    # One GPU holding sd's models: the job ahead finds them loaded (no switch), ours
+    # switches to f after it (10 + 4 s): a switch counted for sure, where each one lands.
+    sd = model.run_seconds("gpu0", "sd")
+    assert sd is not None
+    assert wait.seconds == pytest.approx(sd + 10.0 + 4.0)
 
 
 def test_a_command_seen_only_cold_is_not_charged_its_model_load_on_every_run() -> None:

@@ -15,7 +15,8 @@ function the pool places jobs with): each backend is busy for what its running j
 need and for the jobs waiting on it, and holds `SLOTS` jobs at once; each job ahead, in
 claim order, is sent when a backend it may use has a free slot, to the backend the rule
 picks, and pays a model switch exactly where it lands on other models; ours last, its ETA
-the end of its run there. A running job still needs its steps left
+the end of its run there. Deeper in the queue than the backends hold at once, a job goes
+where it would finish first and pays a switch as often as runs lately did. A running job still needs its steps left
 at the pace it has shown, plus its tail (never less than its steps left need); one past
 its estimate with no progress to go by is not taken as nearly done: it is expected to run
 half as long again as it has. The answer says where the queue ahead goes, backend by
@@ -449,13 +450,48 @@ def estimate(
 
     capacity = {b: max(1, slots if isinstance(slots, int) else slots.get(b, SLOTS)) for b in names}
 
+    # The first jobs ahead land where the slots that free next are: the pool's rule
+    # places them. Behind as many jobs as the backends hold at once, where a slot frees
+    # first and which models it holds by then hang on every run before it ending a
+    # little sooner or later: placing those by the rule too swung the ETA by whole model
+    # loads as jobs were sent (in the benchmark, more jumps than the guess below).
+    depth = sum(capacity.values())
+    guessed = dict.fromkeys(names, False)  # a deep job was placed there
+    rank = {b: i for i, b in enumerate(names)}
+
     def place(
-        cmd: str, units: float, allowed: tuple[str, ...] | None, at: float, after: int
+        cmd: str,
+        units: float,
+        allowed: tuple[str, ...] | None,
+        at: float,
+        after: int,
+        deep: bool = False,
     ) -> tuple[str, float, float]:
         """Where the pool sends a job that asks for a slot at `at` with `after` jobs
         behind it, by its own rule (`routing.choose`): the backend, when it is sent,
-        when it is done."""
+        when it is done. A `deep` one (behind more jobs than the backends hold at once)
+        is placed as the slots free then cannot be known yet (see below)."""
         able = [b for b in names if allowed is None or b in allowed] or names
+        if deep:
+            # Deep in the queue, which backend frees a slot first and which models it
+            # holds by then depend on every landing before: the job goes where it would
+            # finish first, a switch counted as often as runs lately did.
+            def expected(b: str) -> float:
+                extra = switch(b, cmd)
+                if extra > 0 or guessed[b]:
+                    extra = estimator.switch_share * estimator.cold_seconds(b, cmd)
+                return extra + run(b, cmd, units)
+
+            costs_there = {b: expected(b) for b in able}
+            name = min(
+                able,
+                key=lambda b: (
+                    max(at, ends[b][-1] if ends[b] else 0.0) + costs_there[b],
+                    rank[b],
+                ),
+            )
+            guessed[name] = True
+            return name, at, put(name, cmd, costs_there[name], at)
         # The pool sends a job when a backend it can use has a free slot.
         t = max(at, min(_slot_free(ends[b], capacity[b], at) for b in able))
         while True:
@@ -494,7 +530,9 @@ def estimate(
     sent = 0.0  # the pool sends the jobs one after another, in claim order
     for index, job in enumerate(ahead[:SIMULATED]):
         after = len(ahead) - index  # those behind it, ours included
-        backend, sent, _ = place(job.command, job.work, job.backends, sent, after)
+        backend, sent, _ = place(
+            job.command, job.work, job.backends, sent, after, deep=index >= depth
+        )
         where[backend] += 1
     if len(ahead) > SIMULATED:
         # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
@@ -520,7 +558,7 @@ def estimate(
         ours = on  # waiting there: after the jobs on it now, not after those still queued
         total = put(on, command, switch(on, command) + run(on, command, work))
     else:
-        ours, _, total = place(command, work, own_backends, sent, behind)
+        ours, _, total = place(command, work, own_backends, sent, behind, deep=len(ahead) >= depth)
     return Wait(
         seconds=total if known else None,
         ahead=len(ahead),
