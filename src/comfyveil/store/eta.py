@@ -16,11 +16,12 @@ need and for the jobs waiting on it, and holds `SLOTS` jobs at once; each job ah
 claim order, is sent when a backend it may use has a free slot, to the backend the rule
 picks, and pays a model switch exactly where it lands on other models; ours last, its ETA
 the end of its run there. Deeper in the queue than the backends hold at once, a job goes
-where it would finish first and pays a switch as often as runs lately did. A running job still needs its steps left
-at the pace it has shown, plus its tail (never less than its steps left need); one past
-its estimate with no progress to go by is not taken as nearly done: it is expected to run
-half as long again as it has. The answer says where the queue ahead goes, backend by
-backend, the running jobs included.
+where it would finish first and pays a switch as often as runs lately did.
+
+A running job still needs its steps left at the pace it has shown, plus its tail (never
+less than its steps left need); one past its estimate with no progress to go by is not
+taken as nearly done: it is expected to run half as long again as it has. The answer
+says where the queue ahead goes, backend by backend, the running jobs included.
 
 The place in the queue moves forward only (`PlaceMemory`): round-robin may put another
 user's job ahead of one already shown "#1"; the place shown stays the smallest shown so
