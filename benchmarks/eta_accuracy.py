@@ -236,6 +236,8 @@ def snapshot(
     started = mine is not None and mine.started is not None
     own = {
         "names": names,
+        # the jobs waiting behind ours, as the pool's rule weighs them when it is sent
+        "behind": len(queue) - queue.index(index) - 1 if index in queue else len(queue),
         "command": asks[index].command,
         "on": mine.backend if mine is not None else None,
         "elapsed": now - mine.started if started else None,  # type: ignore[operator, union-attr]

@@ -19,7 +19,7 @@ async def test_cancel_a_queued_job(fake_telegram: FakeTelegram, fake_comfy, db) 
     async with running_bot(fake_telegram, db, [fake_comfy], worker=False) as stack:
         stack.send(30, f"/f a fox {SMALL}")
         status = await fake_telegram.wait_for_call("sendMessage", chat_id=30)
-        assert status.result["text"].startswith("Queued #1")
+        assert status.result["text"].startswith("Queued · next in line")
         stack.send(30, "/cancel")
         reply = await stack.reply_text(30, count=2)
         assert reply.startswith("Cancelled job #")
@@ -81,7 +81,7 @@ async def test_status_and_history(fake_telegram: FakeTelegram, fake_comfy, db) -
         await fake_telegram.wait_for_call("sendMessage", chat_id=33, count=2)
         stack.send(33, "/status")
         status = await stack.reply_text(33, count=3)
-        assert status.count("Queued #") == 2
+        assert status.count("Queued · next in line") == 1 and status.count("Queued #2") == 1
         stack.send(33, "/history")
         history = await stack.reply_text(33, count=4)
         assert "first" in history and "second" in history and "queued" in history

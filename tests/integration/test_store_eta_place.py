@@ -23,10 +23,10 @@ async def test_a_job_shown_first_stays_first_when_round_robin_puts_another_ahead
     await db.jobs.complete(claimed)
     mine = await db.jobs.enqueue(new_job(1))  # ... and queues again: first in line
     tracker = status.StatusTracker(None, db, backends=lambda: ["gpu0"])  # type: ignore[arg-type]
-    assert "#1" in await tracker.text_for(mine)
+    assert "next in line" in await tracker.text_for(mine)
 
     await db.jobs.enqueue(new_job(2))  # a user never served goes ahead of user 1
     wait = await db.jobs.wait(mine.id, backends=["gpu0"])
     assert wait is not None and wait.place == 2  # the queue as it is now
     text = await tracker.text_for(mine)
-    assert "#1" in text and "#2" not in text, text  # what the user was shown stays
+    assert "next in line" in text and "#2" not in text, text  # the place shown stays

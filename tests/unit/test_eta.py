@@ -162,53 +162,62 @@ def test_a_running_job_still_needs_its_steps_left_at_the_pace_it_showed() -> Non
     assert fresh.seconds == pytest.approx(20 * 0.5)
 
 
-def test_a_job_ahead_pays_a_model_switch_as_often_as_runs_lately_did() -> None:
-    # gpu0 ran f, f, sd, sd, f, f: two of five runs after another found other models
-    # loaded, each switch 4 s over the warm run.
-    model = taught(
-        ("gpu0", "f", 10.0),
-        ("gpu0", "f", 10.0),
-        ("gpu0", "sd", 9.0),
-        ("gpu0", "sd", 5.0),
-        ("gpu0", "f", 14.0),
-        ("gpu0", "f", 10.0),
-    )
-    assert model.switch_share == pytest.approx(2 / 5)
-    # The first job ahead follows the last run (sd): a switch for sure. The second, and
-    # ours, follow jobs placed by the guess: a switch two times in five, 1.6 s each.
-    wait = eta.estimate(
-        model,
-        command="f",
-        backends=["gpu0"],
-        ahead=[eta.Ahead("f"), eta.Ahead("sd")],
-        last_command={"gpu0": "sd"},
-    )
-    assert wait.seconds == pytest.approx((10.0 + 4.0) + (5.0 + 1.6) + (10.0 + 1.6))
+SWITCHED = [
+    # f warm 10 s, sd 5 s; f after sd 14 s: a switch to f costs 4 s.
+    ("gpu0", "f", 10.0),
+    ("gpu0", "f", 10.0),
+    ("gpu0", "sd", 5.0),
+    ("gpu0", "f", 14.0),
+    ("gpu0", "f", 10.0),
+    ("gpu1", "sd", 5.0),
+    ("gpu1", "sd", 5.0),
+]
 
 
-def test_a_job_sent_after_another_guessed_one_pays_the_share_of_a_switch() -> None:
-    # Warm: f 10 s, sd 5 s; a switch 4 s; two of five runs after another switched.
-    model = taught(
-        ("gpu0", "f", 10.0),
-        ("gpu0", "f", 10.0),
-        ("gpu0", "sd", 9.0),
-        ("gpu0", "sd", 5.0),
-        ("gpu0", "f", 14.0),
-        ("gpu0", "f", 10.0),
-    )
+def test_a_queued_job_is_counted_where_the_pool_will_send_it_and_the_jobs_ahead() -> None:
+    model = taught(*SWITCHED)
+    # gpu0 holds f's models, gpu1 sd's; three f jobs ahead, then ours (f), nobody behind.
     wait = eta.estimate(
         model,
         command="f",
         backends=["gpu0", "gpu1"],
-        ahead=[eta.Ahead("f"), eta.Ahead("sd")],
-        last_command={"gpu0": "f", "gpu1": "f"},
+        ahead=[eta.Ahead("f"), eta.Ahead("f"), eta.Ahead("f")],
+        last_command={"gpu0": "f", "gpu1": "sd"},
     )
-    # The first job ahead is sent next: gpu0 holds its models (10 s). The second is sent
-    # after it, where is not known yet: on gpu1 it pays a switch two times in five, not
-    # for sure (5 + 1.6 s); ours follows it there (10 + 1.6 s). A whole switch counted
-    # for it would move ours by 2.4 s each time the first one landed elsewhere.
+    # As the pool sends them (a backend holds two: one running, one waiting): the first
+    # to gpu0 (done at 10); the second to gpu1, which loads f (4 + 10: done at 14, not
+    # 20 behind the first); the third to gpu0 (done at 20, where gpu1 would take 24).
+    # Ours: gpu0 holds two now; gpu1 has room and, f loaded by then, has it done at 24.
+    assert wait.ahead_by_backend == {"gpu0": 2, "gpu1": 1}
     assert wait.backend == "gpu1"
-    assert wait.seconds == pytest.approx((5.0 + 1.6) + (10.0 + 1.6))
+    assert wait.seconds == pytest.approx(24.0)
+
+
+def test_a_job_ahead_goes_to_a_free_slot_not_behind_a_faster_gpu_full_already() -> None:
+    # gpu0 runs f in 2 s, gpu1 in 10 s; three f jobs ahead, then ours.
+    model = taught(("gpu0", "f", 2.0), ("gpu0", "f", 2.0), ("gpu1", "f", 10.0), ("gpu1", "f", 10.0))
+    wait = eta.estimate(model, command="f", backends=["gpu0", "gpu1"], ahead=[eta.Ahead("f")] * 3)
+    # gpu0 takes two (done at 2 and 4); with its slots full and a job behind, the pool
+    # sends the third to the free gpu1 (done at 10), not behind gpu0's two (done at 6).
+    # Ours, the last, waits in gpu0's queue: done at 6 (counting the third on gpu0 said 8).
+    assert wait.ahead_by_backend == {"gpu0": 2, "gpu1": 1}
+    assert wait.backend == "gpu0" and wait.seconds == pytest.approx(6.0)
+
+
+def test_a_job_ahead_pays_a_model_switch_only_where_it_lands_on_other_models() -> None:
+    model = taught(*SWITCHED)
+    wait = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0"],
+        ahead=[eta.Ahead("sd")],
+        last_command={"gpu0": "sd"},
+    )
+    # One GPU holding sd's models: the job ahead finds them loaded (no switch), ours
+    # switches to f after it (10 + 4 s): a switch counted for sure, where each one lands.
+    sd = model.run_seconds("gpu0", "sd")
+    assert sd is not None
+    assert wait.seconds == pytest.approx(sd + 10.0 + 4.0)
 
 
 def test_a_command_seen_only_cold_is_not_charged_its_model_load_on_every_run() -> None:

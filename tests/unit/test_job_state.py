@@ -7,8 +7,12 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from comfyveil import i18n
+from comfyveil.cli import submit as cli_submit
 from comfyveil.desk import state as job_state
+from comfyveil.desk import words
 from comfyveil.store import jobs
+from comfyveil.telegram import render
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 Stage = job_state.Stage
@@ -99,3 +103,19 @@ def test_a_results_caption_counts_the_run_from_comfyuis_start() -> None:
     )
     caption = sink.caption_for(done)
     assert "waited 36 s" in caption and "ran 4.0 s" in caption, caption
+
+
+def test_the_first_in_line_reads_next_in_line_in_the_chat_the_web_and_the_cli() -> None:
+    queued = job("queued", attempts=0)
+    # The CLI (`submit --wait`, `jobs show`): not "queued #1" nor "0 job(s) ahead".
+    first = cli_submit.describe_progress(queued, job_state.of(queued, place=1))
+    assert first == "queued, next in line"
+    assert cli_submit.describe_progress(queued, job_state.of(queued, place=3)) == "queued #3"
+    # The chat says it with the same words, in the reader's language.
+    view = render.JobView(id=str(queued.id), command="f", status="queued", position=1, eta_s=40)
+    assert render.status_text(view) == "Queued · next in line · about 40 s"
+    with i18n.using("ru"):
+        assert "следующий в очереди" in render.status_text(view)
+    # The web page shows the place as the same words for the first, a number after.
+    assert words.next_in_line(1) and not words.next_in_line(2)
+    assert not words.next_in_line(None)

@@ -28,7 +28,7 @@ def job(**changes: object) -> render.JobView:
     ("view", "expected"),
     [
         (job(position=3, eta_s=40), "Queued #3 · about 40 s"),
-        (job(position=1, eta_s=200), "Queued #1 · about 3 min"),
+        (job(position=1, eta_s=200), "Queued · next in line · about 3 min"),
         (job(position=12, eta_s=4000), "Queued #12 · about 1 h 7 min"),
         (job(position=2), "Queued #2"),
         (job(position=0, eta_s=4.2), "Starting… · about 4.2 s"),

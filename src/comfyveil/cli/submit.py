@@ -28,7 +28,9 @@ from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
 from comfyveil.desk import state as job_state
 from comfyveil.desk import submit as desk_submit
+from comfyveil.desk import words as desk_words
 from comfyveil.errors import ComfyveilError, UsageError
+from comfyveil.i18n import _
 from comfyveil.store import database, jobs
 
 CLI_USER_ID = 0  # jobs queued from the command line belong to this pseudo-user
@@ -161,6 +163,8 @@ def describe_progress(job: jobs.Job, seen: job_state.JobState) -> str:
             return f"{seen.word}: {seen.note}"
         if job.attempts and job.error:
             return f"{seen.word}, retrying after: {job.error}"
+        if desk_words.next_in_line(seen.place):
+            return f"{seen.word}, {_(desk_words.NEXT_IN_LINE)}"
         return seen.word if seen.place is None else f"{seen.word} #{seen.place}"
     if seen.stage is stage.WAITING_GPU:
         where = f" {seen.backend}" if seen.backend else ""

@@ -60,9 +60,7 @@ BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went 
 BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
 PROBE_TIMEOUT = 10.0  # seconds one probe may take
 ROUTINGS = ("finish", "idle")
-# With routing "finish", a backend expected to finish a job first may hold this many times
-# its slots; the bound keeps a wrong estimate from piling work onto one GPU.
-OVERFLOW = 2
+OVERFLOW = routing_mod.OVERFLOW  # with routing "finish": see `routing.choose`
 
 _MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
 
@@ -271,9 +269,7 @@ class Pool:
         self._proxy_for = proxy_for
         self._on_down = on_down
         # `limits`: what one job may bring back from a backend ([limits] in the config).
-        self._client_factory = client_factory or functools.partial(
-            _default_client, limits=limits
-        )
+        self._client_factory = client_factory or functools.partial(_default_client, limits=limits)
         self.probe_interval = probe_interval
         self._memory = memory
         self.backends: dict[str, Backend] = {}
@@ -414,8 +410,9 @@ class Pool:
                 if on_wait is not None and not told:
                     told = True
                     # stored in English; the chat says it in the job's language
-                    await on_wait(N_("waiting for a GPU") if not able
-                                  else N_("waiting for a free GPU"))
+                    await on_wait(
+                        N_("waiting for a GPU") if not able else N_("waiting for a free GPU")
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), self.probe_interval)
 
@@ -434,40 +431,21 @@ class Pool:
         if self.routing == "idle":
             return free[0]
         now = time.monotonic()
-        finish = {b.name: self.expected_finish(b, wf, now) for b in able}
-
-        def order(b: Backend) -> tuple[float, int, int, str]:
-            return (finish[b.name], b.load, b.failures, b.name)
-
-        best_free = min(free, key=order)
-        best = min(able, key=order)
-        if best is best_free or finish[best_free.name] <= finish[best.name]:
-            return best_free
-        if behind > 0:
-            # Jobs wait behind this one: a GPU left idle while work waits costs more than
-            # this job gains by waiting, unless the free GPUs would all load other models
-            # first (a switch costs every job behind too): then a GPU that has this
-            # workflow's models loaded takes it into its queue.
-            if self.cold_cost(best_free, wf) <= 0:
-                return best_free
-            warm = [
-                b for b in able
-                if not b.free and b.load < OVERFLOW * b.capacity and self.cold_cost(b, wf) <= 0
-            ]
-            if not warm:
-                return best_free
-            nearest = min(warm, key=order)
-            return nearest if finish[nearest.name] < finish[best_free.name] else best_free
-        # A busy GPU where the job still finishes first takes it into its own queue, past
-        # its usual slots (up to OVERFLOW times them): the job waits there, not here, and
-        # the jobs behind it go on to the other GPUs instead of waiting behind it.
-        if best.load < OVERFLOW * best.capacity:
-            return best
-        # Waiting here pays only while it is shorter than a run on the free GPU would
-        # take: past that the job starts where it can (the aging bound).
-        if waited >= finish[best_free.name]:
-            return best_free
-        return None
+        options = {
+            b.name: routing_mod.Option(
+                b.name,
+                self.expected_finish(b, wf, now),
+                b.load,
+                b.capacity,
+                self.cold_cost(b, wf) > 0,
+                b.failures,
+            )
+            for b in able
+        }
+        chosen = routing_mod.choose(
+            options.values(), (options[b.name] for b in free), waited=waited, behind=behind
+        )
+        return None if chosen is None else self.backends[chosen.name]
 
     def expected_finish(self, backend: Backend, wf: workflow.Workflow, now: float) -> float:
         """Seconds until a job of `wf` placed on `backend` now would be done."""
@@ -536,7 +514,9 @@ class Pool:
             except ValueError as exc:
                 raise config.ConfigError(f"backend {cfg.name}: bench: {exc}") from None
             logger.info(
-                "backend %s: %d benchmark runs seed its run-time estimates", cfg.name, taken,
+                "backend %s: %d benchmark runs seed its run-time estimates",
+                cfg.name,
+                taken,
                 extra={"action": "estimates_seeded", "backend": cfg.name},
             )
 
@@ -564,9 +544,7 @@ class Pool:
         await self._notify()
 
     @contextlib.asynccontextmanager
-    async def slot(
-        self, wf: workflow.Workflow, job_id: str, **kwargs: Any
-    ) -> AsyncIterator[Slot]:
+    async def slot(self, wf: workflow.Workflow, job_id: str, **kwargs: Any) -> AsyncIterator[Slot]:
         held = await self.acquire(wf, job_id, **kwargs)
         try:
             yield held
@@ -592,8 +570,9 @@ class Pool:
         backends, so a model just installed counts at once, not at the next scheduled
         read (`CAPABILITY_REFRESH`)."""
         now = time.monotonic()
-        stale = [b for b in self.backends.values()
-                 if b.healthy and now - b.capabilities_at > max_age]
+        stale = [
+            b for b in self.backends.values() if b.healthy and now - b.capabilities_at > max_age
+        ]
         if not stale:
             return False
         changed = await asyncio.gather(*(self._read_models(b) for b in stale))
@@ -609,9 +588,12 @@ class Pool:
                 info = await backend.client.object_info(refresh=True)
         except (errors.ComfyError, TimeoutError, OSError) as exc:
             # The probes decide whether it is down; this read is only a courtesy.
-            logger.info("could not read the models of backend %s: %s", backend.name,
-                        str(exc) or type(exc).__name__,
-                        extra={"action": "models_read_failed", "backend": backend.name})
+            logger.info(
+                "could not read the models of backend %s: %s",
+                backend.name,
+                str(exc) or type(exc).__name__,
+                extra={"action": "models_read_failed", "backend": backend.name},
+            )
             return False
         changed = info != backend.object_info
         backend.object_info = info
@@ -625,7 +607,10 @@ class Pool:
         backend.next_probe = time.monotonic() + delay
         if backend.healthy:
             logger.warning(
-                "backend %s is down (%s); probing again in %.1f s", backend.name, reason, delay,
+                "backend %s is down (%s); probing again in %.1f s",
+                backend.name,
+                reason,
+                delay,
                 extra={"action": "backend_down", "backend": backend.name},
             )
         backend.healthy = False
@@ -672,7 +657,8 @@ class Pool:
         backend.next_probe = time.monotonic() + self.probe_interval
         if not backend.healthy:
             logger.info(
-                "backend %s is up", backend.name,
+                "backend %s is up",
+                backend.name,
                 extra={"action": "backend_up", "backend": backend.name},
             )
         backend.healthy = True

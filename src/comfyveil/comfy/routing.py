@@ -30,7 +30,82 @@ from typing import Any
 from comfyveil.comfy import template
 
 WINDOW = 15  # runs kept per (backend, workflow) and kind: recent enough to follow a change
+# A backend expected to finish a job first may hold this many times its slots; the bound
+# keeps a wrong estimate from piling work onto one GPU.
+OVERFLOW = 2
 _MAX_SEED_FILE = 64 * 1024 * 1024  # a results.json of thousands of runs is a few MB
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """A backend that can run the job, as the "finish" rule weighs it.
+
+    Attributes:
+        name: the backend.
+        finish: seconds until the job would be done if placed there now (the work ahead
+            of it there, a model switch, its run).
+        load: jobs on it now; capacity: how many it holds (one running plus waiting).
+        cold: whether it would load other models first.
+        failures: its recent failures (a tie goes to the one with fewer).
+    """
+
+    name: str
+    finish: float
+    load: int
+    capacity: int
+    cold: bool
+    failures: int = 0
+
+    @property
+    def order(self) -> tuple[float, int, int, str]:
+        return (self.finish, self.load, self.failures, self.name)
+
+
+def choose(
+    able: Iterable[Option], free: Iterable[Option], *, waited: float, behind: int = 0
+) -> Option | None:
+    """Where the "finish" rule sends a job now, or None to wait for a busy backend.
+
+    The one rule both the pool (which places the job) and the ETA (which plays the queue
+    forward to say when it will be done) follow, so an ETA counts each job ahead where it
+    will really go. `able`: the backends that can run it; `free`: those of them with a
+    free slot; `waited`: seconds the job has waited for a slot; `behind`: jobs waiting
+    behind it.
+    """
+    free = list(free)
+    if not free:
+        return None
+    able = list(able)
+    best_free = min(free, key=lambda o: o.order)
+    best = min(able, key=lambda o: o.order)
+    if best is best_free or best_free.finish <= best.finish:
+        return best_free
+    if behind > 0:
+        # Jobs wait behind this one: a GPU left idle while work waits costs more than
+        # this job gains by waiting, unless the free GPUs would all load other models
+        # first (a switch costs every job behind too): then a GPU that has this
+        # workflow's models loaded takes it into its queue.
+        if not best_free.cold:
+            return best_free
+        warm = [
+            o
+            for o in able
+            if o.load >= o.capacity and o.load < OVERFLOW * o.capacity and not o.cold
+        ]
+        if not warm:
+            return best_free
+        nearest = min(warm, key=lambda o: o.order)
+        return nearest if nearest.finish < best_free.finish else best_free
+    # A busy GPU where the job still finishes first takes it into its own queue, past
+    # its usual slots (up to OVERFLOW times them): the job waits there, not here, and
+    # the jobs behind it go on to the other GPUs instead of waiting behind it.
+    if best.load < OVERFLOW * best.capacity:
+        return best
+    # Waiting here pays only while it is shorter than a run on the free GPU would
+    # take: past that the job starts where it can (the aging bound).
+    if waited >= best_free.finish:
+        return best_free
+    return None
 
 
 @dataclass

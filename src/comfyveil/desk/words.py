@@ -16,6 +16,10 @@ STATUS_WORDS = {
     "cancelled": N_("cancelled"),
 }
 
+# The first in our queue, in every front end ("queued, next in line"): not "#1", nor "0
+# jobs ahead" while every GPU is busy; nothing of ours waits before it.
+NEXT_IN_LINE = N_("next in line")
+
 ROLE_WORDS = {"user": N_("user"), "admin": N_("admin"), "banned": N_("banned")}
 SOURCE_WORDS = {"shipped": N_("shipped"), "operator": N_("operator")}
 
@@ -26,6 +30,12 @@ def offline_wait(seconds: float) -> str:
     if seconds < 90:
         return _("{seconds} s").format(seconds=round(seconds))
     return _("{minutes} min").format(minutes=round(seconds / 60))
+
+
+def next_in_line(place: int | None) -> bool:
+    """Whether a queued job's place (1: next) is said as `NEXT_IN_LINE` rather than a
+    number."""
+    return place is not None and place <= 1
 
 
 def status_word(status: str) -> str:

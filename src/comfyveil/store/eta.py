@@ -10,13 +10,18 @@ backend ran another command just before is a cold start: its extra over the warm
 prediction is what a model switch costs there. A run counts from ComfyUI's start of the
 prompt (`executing_at`), not from the claim.
 
-Then the queue is played forward: each backend is busy for what its running jobs still
-need and for the jobs waiting on it; each job ahead, in claim order, goes where it would
-finish first, as the pool sends it; ours last. A running job still needs its steps left
-at the pace it has shown, plus its tail (never less than its steps left need); one past
-its estimate with no progress to go by is not taken as nearly done: it is expected to run
-half as long again as it has. The answer says where the queue ahead goes, backend by
-backend, the running jobs included.
+Then the queue is played forward by the pool's own rule (`comfy.routing.choose`, the one
+function the pool places jobs with): each backend is busy for what its running jobs still
+need and for the jobs waiting on it, and holds `SLOTS` jobs at once; each job ahead, in
+claim order, is sent when a backend it may use has a free slot, to the backend the rule
+picks, and pays a model switch exactly where it lands on other models; ours last, its ETA
+the end of its run there. Deeper in the queue than the backends hold at once, a job goes
+where it would finish first and pays a switch as often as runs lately did.
+
+A running job still needs its steps left at the pace it has shown, plus its tail (never
+less than its steps left need); one past its estimate with no progress to go by is not
+taken as nearly done: it is expected to run half as long again as it has. The answer
+says where the queue ahead goes, backend by backend, the running jobs included.
 
 The place in the queue moves forward only (`PlaceMemory`): round-robin may put another
 user's job ahead of one already shown "#1"; the place shown stays the smallest shown so
@@ -25,8 +30,8 @@ far, as the docs promise states only move forward.
 
 from __future__ import annotations
 
+import bisect
 import collections
-import heapq
 import itertools
 import statistics
 import uuid
@@ -34,11 +39,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from comfyveil.comfy import routing
+
 OVERRUN_SHARE = 0.5  # of what it ran so far, what a job past its estimate still needs
 TAIL_SHARE = 1.0  # of a run's fixed part, what comes after the sampler: with the models
 # loaded (a switch is counted apart), what is left is mostly decoding, saving and sending
-SIMULATED = 64  # jobs ahead placed one by one; those beyond are spread evenly
-CANDIDATES = 8  # backends soonest free a job ahead is weighed on (model switches differ)
+SIMULATED = 500  # jobs ahead placed one by one; those beyond are spread evenly
+SLOTS = 2  # jobs a backend holds at once unless told: one running, one waiting (the default)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
 WINDOW = 15  # recent warm runs per backend and command a cost is fitted to
 MEGAPIXEL = 1024 * 1024
@@ -341,6 +348,8 @@ def estimate(
     steps: int | None = None,
     done: float | None = None,
     step_s: float | None = None,
+    slots: Mapping[str, int] | int = SLOTS,
+    behind: int = 0,
 ) -> Wait:
     """Seconds until a job of `command` is done, with the queue ahead split by backend.
 
@@ -355,6 +364,9 @@ def estimate(
         last_command: the command each backend ran last (its models are loaded).
         work, steps, done, step_s: what ours asks (`work_of`), its steps, and once it
             runs, the steps done and a step's seconds so far.
+        slots: how many jobs each backend holds at once (one running, the rest waiting
+            there), by name or for all.
+        behind: the jobs queued behind ours (the pool's rule weighs them).
     """
     names = (
         [f"{UNKNOWN_BACKEND}{i}" for i in range(backends)]
@@ -367,7 +379,6 @@ def estimate(
     if not names:
         return Wait(None, ahead=len(ahead))
 
-    order = {b: i for i, b in enumerate(names)}
     costs: dict[tuple[str, str], Cost | None] = {}
     anywhere: dict[str, Cost | None] = {}
 
@@ -382,22 +393,20 @@ def estimate(
             costs[key] = found
         return costs[key]
 
-    def cost(backend: str, cmd: str, units: float, *, expected: bool = False) -> float:
+    def run(backend: str, cmd: str, units: float) -> float:
         found = cost_of(backend, cmd)
-        seconds = found.seconds(units) if found is not None else estimator.typical(backend, units)
-        if expected and any(guessed.values()):
-            # A job this guess places behind another guessed one: which job really goes
-            # where, and so which models each finds, is not known until the ones before
-            # it are sent, so it pays a switch as often as runs lately did; only a
-            # backend known to hold its models (nothing guessed there) spares it. A
-            # switch counted all or nothing moved the ETA by a whole model load each
-            # time a job ahead landed elsewhere than guessed. The next job to be sent
-            # finds what the backends hold now: its switch is known.
-            if guessed[backend] or loaded[backend] not in (None, cmd):
-                seconds += estimator.switch_share * estimator.cold_seconds(backend, cmd)
-        elif loaded[backend] not in (None, cmd):
-            seconds += estimator.cold_seconds(backend, cmd)
-        return seconds
+        return found.seconds(units) if found is not None else estimator.typical(backend, units)
+
+    colds: dict[tuple[str, str], float] = {}
+
+    def switch(backend: str, cmd: str) -> float:
+        """What loading `cmd`'s models costs there after the work placed there so far."""
+        if loaded[backend] in (None, cmd):
+            return 0.0
+        key = (backend, cmd)
+        if key not in colds:
+            colds[key] = estimator.cold_seconds(backend, cmd)
+        return colds[key]
 
     def pace_of(
         backend: str, cmd: str, units: float, n: int | None, measured: float | None
@@ -409,57 +418,123 @@ def estimate(
             return None
         return found.rate * units / n
 
-    free_at = dict.fromkeys(names, 0.0)
+    def left(backend: str, cmd: str, units: float, seconds: float, job: Busy) -> float:
+        found = cost_of(backend, cmd)
+        return still_needs(
+            seconds,
+            job.elapsed or 0.0,
+            fixed=found.fixed if found is not None else 0.0,
+            pace=pace_of(backend, cmd, units, job.steps, job.step_s),
+            steps=job.steps,
+            done=job.done,
+        )
+
     loaded: dict[str, str | None] = {b: (last_command or {}).get(b) for b in names}
+    # When each job on a backend will be done, in the order it runs them (one at a time).
+    ends: dict[str, list[float]] = {b: [] for b in names}
     running: collections.Counter[str] = collections.Counter()
-    guessed = dict.fromkeys(names, False)  # a job ahead was placed there by the guess
 
-    def take(
-        backend: str, cmd: str, units: float, job: Busy | None = None, *, expected: bool = False
-    ) -> None:
-        seconds = cost(backend, cmd, units, expected=expected)
-        if job is not None and job.elapsed is not None:  # running: what it still needs
-            found = cost_of(backend, cmd)
-            seconds = still_needs(
-                seconds,
-                job.elapsed,
-                fixed=found.fixed if found is not None else 0.0,
-                pace=pace_of(backend, cmd, units, job.steps, job.step_s),
-                steps=job.steps,
-                done=job.done,
-            )
-        free_at[backend] += seconds
+    def put(backend: str, cmd: str, seconds: float, at: float = 0.0) -> float:
+        queue = ends[backend]
+        finish = max(at, queue[-1] if queue else 0.0) + seconds
+        queue.append(finish)
         loaded[backend] = cmd
-        guessed[backend] = guessed[backend] or expected
-        heapq.heappush(free, (free_at[backend], order[backend], backend))
+        return finish
 
-    # The backends by when they are free (stale entries skipped): a job ahead looks at
-    # the CANDIDATES soonest free, not at every one of a large pool.
-    free: list[tuple[float, int, str]] = [(0.0, i, b) for i, b in enumerate(names)]
     # Running first (they are the oldest on each backend), then those waiting there.
     for job in sorted(busy, key=lambda j: j.elapsed is None):
         running[job.backend] += 1
-        take(job.backend, job.command, job.work, job)
+        seconds = run(job.backend, job.command, job.work) + switch(job.backend, job.command)
+        if job.elapsed is not None:  # running: what it still needs
+            seconds = left(job.backend, job.command, job.work, seconds, job)
+        put(job.backend, job.command, seconds)
 
-    def place(cmd: str, units: float, allowed: tuple[str, ...] | None) -> str:
-        if allowed is not None:
-            able = [b for b in names if b in allowed] or names
-        else:
-            able, seen = [], set()
-            while free and len(able) < CANDIDATES:
-                at, _, b = heapq.heappop(free)
-                if at == free_at[b] and b not in seen:
-                    seen.add(b)
-                    able.append(b)
-            for b in able:  # back in, as they were
-                heapq.heappush(free, (free_at[b], order[b], b))
-        return min(able, key=lambda b: (free_at[b] + cost(b, cmd, units, expected=True), order[b]))
+    capacity = {b: max(1, slots if isinstance(slots, int) else slots.get(b, SLOTS)) for b in names}
+
+    # The first jobs ahead land where the slots that free next are: the pool's rule
+    # places them. Behind as many jobs as the backends hold at once, where a slot frees
+    # first and which models it holds by then hang on every run before it ending a
+    # little sooner or later: placing those by the rule too swung the ETA by whole model
+    # loads as jobs were sent (in the benchmark, more jumps than the guess below).
+    depth = sum(capacity.values())
+    guessed = dict.fromkeys(names, False)  # a deep job was placed there
+    rank = {b: i for i, b in enumerate(names)}
+
+    def place(
+        cmd: str,
+        units: float,
+        allowed: tuple[str, ...] | None,
+        at: float,
+        after: int,
+        deep: bool = False,
+    ) -> tuple[str, float, float]:
+        """Where the pool sends a job that asks for a slot at `at` with `after` jobs
+        behind it, by its own rule (`routing.choose`): the backend, when it is sent,
+        when it is done. A `deep` one (behind more jobs than the backends hold at once)
+        is placed as the slots free then cannot be known yet (see below)."""
+        able = [b for b in names if allowed is None or b in allowed] or names
+        if deep:
+            # Deep in the queue, which backend frees a slot first and which models it
+            # holds by then depend on every landing before: the job goes where it would
+            # finish first, a switch counted as often as runs lately did.
+            def expected(b: str) -> float:
+                extra = switch(b, cmd)
+                if extra > 0 or guessed[b]:
+                    extra = estimator.switch_share * estimator.cold_seconds(b, cmd)
+                return extra + run(b, cmd, units)
+
+            costs_there = {b: expected(b) for b in able}
+            name = min(
+                able,
+                key=lambda b: (
+                    max(at, ends[b][-1] if ends[b] else 0.0) + costs_there[b],
+                    rank[b],
+                ),
+            )
+            guessed[name] = True
+            return name, at, put(name, cmd, costs_there[name], at)
+        # The pool sends a job when a backend it can use has a free slot.
+        t = max(at, min(_slot_free(ends[b], capacity[b], at) for b in able))
+        while True:
+            options: list[routing.Option] = []
+            free: list[routing.Option] = []
+            for b in able:
+                queue = ends[b]
+                load = len(queue) - bisect.bisect_right(queue, t)
+                extra = switch(b, cmd)
+                option = routing.Option(
+                    b,
+                    max(0.0, (queue[-1] if queue else 0.0) - t) + extra + run(b, cmd, units),
+                    load,
+                    capacity[b],
+                    extra > 0,
+                )
+                options.append(option)
+                if load < option.capacity:
+                    free.append(option)
+            chosen = routing.choose(options, free, waited=t - at, behind=after)
+            if chosen is not None:
+                break
+            # It waits for a busy backend: until a job ends somewhere, or as long as a
+            # run on the best free one would take (then the pool starts it there).
+            best_free = min(free, key=lambda o: o.order)
+            later = [
+                queue[i]
+                for b in able
+                if (i := bisect.bisect_right(queue := ends[b], t)) < len(queue)
+            ]
+            t = min([*later, at + best_free.finish])
+        seconds = switch(chosen.name, cmd) + run(chosen.name, cmd, units)
+        return chosen.name, t, put(chosen.name, cmd, seconds, t)
 
     where: collections.Counter[str] = collections.Counter()
-    for job in ahead[:SIMULATED]:
-        backend = place(job.command, job.work, job.backends)
+    sent = 0.0  # the pool sends the jobs one after another, in claim order
+    for index, job in enumerate(ahead[:SIMULATED]):
+        after = len(ahead) - index  # those behind it, ours included
+        backend, sent, _ = place(
+            job.command, job.work, job.backends, sent, after, deep=index >= depth
+        )
         where[backend] += 1
-        take(backend, job.command, job.work, expected=True)
     if len(ahead) > SIMULATED:
         # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
         # would cost more than the precision is worth to a wait of that length.
@@ -468,26 +543,23 @@ def estimate(
             found = cost_of(names[0], job.command)
             rest += found.seconds(job.work) if found is not None else 0.0
         for backend in names:
-            free_at[backend] += rest / len(names)
-            heapq.heappush(free, (free_at[backend], order[backend], backend))
-    known = cost_of(names[0], command) is not None or any(
-        cost_of(b, command) is not None for b in names
-    )
-    if on is not None and on in free_at and elapsed is not None:
+            put(backend, loaded[backend] or "", rest / len(names), sent)
+        sent = min(queue[-1] for queue in ends.values())
+    known = any(cost_of(b, command) is not None for b in names)
+    if on is not None and on in ends and elapsed is not None:
         ours = on  # running: only what it still needs
-        found = cost_of(on, command)
-        total = still_needs(
-            cost(on, command, work),
-            elapsed,
-            fixed=found.fixed if found is not None else 0.0,
-            pace=pace_of(on, command, work, steps, step_s),
-            steps=steps,
-            done=done,
+        total = left(
+            on,
+            command,
+            work,
+            run(on, command, work) + switch(on, command),
+            Busy(on, command, elapsed, work, steps, done, step_s),
         )
+    elif on is not None and on in ends:
+        ours = on  # waiting there: after the jobs on it now, not after those still queued
+        total = put(on, command, switch(on, command) + run(on, command, work))
     else:
-        ours = on if on is not None and on in free_at else place(command, work, own_backends)
-        take(ours, command, work, expected=on is None)
-        total = free_at[ours]
+        ours, _, total = place(command, work, own_backends, sent, behind, deep=len(ahead) >= depth)
     return Wait(
         seconds=total if known else None,
         ahead=len(ahead),
@@ -495,6 +567,12 @@ def estimate(
         ahead_by_backend=dict(where),
         backend=ours,
     )
+
+
+def _slot_free(queue: Sequence[float], capacity: int, at: float) -> float:
+    """When a backend whose jobs end at `queue` (ascending) has a free slot, from `at`."""
+    pending = len(queue) - bisect.bisect_right(queue, at)
+    return at if pending < capacity else queue[len(queue) - capacity]
 
 
 def backends_up(pool: Any, configured: Sequence[Any]) -> list[str] | None:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Literal
 
 from comfyveil import i18n
+from comfyveil.desk import words as desk_words
 from comfyveil.desk.failures import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from comfyveil.desk.failures import plain_error as plain_error
 from comfyveil.desk.registry import CommandHelp as CommandHelp
@@ -103,6 +104,8 @@ def status_text(job: JobView) -> str:
     if job.status == "queued":
         if job.position is not None and job.position <= 0:
             parts = [_("Starting…")]
+        elif desk_words.next_in_line(job.position):
+            parts = [_("Queued"), _(desk_words.NEXT_IN_LINE)]
         elif job.position is not None:
             parts = [_("Queued {position}").format(position=ltr(f"#{job.position}"))]
         else:

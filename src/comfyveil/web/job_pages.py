@@ -24,6 +24,7 @@ from comfyveil.desk import availability, failures
 from comfyveil.desk import jobs as desk_jobs
 from comfyveil.desk import language as web_language
 from comfyveil.desk import state as job_state
+from comfyveil.desk import words as desk_words
 from comfyveil.desk.jobs import owned_output
 from comfyveil.desk.language import CHOICE
 from comfyveil.desk.submit import queue
@@ -102,7 +103,8 @@ async def job_page(request: web.Request) -> web.Response:
         "job.html",
         job=job,
         state=seen,
-        position=position,
+        # the first in line in words, as the chat and the CLI say it; later places by number
+        position=_(desk_words.NEXT_IN_LINE) if desk_words.next_in_line(position) else position,
         eta=eta if not seen.stage.finished else None,
         elapsed=seen.running_s,
         percent=seen.percent if seen.stage is job_state.Stage.RUNNING else None,
