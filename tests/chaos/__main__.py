@@ -68,6 +68,11 @@ JOB_TABLES = (
     "deliveries",
     "delivery_claims",
     "backend_traces",
+    "job_previews",
+    "chat_sessions",
+    "webhook_jobs",
+    "webhook_deliveries",
+    "api_requests",
 )
 
 

@@ -829,5 +829,9 @@ class JobStore:
 
     async def purge_expired(self, older_than: dt.timedelta | float) -> int:
         """Delete jobs finished longer ago than `older_than` (seconds or a timedelta)."""
+        return (await self.purge(older_than))[0]
+
+    async def purge(self, older_than: dt.timedelta | float) -> tuple[int, int]:
+        """Delete jobs finished longer ago than `older_than`; (deleted, still there)."""
         row = await self.db.one("purge_expired", older_than=_seconds(older_than))
-        return int(row["purged"]) if row else 0
+        return (int(row["purged"]), int(row["left_over"])) if row else (0, 0)

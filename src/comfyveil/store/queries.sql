@@ -540,14 +540,24 @@ WHERE delivery_claims.claimed_until < now()
 RETURNING job_id;
 
 -- purge_expired --
--- Delete finished jobs (and their images, outputs, events) older than the retention
+-- Delete finished jobs (and their images, outputs, events) older than the retention, with
+-- what names them outside the job tables: the webhook events told of them (delivered or
+-- given up; one still due is sent first) and the images API's records of the requests
+-- that queued them. `left`: the jobs still there (the snapshot still holds the purged).
 WITH purged AS (
     DELETE FROM jobs
     WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(older_than)s)
     RETURNING id
+), told AS (
+    DELETE FROM webhook_deliveries
+    WHERE (delivered_at IS NOT NULL OR given_up_at IS NOT NULL)
+      AND payload #>> '{data,id}' IN (SELECT id::text FROM purged)
+), asked AS (
+    DELETE FROM api_requests
+    WHERE clients = 0 AND job_ids && ARRAY(SELECT id FROM purged)
 )
-SELECT count(*) AS purged FROM purged;
+SELECT count(*) AS purged, (SELECT count(*) FROM jobs) - count(*) AS left_over FROM purged;
 
 -- list_users --
 -- The most recently active users (a users row or a job) with role, quota and jobs today,
