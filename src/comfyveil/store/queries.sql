@@ -373,6 +373,14 @@ UPDATE jobs SET status_message_id = %(message_id)s,
 WHERE id = %(job_id)s
 RETURNING *;
 
+-- set_job_request --
+-- Remember the chat message that asked for a job (and who, in groups) as it is queued, so
+-- its result or ending answers that message from any process, with or without a status
+-- message
+UPDATE jobs SET request_message_id = %(request_message_id)s,
+    requested_by = coalesce(%(requested_by)s::text, requested_by)
+WHERE id = %(job_id)s;
+
 -- jobs_with_status_message --
 -- Jobs waiting or running whose status message the bot keeps current (after a restart)
 SELECT * FROM jobs
