@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import signal
@@ -171,7 +172,13 @@ async def main(args: argparse.Namespace) -> int:
                     None,
                     f"{name}: {process.warm_rss >> 20} MiB warm, {end >> 20} MiB at the end",
                 )
-        await checks.check(system, history, report, users.sessions)
+        await checks.check(system, history, report, users.sessions, faults.log)
+        # what every user was told, beside the logs: a violation looked into after the run
+        with open(system.tmp / "history.jsonl", "w") as out:
+            for request in history.requests:
+                out.write(json.dumps(dataclasses.asdict(request)) + "\n")
+            for command in history.commands:
+                out.write(json.dumps({"command": command}) + "\n")
         db_end = await _database_bytes(system)
         try:
             db_purged = await _retention(system, report)
@@ -234,7 +241,7 @@ def _print(
     for invariant, found in by_invariant.items():
         print(f"  {invariant}: {len(found)}")
         for violation in found[:10]:
-            print(f"    {violation.request}: {violation.detail[:400]}")
+            print(f"    {violation.request}: {violation.detail[:800]}")
     print(
         json.dumps(
             {
