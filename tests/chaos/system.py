@@ -207,6 +207,7 @@ class Process:
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     warm_rss: int | None = None
+    warm_at: float | None = None  # when warm_rss was measured
     restarts: int = 0
     held_down: bool = False  # stopped by a fault, which starts it again
     exited_at: float | None = None
@@ -219,6 +220,7 @@ class Process:
             )
         self.started_at = time.monotonic()
         self.warm_rss = None
+        self.warm_at = None
         self.held_down = False
         self.exited_at = None
 
