@@ -101,6 +101,32 @@ JOB_TABLES = (
 )
 
 
+RELATION_BYTES = (
+    "SELECT n.nspname || '.' || c.relname AS name, pg_relation_size(c.oid) AS n"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.relkind IN ('r', 'i', 't', 'm')"
+)
+
+
+async def _relation_bytes(system: System) -> dict[str, int]:
+    """Each table's, index's and TOAST table's size (main fork), catalogs included."""
+    with contextlib.suppress(Exception):
+        return {r["name"]: int(r["n"]) for r in await system.query(RELATION_BYTES)}
+    return {}
+
+
+def _grown(before: dict[str, int], after: dict[str, int], top: int = 8) -> str:
+    """The relations that grew most between two measures, for the size's violation."""
+    growth = sorted(
+        ((after[k] - before.get(k, 0), k) for k in after if after[k] > before.get(k, 0)),
+        reverse=True,
+    )
+    return ", ".join(
+        f"{name} {before.get(name, 0) >> 10} -> {after[name] >> 10} KiB"
+        for _delta, name in growth[:top]
+    )
+
+
 async def _database_bytes(system: System) -> int:
     with contextlib.suppress(Exception):  # down at that moment: counted as 0
         rows = await system.query("SELECT pg_database_size(current_database()) AS n")
@@ -179,6 +205,7 @@ async def main(args: argparse.Namespace) -> int:
     faults = Faults(system, random.Random(args.seed + 1), every=(args.fault_min, args.fault_max))
     rss_warm: dict[str, int] = {}
     db_warm = db_end = db_purged = 0
+    relations_warm: dict[str, int] = {}
     try:
         await users.prepare()
         started = time.monotonic()
@@ -194,6 +221,7 @@ async def main(args: argparse.Namespace) -> int:
                 warmed = True
                 rss_warm = {n: p.rss() or 0 for n, p in system.processes.items()}
                 db_warm = await _database_bytes(system)
+                relations_warm = await _relation_bytes(system)
             for process in system.processes.values():  # a restarted process warms up anew
                 process.supervise()
                 if process.warm_rss is None and time.monotonic() - process.started_at > WARM_UP_S:
@@ -251,12 +279,14 @@ async def main(args: argparse.Namespace) -> int:
             db_purged = await _retention(system, report)
         except Exception as exc:  # still print what was found
             report.add("retention leaves nothing of a job", None, f"not checked: {exc!r}")
+        grown = _grown(relations_warm, await _relation_bytes(system))
+        print(f"chaos: relations grown most since warm-up, after retention: {grown}", flush=True)
         if db_warm and db_purged > 1.1 * db_warm:
             report.add(
                 "the database's size is back within 10 % after retention",
                 None,
                 f"{db_warm / 2**20:.1f} MiB after warm-up, {db_purged / 2**20:.1f} MiB after"
-                " the purge and a VACUUM",
+                f" the purge and a VACUUM; grown most: {grown}",
             )
     finally:
         await users.close()
