@@ -139,18 +139,28 @@ async def _compaction_done(system: System, timeout: float = 120.0) -> None:
     table, one statement after another) has ended: measured while it runs, the size would
     count the old and the new indexes both. Done when no such statement was seen running
     at five looks a second apart."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     quiet = 0
+    seen: set[str] = set()
     while quiet < 5 and time.monotonic() < deadline:
         await asyncio.sleep(1)
         with contextlib.suppress(Exception):
             rows = await system.query(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'active'"
+                "SELECT query, wait_event_type FROM pg_stat_activity WHERE state = 'active'"
                 " AND pid <> pg_backend_pid()"
                 " AND (query ILIKE 'VACUUM%%' OR query ILIKE 'REINDEX%%'"
                 "      OR query ILIKE 'DROP INDEX%%')"
             )
-            quiet = 0 if rows[0]["n"] else quiet + 1
+            seen |= {f"{r['query'][:40]} (waiting on {r['wait_event_type']})" for r in rows}
+            quiet = 0 if rows else quiet + 1
+    # said, so a size after retention measured mid-compaction is not taken for bloat
+    state = "ended" if quiet >= 5 else f"STILL RUNNING after {timeout:.0f} s"
+    print(
+        f"chaos: the purge's compaction {state} ({time.monotonic() - started:.0f} s;"
+        f" seen: {sorted(seen)[:6]})",
+        flush=True,
+    )
 
 
 async def _retention(system: System, report: checks.Report) -> int:
