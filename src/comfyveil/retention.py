@@ -19,7 +19,7 @@ from comfyveil import config
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import notrace
 from comfyveil.comfy import pool as pool_mod
-from comfyveil.store import database
+from comfyveil.store import compaction, database
 from comfyveil.store import errors as store_errors
 from comfyveil.store.traces import StoredTrace
 
@@ -35,10 +35,18 @@ async def purge_once(
 ) -> int:
     """Delete what is past retention now, and sweep the backends; the number of jobs
     deleted."""
-    purged = await db.jobs.purge_expired(dt.timedelta(days=privacy.job_retention_days))
+    purged, left = await db.jobs.purge(dt.timedelta(days=privacy.job_retention_days))
     if purged:
         logger.info("purged %d finished jobs past retention", purged,
                     extra={"action": "jobs_purged", "count": purged})
+    if compaction.worth_it(purged, left):
+        # Most of the job tables just went: hand their room back rather than keep it at
+        # its peak for good (what this process purged, no other did: one compaction).
+        try:
+            await compaction.compact(db.pool)
+        except store_errors.StoreError as exc:
+            logger.info("job tables not compacted: %s", exc,
+                        extra={"action": "compaction_failed"})
     if backends is not None:
         await sweep(db, backends, await db.traces.settled())
     return purged

@@ -11,6 +11,7 @@ import dataclasses
 import html
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -43,7 +44,11 @@ class Report:
 
 
 async def check(
-    system: System, history: History, report: Report, sessions: list[aiohttp.ClientSession]
+    system: System,
+    history: History,
+    report: Report,
+    sessions: list[aiohttp.ClientSession],
+    faults: Sequence[Any] = (),
 ) -> None:
     rows = await system.query(
         "SELECT id, status, chat_id, user_id, error, status_message_id, attempts,"
@@ -79,6 +84,19 @@ async def check(
                 )
         if request.front == "chat":
             await _chat(system, request, jobs, refusals, delivered, restarted_run, report)
+            if request.told == "nothing" and not request.forgotten:
+                # where it may have been lost: the faults around it (first: the detail
+                # is printed cut short)
+                near = [
+                    f"+{f.at - request.sent_at:.1f}s {f.kind}"
+                    for f in faults
+                    if request.sent_at - 15 <= f.at <= request.sent_at + 120
+                ]
+                if report.violations and report.violations[-1].request.startswith(
+                    f"#{request.rid} "
+                ):
+                    last = report.violations[-1]
+                    last.detail = f"faults then: {near}; {last.detail}"
         elif request.front == "api":
             _api(request, jobs, report)
         elif request.front == "web":
@@ -193,6 +211,11 @@ _NOT_REFUSALS = re.compile(
 )
 
 
+# How long after a /cancel or /forget its answer may come: the Bot API failing or slow, a
+# refusal sent again for about a minute, the bot restarting 5 s after an exit.
+COMMAND_ANSWER_S = 90.0
+
+
 def refusals_of(
     system: System, history: History, by_token: dict[str, list[dict[str, Any]]]
 ) -> dict[int, str]:
@@ -204,27 +227,38 @@ def refusals_of(
     the answer to a /cancel or a /forget.
     """
     answers: dict[str, list[tuple[float, int | None, str]]] = {}
+    questions: dict[str, list[float]] = {}  # when each /forget question was asked
     for call in system.telegram.calls("sendMessage"):
         result = call.result or {}
         text = result.get("text", "")
+        chat_id = str(call.params.get("chat_id"))
         if result.get("reply_markup"):
+            if any(d.startswith("forget") for d in _buttons_of(result)):
+                questions.setdefault(chat_id, []).append(call.at)
             continue
         quoted = (result.get("reply_to_message") or {}).get("message_id")
-        answers.setdefault(str(call.params.get("chat_id")), []).append((call.at, quoted, text))
-    # A /cancel or /forget takes its own answer first: the first answer of the kind
-    # those get in the 30 s after it, else the first sentence that could answer anything
-    # (the database being down).
-    for sent_at, chat_id in history.commands:
+        answers.setdefault(chat_id, []).append((call.at, quoted, text))
+    # A /cancel or /forget takes its own answer first (a /forget's is its question, which
+    # no request could take); without one in time, the database sentence it got instead.
+    # Bounded in time: a command left with no answer of its own (the bot restarted as it
+    # came) must not take a later request's sentence.
+    for sent_at, chat_id, kind in sorted(history.commands):
         chat = answers.get(chat_id, [])
+        window = (sent_at - 0.5, sent_at + COMMAND_ANSWER_S)
+        if kind == "forget":
+            asked = [at for at in questions.get(chat_id, []) if window[0] <= at <= window[1]]
+            if asked:
+                questions[chat_id].remove(asked[0])
+                continue
         own = [
             i
             for i, (at, _q, text) in enumerate(chat)
-            if sent_at - 0.5 <= at <= sent_at + 30 and _NOT_REFUSALS.match(text)
+            if window[0] <= at <= window[1] and _NOT_REFUSALS.match(text)
         ]
         anything = [
             i
             for i, (at, _q, text) in enumerate(chat)
-            if at >= sent_at - 0.5 and text == DATABASE_DOWN
+            if window[0] <= at <= window[1] and text == DATABASE_DOWN
         ]
         if own or anything:
             del chat[(own or anything)[0]]
@@ -243,6 +277,11 @@ def refusals_of(
                 del chat[index]
                 break
     return found
+
+
+def _buttons_of(message: dict[str, Any]) -> list[str]:
+    markup = message.get("reply_markup") or {}
+    return [b.get("callback_data", "") for row in markup.get("inline_keyboard", []) for b in row]
 
 
 def _bot_calls(system: System, request: Request, seconds: float = 120) -> str:

@@ -34,7 +34,10 @@ from tests.fakes.telegram import FakeTelegram
 from tests.fixtures.database import open_for_the_database_user
 
 ROOT = Path(__file__).resolve().parents[2]
-TMPFS_BYTES = 256 * 1024 * 1024
+# Room for an hour's jobs (about 60 MiB at 2 requests a second, results included), the
+# WAL between checkpoints (up to max_wal_size's reach in 5 minutes) and PostgreSQL's
+# log (256 MiB had 44 MiB used after 4 minutes): the disk must fill only when a fault fills it.
+TMPFS_BYTES = 512 * 1024 * 1024
 
 
 def free_port() -> int:
@@ -207,6 +210,7 @@ class Process:
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     warm_rss: int | None = None
+    warm_at: float | None = None  # when warm_rss was measured
     restarts: int = 0
     held_down: bool = False  # stopped by a fault, which starts it again
     exited_at: float | None = None
@@ -219,6 +223,7 @@ class Process:
             )
         self.started_at = time.monotonic()
         self.warm_rss = None
+        self.warm_at = None
         self.held_down = False
         self.exited_at = None
 

@@ -49,7 +49,8 @@ class Request:
 class History:
     def __init__(self) -> None:
         self.requests: list[Request] = []
-        self.commands: list[tuple[float, str]] = []  # (sent at, chat) of /cancel, /forget
+        # (sent at, chat, "cancel" or "forget") of each /cancel and /forget
+        self.commands: list[tuple[float, str, str]] = []
         self._next = 0
 
     def new(self, front: str, user: str) -> Request:
@@ -114,7 +115,7 @@ class Users:
         roll = self.rng.random()
         if roll < 0.08:
             await asyncio.sleep(self.rng.uniform(0.2, 3))
-            self.history.commands.append((time.monotonic(), str(user_id)))
+            self.history.commands.append((time.monotonic(), str(user_id), "cancel"))
             self.system.telegram.user_sends(user_id, "/cancel")
             request.cancelled = True
         elif roll < 0.16:
@@ -141,7 +142,7 @@ class Users:
         """/forget, then Yes on the question it asked (not an older one); every request
         of this user sent before the bot has acted on the Yes may be gone with it."""
         sent_at = time.monotonic()
-        self.history.commands.append((sent_at, str(user_id)))
+        self.history.commands.append((sent_at, str(user_id), "forget"))
         self.system.telegram.user_sends(user_id, "/forget")
         deadline = sent_at + 90
         while time.monotonic() < deadline:

@@ -613,6 +613,15 @@ class JobStore:
             raise errors.JobNotFound()
         return Job.from_row(row)
 
+    async def set_request(
+        self, job_id: uuid.UUID, request_message_id: int, *, requested_by: str | None = None
+    ) -> None:
+        """Record the chat message that asked for the job (and who, in groups)."""
+        await self.db.run(
+            "set_job_request", job_id=job_id, request_message_id=request_message_id,
+            requested_by=requested_by,
+        )
+
     async def running_remaining(self) -> float:
         """Seconds the running jobs still need, by measured runs of their commands (on
         their own backends where measured); what a queued job waits for beyond the queue."""
@@ -844,5 +853,9 @@ class JobStore:
 
     async def purge_expired(self, older_than: dt.timedelta | float) -> int:
         """Delete jobs finished longer ago than `older_than` (seconds or a timedelta)."""
+        return (await self.purge(older_than))[0]
+
+    async def purge(self, older_than: dt.timedelta | float) -> tuple[int, int]:
+        """Delete jobs finished longer ago than `older_than`; (deleted, still there)."""
         row = await self.db.one("purge_expired", older_than=_seconds(older_than))
-        return int(row["purged"]) if row else 0
+        return (int(row["purged"]), int(row["left_over"])) if row else (0, 0)

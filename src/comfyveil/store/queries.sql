@@ -373,6 +373,14 @@ UPDATE jobs SET status_message_id = %(message_id)s,
 WHERE id = %(job_id)s
 RETURNING *;
 
+-- set_job_request --
+-- Remember the chat message that asked for a job (and who, in groups) as it is queued, so
+-- its result or ending answers that message from any process, with or without a status
+-- message
+UPDATE jobs SET request_message_id = %(request_message_id)s,
+    requested_by = coalesce(%(requested_by)s::text, requested_by)
+WHERE id = %(job_id)s;
+
 -- jobs_with_status_message --
 -- Jobs waiting or running whose status message the bot keeps current (after a restart)
 SELECT * FROM jobs
@@ -540,22 +548,30 @@ WHERE delivery_claims.claimed_until < now()
 RETURNING job_id;
 
 -- purge_expired --
--- Delete finished jobs (and their images, outputs, events) older than the retention, and
--- their webhook deliveries (a job's id, command and state): those name their job only in
--- the payload, so no cascade takes them. Deliveries of jobs deleted otherwise (DELETE
--- /v1/jobs, a purge of an older version) go too. Every part of the statement sees the
--- jobs as they were before it: the purged ones are named apart.
+-- Delete finished jobs (and their images, outputs, events) older than the retention, with
+-- what names them outside the job tables: the webhook events told of them (delivered or
+-- given up; one still due is sent first; they name their job only in the payload, so no
+-- cascade takes them), those of jobs deleted otherwise (DELETE /v1/jobs, a purge of an
+-- older version), and the images API's records of the requests that queued them.
+-- `left_over`: the jobs still there (every part of the statement sees the jobs as they were
+-- before it: the purged ones are named apart).
 WITH purged AS (
     DELETE FROM jobs
     WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(older_than)s)
     RETURNING id
-), hooks AS (
+), told AS (
     DELETE FROM webhook_deliveries d
-    WHERE d.payload -> 'data' ->> 'id' IN (SELECT id::text FROM purged)
-       OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = (d.payload -> 'data' ->> 'id')::uuid)
+    WHERE (d.delivered_at IS NOT NULL OR d.given_up_at IS NOT NULL)
+      AND (d.payload #>> '{data,id}' IN (SELECT id::text FROM purged)
+           OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = (d.payload #>> '{data,id}')::uuid))
+), asked AS (
+    -- whatever its count of clients says (a process killed while its client waited
+    -- never counted it out): no client waits for a job that long
+    DELETE FROM api_requests
+    WHERE job_ids && ARRAY(SELECT id FROM purged)
 )
-SELECT count(*) AS purged FROM purged;
+SELECT count(*) AS purged, (SELECT count(*) FROM jobs) - count(*) AS left_over FROM purged;
 
 -- list_users --
 -- The most recently active users (a users row or a job) with role, quota and jobs today,

@@ -27,6 +27,7 @@ os.environ.setdefault("PTB_TIMEDELTA", "true")
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from telegram import Update
@@ -38,6 +39,7 @@ from telegram.ext import (
     ContextTypes,
     ExtBot,
     MessageHandler,
+    SimpleUpdateProcessor,
     filters,
 )
 
@@ -50,7 +52,16 @@ from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import database, eta
 from comfyveil.store import errors as store_errors
-from comfyveil.telegram import callbacks, commands, handlers, limits, replies, sink, status
+from comfyveil.telegram import (
+    callbacks,
+    commands,
+    handlers,
+    limits,
+    replies,
+    sink,
+    status,
+    updates,
+)
 from comfyveil.telegram.context import BotContext, Services, attach
 from comfyveil.telegram.request import AiohttpRequest
 
@@ -113,15 +124,34 @@ async def _connect(app: Application[Any, Any, Any, Any, Any, Any]) -> None:
     raise failure
 
 
+class _Handled(SimpleUpdateProcessor):
+    """PTB's concurrent handling, telling `handling` when each update's handler ended."""
+
+    __slots__ = ("_handling",)
+
+    def __init__(self, max_concurrent_updates: int, handling: updates.Handling) -> None:
+        super().__init__(max_concurrent_updates)
+        self._handling = handling
+
+    async def process_update(self, update: object, coroutine: Awaitable[Any]) -> None:
+        try:
+            await super().process_update(update, coroutine)
+        finally:
+            if isinstance(update, Update):
+                self._handling.done(update.update_id)
+
+
 def build_application(
     settings: config.Settings,
     *,
     proxy: str | None = None,
     rate_limiter: BaseRateLimiter[Any] | None = None,
     updates_request: AiohttpRequest | None = None,
+    handling: updates.Handling | None = None,
 ) -> Application[Any, Any, Any, Any, Any, Any]:
     """The PTB Application with comfyveil's handlers, in reading order
-    (`updates_request`: the caller's own for getUpdates, to stop polling without PTB).
+    (`updates_request`: the caller's own for getUpdates, to stop polling without PTB;
+    `handling`: the updates being handled, which that request leaves unconfirmed).
 
     Raises:
         ConfigError: no bot token.
@@ -149,7 +179,9 @@ def build_application(
         Application.builder()
         .bot(bot)
         .context_types(ContextTypes(context=BotContext))
-        .concurrent_updates(CONCURRENT_UPDATES)
+        .concurrent_updates(
+            CONCURRENT_UPDATES if handling is None else _Handled(CONCURRENT_UPDATES, handling)
+        )
         .build()
     )
     messages = filters.UpdateType.MESSAGE & (
@@ -184,9 +216,12 @@ class TelegramBot:
         status_interval: float = status.PRIVATE_INTERVAL,
     ) -> None:
         self.settings = settings
-        self._updates_request = AiohttpRequest(connection_pool_size=1, proxy=proxy)
+        handling = updates.Handling()
+        self._updates_request = AiohttpRequest(connection_pool_size=1, proxy=proxy,
+                                               handling=handling)
         self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter,
-                                             updates_request=self._updates_request)
+                                             updates_request=self._updates_request,
+                                             handling=handling)
         limiter = self.application.bot.rate_limiter
         room = limiter.has_room if isinstance(limiter, limits.ChatRateLimiter) else None
         self.tracker = status.StatusTracker(

@@ -11,6 +11,8 @@ instead, so a stalled upload still ends.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import ssl
 import urllib.parse
@@ -84,7 +86,8 @@ class AiohttpRequest(BaseRequest):
     """
 
     __slots__ = (
-        "_defaults", "_media_write_timeout", "_pool_size", "_proxy", "_refused", "_session"
+        "_defaults", "_handling", "_media_write_timeout", "_pool_size", "_proxy", "_refused",
+        "_session",
     )
 
     def __init__(
@@ -97,8 +100,12 @@ class AiohttpRequest(BaseRequest):
         pool_timeout: float | None = 1.0,
         media_write_timeout: float | None = 20.0,
         proxy: str | None = None,
+        handling: updates.Handling | None = None,
     ) -> None:
+        """`handling`: for the getUpdates request, the updates still being handled, which
+        its polls leave unconfirmed (see `updates.Handling`)."""
         self._pool_size = connection_pool_size
+        self._handling = handling
         self._defaults = (read_timeout, write_timeout, connect_timeout, pool_timeout)
         self._media_write_timeout = media_write_timeout
         self._proxy = proxy
@@ -158,6 +165,11 @@ class AiohttpRequest(BaseRequest):
             raise RuntimeError("this AiohttpRequest is not initialized")
         files = request_data.multipart_data if request_data else None
         fields = request_data.json_parameters if request_data else None
+        wanted: int | None = None
+        if self._handling is not None and fields is not None and _method(url) == "getUpdates":
+            with contextlib.suppress(ValueError):
+                wanted = int(fields.get("offset") or 0)
+                fields = {**fields, "offset": str(self._handling.floor(wanted))}
         body: Any = fields
         if files:
             body = multipart(fields or {}, files)
@@ -173,6 +185,10 @@ class AiohttpRequest(BaseRequest):
                 metrics.telegram_request(_method(url), _outcome(response.status))
                 if response.status == 200 and _method(url) == "getUpdates":
                     body = updates.readable(body)
+                    if self._handling is not None and wanted is not None:
+                        body, stale_only = self._handling.fetched(body, wanted)
+                        if stale_only:
+                            await asyncio.sleep(updates.STALE_PAUSE_S)
                 return response.status, body
         except _TIMED_OUT:
             failure = TimedOut()

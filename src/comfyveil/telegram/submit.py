@@ -9,13 +9,14 @@ retried update never makes a second job) and post the status message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from telegram import Bot, Message, User
-from telegram.error import BadRequest
+from telegram.error import BadRequest, TelegramError
 
 from comfyveil import errors, i18n, images
 from comfyveil.desk import access, registry
@@ -23,6 +24,7 @@ from comfyveil.desk import submit as desk_submit
 from comfyveil.desk.options import clamp, size_for
 from comfyveil.desk.submit import IMAGE_PLACEHOLDER
 from comfyveil.i18n import _, ltr
+from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
 from comfyveil.telegram import parse
 from comfyveil.telegram.context import DELIVERY_MODES_KEPT, Services
@@ -38,6 +40,7 @@ def idempotency_key(chat_id: int, update_id: int) -> str:
 
 
 ASKER_CHARS = 64  # a display name in a caption, at most
+STATUS_POST_RETRY = 2.0  # seconds before a status message the Bot API failed is tried again
 
 
 def asker(user: User | None, *, in_group: bool) -> str | None:
@@ -208,6 +211,12 @@ async def submit(
         logger.info("update seen before; job already queued",
                     extra={"action": "duplicate_update", "job_id": str(job.id)})
         return job
+    if reply_to is not None:
+        # On record now, not only with the status message (which the Bot API may fail to
+        # take): a result or ending delivered after this process is gone still answers
+        # the message that asked for it. Not recorded, this process still knows it.
+        with contextlib.suppress(store_errors.StoreError):
+            await services.db.jobs.set_request(job.id, reply_to, requested_by=asked_by)
     if as_file:
         services.file_jobs.add(job.id)
     if who.settings.get(SPOILER_SETTING):
@@ -225,8 +234,18 @@ async def submit(
         services.tracker.post_later(job, delay=delay, reply_to=reply_to, in_group=in_group,
                                     asked_by=asked_by)
         return job
-    return await services.tracker.post(job, reply_to=reply_to, in_group=in_group,
-                                       asked_by=asked_by)
+    try:
+        return await services.tracker.post(job, reply_to=reply_to, in_group=in_group,
+                                           asked_by=asked_by)
+    except TelegramError as exc:
+        # The job is queued: telling its user "something went wrong, try again" would have
+        # them queue it twice. The status message is tried once more; the result or the
+        # ending comes when the job ends either way.
+        logger.info("status message not posted: %s", type(exc).__name__,
+                    extra={"action": "status_post_failed", "job_id": str(job.id)})
+        services.tracker.post_later(job, delay=STATUS_POST_RETRY, reply_to=reply_to,
+                                    in_group=in_group, asked_by=asked_by)
+        return job
 
 
 async def rerun(

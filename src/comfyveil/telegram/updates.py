@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from telegram import Update
@@ -62,3 +63,70 @@ def _reads(update: object) -> bool:
     except Exception:  # PTB raises whatever its constructors raise on a wrong field
         return False
     return True
+
+
+# An update handled for longer than this no longer holds back the confirmation of the
+# ones after it (its handler is stuck; a restart would not handle it sooner).
+HELD_AT_MOST_S = 300.0
+# Seconds to wait when a poll brought back only updates still being handled: Telegram
+# answers at once while any update is unconfirmed, so without a pause this polls hot.
+STALE_PAUSE_S = 0.25
+
+
+class Handling:
+    """Updates fetched but not handled yet, so that none is lost to a crash.
+
+    getUpdates confirms every update before the offset it is asked with, and PTB asks with
+    the next id as soon as it has fetched a batch, while the batch is still being handled:
+    a bot killed then (SIGKILL, power lost) lost those messages for good, unanswered. The
+    bot's getUpdates request asks instead from the oldest update still being handled
+    (`floor`), so Telegram keeps it until its handler ended and a restarted bot fetches
+    it again; handling it twice is harmless (a job is queued once per update id). What
+    comes back that PTB already has is dropped before PTB sees it (`fetched`).
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+
+    def floor(self, offset: int) -> int:
+        """The offset to ask with instead of `offset` (PTB's: the next id it wants)."""
+        if offset <= 0 or not self._since:
+            return offset
+        stuck = time.monotonic() - HELD_AT_MOST_S
+        for update_id in [u for u, at in self._since.items() if at < stuck]:
+            del self._since[update_id]
+        return min(offset, *self._since) if self._since else offset
+
+    def fetched(self, body: bytes, offset: int) -> tuple[bytes, bool]:
+        """getUpdates' answer without the updates before `offset` (PTB has them; they are
+        still being handled), each new one counted as being handled; and whether the
+        answer held only such updates (the caller pauses before the next poll)."""
+        try:
+            answer = json.loads(body)
+        except (ValueError, RecursionError):
+            return body, False
+        if not isinstance(answer, dict) or not isinstance(answer.get("result"), list):
+            return body, False
+        result: list[Any] = answer["result"]
+        fresh = [u for u in result if not (offset > 0 and _id(u) is not None and _id(u) < offset)]
+        now = time.monotonic()
+        for update in fresh:
+            update_id = _id(update)
+            if update_id is not None:
+                self._since[update_id] = now
+        if len(fresh) == len(result):
+            return body, False
+        answer["result"] = fresh
+        return json.dumps(answer).encode(), not fresh
+
+    def done(self, update_id: int) -> None:
+        """The update's handler ended (answered, refused, or failed): it may be confirmed."""
+        self._since.pop(update_id, None)
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+
+def _id(update: object) -> int | None:
+    value = update.get("update_id") if isinstance(update, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
