@@ -76,12 +76,15 @@ soak: install $(VENV)/anon/anon chromium systemd-analyze
 # HOURS=1 for the long run; the soak runs 5 minutes of it after its suite runs.
 # CHAOS_ANON=1 (or COMFYVEIL_CHAOS_ANON=1 in the environment): one backend behind a
 # hidden service on a private Anyone network, and anon killed and restarted among the faults.
+# CHAOS_ARGS: the load and the faults; the defaults give an hour at least 5 000 jobs and
+# 300 faults (a request every half second, a fault every 5-10 s).
 HOURS ?= 0.1
 CHAOS_SEED ?= $(shell date +%s)
+CHAOS_ARGS ?= --rate 2 --fault-min 5 --fault-max 10
 CHAOS_ANON ?= $(COMFYVEIL_CHAOS_ANON)
 chaos: install $(VENV)/anon/anon
 	COMFYVEIL_CHAOS_ANON=$(CHAOS_ANON) $(TEST_ENV) $(BIN)/python -W ignore -m tests.chaos \
-		--hours $(HOURS) --seed $(CHAOS_SEED)
+		--hours $(HOURS) --seed $(CHAOS_SEED) $(CHAOS_ARGS)
 
 # The docs' screenshots, taken again by the browser tests into docs/.
 screenshots: install chromium

@@ -338,6 +338,11 @@ def _print(
     for key, count in sorted(report.outcomes.items()):
         print(f"  {key:28} {count:>6}")
     print(f"  {'all':28} {len(history.requests):>6}")
+    print("\njobs (in the database at the check; a /forget deletes its own)")
+    for status, count in sorted(report.jobs.items()):
+        print(f"  {status:28} {count:>6}")
+    print(f"  {'all':28} {sum(report.jobs.values()):>6}")
+    print(f"  {'prompts run on the GPUs':28} {report.prompts_run:>6}")
     print("\nfaults")
     for kind, count in sorted(faults.counts().items()):
         print(f"  {kind:28} {count:>6}")
@@ -366,6 +371,9 @@ def _print(
                 "anon": chaos_anon.wanted(),
                 "minutes": args.minutes,
                 "requests": len(history.requests),
+                "jobs": sum(report.jobs.values()),
+                "jobs_by_status": dict(report.jobs),
+                "prompts_run": report.prompts_run,
                 "faults": len(faults.log),
                 "faults_by_kind": dict(faults.counts()),
                 "violations": len(report.violations),

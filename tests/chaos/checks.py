@@ -37,6 +37,10 @@ class Report:
     violations: list[Violation] = dataclasses.field(default_factory=list)
     notes: Counter[str] = dataclasses.field(default_factory=Counter)
     outcomes: Counter[str] = dataclasses.field(default_factory=Counter)
+    # how much work the run made: the jobs in the database at the check (those a /forget
+    # deleted are gone) by their end, and the prompts the fake GPUs ran to completion
+    jobs: Counter[str] = dataclasses.field(default_factory=Counter)
+    prompts_run: int = 0
 
     def add(self, invariant: str, request: Request | None, detail: str) -> None:
         who = f"#{request.rid} {request.front} {request.token}" if request else "-"
@@ -409,6 +413,8 @@ def _executions(system: System, rows: list[dict[str, Any]], report: Report) -> N
     for gpu in system.gpus:
         counts.update(gpu.all_executions())
         lost |= gpu.lost_mid_run
+    report.prompts_run = len(counts)
+    report.jobs.update(str(row["status"]) for row in rows)
     for row in rows:
         prompt_id = str(row["id"])
         runs = counts.get(prompt_id, 0)
