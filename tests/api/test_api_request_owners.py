@@ -101,9 +101,9 @@ async def test_a_dead_processs_requests_are_left_at_once_and_a_live_ones_are_its
         now = await row(db, on_gpu)
         assert now is not None and now["clients"] == 1
 
-        # the other request, nobody's now, is given up after the grace period: the first
-        # sweep sees its owner dead, a later one cancels its queued job, quota back
-        assert await retry.settle(grace=0.0, keep=300.0) == []
+        # the other request, nobody's now, is given up after the grace period, counted
+        # from when a sweep first saw its owner dead: its queued job cancelled, quota back
+        assert await retry.settle(grace=60.0, keep=300.0) == []
         seen = await row(db, waiting)
         assert seen is not None and seen["left_at"] is not None
         stopped = await retry.settle(grace=0.0, keep=300.0)
@@ -133,7 +133,9 @@ async def test_a_process_that_takes_its_lock_again_keeps_its_waiting_requests(
     queued = await db.jobs.enqueue(new_job(owner.user_id), daily_quota=10)
     request_id = await mine.open(owner.id, b"waiting", [queued.id])
     await kill(db, lock, key)
-    assert await sweep.settle(grace=0.0, keep=300.0) == []  # seen dead
+    assert await sweep.settle(grace=60.0, keep=300.0) == []  # seen dead
+    seen = await row(db, request_id)
+    assert seen is not None and seen["left_at"] is not None
     lock = await hold(db, key)  # back
     try:
         assert await sweep.settle(grace=0.0, keep=300.0) == []

@@ -130,19 +130,22 @@ class ApiRequestStore:
         seconds after it was left. A request whose owner died counts as left from when a
         sweep first saw it dead. The jobs cancelled (or asked to stop) now."""
         cancelled: list[jobs.Job] = []
+        async with errors.wrap_exceptions(), self.pool.connection() as conn:
+            # When each dead owner's rows were first seen so (undone for an owner back
+            # with its lock: it had lost its connection, not its life). Rows another
+            # sweep or a retry holds are passed by: the next round sees them.
+            await conn.execute(
+                "UPDATE api_requests SET left_at = CASE WHEN left_at IS NULL THEN now() END "
+                "WHERE id IN (SELECT id FROM api_requests "
+                "  WHERE state IN ('open', 'kept') AND clients > 0 AND owner IS NOT NULL "
+                f"    AND (left_at IS NULL) = {GONE} FOR UPDATE SKIP LOCKED)",
+                {"settle": self.settle_in},
+            )
         async with (
             errors.wrap_exceptions(),
             self.pool.connection() as conn,
             conn.transaction(),
         ):
-            # When each dead owner's rows were first seen so (and undone for an owner
-            # back with its lock: it had lost its connection, not its life).
-            await conn.execute(
-                "UPDATE api_requests SET left_at = CASE WHEN left_at IS NULL THEN now() END "
-                "WHERE state IN ('open', 'kept') AND clients > 0 AND owner IS NOT NULL "
-                f"  AND (left_at IS NULL) = {GONE}",
-                {"settle": self.settle_in},
-            )
             due = await (
                 await conn.execute(
                     "SELECT id, job_ids FROM api_requests "
