@@ -58,10 +58,10 @@ class ApiRequestStore:
         """The oldest request of this account with this digest that no client waits for
         now, made this client's (None: there is none; the request queues its own jobs).
         A client whose process died waits no more. A request some client still waits
-        for is never taken: two identical requests
-        alive at once are two requests. A row locked by the sweep (or another retry) is
-        waited for, not skipped: the sweep may be keeping it for this very retry, and a
-        retry taking it meanwhile re-reads it as taken (no longer `clients = 0`)."""
+        for is never taken: two identical requests alive at once are two requests. A row
+        locked by the sweep (or another retry) is waited for, not skipped: the sweep may
+        be keeping it for this very retry, and a retry taking it meanwhile re-reads it
+        as taken (waited on again, by a live process)."""
         rows = await self._all(
             "UPDATE api_requests SET clients = 1, left_at = NULL, attached = attached + 1, "
             "  owner = %(o)s "
