@@ -112,6 +112,7 @@ async def file(request: web.Request) -> web.StreamResponse:
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     svc = app[SERVICES]
     svc.link_secret = await web_state.WebState(svc.db.pool).secret(LINK_SECRET)
+    await svc.presence.start()
     svc.waiter.start()
     svc.sweeper.start()
     yield
@@ -119,6 +120,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         await asyncio.wait(set(svc.leaving), timeout=5)
     await svc.sweeper.close()
     await svc.waiter.close()
+    await svc.presence.close()  # last: until the notes above are written, rows are ours
 
 
 def switched_off() -> web.Application:

@@ -19,6 +19,7 @@ from comfyveil.desk import language as language_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.store import accounts, api_keys, api_requests, database, previews
+from comfyveil.store.presence import Presence
 
 
 @dataclass
@@ -32,6 +33,9 @@ class ApiServices:
     keys: api_keys.ApiKeyStore
     pool: pool_mod.Pool | None = None
     waiter: Waiter = field(init=False)
+    # this process's presence lock: the rows its clients wait on name its key, so a
+    # retry elsewhere takes them over as soon as the process dies
+    presence: Presence = field(init=False)
     requests: api_requests.ApiRequestStore = field(init=False)
     previews: previews.PreviewStore = field(init=False)
     sweeper: Sweeper = field(init=False)
@@ -42,7 +46,8 @@ class ApiServices:
 
     def __post_init__(self) -> None:
         self.waiter = Waiter(self.db)
-        self.requests = api_requests.ApiRequestStore(self.db.pool)
+        self.presence = Presence(self.db.url)
+        self.requests = api_requests.ApiRequestStore(self.db.pool, owner=self.presence.key)
         self.previews = previews.PreviewStore(self.db.pool)
         api = self.settings.api
         self.sweeper = Sweeper(self.requests, grace=api.retry_grace, keep=api.retry_keep)
