@@ -351,8 +351,10 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                 async def on_event(event: events.Event) -> None:
                     # What the worker records: ComfyUI's start, the steps done and the
                     # pace of the sampler's steps so far.
+                    # The pool is told the same, as the worker tells it.
                     if isinstance(event, events.ExecutionStart):
                         gpu.started = now()
+                        p.progress(slot, started=True)
                     elif isinstance(event, events.Progress) and event.max > 1:
                         at = now()
                         gpu.done, gpu.steps = float(event.value), int(event.max)
@@ -361,6 +363,9 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                         else:
                             first, then = gpu.first_tick
                             gpu.step_s = (at - then) / (event.value - first)
+                        # the pool's clock is not scaled: a step's seconds as they pass
+                        pace = gpu.step_s * scale if gpu.step_s is not None else None
+                        p.progress(slot, done=gpu.done, steps=gpu.steps, step_s=pace)
 
                 values = dict(
                     wf.validate({"prompt": f"eta bench {index}", "seed": index, **ask.params})
@@ -390,7 +395,10 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                     state.queued.remove(index)
                     state.claimed[index] = now()
                     slot = await p.acquire(
-                        flows[asks[index].command], str(uuid.uuid4()), behind=queue.qsize()
+                        flows[asks[index].command],
+                        str(uuid.uuid4()),
+                        behind=queue.qsize(),
+                        params=asks[index].params,
                     )
                     del state.claimed[index]
                     state.on_gpu[index] = OnGpu(slot.backend.name)

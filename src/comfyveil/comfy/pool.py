@@ -531,9 +531,7 @@ class Pool:
         expected = self.backlog(backend, now) + seconds
         alone = backend.load == 0
         backend.jobs.add(job_id)
-        backend.placed[job_id] = Placed(
-            wf.name, work, steps, now, alone, cold=self.cold_cost(backend, wf) > 0
-        )
+        backend.placed[job_id] = Placed(wf.name, work, steps, now, alone, cold=cold)
         if needed:
             backend.models_after = needed
         return Slot(backend, job_id, wf, cold, expected, work)

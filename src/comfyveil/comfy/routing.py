@@ -178,9 +178,11 @@ class Estimator:
         """The extra of a cold start: measured there, else on the other backends, else 0."""
         return self.model.cold_seconds(backend, workflow)
 
-    def typical(self, backend: str, work: float = 1.0) -> float | None:
-        """A run of whatever workflow on `backend`: for jobs there we know nothing of."""
-        return self.model.typical(backend, work) or None
+    def typical(self, backend: str) -> float | None:
+        """A run of whatever workflow on `backend` (the median of its recent runs): for
+        jobs there we know nothing of, not even the work they ask."""
+        runs = [r.seconds for q in self._runs.values() for _, r in q if r.backend == backend]
+        return statistics.median(runs) if runs else None
 
     def estimates(self, backend: str | None = None) -> list[Estimate]:
         found: dict[tuple[str, str], list[costs.Run]] = {}
