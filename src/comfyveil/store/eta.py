@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import bisect
 import collections
+import random
+import statistics
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from comfyveil.comfy import costs, routing
@@ -52,6 +54,8 @@ work_of = costs.work_of
 SIMULATED = 500  # jobs ahead placed one by one; those beyond are spread evenly
 SLOTS = 2  # jobs a backend holds at once unless told: one running, one waiting (the default)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
+SAMPLES = 8  # playbacks with the jobs on the GPUs a little sooner or later done
+RUN_SPREAD = 0.15  # how far a run's length strays from its estimate, a share of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,7 @@ def estimate(
     step_s: float | None = None,
     slots: Mapping[str, int] | int = SLOTS,
     behind: int = 0,
+    spread: Mapping[str, float] | None = None,
 ) -> Wait:
     """Seconds until a job of `command` is done, with the queue ahead split by backend.
 
@@ -140,6 +145,8 @@ def estimate(
         slots: how many jobs each backend holds at once (one running, the rest waiting
             there), by name or for all.
         behind: the jobs queued behind ours (the pool's rule weighs them).
+        spread: what the jobs on each backend now take, as a share of their estimate
+            (one playback of `likely_spreads`); None: the mean over those playbacks.
     """
     names = (
         [f"{UNKNOWN_BACKEND}{i}" for i in range(backends)]
@@ -151,6 +158,23 @@ def estimate(
             names.append(job.backend)
     if not names:
         return Wait(None, ahead=len(ahead))
+    if spread is None:
+        args = dict(
+            command=command, backends=names, busy=busy, ahead=ahead,
+            own_backends=own_backends, elapsed=elapsed, on=on, last_command=last_command,
+            work=work, steps=steps, done=done, step_s=step_s, slots=slots, behind=behind,
+        )  # fmt: skip
+        base = estimate(estimator, **args, spread={})
+        if base.seconds is None or on is not None or len(names) < 2 or not (busy or ahead):
+            return base
+        # Which GPU frees a slot first decides where the jobs ahead land, and so ours;
+        # the runs on them end a little sooner or later than estimated: the ETA is the
+        # mean over those likely orders, not one of them (one flipped as runs went on).
+        found = [
+            estimate(estimator, **args, spread=shares).seconds for shares in likely_spreads(names)
+        ]
+        mean = statistics.fmean([base.seconds, *(f for f in found if f is not None)])
+        return replace(base, seconds=mean)
 
     costs: dict[tuple[str, str], Cost | None] = {}
     anywhere: dict[str, Cost | None] = {}
@@ -220,7 +244,7 @@ def estimate(
         seconds = run(job.backend, job.command, job.work) + switch(job.backend, job.command)
         if job.elapsed is not None:  # running: what it still needs
             seconds = left(job.backend, job.command, job.work, seconds, job)
-        put(job.backend, job.command, seconds)
+        put(job.backend, job.command, seconds * spread.get(job.backend, 1.0))
 
     capacity = {b: max(1, slots if isinstance(slots, int) else slots.get(b, SLOTS)) for b in names}
 
@@ -340,6 +364,19 @@ def estimate(
         ahead_by_backend=dict(where),
         backend=ours,
     )
+
+
+def likely_spreads(names: Iterable[str]) -> list[dict[str, float]]:
+    """The shares of their estimates the jobs on each backend may take, `SAMPLES` draws
+    in antithetic pairs (RUN_SPREAD apart on average), the same for a backend at every
+    refresh: one ETA shown after another differ by what changed, not by the draw."""
+    names = list(names)
+    draws: list[dict[str, float]] = []
+    for k in range(SAMPLES // 2):
+        z = {b: random.Random(f"{k}:{b}").gauss(0.0, 1.0) for b in names}
+        for sign in (1.0, -1.0):
+            draws.append({b: max(0.2, 1.0 + sign * RUN_SPREAD * z[b]) for b in names})
+    return draws
 
 
 def _slot_free(queue: Sequence[float], capacity: int, at: float) -> float:
