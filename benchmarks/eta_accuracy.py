@@ -17,9 +17,10 @@ seconds, as the worker records them; the finished runs, from ComfyUI's start to 
 ETAs compared, each from the same state at the same moment:
 
 - new: `store.eta.estimate` (cost per unit of work per backend and command, running
-  jobs by their progress);
+  jobs by their progress, the mean over the likely orders in which the GPUs free up);
+- single: the same from one playback (the estimate as it stands, no likely orders);
 - blind: the same estimator told nothing of the work asked nor of progress (every job
-  one unit): the ETA before it learnt sizes;
+  one unit), one playback: the ETA before it learnt sizes;
 - old: the chat's ETA before the routing estimator (mean of the command's last 20 runs,
   the queue ahead shared over the GPUs).
 
@@ -35,7 +36,9 @@ Reported per load, as a share of the mean wait really left (unscaled seconds):
   none; no GPU goes down here), counted from 5 s left (at 2 s left one second more or
   less is half of it), and also from 1 s left.
 
-New is reported as shown (through `EtaMemory`) and raw (as the estimator said it): the
+New and single are computed after the run from the snapshots taken at each refresh (their
+playbacks would take the CPU from the run they measure). New is reported as shown
+(through `EtaMemory`) and raw (as the estimator said it): the
 shown one must not meet the targets by hiding a wrong estimate.
 
 Each raw jump is taken apart (`explain`): the later refresh's parts are swapped into the
@@ -77,6 +80,7 @@ JUMP = 0.20  # an ETA may not change by more than this share between two refresh
 LEAST_S = 5.0  # unscaled seconds left from which a jump counts against the target
 SAMPLE_S = 1.0  # unscaled seconds between refreshes of the ETAs shown
 OLD_RUNS = 20  # the old ETA's mean: the last 20 runs of a command
+KINDS = ("shown", "raw", "single", "blind", "old")
 BACKENDS = 4
 COMMANDS = ("f", "fd", "sd3")
 LOADERS = ("UNETLoader", "CheckpointLoaderSimple")
@@ -178,7 +182,7 @@ class Snapshot:
     own: dict[str, Any]
     placed: dict[int, str] = field(default_factory=dict)  # where the guess put each ahead
 
-    def seconds(self, **swap: Any) -> float | None:
+    def seconds(self, spread: dict[str, float] | None = None, **swap: Any) -> float | None:
         parts = {
             "model": self.model,
             "busy": self.busy,
@@ -193,6 +197,7 @@ class Snapshot:
             busy=list(parts["busy"].values()),
             ahead=list(parts["ahead"].values()),
             last_command=parts["last"],
+            spread=spread,
             **{k: v for k, v in parts["own"].items() if k != "names"},
         ).seconds
 
@@ -265,8 +270,10 @@ def estimate(
     *,
     model: eta.Model,
     blind: bool,
+    spread: dict[str, float] | None = None,
 ) -> float | None:
-    return snapshot(state, asks, index, now, names, model=model, blind=blind).seconds()
+    snap = snapshot(state, asks, index, now, names, model=model, blind=blind)
+    return snap.seconds(spread)
 
 
 async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -> dict[str, Any]:
@@ -303,10 +310,9 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
     models = Estimates(state)
     memory = eta.EtaMemory()
     ids = [uuid.uuid4() for _ in range(jobs)]
-    # per job: (when, ETA) for each kind: shown (new through EtaMemory), raw, blind, old
-    looks: dict[str, dict[int, list[tuple[float, float]]]] = {
-        k: defaultdict(list) for k in ("shown", "raw", "blind", "old")
-    }
+    # per job: (when, ETA) for each kind: shown (new through EtaMemory), raw, single,
+    # blind, old
+    looks: dict[str, dict[int, list[tuple[float, float]]]] = {k: defaultdict(list) for k in KINDS}
     snaps: dict[int, list[Snapshot]] = defaultdict(list)  # the raw ETA's, as `looks`
     done: dict[int, float] = {}
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -317,16 +323,12 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
         return (time.monotonic() - start) / scale
 
     def look(index: int, at: float) -> None:
+        # The new ETA is computed from the snapshot after the run (`replay`): its many
+        # playbacks would take the CPU from the run they are measured on.
         models.refresh()
-        snap = snapshot(state, asks, index, at, names, model=models.new, blind=False)
-        raw = snap.seconds()
-        snaps[index].append(snap)
-        blind = estimate(state, asks, index, at, names, model=models.blind, blind=True)
+        snaps[index].append(snapshot(state, asks, index, at, names, model=models.new, blind=False))
+        blind = estimate(state, asks, index, at, names, model=models.blind, blind=True, spread={})
         old = old_eta(state, asks, index, len(names))
-        if raw is not None:
-            looks["raw"][index].append((at, raw))
-            shown = memory.seconds(ids[index], raw, at)
-            looks["shown"][index].append((at, shown if shown is not None else raw))
         if blind is not None:
             looks["blind"][index].append((at, blind))
         if old is not None:
@@ -351,8 +353,10 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                 async def on_event(event: events.Event) -> None:
                     # What the worker records: ComfyUI's start, the steps done and the
                     # pace of the sampler's steps so far.
+                    # The pool is told the same, as the worker tells it.
                     if isinstance(event, events.ExecutionStart):
                         gpu.started = now()
+                        p.progress(slot, started=True)
                     elif isinstance(event, events.Progress) and event.max > 1:
                         at = now()
                         gpu.done, gpu.steps = float(event.value), int(event.max)
@@ -361,6 +365,9 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                         else:
                             first, then = gpu.first_tick
                             gpu.step_s = (at - then) / (event.value - first)
+                        # the pool's clock is not scaled: a step's seconds as they pass
+                        pace = gpu.step_s * scale if gpu.step_s is not None else None
+                        p.progress(slot, done=gpu.done, steps=gpu.steps, step_s=pace)
 
                 values = dict(
                     wf.validate({"prompt": f"eta bench {index}", "seed": index, **ask.params})
@@ -390,7 +397,10 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                     state.queued.remove(index)
                     state.claimed[index] = now()
                     slot = await p.acquire(
-                        flows[asks[index].command], str(uuid.uuid4()), behind=queue.qsize()
+                        flows[asks[index].command],
+                        str(uuid.uuid4()),
+                        behind=queue.qsize(),
+                        params=asks[index].params,
                     )
                     del state.claimed[index]
                     state.on_gpu[index] = OnGpu(slot.backend.name)
@@ -419,6 +429,16 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
     finally:
         for fake in fakes:
             await fake.stop()
+
+    for index, seen in snaps.items():
+        for snap in seen:
+            raw, single = snap.seconds(), snap.seconds({})
+            if single is not None:
+                looks["single"][index].append((snap.at, single))
+            if raw is not None:
+                looks["raw"][index].append((snap.at, raw))
+                shown = memory.seconds(ids[index], raw, snap.at)
+                looks["shown"][index].append((snap.at, shown if shown is not None else raw))
 
     def first_mae(kind: str, among: list[int]) -> float:
         errors = [abs(looks[kind][i][0][1] - (done[i] - looks[kind][i][0][0])) for i in among]
@@ -458,7 +478,7 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
         "with_eta": len(both),
         "mean_wait_s": round(statistics.fmean(done[i] - arrivals[i] / scale for i in both), 2),
     }
-    for kind in ("shown", "raw", "blind", "old"):
+    for kind in KINDS:
         jumped, worst = jumps(kind, LEAST_S)
         jumped_1s, worst_1s = jumps(kind, 1.0)
         row[kind] = {
@@ -578,7 +598,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{'later':>6} {'jumped':>6} {'largest':>7} {'jumped≥1s':>9} {'largest':>7}"
     )
     for r in rows:
-        for kind in ("shown", "raw", "blind", "old"):
+        for kind in KINDS:
             k = r[kind]
             print(
                 f"{r['load']:>4.0%} {kind:>6} {r['jobs']:>5} {r['with_eta']:>6} "

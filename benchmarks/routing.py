@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))  # tests.fakes
 from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 
 from comfyveil import config  # noqa: E402
-from comfyveil.comfy import execute, pool, workflow  # noqa: E402
+from comfyveil.comfy import events, execute, pool, workflow  # noqa: E402
 
 RUN_SECONDS = 1.0  # one run on the speed-1.0 GPU, unscaled
 LOAD_SECONDS = 3.0  # a model switch in the mixed case, unscaled
@@ -122,12 +122,20 @@ async def run_once(
                         released = True
                         await p.release(slot)
 
+                async def on_event(event: events.Event) -> None:
+                    # What the worker tells the pool: ComfyUI started the prompt, its steps.
+                    if isinstance(event, events.ExecutionStart):
+                        p.progress(slot, started=True)
+                    elif isinstance(event, events.Progress) and event.max > 1:
+                        p.progress(slot, done=float(event.value), steps=int(event.max))
+
                 try:
                     outcome = await execute.execute(
                         slot.backend.client,
                         wf,
                         values_for(wf, index),
                         prompt_id=slot.job_id,
+                        on_event=on_event,
                         on_ran=release,
                     )
                 finally:
@@ -138,8 +146,9 @@ async def run_once(
             async def dispatch() -> None:
                 for _ in range(jobs):
                     index = await queue.get()
+                    wf = flows[commands[index]]
                     slot = await p.acquire(
-                        flows[commands[index]], str(uuid.uuid4()), behind=queue.qsize()
+                        wf, str(uuid.uuid4()), behind=queue.qsize(), params=values_for(wf, index)
                     )
                     placed[index] = slot.backend.name
                     task = asyncio.create_task(run_job(index, slot))

@@ -168,6 +168,32 @@ async def test_with_jobs_behind_a_job_still_avoids_a_model_switch(fake_comfy_fac
         assert slot.backend.name == "gpu0" and not slot.cold
 
 
+async def test_a_job_goes_where_it_finishes_first_by_the_steps_the_jobs_there_have_left(
+    fake_comfy_factory,
+) -> None:
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    async with pool.Pool(backend_configs([f.url for f in fakes]), probe_interval=0.2) as p:
+        # Both GPUs: 1 s a step per megapixel, 1 s for the rest (as their progress showed).
+        for name in ("gpu0", "gpu1"):
+            for _ in range(3):
+                p.estimator.learn(name, flux().name, 5.0, work=4.0, steps=4, step_s=1.0)
+        big = {"steps": 40, "width": 1024, "height": 1024}  # 40 units of work: 41 s
+        small = {"steps": 4, "width": 512, "height": 512}  # 1 unit: 2 s
+        long = await p.acquire(flux(), "long", params=big)
+        p.progress(long, started=True)
+        p.progress(long, done=10, steps=40, step_s=1.0)  # 30 steps left: 31 s
+        short = await p.acquire(flux(), "short", params=small)
+        assert (long.backend.name, short.backend.name) == ("gpu0", "gpu1")
+        p.progress(short, started=True)  # started after the long one, nearly done
+        p.progress(short, done=3, steps=4, step_s=0.25)
+        # Behind the long job's 30 steps left, a small job ends after 33 s; behind the
+        # short one's last step, after 3.25 s. (Counting each job there as a typical run
+        # counted down from its start took the long one, older, for the nearer done.)
+        nxt = await asyncio.wait_for(p.acquire(flux(), "next", params=small), 2)
+        assert nxt.backend.name == "gpu1"
+        assert nxt.expected == pytest.approx(0.25 + 1.0 + 2.0, abs=0.2)
+
+
 async def test_no_job_waits_longer_than_a_run_on_the_free_gpu(
     fake_comfy_factory, tmp_path: Path
 ) -> None:

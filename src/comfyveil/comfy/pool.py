@@ -14,12 +14,15 @@ flux1-dev.safetensors").
 
 Which backend: with ``routing="finish"`` (the default) the one where the job is expected
 to finish first: the work queued there ahead of it, plus a cold start when that GPU last
-ran other models, plus its run time there (see `routing`). Waiting for a fast, warm GPU
-can beat starting at once on a slow or cold one: when no other job waits behind it, such a
-job is queued on that GPU beyond its usual slots (up to `OVERFLOW` times them); past that
-bound it waits at most as long as a run on the best free backend would take. With jobs
-waiting behind it, it takes the free backend where it finishes first: a GPU left idle
-while work waits costs more than one job's choice gains (late binding, as under load).
+ran other models, plus its run time there, each counted from the work a job asks (steps,
+size, frames) at that GPU's learnt pace, a running job from its steps left (see `routing`
+and `costs`: the ETA plays the queue forward with the same figures and rule). Waiting for
+a fast, warm GPU can beat starting at once on a slow or cold one: when no other job waits
+behind it, such a job is queued on that GPU beyond its usual slots (up to `OVERFLOW`
+times them); past that bound it waits at most as long as a run on the best free backend
+would take. With jobs waiting behind it, it takes the free backend where it finishes
+first: a GPU left idle while work waits costs more than one job's choice gains (late
+binding, as under load).
 ``routing="idle"`` is the older rule (an idle backend first, whichever it is), kept as the
 benchmark baseline.
 
@@ -43,7 +46,7 @@ from typing import Any, Protocol
 
 from comfyveil import config
 from comfyveil import tasks as background
-from comfyveil.comfy import errors, results, workflow
+from comfyveil.comfy import costs, errors, results, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import routing as routing_mod
 from comfyveil.i18n import N_
@@ -217,14 +220,21 @@ class Backend:
         return list(cached[1])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Placed:
-    """A job of ours on a backend: which workflow, its expected run, when it was placed."""
+    """A job of ours on a backend: which workflow, the work it asks, when it was placed,
+    whether it loads models first; once ComfyUI runs it, since when and its progress."""
 
     workflow: str
-    seconds: float
+    work: float
+    steps: int | None
     at: float  # monotonic
     alone: bool  # nothing else was on the backend: from here to its release is its cost
+    cold: bool = False
+    started: float | None = None  # monotonic, when ComfyUI started it
+    done: float | None = None  # steps done
+    step_s: float | None = None  # a step's seconds so far
+    ended: float | None = None  # monotonic, when its slot was given back
 
 
 @dataclass(frozen=True)
@@ -236,6 +246,7 @@ class Slot:
     workflow: workflow.Workflow | None = None
     cold: bool = False  # expected to load models first
     expected: float | None = None  # seconds from placing to the end of its run
+    work: float = 1.0  # what it asks (`costs.work_of`)
 
 
 class Pool:
@@ -264,7 +275,7 @@ class Pool:
             raise config.ConfigError(f"routing must be one of {', '.join(ROUTINGS)}")
         self.routing = routing
         self.estimator = estimator or routing_mod.Estimator()
-        self._occupied: dict[str, float] = {}  # job id -> seconds it held a GPU alone
+        self._ended: dict[str, Placed] = {}  # job id -> its place, its slot given back
         self._configs = tuple(backends)
         self._proxy_for = proxy_for
         self._on_down = on_down
@@ -377,6 +388,7 @@ class Pool:
         on_wait: Callable[[str], Awaitable[None]] | None = None,
         avoid: str | None = None,
         behind: int = 0,
+        params: Mapping[str, Any] | None = None,
     ) -> Slot:
         """Wait for a free slot on a backend that can run `wf` and take it.
 
@@ -384,13 +396,15 @@ class Pool:
         has to wait. `avoid` names a backend to use only when no other one can take it.
         `behind` says how many jobs wait behind this one: then it takes the free backend
         where it finishes first rather than wait for a busy one (that would hold them up,
-        and leave a GPU idle while work waits).
+        and leave a GPU idle while work waits). `params`: the job's values, whose steps
+        and size say how much work it asks.
 
         Raises:
             NoBackendCanRun: backends are up but none has what `wf` needs.
         """
         told = False
         since = time.monotonic()
+        work, steps = costs.work_of(params), costs.steps_of(params)
         if self.why_not(wf) is not None:
             await self.refresh_models()
         async with self._changed:
@@ -403,10 +417,10 @@ class Pool:
                 if avoid is not None and len(free) > 1:
                     free = [b for b in free if b.name != avoid] or free
                 backend = self._choose(
-                    wf, able, free, waited=time.monotonic() - since, behind=behind
+                    wf, able, free, waited=time.monotonic() - since, behind=behind, work=work
                 )
                 if backend is not None:
-                    return self._place(backend, wf, job_id)
+                    return self._place(backend, wf, job_id, work, steps)
                 if on_wait is not None and not told:
                     told = True
                     # stored in English; the chat says it in the job's language
@@ -424,6 +438,7 @@ class Pool:
         *,
         waited: float,
         behind: int = 0,
+        work: float = 1.0,
     ) -> Backend | None:
         """The backend to take now, or None to wait for a busy one (or any)."""
         if not free:
@@ -434,7 +449,7 @@ class Pool:
         options = {
             b.name: routing_mod.Option(
                 b.name,
-                self.expected_finish(b, wf, now),
+                self.expected_finish(b, wf, now, work),
                 b.load,
                 b.capacity,
                 self.cold_cost(b, wf) > 0,
@@ -447,25 +462,47 @@ class Pool:
         )
         return None if chosen is None else self.backends[chosen.name]
 
-    def expected_finish(self, backend: Backend, wf: workflow.Workflow, now: float) -> float:
-        """Seconds until a job of `wf` placed on `backend` now would be done."""
+    def expected_finish(
+        self, backend: Backend, wf: workflow.Workflow, now: float, work: float = 1.0
+    ) -> float:
+        """Seconds until a job of `wf` asking `work` placed on `backend` now would be done."""
         return (
             self.backlog(backend, now)
             + self.cold_cost(backend, wf)
-            + (self.estimator.run_seconds(backend.name, wf.name) or 0.0)
+            + (self.estimator.run_seconds(backend.name, wf.name, work) or 0.0)
         )
 
     def backlog(self, backend: Backend, now: float) -> float:
-        """Seconds of work on `backend` ahead of a job placed now."""
-        ours = sorted(backend.placed.values(), key=lambda p: p.at)
+        """Seconds of work on `backend` ahead of a job placed now: each job of ours there
+        at what its work costs (a switch where it loads models), one that ComfyUI runs
+        by what it still needs from its progress (as the ETA counts it)."""
         total = 0.0
-        for index, placed in enumerate(ours):
-            # The oldest is running (or about to): only the rest of it is ahead.
-            total += max(0.0, placed.seconds - (now - placed.at)) if index == 0 else placed.seconds
-        unknown = backend.load - len(ours)  # other pools' jobs, and ones we re-attached to
+        for placed in sorted(backend.placed.values(), key=lambda p: p.at):
+            total += self.still_needs(backend.name, placed, now)
+        unknown = backend.load - len(backend.placed)  # other pools' jobs, re-attached ones
         if unknown > 0:
             total += unknown * (self.estimator.typical(backend.name) or 0.0)
         return total
+
+    def still_needs(self, name: str, placed: Placed, now: float) -> float:
+        """Seconds a job of ours on backend `name` still needs."""
+        cost = self.estimator.cost(name, placed.workflow)
+        seconds = cost.seconds(placed.work) if cost is not None else 0.0
+        if placed.cold:
+            seconds += self.estimator.cold_seconds(name, placed.workflow)
+        if placed.started is None:
+            return seconds
+        pace = placed.step_s
+        if pace is None and cost is not None and placed.steps:
+            pace = cost.rate * placed.work / placed.steps
+        return costs.still_needs(
+            seconds,
+            max(0.0, now - placed.started),
+            fixed=cost.fixed if cost is not None else 0.0,
+            pace=pace,
+            steps=placed.steps,
+            done=placed.done,
+        )
 
     def cold_cost(self, backend: Backend, wf: workflow.Workflow) -> float:
         """What loading `wf`'s models costs on `backend` before its run, given the work
@@ -475,33 +512,80 @@ class Pool:
             return 0.0
         return self.estimator.cold_seconds(backend.name, wf.name)
 
-    def _place(self, backend: Backend, wf: workflow.Workflow, job_id: str) -> Slot:
+    def _place(
+        self,
+        backend: Backend,
+        wf: workflow.Workflow,
+        job_id: str,
+        work: float = 1.0,
+        steps: int | None = None,
+    ) -> Slot:
         now = time.monotonic()
         needed = routing_mod.models(wf)
         cold = bool(needed) and not (
             backend.models_after is not None and needed <= backend.models_after
         )
-        run = self.estimator.run_seconds(backend.name, wf.name) or 0.0
-        seconds = run + self.cold_cost(backend, wf)
+        seconds = (self.estimator.run_seconds(backend.name, wf.name, work) or 0.0) + (
+            self.cold_cost(backend, wf)
+        )
         expected = self.backlog(backend, now) + seconds
         alone = backend.load == 0
         backend.jobs.add(job_id)
-        backend.placed[job_id] = Placed(wf.name, seconds, now, alone)
+        backend.placed[job_id] = Placed(wf.name, work, steps, now, alone, cold=cold)
         if needed:
             backend.models_after = needed
-        return Slot(backend, job_id, wf, cold, expected)
+        return Slot(backend, job_id, wf, cold, expected, work)
+
+    def progress(
+        self,
+        slot: Slot,
+        *,
+        started: bool = False,
+        done: float | None = None,
+        steps: int | None = None,
+        step_s: float | None = None,
+    ) -> None:
+        """What ComfyUI says of a job of ours: it `started` now, or `done` of its `steps`
+        are done at `step_s` seconds a step. Its backend's backlog counts what it still
+        needs from then on, and its run is learnt from its start."""
+        placed = slot.backend.placed.get(slot.job_id) or self._ended.get(slot.job_id)
+        if placed is None:
+            return
+        if started or placed.started is None:
+            placed.started = time.monotonic()
+        if done is not None:
+            placed.done = float(done)
+        if steps is not None and steps > 0:
+            placed.steps = int(steps)
+        if step_s is not None and step_s > 0:
+            placed.step_s = float(step_s)
 
     def learn(self, slot: Slot, timings: results.Timings) -> None:
         """A job ran on `slot`'s backend: learn from ComfyUI's timings of it (its own
-        start and end stamps, the nodes it took from its cache, each node's time)."""
-        occupied = self._occupied.pop(slot.job_id, None)
+        start and end stamps, the nodes it took from its cache, each node's time) and
+        from its progress: its seconds from ComfyUI's start to its result here, as the
+        ETA counts a run."""
+        placed = self._ended.pop(slot.job_id, None) or slot.backend.placed.get(slot.job_id)
         seconds_ms = timings.duration_ms
         if slot.workflow is None or seconds_ms is None:
             return
         wf = slot.workflow
-        seconds = max(seconds_ms / 1000, occupied or 0.0)
+        seconds = seconds_ms / 1000
+        if placed is not None and placed.started is not None:
+            seconds = max(seconds, time.monotonic() - placed.started)
+        elif placed is not None and placed.alone and placed.ended is not None:
+            # No start seen: what the job cost its GPU end to end (upload, submit, run)
+            seconds = max(seconds, placed.ended - placed.at)
         load = routing_mod.load_seconds(wf, timings.cached_nodes, timings.node_ms)
-        self.estimator.learn(slot.backend.name, wf.name, seconds, load=load)
+        self.estimator.learn(
+            slot.backend.name,
+            wf.name,
+            seconds,
+            load=load,
+            work=placed.work if placed is not None else slot.work,
+            steps=placed.steps if placed is not None else None,
+            step_s=placed.step_s if placed is not None else None,
+        )
 
     def seed_estimates(self) -> None:
         """Read each backend's `bench` results.json, where configured."""
@@ -532,12 +616,11 @@ class Pool:
     async def release(self, slot: Slot) -> None:
         """Give the slot back and wake every waiter at once (no probe needed)."""
         placed = slot.backend.placed.pop(slot.job_id, None)
-        if placed is not None and placed.alone and slot.workflow is not None:
-            # What the job cost its GPU end to end (upload, submit, run), not only the run
-            # ComfyUI timed: the estimate of the work ahead must include it.
-            self._occupied[slot.job_id] = time.monotonic() - placed.at
-            while len(self._occupied) > 1000:  # slots whose runs were never learned from
-                self._occupied.pop(next(iter(self._occupied)))
+        if placed is not None and slot.workflow is not None:
+            placed.ended = time.monotonic()
+            self._ended[slot.job_id] = placed  # its run is learnt once its result is in
+            while len(self._ended) > 1000:  # slots whose runs were never learnt from
+                self._ended.pop(next(iter(self._ended)))
         if slot.job_id in slot.backend.jobs:
             slot.backend.jobs.discard(slot.job_id)
             slot.backend.released.add(slot.job_id)

@@ -2,16 +2,15 @@
 
 The pool sends a job where it is expected to *finish* first: the work already queued on
 a backend, plus a cold start when that GPU has other models loaded, plus the run itself.
-This module keeps the numbers behind that guess:
-
-- run times per (backend, workflow), from ComfyUI's own execution timestamps (the
-  `execution_start` and `execution_success` messages, as `comfyveil bench` reads them),
-  a median of the recent runs so one stalled or lucky run does not move it much;
-- the extra a cold start costs there: the time spent in the model loaders of runs whose
-  loaders ComfyUI did not take from its cache (`execution_cached`), i.e. the first run
-  after a switch; a backend that never had one borrows the other backends' figure;
-- optionally seeded from a `comfyveil bench` results.json, so a new pool routes well from
-  its first job.
+This module keeps the numbers behind that guess, in the cost model the ETA uses too
+(`comfy.costs`): a run costs a fixed part plus seconds per unit of the work a job asks
+(sampler steps x megapixels x frames) for that workflow on that backend, the pace taken
+from the progress events of the runs the pool placed (seconds per step) or from runs of
+different sizes; a cold start adds the extra measured when ComfyUI ran the loaders (its
+`execution_cached` did not list them), else the other backends' figure. A job running
+still needs its steps left at the pace it has shown, so a long job that started earlier
+is not taken for nearly done. Optionally seeded from a `comfyveil bench` results.json, so
+a new pool routes well from its first job.
 
 A backend with no estimate yet for a workflow counts as instant, so it is tried once and
 measured instead of being avoided for ever.
@@ -19,17 +18,18 @@ measured instead of being avoided for ever.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from comfyveil.comfy import template
+from comfyveil.comfy import costs, template
 
-WINDOW = 15  # runs kept per (backend, workflow) and kind: recent enough to follow a change
+RECENT = 50  # runs of each workflow the model is fitted to: as many as the ETA reads
 # A backend expected to finish a job first may hold this many times its slots; the bound
 # keeps a wrong estimate from piling work onto one GPU.
 OVERFLOW = 2
@@ -108,27 +108,10 @@ def choose(
     return None
 
 
-@dataclass
-class RunTimes:
-    """Recent runs of one workflow on one backend, in seconds."""
-
-    warm: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # runs, loads left out
-    loads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # cold starts' loads
-
-    @property
-    def run(self) -> float | None:
-        """Seconds of a run with the models loaded."""
-        return statistics.median(self.warm) if self.warm else None
-
-    @property
-    def cold_extra(self) -> float | None:
-        """Seconds loading the models adds to a run, once a cold start was seen."""
-        return statistics.median(self.loads) if self.loads else None
-
-
 @dataclass(frozen=True)
 class Estimate:
-    """What the pool expects of one workflow on one backend (for /backends, jobs show)."""
+    """What the pool expects of one workflow on one backend (for /backends, jobs show):
+    a run of the size its recent runs asked for, and a cold start's extra."""
 
     backend: str
     workflow: str
@@ -138,57 +121,85 @@ class Estimate:
 
 
 class Estimator:
-    """Run-time estimates per backend and workflow (keyed by the workflow's name)."""
+    """The pool's cost model (`costs.Model`), taught the runs the pool placed: what a job
+    of a workflow costs on a backend for the work it asks, and what a switch adds there.
+    The ETA fits the same model to the same runs as the database holds them."""
 
     def __init__(self) -> None:
-        self._times: dict[tuple[str, str], RunTimes] = {}
+        # per workflow, its latest runs with their order of finishing
+        self._runs: dict[str, deque[tuple[int, costs.Run]]] = {}
+        self._seq = 0
+        self._model: costs.Model | None = costs.Model()
+
+    @property
+    def model(self) -> costs.Model:
+        """The model fitted to the runs kept (refitted after a run was learnt)."""
+        if self._model is None:
+            ordered = sorted(itertools.chain.from_iterable(self._runs.values()))
+            self._model = costs.estimator_from(run for _, run in ordered)
+        return self._model
 
     def learn(
-        self, backend: str, workflow: str, seconds: float, *, load: float | None = None
+        self,
+        backend: str,
+        workflow: str,
+        seconds: float,
+        *,
+        load: float | None = None,
+        work: float = 1.0,
+        steps: int | None = None,
+        step_s: float | None = None,
     ) -> None:
-        """One run took `seconds`, of which `load` went to loading models (None: warm)."""
+        """One run of `work` took `seconds`, of which `load` went to loading models (None:
+        its models were loaded); `steps` at `step_s` seconds each, when measured."""
         if not seconds >= 0 or (load is not None and not load >= 0):  # NaN, a confused clock
             return
-        times = self._times.setdefault((backend, workflow), RunTimes())
-        if load is None:
-            times.warm.append(float(seconds))
-            return
-        times.loads.append(float(load))
-        times.warm.append(max(0.0, float(seconds) - load))
+        if not work > 0:
+            work = 1.0
+        run = costs.Run(
+            backend, workflow, float(seconds), float(work), steps,
+            step_s if step_s is not None and step_s > 0 else None,
+            cold=load is not None, load=None if load is None else float(load),
+        )  # fmt: skip
+        self._seq += 1
+        self._runs.setdefault(workflow, deque(maxlen=RECENT)).append((self._seq, run))
+        self._model = None
 
-    def run_seconds(self, backend: str, workflow: str) -> float | None:
-        """A warm run of `workflow` on `backend`: measured there, else the median of the
-        other backends' (a GPU that ran nothing yet has no estimate: it gets tried)."""
-        times = self._times.get((backend, workflow))
-        if times is not None and times.run is not None:
-            return times.run
-        if not any(b == backend for b, _ in self._times):
-            return None
-        others = [t.run for (_, w), t in self._times.items() if w == workflow and t.run is not None]
-        return statistics.median(others) if others else None
+    def cost(self, backend: str, workflow: str) -> costs.Cost | None:
+        """A warm run's cost there (None: that GPU ran nothing yet: it gets tried)."""
+        return self.model.cost(backend, workflow)
+
+    def run_seconds(self, backend: str, workflow: str, work: float = 1.0) -> float | None:
+        """A warm run of `work` on `backend`: measured there, else the median of the other
+        backends' (a GPU that ran nothing yet has no estimate: it gets tried)."""
+        return self.model.run_seconds(backend, workflow, work)
 
     def cold_seconds(self, backend: str, workflow: str) -> float:
         """The extra of a cold start: measured there, else on the other backends, else 0."""
-        times = self._times.get((backend, workflow))
-        if times is not None and times.cold_extra is not None:
-            return times.cold_extra
-        others = [
-            t.cold_extra
-            for (_, w), t in self._times.items()
-            if w == workflow and t.cold_extra is not None
-        ]
-        return statistics.median(others) if others else 0.0
+        return self.model.cold_seconds(backend, workflow)
 
     def typical(self, backend: str) -> float | None:
-        """A run of whatever workflow on `backend`: for jobs there we know nothing of."""
-        runs = [t.run for (b, _), t in self._times.items() if b == backend and t.run is not None]
+        """A run of whatever workflow on `backend` (the median of its recent runs): for
+        jobs there we know nothing of, not even the work they ask."""
+        runs = [r.seconds for q in self._runs.values() for _, r in q if r.backend == backend]
         return statistics.median(runs) if runs else None
 
     def estimates(self, backend: str | None = None) -> list[Estimate]:
+        found: dict[tuple[str, str], list[costs.Run]] = {}
+        for runs in self._runs.values():
+            for _, run in runs:
+                if backend is None or run.backend == backend:
+                    found.setdefault((run.backend, run.command), []).append(run)
+        model = self.model
         return [
-            Estimate(b, w, t.run, t.cold_extra, len(t.warm))
-            for (b, w), t in sorted(self._times.items())
-            if backend is None or b == backend
+            Estimate(
+                b,
+                w,
+                model.run_seconds(b, w, statistics.median(r.work for r in runs)),
+                model.cold_measured(b, w),
+                len(runs),
+            )
+            for (b, w), runs in sorted(found.items())
         ]
 
     def seed_from_bench(self, path: Path, *, backend: str | None = None) -> int:
@@ -213,6 +224,11 @@ class Estimator:
             raise ValueError(f"{path} is not JSON") from None
         if not isinstance(doc, Mapping) or doc.get("schema_version") != 1:
             raise ValueError(f"{path} is not a comfyveil bench results.json (schema 1)")
+        works = {
+            str(w.get("name")): costs.work_of(w.get("params"))
+            for w in doc.get("workflows") or ()
+            if isinstance(w, Mapping) and isinstance(w.get("params"), Mapping)
+        }
         taken = 0
         for record in _records(doc.get("records")):
             seconds = record.get("execution_s")
@@ -223,7 +239,7 @@ class Estimator:
                 continue  # answered from ComfyUI's cache (an older bench kept it): not a run
             if not isinstance(name, str) or not isinstance(workflow, str):
                 continue
-            self.learn(backend or name, workflow, float(seconds))
+            self.learn(backend or name, workflow, float(seconds), work=works.get(workflow, 1.0))
             taken += 1
         return taken
 

@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import i18n, metrics
+from comfyveil.comfy import routing
 from comfyveil.store import errors, sql
 from comfyveil.store import eta as eta_mod
 from comfyveil.store.connector import Connector, Row, Session
@@ -208,7 +209,7 @@ def _queued(row: Row | None) -> Row:
     return row
 
 
-ETA_RUNS = 50  # recent runs of each command an ETA's estimator learns from
+ETA_RUNS = routing.RECENT  # recent runs of each command the ETA learns from: as the pool
 
 
 def _number(value: Any) -> float | None:

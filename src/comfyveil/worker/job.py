@@ -297,6 +297,7 @@ class JobRunner:
                     on_wait=waiting,
                     avoid=earlier or self._avoid.get(job.id),
                     behind=others + (1 if self._more_queued else 0),
+                    params=values,
                 ))
             finally:
                 if running.waiting:
@@ -562,6 +563,8 @@ class JobRunner:
                 running.executing_since = time.monotonic()
                 data = {"state": "running"}
                 force = True
+                if running.slot is not None:  # its GPU's backlog counts from its progress now
+                    self.pool.progress(running.slot, started=True)
             elif isinstance(event, events.Executing) and event.node is not None:
                 data = {"state": "running", "node": event.node}
             elif isinstance(event, events.Progress) and execute.shows_steps(event, node_types):
@@ -576,6 +579,10 @@ class JobRunner:
                 pace = _step_seconds(running, event.node, float(event.value))
                 if pace is not None:
                     data["step_s"] = round(pace, 4)
+                if running.slot is not None:
+                    self.pool.progress(
+                        running.slot, done=float(event.value), steps=int(event.max), step_s=pace
+                    )
             elif isinstance(event, events.Preview):
                 self._record_preview(running, event)
             if data is not None and data["state"] == "running" and running.executing_since is None:
