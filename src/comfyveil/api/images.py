@@ -494,13 +494,16 @@ async def _answer(
         if any(job.status is not jobs.Status.QUEUED for job in queued):
             mark = None  # an Idempotency-Key's jobs from before: read them
         if fingerprint is not None:
-            row = asyncio.ensure_future(svc.requests.open(account.id, fingerprint, job_ids))
+            row = asyncio.ensure_future(
+                retries.through_outage(lambda: svc.requests.open(account.id, fingerprint, job_ids))
+            )
     visit = (
         None if row is None or fingerprint is None else svc.visits.enter(fingerprint, request, row)
     )
     answer = streaming.Answer(request, shape, edit=edit)
     closing = request.app.get(job_events.CLOSING)  # set when this process shuts down
     handed = False
+    failed = True  # until the handler ends as it should (answered, or its client gone)
     try:
         work = _results(svc, job_ids, shape, _base(request, svc), mark)
         if shape.stream:
@@ -513,11 +516,13 @@ async def _answer(
             )
         except ApiError as problem:
             handed = True  # the client hears it: the request is over
+            failed = False
             if shape.stream:
                 return await answer.error(problem)
             raise
         if not present or data is None:
             if closing is None or not closing.is_set() or not retries.connected(request):
+                failed = False
                 return web.Response(status=499)  # nobody is there to read it
             # This process is stopping (a restart): the client is told to try again, and
             # its retry, on whichever process serves it, takes these jobs over. The leave
@@ -544,14 +549,21 @@ async def _answer(
                 await response.prepare(request)
                 await response.write_eof()
         except ConnectionError:
+            failed = False
             return web.Response(status=499)
         handed = True
+        failed = False
         return response
     finally:
         # The leave is noted before anything else is awaited here: a cancellation (a
         # shutdown) landing in the previews' stop must not leave the row waited for.
         if visit is not None:  # after the answer, off its path (and even if cancelled)
-            svc.visits.end(visit, handed=handed)
+            leaving = svc.visits.end(visit, handed=handed)
+            if failed and not handed:
+                # An error (a 5xx) is about to be answered, and the client's SDK retries
+                # it at once: the leave is on record first, so the retry, on whichever
+                # process, takes these jobs over instead of paying anew.
+                await asyncio.wait({leaving}, timeout=retries.LEAVE_WAIT)
         if not handed and job_ids:  # its client went away: its jobs' ends go to the webhooks
             told = asyncio.create_task(_client_went_away(svc, job_ids), name="api-webhooks")
             svc.leaving.add(told)
@@ -622,7 +634,11 @@ async def _results(
 ) -> list[dict[str, Any]]:
     data: list[dict[str, Any]] = []
     for job_id in job_ids:
-        data += await _result(svc, job_id, shape, base, since)
+        # The database blinking (a restart, a crash recovery) does not fail a request
+        # whose jobs are queued: its jobs go on, and so does the wait for them.
+        data += await retries.through_outage(
+            functools.partial(_result, svc, job_id, shape, base, since)
+        )
     return data
 
 
