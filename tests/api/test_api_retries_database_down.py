@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from comfyveil.api import retries
-from comfyveil.store import api_requests, jobs
+from comfyveil.store import api_requests, database, jobs
 from comfyveil.store import errors as store_errors
 from tests.api.test_api_openai import PROMPT, make_key
 from tests.api.test_api_retries import openai, statuses
-from tests.web.support import client, sign_up, web_stack
+from tests.integration.test_worker_recovery import _start_again, restartable_pg  # noqa: F401
+from tests.web.support import client, sign_up, wait_for, web_stack
 
 
 def unreachable() -> store_errors.DatabaseUnreachable:
@@ -87,3 +88,65 @@ async def test_a_retry_after_an_error_past_queueing_takes_the_job_over(
         result = await asyncio.wait_for(api.images.generate(model="f", prompt=PROMPT), 60)
         assert base64.b64decode(result.data[0].b64_json or "")
         assert await statuses(stack) == ["succeeded"]  # one job, paid once
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_queued_request_waits_through_a_real_database_restart(
+    restartable_pg: Any,  # noqa: F811
+    fake_comfy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pgserver import _commands
+
+    # The pool waits this long for a connection: an outage past it reaches the request
+    # (10 s by default; shortened so a short outage shows what a long one does).
+    monkeypatch.setattr(database, "CONNECT_TIMEOUT", 1)
+
+    url = restartable_pg.get_uri()
+    conn = await database.connect(url)
+    try:
+        await database.migrate(conn)
+    finally:
+        await conn.close()
+    db = await database.Database.open(url=url, run_migrations=False, max_size=4)
+    try:
+        async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+            await sign_up(session, await stack.invite(), "dan")
+            api = openai.AsyncOpenAI(
+                base_url=f"{stack.url}/v1",
+                api_key=await make_key(session, stack.url),
+                max_retries=0,
+            )
+            fake_comfy.pause()  # on the GPU while the database is down
+            asking = asyncio.create_task(
+                api.images.generate(model="f", prompt=PROMPT, size="256x256")
+            )
+
+            async def on_gpu_and_waited_for() -> bool:
+                async with stack.db.pool.connection() as c:
+                    cursor = await c.execute(
+                        "SELECT (SELECT bool_and(submitted) FROM jobs) AS sent, "
+                        "(SELECT count(*) FROM api_requests) AS rows"
+                    )
+                    row = await cursor.fetchone()
+                return row is not None and bool(row["sent"]) and row["rows"] == 1
+
+            await wait_for(on_gpu_and_waited_for, timeout=30)
+            await asyncio.to_thread(
+                _commands.pg_ctl,
+                ["-w", "-m", "fast", "stop"],
+                pgdata=restartable_pg.pgdata,
+                user=restartable_pg.system_user,
+            )
+            # Down past the waiter's fallback read (2 s) and the pool's wait: the request
+            # reads its job meanwhile, and the read fails.
+            await asyncio.sleep(4.0)
+            assert not asking.done(), "a request whose job is queued waits through it"
+            await asyncio.to_thread(_start_again, restartable_pg)
+            fake_comfy.resume()
+            result = await asyncio.wait_for(asking, 60)
+            assert base64.b64decode(result.data[0].b64_json or "")
+            assert await statuses(stack) == ["succeeded"]
+    finally:
+        await db.close()
