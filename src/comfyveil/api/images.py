@@ -503,7 +503,7 @@ async def _answer(
     answer = streaming.Answer(request, shape, edit=edit)
     closing = request.app.get(job_events.CLOSING)  # set when this process shuts down
     handed = False
-    failed = True  # until the handler ends as it should (answered, or its client gone)
+    erred = False  # an error is about to be answered (a 5xx the SDK retries at once)
     try:
         work = _results(svc, job_ids, shape, _base(request, svc), mark)
         if shape.stream:
@@ -516,13 +516,11 @@ async def _answer(
             )
         except ApiError as problem:
             handed = True  # the client hears it: the request is over
-            failed = False
             if shape.stream:
                 return await answer.error(problem)
             raise
         if not present or data is None:
             if closing is None or not closing.is_set() or not retries.connected(request):
-                failed = False
                 return web.Response(status=499)  # nobody is there to read it
             # This process is stopping (a restart): the client is told to try again, and
             # its retry, on whichever process serves it, takes these jobs over. The leave
@@ -549,17 +547,18 @@ async def _answer(
                 await response.prepare(request)
                 await response.write_eof()
         except ConnectionError:
-            failed = False
             return web.Response(status=499)
         handed = True
-        failed = False
         return response
+    except Exception:
+        erred = True
+        raise
     finally:
         # The leave is noted before anything else is awaited here: a cancellation (a
         # shutdown) landing in the previews' stop must not leave the row waited for.
         if visit is not None:  # after the answer, off its path (and even if cancelled)
             leaving = svc.visits.end(visit, handed=handed)
-            if failed and not handed:
+            if erred and not handed:
                 # An error (a 5xx) is about to be answered, and the client's SDK retries
                 # it at once: the leave is on record first, so the retry, on whichever
                 # process, takes these jobs over instead of paying anew.
