@@ -90,6 +90,39 @@ async def test_a_retry_after_an_error_past_queueing_takes_the_job_over(
         assert await statuses(stack) == ["succeeded"]  # one job, paid once
 
 
+async def test_a_retry_in_the_same_process_takes_over_while_the_leave_is_still_unwritten(
+    db, fake_comfy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retries, "OUTAGE", 0.3, raising=False)
+    monkeypatch.setattr(retries, "LEAVE_WAIT", 1.0, raising=False)
+    async with web_stack(db, [fake_comfy], api=True) as stack, client() as session:
+        await sign_up(session, await stack.invite(), "eve")
+        api = openai.AsyncOpenAI(
+            base_url=f"{stack.url}/v1", api_key=await make_key(session, stack.url), max_retries=0
+        )
+        reads = [10_000]
+        down_for(monkeypatch, jobs.JobStore, "outputs", reads)
+        leaving = [True]  # the first try's leave cannot be written until the retry comes
+        real_leave = api_requests.ApiRequestStore.leave
+
+        async def leave(self: Any, request_id: int, *, handed: bool) -> None:
+            if leaving[0]:
+                raise unreachable()
+            await real_leave(self, request_id, handed=handed)
+
+        monkeypatch.setattr(api_requests.ApiRequestStore, "leave", leave)
+        with pytest.raises(openai.InternalServerError):
+            await asyncio.wait_for(api.images.generate(model="f", prompt=PROMPT), 60)
+        async with stack.db.pool.connection() as conn:
+            cursor = await conn.execute("SELECT clients FROM api_requests")
+            assert [r["clients"] for r in await cursor.fetchall()] == [1], "still unwritten"
+        reads[0] = 0
+        leaving[0] = False  # the database is back as the retry arrives
+        result = await asyncio.wait_for(api.images.generate(model="f", prompt=PROMPT), 60)
+        assert base64.b64decode(result.data[0].b64_json or "")
+        assert await statuses(stack) == ["succeeded"]  # one job, paid once
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_queued_request_waits_through_a_real_database_restart(
