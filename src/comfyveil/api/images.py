@@ -494,13 +494,16 @@ async def _answer(
         if any(job.status is not jobs.Status.QUEUED for job in queued):
             mark = None  # an Idempotency-Key's jobs from before: read them
         if fingerprint is not None:
-            row = asyncio.ensure_future(svc.requests.open(account.id, fingerprint, job_ids))
+            row = asyncio.ensure_future(
+                retries.through_outage(lambda: svc.requests.open(account.id, fingerprint, job_ids))
+            )
     visit = (
         None if row is None or fingerprint is None else svc.visits.enter(fingerprint, request, row)
     )
     answer = streaming.Answer(request, shape, edit=edit)
     closing = request.app.get(job_events.CLOSING)  # set when this process shuts down
     handed = False
+    erred = False  # an error is about to be answered (a 5xx the SDK retries at once)
     try:
         work = _results(svc, job_ids, shape, _base(request, svc), mark)
         if shape.stream:
@@ -547,11 +550,19 @@ async def _answer(
             return web.Response(status=499)
         handed = True
         return response
+    except Exception:
+        erred = True
+        raise
     finally:
         # The leave is noted before anything else is awaited here: a cancellation (a
         # shutdown) landing in the previews' stop must not leave the row waited for.
         if visit is not None:  # after the answer, off its path (and even if cancelled)
-            svc.visits.end(visit, handed=handed)
+            leaving = svc.visits.end(visit, handed=handed)
+            if erred and not handed:
+                # An error (a 5xx) is about to be answered, and the client's SDK retries
+                # it at once: the leave is on record first, so the retry, on whichever
+                # process, takes these jobs over instead of paying anew.
+                await asyncio.wait({leaving}, timeout=retries.LEAVE_WAIT)
         if not handed and job_ids:  # its client went away: its jobs' ends go to the webhooks
             told = asyncio.create_task(_client_went_away(svc, job_ids), name="api-webhooks")
             svc.leaving.add(told)
@@ -622,7 +633,11 @@ async def _results(
 ) -> list[dict[str, Any]]:
     data: list[dict[str, Any]] = []
     for job_id in job_ids:
-        data += await _result(svc, job_id, shape, base, since)
+        # The database blinking (a restart, a crash recovery) does not fail a request
+        # whose jobs are queued: its jobs go on, and so does the wait for them.
+        data += await retries.through_outage(
+            functools.partial(_result, svc, job_id, shape, base, since)
+        )
     return data
 
 

@@ -21,12 +21,20 @@ from aiohttp import web
 from comfyveil import metrics
 from comfyveil import tasks as background
 from comfyveil.store import api_requests
+from comfyveil.store import errors as store_errors
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 WATCH = 0.05  # seconds between looks at a waiting request's connection
 KEEPALIVE = 15.0  # seconds between a waiting stream's keep-alive comments
+# A request whose jobs are queued rides out the database not answering (a restart, a
+# crash recovery) for this long before it answers 503: its jobs go on meanwhile, and a
+# blink of a few seconds should cost its client nothing.
+OUTAGE = 60.0
+BACKOFF = (0.1, 2.0)  # seconds between reads while the database is down: first, most
+LEAVE_FOR = 600.0  # seconds a leave is retried while the database is down
+LEAVE_WAIT = 5.0  # seconds an ending request (or its retry) waits for its leave's note
 
 
 class Fingerprint:
@@ -43,6 +51,29 @@ class Fingerprint:
 
     def digest(self) -> bytes:
         return self._hash.digest()
+
+
+async def through_outage(
+    read: Callable[[], Awaitable[T]], *, bound: float | None = None, most: float | None = None
+) -> T:
+    """`read()`, tried again with a growing pause (up to `most` seconds) while the
+    database is unreachable, for up to `bound` seconds (OUTAGE) of it; then its error
+    goes on."""
+    bound = OUTAGE if bound is None else bound
+    most = BACKOFF[1] if most is None else most
+    loop = asyncio.get_running_loop()
+    since: float | None = None
+    pause = BACKOFF[0]
+    while True:
+        try:
+            return await read()
+        except store_errors.DatabaseUnreachable:
+            now = loop.time()
+            since = now if since is None else since
+            if now - since >= bound:
+                raise
+            await asyncio.sleep(min(pause, max(bound - (now - since), 0.0)))
+            pause = min(pause * 2, most)
 
 
 def connected(request: web.Request) -> bool:
@@ -96,11 +127,17 @@ def leave(
     store: api_requests.ApiRequestStore, row: asyncio.Future[int], *, handed: bool
 ) -> asyncio.Task[None]:
     """Note, in the background, that the request's client is done with its row: `handed`
-    its answer, or gone without it (then a retry may take the jobs over)."""
+    its answer, or gone without it (then a retry may take the jobs over). Tried again
+    while the database is down: a leave never written keeps the row counted as waited
+    on, and the client's retry would pay anew instead of taking the jobs over."""
 
     async def left() -> None:
         try:
-            await store.leave(await row, handed=handed)
+            request_id = await row
+            # often: a retry, maybe on another process, may be looking for this row now
+            await through_outage(
+                lambda: store.leave(request_id, handed=handed), bound=LEAVE_FOR, most=0.5
+            )
         except Exception as exc:  # the row stays open; the stale sweep drops it later
             logger.warning(
                 "could not note that an API client left: %s",
@@ -120,6 +157,7 @@ class Visit:
         self.request = request
         self.row = row
         self.left: asyncio.Task[None] | None = None
+        self.ended = False  # its handler is done: its client never gets its answer now
 
 
 class Visits:
@@ -140,20 +178,31 @@ class Visits:
         return visit
 
     def end(self, visit: Visit, *, handed: bool) -> asyncio.Task[None]:
-        """The request is over; its leave is noted unless a retry noted it first."""
+        """The request is over; its leave is noted unless a retry noted it first. One
+        not handed its answer stays known until its leave is written (a retry here then
+        waits for that note, instead of finding the row still waited on)."""
+        visit.ended = True
+        task = self._leave(visit, handed=handed)
+        if handed or task.done():
+            self._forget(visit)
+        else:
+            task.add_done_callback(lambda _: self._forget(visit))
+        return task
+
+    def _forget(self, visit: Visit) -> None:
         same = self._by.get(visit.fingerprint)
         if same is not None:
             same.discard(visit)
             if not same:
                 del self._by[visit.fingerprint]
-        return self._leave(visit, handed=handed)
 
     async def let_go_of_gone(self, fingerprint: bytes) -> bool:
-        """Note the leave of this digest's requests whose client is gone (True: some)."""
-        gone = [v for v in self._by.get(fingerprint, ()) if not connected(v.request)]
+        """Note the leave of this digest's requests whose client is gone, or that ended
+        without handing their answer (True: some)."""
+        gone = [v for v in self._by.get(fingerprint, ()) if v.ended or not connected(v.request)]
         tasks = [self._leave(v, handed=False) for v in gone]
         if tasks:
-            await asyncio.wait(tasks)
+            await asyncio.wait(tasks, timeout=LEAVE_WAIT)
         return bool(tasks)
 
     def _leave(self, visit: Visit, *, handed: bool) -> asyncio.Task[None]:
