@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from comfyveil.api import retries
-from comfyveil.store import api_requests, database, jobs
+from comfyveil.store import api_requests, database, job_store
 from comfyveil.store import errors as store_errors
 from tests.api.test_api_openai import PROMPT, make_key
 from tests.api.test_api_retries import openai, statuses
@@ -47,7 +47,7 @@ async def test_a_queued_request_waits_through_a_database_blink_and_gets_its_imag
             base_url=f"{stack.url}/v1", api_key=await make_key(session, stack.url), max_retries=0
         )
         down = [4]  # the reads of its finished job fail a few times: about 1.5 s
-        down_for(monkeypatch, jobs.JobStore, "outputs", down)
+        down_for(monkeypatch, job_store.JobStore, "outputs", down)
         result = await asyncio.wait_for(
             api.images.generate(model="f", prompt=PROMPT, size="256x256"), 60
         )
@@ -69,7 +69,7 @@ async def test_a_retry_after_an_error_past_queueing_takes_the_job_over(
         )
         reads = [10_000]  # down for the first try's wait, until its leave has failed too
         leaves = [3]  # and down for its first leaves
-        down_for(monkeypatch, jobs.JobStore, "outputs", reads)
+        down_for(monkeypatch, job_store.JobStore, "outputs", reads)
         real_leave = api_requests.ApiRequestStore.leave
 
         async def leave(self: Any, request_id: int, *, handed: bool) -> None:
@@ -101,7 +101,7 @@ async def test_a_retry_in_the_same_process_takes_over_while_the_leave_is_still_u
             base_url=f"{stack.url}/v1", api_key=await make_key(session, stack.url), max_retries=0
         )
         reads = [10_000]
-        down_for(monkeypatch, jobs.JobStore, "outputs", reads)
+        down_for(monkeypatch, job_store.JobStore, "outputs", reads)
         leaving = [True]  # the first try's leave cannot be written until the retry comes
         real_leave = api_requests.ApiRequestStore.leave
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from comfyveil.store import database, errors, jobs, sql
+from comfyveil.store import database, errors, job_store, jobs, sql
 
 Database = database.Database
 
@@ -74,7 +74,7 @@ async def test_concurrent_claimers_take_every_job_exactly_once(db: Database) -> 
         created.add((await db.jobs.enqueue(new_job(i % 7))).id)
 
     async def claimer(name: str) -> list[uuid.UUID]:
-        store = jobs.JobStore(db.pool)
+        store = job_store.JobStore(db.pool)
         taken = []
         while (job := await store.claim(name)) is not None:
             taken.append(job.id)

@@ -11,7 +11,8 @@ from typing import Any
 
 from comfyveil.store import errors
 from comfyveil.store.accounts import OutputInfo
-from comfyveil.store.jobs import Job, JobEvent, JobStore, Output
+from comfyveil.store.job_store import JobStore
+from comfyveil.store.jobs import Job, JobEvent, Output
 from comfyveil.store.pooled import PoolStore
 
 

@@ -32,7 +32,7 @@ from comfyveil.store import (
     embedded,
     errors,
     heartbeats,
-    jobs,
+    job_store,
     model_lists,
     refusals,
     sessions,
@@ -245,7 +245,7 @@ class Database:
         self.url = url
         self._server = server
         self._closed = False
-        self.jobs = jobs.JobStore(pool)
+        self.jobs = job_store.JobStore(pool)
         self.users = users.UserStore(pool)
         self.sessions = sessions.SessionStore(pool)
         self.commands = commands.CommandStore(pool)

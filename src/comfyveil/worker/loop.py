@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from comfyveil import sinks as sinks_mod
 from comfyveil import tasks as background
 from comfyveil.comfy import pool, workflow
-from comfyveil.store import database, jobs
+from comfyveil.store import database, job_leases, jobs
 from comfyveil.store import errors as store_errors
 from comfyveil.worker.job import JobRunner, Running
 from comfyveil.worker.options import (
@@ -321,7 +321,7 @@ class Worker(JobRunner, Settling):
         delay = interval
         unreachable = False
         url = getattr(self.db, "url", None)
-        line = jobs.LeaseLine(url) if isinstance(url, str) else None
+        line = job_leases.LeaseLine(url) if isinstance(url, str) else None
         try:
             while True:
                 await asyncio.sleep(delay)
@@ -333,7 +333,7 @@ class Worker(JobRunner, Settling):
             if line is not None:
                 await line.close()
 
-    async def _renew_all(self, line: jobs.LeaseLine | None, unreachable: bool) -> bool:
+    async def _renew_all(self, line: job_leases.LeaseLine | None, unreachable: bool) -> bool:
         """One round of renewals; whether the database could not be reached."""
         # Jobs whose final status is being written are renewed too: the write may wait
         # for the database to come back, and must not find the job taken over then.
