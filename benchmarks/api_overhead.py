@@ -53,7 +53,7 @@ from tests.fixtures.database import open_for_the_database_user
 
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import execute, workflow
-from comfyveil.store import accounts, api_keys, database, embedded, webhooks
+from comfyveil.store import api_keys, database, embedded, web_tables, webhooks
 
 PROMPT = "a red fox in snow"
 VALUES = {"prompt": PROMPT, "width": 256, "height": 256}
@@ -124,7 +124,7 @@ async def drain(stream: asyncio.StreamReader) -> None:
 async def make_key(db_url: str, hook_url: str) -> str:
     """A key of a new account, with a webhook endpoint at `hook_url`."""
     async with await database.Database.open(url=db_url, run_migrations=False) as db:
-        store = accounts.WebStore(db.pool)
+        store = web_tables.WebStore(db.pool)
         token = await store.create_invite(is_admin=False, hours=1)
         account = await store.sign_up(token, "bench", "not-a-real-hash")
         await webhooks.WebhookStore(db.pool).create(account.id, hook_url)

@@ -55,7 +55,7 @@ from comfyveil.desk import access, language
 from comfyveil.desk.words import status_word
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database, embedded
+from comfyveil.store import database, embedded, web_tables
 from comfyveil.web import app as web_app
 from comfyveil.web import auth
 from comfyveil.web.page import when
@@ -101,7 +101,7 @@ def _png() -> bytes:
 
 async def _users(db: database.Database, count: int) -> list[dict[str, Any]]:
     """`count` accounts, each signed in and with RESULTS finished jobs."""
-    store = web_store.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     png = _png()
     users = []
     passphrases = auth.Passphrases.for_site(config.WebConfig())  # the default cost
@@ -129,7 +129,7 @@ async def _users(db: database.Database, count: int) -> list[dict[str, Any]]:
 def baseline_app(db: database.Database, desk: Any) -> web.Application:
     """The same reads and the same page content as ours, rendered with `str.format`; the
     same helpers for words, times and text direction."""
-    store = web_store.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     registry = desk.registry
     esc = html.escape
 

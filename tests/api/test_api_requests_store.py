@@ -5,13 +5,13 @@ request a client still waits for is never touched."""
 
 from __future__ import annotations
 
-from comfyveil.store import accounts, api_requests, database, jobs
+from comfyveil.store import accounts, api_requests, database, jobs, web_tables
 
 WORKER = "worker-test"
 
 
 async def account(db: database.Database, name: str) -> accounts.Account:
-    store = accounts.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     token = await store.create_invite(is_admin=False, hours=1)
     return await store.sign_up(token, name, "x" * 20)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from comfyveil.store import accounts, api_keys
+from comfyveil.store import api_keys, web_tables
 from tests.fakes.comfyui import FakeComfyUI
 from tests.lazy import lazy_import
 from tests.web.support import (
@@ -33,7 +33,7 @@ async def test_run_serves_the_api_by_default_and_not_when_switched_off(
     on = cli_config(tmp_path / "on", database_url, fake_comfy)  # no [api]: the default
     off = cli_config(tmp_path / "off", database_url, fake_comfy)
     off.write_text(off.read_text() + "[api]\nenabled = false\n")
-    store = accounts.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     async with serving(on) as with_api, serving(off) as without, client() as session:
         await sign_up(
             session,

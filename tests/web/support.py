@@ -21,7 +21,7 @@ from comfyveil import config
 from comfyveil.cli import run as run_cli
 from comfyveil.comfy import pool
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database
+from comfyveil.store import database, web_tables
 from comfyveil.web import auth, server
 from comfyveil.worker import Worker, WorkerOptions
 from tests.fakes.comfyui import FakeComfyUI
@@ -66,7 +66,7 @@ def settings_for(comfy: Sequence[FakeComfyUI], **web_options: Any) -> config.Set
 class WebStack:
     url: str
     db: database.Database
-    store: web_store.WebStore
+    store: web_tables.WebStore
     site: server.Running
 
     async def invite(self, *, admin: bool = False) -> str:
@@ -102,7 +102,7 @@ async def web_stack(
         mounts = run_cli.mounts(settings, db, backends)
         site = await server.start(settings, db, pool=backends, mounts=mounts)
         try:
-            yield WebStack(site.url, db, web_store.WebStore(db.pool), site)
+            yield WebStack(site.url, db, web_tables.WebStore(db.pool), site)
         finally:
             await site.close()
             runner.stop()
@@ -160,7 +160,7 @@ async def new_account(
 ) -> web_store.Account:
     """An account made in the store by an invitation's sign-up, for tests that need one
     but not its pages (it never logs in: its passphrase hash is none)."""
-    store = web_store.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     token = await store.create_invite(is_admin=admin, hours=1)
     return await store.sign_up(token, name, "not-a-hash: this account never logs in")
 

@@ -17,7 +17,7 @@ from comfyveil.api import images as api_images
 from comfyveil.cli import submit as submit_cli
 from comfyveil.desk import submit as desk_submit
 from comfyveil.store import accounts as web_store
-from comfyveil.store import sql
+from comfyveil.store import sql, web_invites, web_tables
 from comfyveil.web import server as web_server
 from tests.api.test_api_openai import make_key, png
 from tests.e2e.test_bot_roles import _admins_only
@@ -195,9 +195,9 @@ async def submit_form_to(
 
 async def test_one_first_admin_link_at_most_and_none_once_an_account_exists(db) -> None:
     settings = config.Settings()
-    store = web_store.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
 
-    async def open_invites() -> list[web_store.Invite]:
+    async def open_invites() -> list[web_invites.Invite]:
         return [i for i in await store.invites() if i.used_at is None]
 
     said = await web_server.first_invite(settings, db, "http://x", terminal=False)
@@ -293,7 +293,7 @@ async def test_migration_0023_keeps_one_old_first_admin_link_and_none_after_an_a
 ) -> None:
     """Earlier versions added a first-admin invitation at every start without an account."""
     (sql_text,) = [text for version, _, text in sql.migrations() if version == "0023"]
-    store = web_store.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     old = []
     async with db.pool.connection() as conn:
         for age in (3, 2, 1):  # hours ago: three starts

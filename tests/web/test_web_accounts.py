@@ -144,7 +144,7 @@ async def test_failed_logins_slow_down_the_account(db, fake_comfy) -> None:
 
 async def test_site_wide_throttle_refuses_logins_after_many_failures(db) -> None:
     site = auth.SiteThrottle(WebState(db.pool), per_minute=3)
-    store = __import__("comfyveil.store.accounts", fromlist=["WebStore"]).WebStore(db.pool)
+    store = __import__("comfyveil.store.web_tables", fromlist=["WebStore"]).WebStore(db.pool)
     for _ in range(3):
         with pytest.raises(auth.LoginRefused, match="Wrong name"):
             await auth.login(store, site, cheap_passphrases(), f"nobody{_}", "whatever passphrase")

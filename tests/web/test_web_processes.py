@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from comfyveil.store import accounts
+from comfyveil.store import accounts, web_tables
 from comfyveil.store.web_state import WebState
 from comfyveil.web import auth
 from tests.fakes.comfyui import FakeComfyUI
@@ -34,7 +34,7 @@ async def test_two_web_processes_on_one_database_serve_one_site(
     fake_comfy: FakeComfyUI, database_url: str, db, tmp_path: Path
 ) -> None:
     conf = cli_config(tmp_path, database_url, fake_comfy)
-    store = accounts.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     async with serving(conf) as one, serving(conf) as two, client() as session:
         # the sign-up form comes from one process and is sent to the other
         token = await store.create_invite(is_admin=False, hours=1)
@@ -80,7 +80,7 @@ async def test_two_web_processes_on_one_database_serve_one_site(
 
 
 async def test_the_site_wide_login_throttle_is_shared_by_every_process(db) -> None:
-    store = accounts.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     one = auth.SiteThrottle(WebState(db.pool), per_minute=2)
     two = auth.SiteThrottle(WebState(db.pool), per_minute=2)  # another process's
     for name in ("nobody", "noone"):

@@ -21,7 +21,7 @@ from comfyveil.desk import availability, failures
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
 from comfyveil.images import MIMES
-from comfyveil.store import accounts, api_keys, database, web_state
+from comfyveil.store import api_keys, database, web_state, web_tables
 from comfyveil.store import errors as store_errors
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def build(
         access=access_mod.Access(settings, db.users),
         registry=registry_mod.CommandRegistry(db.commands),
         policy=policy_mod.Policy(settings.policy),
-        web=accounts.WebStore(db.pool),
+        web=web_tables.WebStore(db.pool),
         keys=api_keys.ApiKeyStore(db.pool),
         pool=pool,
     )

@@ -18,7 +18,7 @@ from comfyveil.desk import access as access_mod
 from comfyveil.desk import language as language_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
-from comfyveil.store import accounts, api_keys, api_requests, database, previews
+from comfyveil.store import accounts, api_keys, api_requests, database, previews, web_tables
 from comfyveil.store.presence import Presence
 
 
@@ -29,7 +29,7 @@ class ApiServices:
     access: access_mod.Access
     registry: registry_mod.CommandRegistry
     policy: policy_mod.Policy
-    web: accounts.WebStore
+    web: web_tables.WebStore
     keys: api_keys.ApiKeyStore
     pool: pool_mod.Pool | None = None
     waiter: Waiter = field(init=False)

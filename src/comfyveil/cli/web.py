@@ -66,12 +66,11 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def invite(settings: config.Settings, *, admin: bool) -> int:
-    from comfyveil.store import accounts as store
-    from comfyveil.store import database
+    from comfyveil.store import database, web_tables
     from comfyveil.web import server
 
     async with await database.Database.open(settings) as db:
-        token = await store.WebStore(db.pool).create_invite(
+        token = await web_tables.WebStore(db.pool).create_invite(
             is_admin=admin, hours=settings.web.invite_hours
         )
     url = server.link_base(settings)  # the .anon address once published
@@ -85,15 +84,14 @@ async def apikey(settings: config.Settings, name: str | None, label: str) -> int
     """Make a key of the images API for the account `name` and print it (only now: the
     store keeps its digest)."""
     from comfyveil.errors import UsageError
-    from comfyveil.store import accounts as store
-    from comfyveil.store import api_keys, database
+    from comfyveil.store import api_keys, database, web_tables
 
     if not name:
         raise UsageError("name the account: comfyveil web apikey ACCOUNT [--label NAME]")
     if not settings.api.enabled:
         raise UsageError("the images API is off ([api] enabled = false): no key to make")
     async with await database.Database.open(settings) as db:
-        account = await store.WebStore(db.pool).account_by_name(name)
+        account = await web_tables.WebStore(db.pool).account_by_name(name)
         if account is None:
             raise UsageError(f"there is no web account named {name!r}")
         key = await api_keys.ApiKeyStore(db.pool).create(account.id, label)
@@ -109,8 +107,7 @@ async def webhook(settings: config.Settings, name: str | None, url: str | None) 
     """Register a webhook endpoint of the account `name` and print its secret (only now)."""
     from comfyveil.desk import webhook_targets
     from comfyveil.errors import UsageError
-    from comfyveil.store import accounts as store
-    from comfyveil.store import database
+    from comfyveil.store import database, web_tables
     from comfyveil.store import webhooks as webhook_store
 
     if not name or not url:
@@ -122,7 +119,7 @@ async def webhook(settings: config.Settings, name: str | None, url: str | None) 
         url, private_ok=api.webhook_private_targets, resolve=api.webhooks_via != "anon"
     )
     async with await database.Database.open(settings) as db:
-        account = await store.WebStore(db.pool).account_by_name(name)
+        account = await web_tables.WebStore(db.pool).account_by_name(name)
         if account is None:
             raise UsageError(f"there is no web account named {name!r}")
         _id, secret = await webhook_store.WebhookStore(db.pool).create(account.id, url.strip())

@@ -9,7 +9,7 @@ import contextlib
 from psycopg_pool import AsyncConnectionPool
 
 from comfyveil import config
-from comfyveil.store import accounts
+from comfyveil.store import accounts, web_tables
 
 SERVICE_NAME = "web"  # the web front end's hidden service (its directory under anon/hs)
 LINK_MINUTES = 15  # how long a chat's /web link stays good (it works once)
@@ -38,7 +38,7 @@ def link_base(settings: config.Settings) -> str:
 async def web_link(settings: config.Settings, pool: AsyncConnectionPool, user_id: int) -> str:
     """A one-time address that makes a web account for `user_id` or logs into the one
     linked to it (with its passphrase); it never links an existing account."""
-    token = await accounts.WebStore(pool).create_link(user_id, minutes=LINK_MINUTES)
+    token = await web_tables.WebStore(pool).create_link(user_id, minutes=LINK_MINUTES)
     return f"{link_base(settings)}/link/{token}"
 
 
@@ -53,7 +53,7 @@ async def link_by_code(
         NameTaken: `user_id` already has another web account.
         InviteInvalid: the account went away meanwhile.
     """
-    store = accounts.WebStore(pool)
+    store = web_tables.WebStore(pool)
     account = await store.account_for_code(code)
     if account is not None:
         await store.link_account(account.id, user_id)

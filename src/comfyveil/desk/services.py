@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from comfyveil import policy as policy_mod
     from comfyveil.comfy import pool as pool_mod
     from comfyveil.desk import access
-    from comfyveil.store import accounts, database
+    from comfyveil.store import database, web_tables
 
 
 class Desk(Protocol):
@@ -43,4 +43,4 @@ class PoolDesk(PolicyDesk, RunDesk, Protocol):
 
 class AccountDesk(Desk, Protocol):
     @property
-    def web(self) -> accounts.WebStore: ...
+    def web(self) -> web_tables.WebStore: ...

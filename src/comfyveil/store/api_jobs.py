@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from comfyveil.store import errors
-from comfyveil.store.accounts import OutputInfo
 from comfyveil.store.job_store import JobStore
 from comfyveil.store.jobs import Job, JobEvent, Output
 from comfyveil.store.pooled import PoolStore
+from comfyveil.store.web_listings import OutputInfo
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,7 @@ from comfyveil.desk import failures, links
 from comfyveil.desk import language as language_mod
 from comfyveil.desk import registry as registry_mod
 from comfyveil.i18n import _
-from comfyveil.store import accounts as web_store
-from comfyveil.store import database
+from comfyveil.store import database, web_tables
 from comfyveil.store import errors as store_errors
 from comfyveil.web import account_pages, admin, auth, job_pages, pages, webhook_pages
 from comfyveil.web.page import (
@@ -188,7 +187,7 @@ def build(
     svc = WebServices(
         settings=settings,
         db=db,
-        web=web_store.WebStore(db.pool),
+        web=web_tables.WebStore(db.pool),
         registry=registry_mod.CommandRegistry(db.commands),
         access=access_mod.Access(settings, db.users),
         pool=pool,

@@ -33,7 +33,7 @@ from argon2.low_level import ARGON2_VERSION
 from comfyveil import config, constant_time, metrics
 from comfyveil.i18n import _
 from comfyveil.store import accounts as web_store
-from comfyveil.store import web_state
+from comfyveil.store import web_state, web_tables
 
 SESSION_COOKIE = "comfyveil_session"
 ANON_COOKIE = "comfyveil_form"  # ties a logged-out form to the browser that fetched it
@@ -179,7 +179,7 @@ class LoginRefused(Exception):
 
 
 async def login(
-    web: web_store.WebStore,
+    web: web_tables.WebStore,
     site: SiteThrottle,
     passphrases: Passphrases,
     name: str,

@@ -25,7 +25,7 @@ from comfyveil.desk import state as job_state
 from comfyveil.desk.words import status_word
 from comfyveil.i18n import N_
 from comfyveil.store import accounts as web_store
-from comfyveil.store import database, eta, users, web_state
+from comfyveil.store import database, eta, users, web_state, web_tables
 from comfyveil.web import auth
 
 
@@ -35,7 +35,7 @@ class WebServices:
 
     settings: config.Settings
     db: database.Database
-    web: web_store.WebStore
+    web: web_tables.WebStore
     registry: registry_mod.CommandRegistry
     access: access_mod.Access
     pool: pool_mod.Pool | None = None

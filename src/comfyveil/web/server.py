@@ -14,8 +14,7 @@ from comfyveil import tasks as background
 from comfyveil.comfy import pool as pool_mod
 from comfyveil.desk.links import link_base as link_base
 from comfyveil.desk.links import public_url
-from comfyveil.store import accounts as web_store
-from comfyveil.store import database, web_state
+from comfyveil.store import database, web_state, web_tables
 from comfyveil.store import errors as store_errors
 from comfyveil.web import app as web_app
 
@@ -66,7 +65,7 @@ class _Server(web_server.Server):
         return _Handler(self, loop=self._loop, **self._kwargs)
 
 
-async def _purge_forever(store: web_store.WebStore) -> None:
+async def _purge_forever(store: web_tables.WebStore) -> None:
     while True:
         try:
             await store.purge()
@@ -115,7 +114,7 @@ async def first_invite(
     (and then no first-admin link stays open). On a terminal: a new link (replacing any
     earlier unused one). Elsewhere (a journal, a log file, which others may read): which
     command prints it, and no link is made."""
-    store = web_store.WebStore(db.pool)
+    store = web_tables.WebStore(db.pool)
     if await store.accounts(limit=1):
         await store.close_first_admin_invites()
         return None
