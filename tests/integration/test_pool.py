@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from comfyveil.comfy import pool, workflow
+from comfyveil.comfy import health, pool, workflow
 from tests.integration.worker_support import backend_configs, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,7 +126,7 @@ async def test_a_refused_job_reads_the_model_lists_again_before_it_is_refused(
         empty._node_defs = empty._build_object_info()
         backend = p.get("gpu0")
         assert backend is not None
-        backend.capabilities_at -= pool.REFUSAL_REFRESH + 1
+        backend.capabilities_at -= health.REFUSAL_REFRESH + 1
         slot = await asyncio.wait_for(p.acquire(flux(), "y"), 5)
         assert slot.backend.name == "gpu0"
         await p.release(slot)
@@ -173,7 +173,7 @@ async def test_a_backend_too_slow_to_answer_its_probe_is_down_in_plain_words(
 ) -> None:
     """A GPU behind anon that is slow to answer after anon restarted: the operator reads
     why it is down (`comfyveil worker` prints it at start), not an exception's name."""
-    monkeypatch.setattr(pool, "PROBE_TIMEOUT", 0.5)
+    monkeypatch.setattr(health, "PROBE_TIMEOUT", 0.5)
     fake = await fake_comfy_factory()
     fake.hold("/queue")
     try:

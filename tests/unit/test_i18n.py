@@ -174,7 +174,7 @@ def test_the_all_gpus_offline_sentence_counts_in_the_readers_language() -> None:
     """The worker stores "no GPU came back online within 5 min" in English; users read
     the span with their language's plural (it used to stay English, "5 min")."""
     from comfyveil.desk import failures
-    from comfyveil.worker.job import AllGpusOffline
+    from comfyveil.worker.failures import AllGpusOffline
 
     def said(waited: float) -> str:
         return failures.sentence(str(AllGpusOffline(waited)))

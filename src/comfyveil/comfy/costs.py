@@ -11,7 +11,7 @@ ran; else a run after another command on that backend is taken for one): its ext
 the warm prediction is what a model switch costs there. A job running still needs its
 steps left at the pace it has shown, plus its tail (`still_needs`).
 
-The pool (`comfy.pool`, through `routing.Estimator`) learns it from the runs it placed;
+The pool (`comfy.runtimes`, through `routing.Estimator`) learns it from the runs it placed;
 the ETA (`store.eta`) from the runs the database holds; both weigh a job by the same
 figures, so the ETA's playback of the queue sends each job where the pool will.
 """

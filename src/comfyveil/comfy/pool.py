@@ -1,9 +1,9 @@
 """The pool of ComfyUI backends: who is up, what each can run, and who has a free slot.
 
-Every configured backend (one ComfyUI, usually one GPU) is probed in a side task: its
-health and queue length often, its node classes and model files (``/object_info``) when
-it comes up and then now and then. A backend that fails a probe or a job is marked down
-and probed again with exponential backoff.
+Every configured backend (one ComfyUI, usually one GPU) is probed in a side task (see
+`health`): a backend that fails a probe or a job is marked down and probed again with
+exponential backoff. What the pool expects of each run and learns from it lives in
+`runtimes`; this module holds the backends and hands out their slots.
 
 A backend holds at most one running job plus ``max_waiting`` queued ones (default 1), so
 its GPU starts the next job the moment one ends. `acquire` waits for such a slot on a
@@ -36,63 +36,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from comfyveil import config
 from comfyveil import tasks as background
-from comfyveil.comfy import costs, errors, results, workflow
+from comfyveil.comfy import costs, errors, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import routing as routing_mod
+from comfyveil.comfy.health import PROBE_INTERVAL, BackendClient, ModelMemory, Probing
+from comfyveil.comfy.runtimes import RunTimes
 from comfyveil.i18n import N_
 
-logger = logging.getLogger(__name__)
-
-PROBE_INTERVAL = 2.0  # seconds between health probes of a backend that is up
-CAPABILITY_REFRESH = 300.0  # seconds between two reads of /object_info of a backend
-# A job no backend can run makes the pool read the lists again first, unless they are
-# this fresh: a model installed a minute ago must not be refused for minutes.
-REFUSAL_REFRESH = 5.0
-LOOK_REFRESH = 1.0  # an admin's look at the backends reads them again, at most this often
-BACKOFF_START = 0.5  # seconds before the first re-probe of a backend that went down
-BACKOFF_MAX = 30.0  # seconds, the longest wait between re-probes
-PROBE_TIMEOUT = 10.0  # seconds one probe may take
 ROUTINGS = ("finish", "idle")
 OVERFLOW = routing_mod.OVERFLOW  # with routing "finish": see `routing.choose`
 
 _MISSING = re.compile(r"^(model file|node type) (?P<what>.+?)(?: \([^)]*\))? is not installed$")
 
 
-class ModelMemory(Protocol):
-    """Where the last node and model lists of each backend outlive the process (the
-    database's `store.model_lists`)."""
-
-    async def remember(self, backend: config.BackendConfig, info: Mapping[str, Any]) -> None: ...
-
-    async def recall(
-        self, backends: Sequence[config.BackendConfig]
-    ) -> dict[str, Mapping[str, Any]]: ...
-
-
 class NoBackendCanRun(errors.ComfyError):
     """No GPU can run this workflow."""
 
     transient = False
-
-
-class BackendClient(Protocol):
-    """What the pool needs of a ComfyUI client (comfy.client.ComfyClient has it)."""
-
-    async def __aenter__(self) -> Any: ...
-    async def __aexit__(self, *exc: object) -> Any: ...
-    async def system_stats(self) -> Any: ...
-    async def queue(self) -> Any: ...
-    async def object_info(self, *, refresh: bool = False) -> Mapping[str, Any]: ...
 
 
 ProxyFor = Callable[[config.BackendConfig], "str | None"]
@@ -112,41 +80,6 @@ def _default_client(
     from comfyveil.comfy import client as comfy_client
 
     return comfy_client.ComfyClient(backend.url, name=backend.name, proxy=proxy, limits=limits)
-
-
-def queue_length(answer: Any) -> int:
-    """Jobs running plus pending on a backend, from whatever `client.queue()` returned."""
-    if isinstance(answer, int):
-        return answer
-    for running, pending in (("running", "pending"), ("queue_running", "queue_pending")):
-        if hasattr(answer, running):
-            return len(getattr(answer, running)) + len(getattr(answer, pending))
-        if isinstance(answer, Mapping) and running in answer:
-            return len(answer[running]) + len(answer.get(pending) or ())
-    raise errors.BackendProtocolError("the backend's queue answer is not understood")
-
-
-def queue_ids(answer: Any) -> set[str] | None:
-    """The prompt ids running or pending on a backend, when the answer names them."""
-    items: list[Any] = []
-    for running, pending in (("running", "pending"), ("queue_running", "queue_pending")):
-        if hasattr(answer, running):
-            items = [*getattr(answer, running), *getattr(answer, pending)]
-            break
-        if isinstance(answer, Mapping) and running in answer:
-            items = [*answer[running], *(answer.get(pending) or ())]
-            break
-    else:
-        return None
-    ids: set[str] = set()
-    for item in items:
-        prompt_id = getattr(item, "prompt_id", None)
-        if prompt_id is None and isinstance(item, list | tuple) and len(item) > 1:
-            prompt_id = item[1]  # ComfyUI's raw [number, prompt_id, prompt, ...]
-        if not isinstance(prompt_id, str):
-            return None
-        ids.add(prompt_id)
-    return ids
 
 
 @dataclass(eq=False)
@@ -249,7 +182,7 @@ class Slot:
     work: float = 1.0  # what it asks (`costs.work_of`)
 
 
-class Pool:
+class Pool(Probing, RunTimes):
     """The configured backends, probed in the background.
 
     Use as ``async with Pool(settings.backend_list()) as pool:``; `start` opens a client
@@ -304,28 +237,6 @@ class Pool:
         await asyncio.gather(*(self.probe(b) for b in self.backends.values()))
         await self._recall()
         self._health_task = asyncio.create_task(self._health_loop(), name="pool-health")
-
-    async def _recall(self) -> None:
-        """Give the backends that did not answer the lists they had when they last did, so
-        what they lack is known (and refused) until they answer again."""
-        unknown = [b for b in self.backends.values() if b.object_info is None]
-        if self._memory is None or not unknown:
-            return
-        recalled = await self._memory.recall([b.config for b in unknown])
-        for backend in unknown:
-            info = recalled.get(backend.name)
-            if info is not None and backend.object_info is None:
-                backend.object_info = backend.kept = info
-                backend.remembered = True
-
-    async def _keep(self, backend: Backend) -> None:
-        """Hand lists just read to the memory, when they differ from those it has."""
-        info = backend.object_info
-        backend.remembered = False
-        if self._memory is None or info is None or info == backend.kept:
-            return
-        backend.kept = info
-        await self._memory.remember(backend.config, info)
 
     async def close(self) -> None:
         if self._health_task is not None:
@@ -462,56 +373,6 @@ class Pool:
         )
         return None if chosen is None else self.backends[chosen.name]
 
-    def expected_finish(
-        self, backend: Backend, wf: workflow.Workflow, now: float, work: float = 1.0
-    ) -> float:
-        """Seconds until a job of `wf` asking `work` placed on `backend` now would be done."""
-        return (
-            self.backlog(backend, now)
-            + self.cold_cost(backend, wf)
-            + (self.estimator.run_seconds(backend.name, wf.name, work) or 0.0)
-        )
-
-    def backlog(self, backend: Backend, now: float) -> float:
-        """Seconds of work on `backend` ahead of a job placed now: each job of ours there
-        at what its work costs (a switch where it loads models), one that ComfyUI runs
-        by what it still needs from its progress (as the ETA counts it)."""
-        total = 0.0
-        for placed in sorted(backend.placed.values(), key=lambda p: p.at):
-            total += self.still_needs(backend.name, placed, now)
-        unknown = backend.load - len(backend.placed)  # other pools' jobs, re-attached ones
-        if unknown > 0:
-            total += unknown * (self.estimator.typical(backend.name) or 0.0)
-        return total
-
-    def still_needs(self, name: str, placed: Placed, now: float) -> float:
-        """Seconds a job of ours on backend `name` still needs."""
-        cost = self.estimator.cost(name, placed.workflow)
-        seconds = cost.seconds(placed.work) if cost is not None else 0.0
-        if placed.cold:
-            seconds += self.estimator.cold_seconds(name, placed.workflow)
-        if placed.started is None:
-            return seconds
-        pace = placed.step_s
-        if pace is None and cost is not None and placed.steps:
-            pace = cost.rate * placed.work / placed.steps
-        return costs.still_needs(
-            seconds,
-            max(0.0, now - placed.started),
-            fixed=cost.fixed if cost is not None else 0.0,
-            pace=pace,
-            steps=placed.steps,
-            done=placed.done,
-        )
-
-    def cold_cost(self, backend: Backend, wf: workflow.Workflow) -> float:
-        """What loading `wf`'s models costs on `backend` before its run, given the work
-        already placed there (0 when they will be loaded, or nothing was measured)."""
-        needed = routing_mod.models(wf)
-        if not needed or (backend.models_after is not None and needed <= backend.models_after):
-            return 0.0
-        return self.estimator.cold_seconds(backend.name, wf.name)
-
     def _place(
         self,
         backend: Backend,
@@ -535,74 +396,6 @@ class Pool:
         if needed:
             backend.models_after = needed
         return Slot(backend, job_id, wf, cold, expected, work)
-
-    def progress(
-        self,
-        slot: Slot,
-        *,
-        started: bool = False,
-        done: float | None = None,
-        steps: int | None = None,
-        step_s: float | None = None,
-    ) -> None:
-        """What ComfyUI says of a job of ours: it `started` now, or `done` of its `steps`
-        are done at `step_s` seconds a step. Its backend's backlog counts what it still
-        needs from then on, and its run is learnt from its start."""
-        placed = slot.backend.placed.get(slot.job_id) or self._ended.get(slot.job_id)
-        if placed is None:
-            return
-        if started or placed.started is None:
-            placed.started = time.monotonic()
-        if done is not None:
-            placed.done = float(done)
-        if steps is not None and steps > 0:
-            placed.steps = int(steps)
-        if step_s is not None and step_s > 0:
-            placed.step_s = float(step_s)
-
-    def learn(self, slot: Slot, timings: results.Timings) -> None:
-        """A job ran on `slot`'s backend: learn from ComfyUI's timings of it (its own
-        start and end stamps, the nodes it took from its cache, each node's time) and
-        from its progress: its seconds from ComfyUI's start to its result here, as the
-        ETA counts a run."""
-        placed = self._ended.pop(slot.job_id, None) or slot.backend.placed.get(slot.job_id)
-        seconds_ms = timings.duration_ms
-        if slot.workflow is None or seconds_ms is None:
-            return
-        wf = slot.workflow
-        seconds = seconds_ms / 1000
-        if placed is not None and placed.started is not None:
-            seconds = max(seconds, time.monotonic() - placed.started)
-        elif placed is not None and placed.alone and placed.ended is not None:
-            # No start seen: what the job cost its GPU end to end (upload, submit, run)
-            seconds = max(seconds, placed.ended - placed.at)
-        load = routing_mod.load_seconds(wf, timings.cached_nodes, timings.node_ms)
-        self.estimator.learn(
-            slot.backend.name,
-            wf.name,
-            seconds,
-            load=load,
-            work=placed.work if placed is not None else slot.work,
-            steps=placed.steps if placed is not None else None,
-            step_s=placed.step_s if placed is not None else None,
-        )
-
-    def seed_estimates(self) -> None:
-        """Read each backend's `bench` results.json, where configured."""
-        for cfg in self._configs:
-            path = getattr(cfg, "bench", None)
-            if path is None:
-                continue
-            try:
-                taken = self.estimator.seed_from_bench(Path(path), backend=cfg.name)
-            except ValueError as exc:
-                raise config.ConfigError(f"backend {cfg.name}: bench: {exc}") from None
-            logger.info(
-                "backend %s: %d benchmark runs seed its run-time estimates",
-                cfg.name,
-                taken,
-                extra={"action": "estimates_seeded", "backend": cfg.name},
-            )
 
     def take(self, name: str, job_id: str) -> Slot | None:
         """Hold a slot on backend `name` for a job already there (re-attaching after a
@@ -643,118 +436,3 @@ class Pool:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-    # --- health ------------------------------------------------------------------
-
-    async def refresh_models(self, *, max_age: float = REFUSAL_REFRESH) -> bool:
-        """Read the node and model lists (/object_info) of the backends that are up again
-        now, those read more than `max_age` seconds ago; True when one changed. Asked for
-        when a job would be refused for a missing model and by an admin's look at the
-        backends, so a model just installed counts at once, not at the next scheduled
-        read (`CAPABILITY_REFRESH`)."""
-        now = time.monotonic()
-        stale = [
-            b for b in self.backends.values() if b.healthy and now - b.capabilities_at > max_age
-        ]
-        if not stale:
-            return False
-        changed = await asyncio.gather(*(self._read_models(b) for b in stale))
-        if any(changed):
-            await self._notify()
-        return any(changed)
-
-    async def _read_models(self, backend: Backend) -> bool:
-        # Marked read before the answer: jobs refused together ask for one read, not many.
-        backend.capabilities_at = time.monotonic()
-        try:
-            async with asyncio.timeout(PROBE_TIMEOUT):
-                info = await backend.client.object_info(refresh=True)
-        except (errors.ComfyError, TimeoutError, OSError) as exc:
-            # The probes decide whether it is down; this read is only a courtesy.
-            logger.info(
-                "could not read the models of backend %s: %s",
-                backend.name,
-                str(exc) or type(exc).__name__,
-                extra={"action": "models_read_failed", "backend": backend.name},
-            )
-            return False
-        changed = info != backend.object_info
-        backend.object_info = info
-        await self._keep(backend)
-        return changed
-
-    async def mark_down(self, backend: Backend, reason: str) -> None:
-        """A job or probe found the backend failing: stop sending it work for a while."""
-        backend.failures += 1
-        delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1))
-        backend.next_probe = time.monotonic() + delay
-        if backend.healthy:
-            logger.warning(
-                "backend %s is down (%s); probing again in %.1f s",
-                backend.name,
-                reason,
-                delay,
-                extra={"action": "backend_down", "backend": backend.name},
-            )
-        backend.healthy = False
-        backend.last_error = reason
-        if self._on_down is not None:
-            await self._on_down(backend.config)
-        await self._notify()
-
-    async def probe(self, backend: Backend) -> bool:
-        """Probe one backend now; True when it is up."""
-        # Jobs of ours released while the probe runs may still show in its answer.
-        released_before = set(backend.released)
-        try:
-            async with asyncio.timeout(PROBE_TIMEOUT):
-                answer = await backend.client.queue()
-                now = time.monotonic()
-                read = (
-                    backend.object_info is None
-                    or backend.remembered
-                    or not backend.healthy
-                    or now - backend.capabilities_at > CAPABILITY_REFRESH
-                )
-                if read:
-                    backend.object_info = await backend.client.object_info(refresh=True)
-                    backend.capabilities_at = now
-        except TimeoutError:  # the probe's own deadline: its error has no words
-            await self.mark_down(
-                backend, f"backend {backend.name} did not answer within {PROBE_TIMEOUT:g} s"
-            )
-            return False
-        except (errors.ComfyError, OSError) as exc:
-            await self.mark_down(backend, str(exc) if str(exc) else type(exc).__name__)
-            return False
-        except Exception as exc:  # one odd answer must not end health checks for all
-            logger.exception("probing backend %s failed unexpectedly", backend.name)
-            await self.mark_down(backend, f"probe failed ({type(exc).__name__})")
-            return False
-        if read:
-            await self._keep(backend)
-        backend.remote_queue = queue_length(answer)
-        backend.remote_ids = queue_ids(answer)
-        backend.local_at_probe = len(backend.jobs)
-        backend.released -= released_before
-        backend.next_probe = time.monotonic() + self.probe_interval
-        if not backend.healthy:
-            logger.info(
-                "backend %s is up",
-                backend.name,
-                extra={"action": "backend_up", "backend": backend.name},
-            )
-        backend.healthy = True
-        backend.failures = 0
-        backend.last_error = None
-        await self._notify()
-        return True
-
-    async def _health_loop(self) -> None:
-        while True:
-            now = time.monotonic()
-            due = [b for b in self.backends.values() if b.next_probe <= now]
-            if due:
-                await asyncio.gather(*(self.probe(b) for b in due))
-            upcoming = min(b.next_probe for b in self.backends.values())
-            await asyncio.sleep(max(0.05, min(self.probe_interval, upcoming - time.monotonic())))

@@ -63,7 +63,7 @@ _BY_STATUS = {
     jobs.Status.FAILED: Stage.FAILED,
     jobs.Status.CANCELLED: Stage.CANCELLED,
 }
-# The worker's progress states (worker/job.py) before ComfyUI starts the prompt.
+# The worker's progress states (worker/job.py, worker/progress.py) before ComfyUI starts the prompt.
 _ON_BACKEND = ("submitted", "queued_on_backend")
 
 

@@ -1,6 +1,6 @@
 """The last node and model lists (/object_info) each backend answered, kept so a process
 that starts while a GPU is down still knows what that GPU lacks (the pool uses them until
-the backend answers; see `comfy.pool.ModelMemory`)."""
+the backend answers; see `comfy.health.ModelMemory`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 from telegram import Update
 
 from comfyveil import errors, i18n
-from comfyveil.comfy import pool as pool_mod
+from comfyveil.comfy import health
 from comfyveil.desk import access, availability
 from comfyveil.desk.words import ROLE_WORDS, SOURCE_WORDS
 from comfyveil.i18n import N_, _, ltr
@@ -159,7 +159,7 @@ async def backends(update: Update, context: BotContext, who: access.Who, text: s
             command=ltr("`comfyveil jobs`")))
     else:
         # An admin looking is often one who just installed a model: read the lists anew.
-        await pool.refresh_models(max_age=pool_mod.LOOK_REFRESH)
+        await pool.refresh_models(max_age=health.LOOK_REFRESH)
         entries = await context.services.commands.all()
         for backend in pool.backends.values():
             state = _("up") if backend.healthy else _("down")

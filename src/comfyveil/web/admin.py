@@ -13,8 +13,7 @@ import uuid
 from aiohttp import web
 
 from comfyveil import errors
-from comfyveil.comfy import pool as pool_mod
-from comfyveil.comfy import workflow
+from comfyveil.comfy import health, workflow
 from comfyveil.desk.words import role_word, source_word
 from comfyveil.i18n import N_, _
 from comfyveil.models import local as model_files
@@ -144,7 +143,7 @@ async def backends(request: web.Request) -> web.Response:
     entries = await svc.registry.all()
     if svc.pool is not None:
         # An admin looking is often one who just installed a model: read the lists anew.
-        await svc.pool.refresh_models(max_age=pool_mod.LOOK_REFRESH)
+        await svc.pool.refresh_models(max_age=health.LOOK_REFRESH)
         for backend in svc.pool.backends.values():
             missing: list[tuple[str, list[str], str | None]] = []
             if backend.object_info is not None:

@@ -1,74 +1,29 @@
 """Running one claimed job: placing it on a backend (or re-attaching to the prompt a backend
-already has), executing it, turning the outcome into a final write, and saving its
-progress and acting on cancel requests on the way."""
+already has), executing it, turning the outcome into a final write, and removing what it
+left on its backend once that write is in. Its progress on the way is published by
+`progress`, cancel requests are acted on by `cancel`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import math
 import mimetypes
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from comfyveil.comfy import errors as comfy_errors
-from comfyveil.comfy import events, execute, notrace, pool, workflow
+from comfyveil.comfy import execute, notrace, pool, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
-from comfyveil.store import jobs, previews
+from comfyveil.store import jobs
 from comfyveil.store.traces import JobTraces
-from comfyveil.worker.options import (
-    DB_RETRY_DELAY,
-    MAX_ORPHANS,
-    OFFLINE_CHECK,
-    PROGRESS_INTERVAL,
-    PROGRESS_SETTLE,
-    WITHDRAW_TIMEOUT,
-)
+from comfyveil.worker.failures import AllGpusOffline, not_users_fault
+from comfyveil.worker.options import DB_RETRY_DELAY, OFFLINE_CHECK
+from comfyveil.worker.running import Running
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
-
-
-PREVIEW_INTERVAL = 0.25  # seconds between two preview writes of one job
-
-
-@dataclass(eq=False)
-class Running:
-    job: jobs.Job
-    task: asyncio.Task[None] | None = None
-    placed: asyncio.Event = field(default_factory=asyncio.Event)  # has a slot, or waits
-    waiting: bool = False  # waits in the pool for a free GPU
-    slot: pool.Slot | None = None
-    cancel_requested: bool = False
-    cancelling: bool = False
-    # The final status is being written (or was): no more lease renewals or progress
-    # writes. A renewal or progress write landing after that write finds the job no longer
-    # running; it must not read that as a lost lease and cancel the delivery that follows.
-    settled: bool = False
-    progress_at: float = field(default_factory=time.monotonic)  # the last write (or claim)
-    progress_due: float = math.inf  # when progress_next is written
-    progress_sooner: asyncio.Event = field(default_factory=asyncio.Event)  # due moved earlier
-    progress_next: dict[str, Any] | None = None  # the newest progress not yet written
-    progress_task: asyncio.Task[None] | None = None
-    progress_closed: bool = False  # the job left the backend: no more progress writes
-    # When ComfyUI started the prompt (monotonic; None before): "running" counts from it.
-    executing_since: float | None = None
-    # The sampler's first progress tick seen (node, value, monotonic time): its pace so far
-    # tells the ETA what the steps left still need.
-    steps_from: tuple[str | None, float, float] | None = None
-    # What the job left on its backend (no trace), removed once its final status is
-    # written: until then a successor can still fetch its images.
-    cleanup: list[execute.Cleanup] = field(default_factory=list)
-    cleanup_on: pool.Backend | None = None
-    # The backend's newest preview frame not yet written (mime, bytes), for a client that
-    # asked to see partial images; None for `previews_wanted` until it has been asked.
-    preview_next: tuple[str, bytes] | None = None
-    previews_wanted: bool | None = None
-    preview_task: asyncio.Task[None] | None = None
 
 
 class _Patient:
@@ -93,34 +48,9 @@ class _Patient:
                 await asyncio.sleep(DB_RETRY_DELAY)
 
 
-class AllGpusOffline(comfy_errors.ComfyError):
-    """Every GPU stayed offline for as long as a job may wait for one."""
-
-    transient = False
-
-    def __init__(self, waited: float) -> None:
-        span = f"{round(waited)} s" if waited < 90 else f"{round(waited / 60)} min"
-        super().__init__(
-            f"no GPU came back online within {span}, so the job was dropped; "
-            "send the command again later",
-            backend="any",
-        )
-
-
-def not_users_fault(exc: Exception) -> bool:
-    """Whether a job that failed with `exc` should give its user's quota back: the GPU side
-    let it down (a backend that went away or answered nonsense, a model or node found
-    missing only when the prompt was posted, no GPU able to run it), as opposed to the
-    workflow failing on the GPU with the values the user chose."""
-    if isinstance(exc, comfy_errors.ComfyError) and exc.transient:
-        return True
-    if isinstance(exc, comfy_errors.WorkflowRejected):
-        return bool(exc.missing_models or exc.missing_nodes)
-    return isinstance(exc, pool.NoBackendCanRun | AllGpusOffline)
-
-
 class JobRunner:
-    """The job-running part of `Worker` (which it is mixed into, with `Settling`)."""
+    """The job-running part of `Worker` (which it is mixed into, with `Reporting`,
+    `Cancelling` and `Settling`)."""
 
     async def _process(self, running: Running) -> None:
         job = running.job
@@ -382,91 +312,6 @@ class JobRunner:
             )
             return await self._run_on(running, wf, values, backend, attach=False)
 
-    async def _withdraw(self, backend: pool.Backend, prompt_id: str) -> bool:
-        """Interrupt or drop a prompt an earlier attempt left on `backend`; False when the
-        backend could not be asked (it may still hold the prompt)."""
-        try:
-            async with asyncio.timeout(WITHDRAW_TIMEOUT):
-                outcome = await backend.client.cancel(prompt_id)
-        except (comfy_errors.ComfyError, TimeoutError) as exc:
-            logger.info(
-                "could not take the job's earlier prompt back from backend %s: %s",
-                backend.name,
-                str(exc) or type(exc).__name__,
-                extra={"action": "job_withdraw_failed", "job_id": prompt_id},
-            )
-            return False
-        logger.info(
-            "took the job's earlier prompt back from backend %s: %s",
-            backend.name,
-            outcome,
-            extra={"action": "job_withdrawn", "job_id": prompt_id},
-        )
-        return True
-
-    async def _withdraw_cancelled(
-        self, job_id: uuid.UUID, after: asyncio.Task[None] | None = None
-    ) -> None:
-        """A job no worker runs was cancelled (it was queued for a retry): stop the prompt
-        an earlier attempt left on its backend, if that backend is one of ours. `after`:
-        this worker's task of the job, still finishing the attempt that requeued it."""
-        if after is not None:
-            await asyncio.wait({after})
-            if job_id in self._cancelled_here:
-                return  # the task itself stopped it
-        try:
-            job = await self.store.get(job_id)
-        except store_errors.StoreError:
-            return
-        if job is None or job.status is not jobs.Status.CANCELLED or not job.submitted:
-            return
-        backend = self.pool.get(job.backend) if job.backend else None
-        if (
-            backend is not None
-            and job_id not in self._running
-            and not await self._withdraw(backend, str(job_id))
-        ):
-            self._orphaned(backend.name, str(job_id))
-
-    def _orphaned(self, backend: str, prompt_id: str) -> None:
-        """Remember a prompt left on a backend that could not be asked to drop it."""
-        left = self._orphans.setdefault(backend, set())
-        if len(left) < MAX_ORPHANS:
-            left.add(prompt_id)
-
-    async def _withdraw_orphans(self) -> None:
-        """Take back the prompts left on backends that answer again, unless the job has
-        gone back to that backend since (then the prompt there is its live one)."""
-        for name, left in list(self._orphans.items()):
-            backend = self.pool.get(name)
-            if backend is None or not backend.healthy:
-                continue
-            for prompt_id in list(left):
-                try:
-                    job = await self.store.get(uuid.UUID(prompt_id))
-                except store_errors.StoreError:
-                    return
-                live = job is not None and not job.status.finished and job.backend == name
-                if live or await self._withdraw(backend, prompt_id):
-                    left.discard(prompt_id)
-            if not left:
-                self._orphans.pop(name, None)
-
-    def _cancelled_elsewhere(self, job_id: uuid.UUID) -> None:
-        if job_id in self._cancelled_here:
-            # Its own task stopped it: asking its backend again would interrupt it twice,
-            # and on a server that ignores the prompt id, the next user's job.
-            return
-        # A task of the job still here may be one that stops it itself, or one that
-        # requeued it a moment ago and is finishing: which, is known once it ends.
-        running = self._running.get(job_id)
-        task = asyncio.create_task(
-            self._withdraw_cancelled(job_id, running.task if running else None),
-            name=f"withdraw-{job_id}",
-        )
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
-
     async def _slot_unless_offline(self, acquire: Awaitable[pool.Slot]) -> pool.Slot:
         """The slot `acquire` gets, unless every GPU stays offline for `max_wait_offline`
         seconds in a row first (then AllGpusOffline: the job fails with a plain sentence
@@ -545,203 +390,3 @@ class JobRunner:
         if slot is not None:
             await self.pool.release(slot)
             self._wake.set()
-
-    # --- progress and cancellation -------------------------------------------------
-
-    def _progress_callback(
-        self, running: Running, graph: Mapping[str, Any]
-    ) -> Callable[[events.Event], Awaitable[None]]:
-        node_types = {k: str(v.get("class_type", "")) for k, v in graph.items()}
-
-        async def on_event(event: events.Event) -> None:
-            data: dict[str, Any] | None = None
-            force = False
-            if isinstance(event, events.QueuePosition):
-                data = {"state": "queued_on_backend", "position": event.position}
-                force = True
-            elif isinstance(event, events.ExecutionStart):
-                running.executing_since = time.monotonic()
-                data = {"state": "running"}
-                force = True
-                if running.slot is not None:  # its GPU's backlog counts from its progress now
-                    self.pool.progress(running.slot, started=True)
-            elif isinstance(event, events.Executing) and event.node is not None:
-                data = {"state": "running", "node": event.node}
-            elif isinstance(event, events.Progress) and execute.shows_steps(event, node_types):
-                percent = round(100.0 * event.value / event.max, 1) if event.max else None
-                data = {
-                    "state": "running",
-                    "node": event.node,
-                    "value": event.value,
-                    "max": event.max,
-                    "percent": percent,
-                }
-                pace = _step_seconds(running, event.node, float(event.value))
-                if pace is not None:
-                    data["step_s"] = round(pace, 4)
-                if running.slot is not None:
-                    self.pool.progress(
-                        running.slot, done=float(event.value), steps=int(event.max), step_s=pace
-                    )
-            elif isinstance(event, events.Preview):
-                self._record_preview(running, event)
-            if data is not None and data["state"] == "running" and running.executing_since is None:
-                # Re-attached to a prompt that started before (its start is kept in the
-                # store), or an event stream that skipped it: running from now at the latest.
-                running.executing_since = time.monotonic()
-            if data is not None:
-                slot = running.slot
-                if slot is not None:
-                    data["backend"] = slot.backend.name
-                self._record_progress(running, data, force=force)
-
-        return on_event
-
-    def _record_preview(self, running: Running, event: events.Preview) -> None:
-        """Keep the newest preview frame for the job's client, written in the background
-        (never on the job's path), at most every PREVIEW_INTERVAL, and only for a job
-        whose client asked for partial images."""
-        if running.progress_closed or running.previews_wanted is False:
-            return
-        running.preview_next = (event.mime, event.image)
-        if running.preview_task is None or running.preview_task.done():
-            task = asyncio.create_task(
-                self._write_previews(running), name=f"preview-{running.job.id}"
-            )
-            running.preview_task = task
-            self._side_tasks.add(task)
-            task.add_done_callback(self._side_tasks.discard)
-
-    async def _write_previews(self, running: Running) -> None:
-        store = previews.PreviewStore(self.db.pool)
-        try:
-            if running.previews_wanted is None:
-                running.previews_wanted = await store.wanted(running.job.id)
-            while running.previews_wanted and not running.progress_closed:
-                frame, running.preview_next = running.preview_next, None
-                if frame is None:
-                    return
-                await store.save(running.job.id, *frame)
-                await asyncio.sleep(PREVIEW_INTERVAL)
-        except store_errors.StoreError as exc:  # previews are best effort
-            logger.info("preview not saved: %s", exc, extra={"action": "preview_unsaved"})
-
-    def _record_progress(
-        self, running: Running, data: Mapping[str, Any], *, force: bool = False
-    ) -> None:
-        """Save the job's progress in the background, the latest first.
-
-        The job never waits for its progress row: events from the backend keep flowing
-        while a write is pending, and they collapse into the newest one. Writes trail the
-        events, a change of state by PROGRESS_SETTLE, progress by up to PROGRESS_INTERVAL
-        after the last write, so a job that ends sooner writes none: its final status says
-        all. A cancel request read back with a write cancels the job.
-        """
-        if running.progress_closed:
-            return
-        now = time.monotonic()
-        due = now + PROGRESS_SETTLE if force else max(now, running.progress_at + PROGRESS_INTERVAL)
-        if due < running.progress_due:
-            running.progress_due = due
-            running.progress_sooner.set()
-        running.progress_next = dict(data)
-        if running.progress_task is None or running.progress_task.done():
-            task = asyncio.create_task(
-                self._write_progress(running), name=f"progress-{running.job.id}"
-            )
-            running.progress_task = task
-            self._side_tasks.add(task)
-            task.add_done_callback(self._side_tasks.discard)
-
-    async def _write_progress(self, running: Running) -> None:
-        while running.progress_next is not None and not running.progress_closed:
-            while (wait := running.progress_due - time.monotonic()) > 0:
-                running.progress_sooner.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(running.progress_sooner.wait(), wait)
-            if running.progress_closed or running.progress_next is None:
-                return
-            data, running.progress_next = running.progress_next, None
-            running.progress_at, running.progress_due = time.monotonic(), math.inf
-            try:
-                since = running.executing_since if data.get("state") == "running" else None
-                cancel = await self.store.record_progress(
-                    running.job,
-                    data,
-                    executing_for=None if since is None else max(0.0, time.monotonic() - since),
-                )
-            except store_errors.LeaseLost:
-                if running.progress_closed or running.settled:
-                    return  # the job ended meanwhile: its final status is the last word
-                logger.warning(
-                    "lease lost; dropping the job here",
-                    extra={"action": "lease_lost", "job_id": str(running.job.id)},
-                )
-                running.cancelling = True
-                if running.task is not None and not running.task.done():
-                    running.task.cancel()
-                return
-            except store_errors.StoreError as exc:  # progress is best effort
-                logger.info("progress not saved: %s", exc, extra={"action": "progress_unsaved"})
-                continue
-            if cancel:
-                self._request_cancel(running)
-
-    def _request_cancel(self, running: Running) -> None:
-        if running.cancelling:
-            return
-        running.cancel_requested = True
-        running.cancelling = True
-        task = asyncio.create_task(self._cancel(running), name=f"cancel-{running.job.id}")
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
-
-    async def _cancel(self, running: Running) -> None:
-        """Stop this one prompt on its backend, then end the job as cancelled."""
-        slot = running.slot
-        if slot is not None:
-            try:
-                outcome = await slot.backend.client.cancel(str(running.job.id))
-                logger.info(
-                    "cancel on backend %s: %s",
-                    slot.backend.name,
-                    outcome,
-                    extra={"action": "job_cancel", "job_id": str(running.job.id)},
-                )
-            except comfy_errors.ComfyError as exc:
-                logger.info("could not stop the job on its backend: %s", exc)
-        if running.task is not None and not running.task.done():
-            running.task.cancel()
-        if slot is not None and slot.backend.config.no_trace:
-            if running.task is not None:
-                await asyncio.wait({running.task})  # it cleans up itself when it can
-            await self._clean_after_cancel(running.job, slot.backend)
-
-    async def _clean_after_cancel(self, job: jobs.Job, backend: pool.Backend) -> None:
-        """Remove what a cancelled job left on its backend once the prompt has stopped there
-        (a cancelled task leaves its traces, as a job handed back must)."""
-        try:
-            found = await self.db.traces.of_job(job.id, backend.name)
-            if not found:
-                return
-            history = [t for t in found if t.kind == "history"]
-            gone = await notrace.scrub(
-                backend.client,
-                history[0].name if history else None,
-                [t for t in found if t.kind != "history"],
-            )
-            await self.db.traces.drop(backend.name, gone)
-        except (comfy_errors.ComfyError, store_errors.StoreError) as exc:
-            logger.info("could not clean up after a cancelled job: %s", exc,
-                        extra={"action": "scrub_failed", "job_id": str(job.id)})
-
-
-def _step_seconds(running: Running, node: str | None, value: float) -> float | None:
-    """Seconds a sampler step took so far in this run (from its first tick seen to this
-    one); None until two ticks of one node were seen."""
-    now = time.monotonic()
-    first = running.steps_from
-    if first is None or first[0] != node or value <= first[1]:
-        running.steps_from = (node, value, now)
-        return None
-    return (now - first[2]) / (value - first[1])

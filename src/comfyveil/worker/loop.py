@@ -15,7 +15,8 @@ from comfyveil import tasks as background
 from comfyveil.comfy import pool, workflow
 from comfyveil.store import database, job_leases, jobs
 from comfyveil.store import errors as store_errors
-from comfyveil.worker.job import JobRunner, Running
+from comfyveil.worker.cancel import Cancelling
+from comfyveil.worker.job import JobRunner
 from comfyveil.worker.options import (
     DB_RETRY_DELAY,
     FINAL_EVENTS,
@@ -24,12 +25,14 @@ from comfyveil.worker.options import (
     WorkerOptions,
     default_worker_id,
 )
+from comfyveil.worker.progress import Reporting
+from comfyveil.worker.running import Running
 from comfyveil.worker.settle import Settling
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
 
 
-class Worker(JobRunner, Settling):
+class Worker(JobRunner, Reporting, Cancelling, Settling):
     """Claims and runs jobs until `stop()`.
 
     Args:

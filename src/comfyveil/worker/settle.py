@@ -26,7 +26,7 @@ from comfyveil.worker.options import (
 )
 
 if TYPE_CHECKING:
-    from comfyveil.worker.job import Running
+    from comfyveil.worker.running import Running
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
 
