@@ -71,7 +71,7 @@ from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 from tests.fixtures import anyone as anyone_fixtures  # noqa: E402
 from tests.fixtures.photos import phone_jpeg, screenshot_png  # noqa: E402
 
-from comfyveil import config  # noqa: E402
+from comfyveil import config, config_load  # noqa: E402
 from comfyveil import proxy as proxy_mod  # noqa: E402
 from comfyveil.anyone import hidden, process, runtime  # noqa: E402
 from comfyveil.comfy import client as comfy_client  # noqa: E402
@@ -346,7 +346,7 @@ async def main(runs: int, requests: int, edit_runs: int) -> dict[str, Any]:
                 bootstrap_timeout=120,
             )
             private, public = hidden.generate_keypair()
-            settings = config.from_mapping(
+            settings = config_load.from_mapping(
                 {"data_dir": str(base / "bot"), "anyone": {"binary": str(net.binary)}},
                 environ={},
             )

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import telegram
 
-from comfyveil import config, redaction
+from comfyveil import config, config_load, redaction
 from comfyveil.anyone import control, errors, hidden, install, process, routing
 from comfyveil.anyone import network as network_mod
 from comfyveil.cli import anon as anon_cli
@@ -175,7 +175,7 @@ async def test_install_checks_hashes_of_the_installed_copy(
 
 
 def test_find_binary_reports_missing_install(tmp_path: Path) -> None:
-    settings = config.from_mapping({"data_dir": str(tmp_path)}, environ={})
+    settings = config_load.from_mapping({"data_dir": str(tmp_path)}, environ={})
     with pytest.raises(errors.AnonNotInstalled, match="comfyveil anon install"):
         install.find_binary(settings, environ={})
     binary = _fake_anon(tmp_path)
@@ -279,8 +279,8 @@ def test_no_hidden_name_ever_goes_to_the_system_resolver() -> None:
 
 def test_telegram_proxy() -> None:
     anon = _Attached(9999)
-    on = config.from_mapping({"anyone": {"telegram": True}}, environ={})
-    off = config.from_mapping({}, environ={})
+    on = config_load.from_mapping({"anyone": {"telegram": True}}, environ={})
+    off = config_load.from_mapping({}, environ={})
     assert routing.telegram_proxy_url(off, anon) is None
     assert routing.telegram_proxy_url(on, anon) == anon.socks_url("telegram")
 

@@ -58,9 +58,8 @@ def test_the_reference_leaves_out_a_key_the_loader_refuses_and_shows_each_accept
     """The keys come from what config.py accepts, not from a list of our own: a rule for a
     key the loader does not take is left out, and the example file's key is then missing."""
     reference = _reference()
-    monkeypatch.setitem(
-        reference.config.RULES, "worker", {**reference.config.RULES["worker"], "ghost": None}
-    )
+    rules = reference.config_rules.RULES
+    monkeypatch.setitem(rules, "worker", {**rules["worker"], "ghost": None})
     assert ("worker", "ghost") not in _page_keys(reference.markdown())
     assert ("worker", "stop_grace") in _page_keys(reference.markdown())
 

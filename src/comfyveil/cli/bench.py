@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config
+from comfyveil import cli, config, config_load
 from comfyveil.anyone import process, routing, runtime
 from comfyveil.bench import compare, report, runner
 from comfyveil.cli import _run_args
@@ -215,7 +215,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         raise UsageError("--runs must be at least 1")
     if args.warmup < 0:
         raise UsageError("--warmup cannot be negative")
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     backends = parse_backends(args.backend) or [
         runner.Backend(b.name, b.url) for b in settings.backend_list()
     ]

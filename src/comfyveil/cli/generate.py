@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from comfyveil import cli, config
+from comfyveil import cli, config, config_load
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
 from comfyveil.cli._find import find_workflow
@@ -99,7 +99,7 @@ def _anon_progress(percent: int, summary: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     wf = await find_workflow(settings, args.workflow)
     values: dict[str, object] = dict(_run_args.parse_assignments(args.values))
     if args.prompt:
