@@ -210,7 +210,7 @@ def markdown() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "<!-- Generated from src/comfyveil/config.py and comfyveil.example.toml by",
+        "<!-- Generated from src/comfyveil/config*.py and comfyveil.example.toml by",
         "scripts/config_reference.py at every docs build: edit those, not this page. -->",
         "",
         "Every key comfyveil's loader accepts, by table. *Accepts* is what the loader checks",
