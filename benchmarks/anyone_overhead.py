@@ -73,7 +73,7 @@ from tests.fixtures.photos import phone_jpeg, screenshot_png  # noqa: E402
 
 from comfyveil import config, config_load  # noqa: E402
 from comfyveil import proxy as proxy_mod  # noqa: E402
-from comfyveil.anyone import hidden, process, runtime  # noqa: E402
+from comfyveil.anyone import daemon, hidden, process, runtime  # noqa: E402
 from comfyveil.comfy import client as comfy_client  # noqa: E402
 from comfyveil.comfy import errors as comfy_errors  # noqa: E402
 from comfyveil.comfy import execute, fit, shrink, uploads, workflow  # noqa: E402
@@ -245,7 +245,7 @@ async def big_results(
     return {"ours": ours, "circuit": circuit}
 
 
-async def warm_up(client: comfy_client.ComfyClient, anon: process.AnonClient | None) -> None:
+async def warm_up(client: comfy_client.ComfyClient, anon: daemon.AnonClient | None) -> None:
     """The first request to a hidden service may fail while its descriptor is fetched."""
     for attempt in range(5):
         try:
@@ -265,7 +265,7 @@ async def measure(
     runs: int,
     requests: int,
     where: tuple[str, int, str | None],
-    anon: process.AnonClient | None = None,
+    anon: daemon.AnonClient | None = None,
 ) -> dict[str, Any]:
     await warm_up(client, anon)
     await one_job(client, wf)  # warm-up: the WebSocket, the circuit, the descriptor

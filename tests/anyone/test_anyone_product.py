@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from comfyveil import config, config_load, sinks
-from comfyveil.anyone import errors, hidden, process, runtime
+from comfyveil.anyone import daemon, errors, hidden, runtime
 from comfyveil.anyone import network as network_mod
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import pool
@@ -444,7 +444,7 @@ def test_two_processes_get_two_state_directories(tmp_path: Path) -> None:
         assert again == base  # released at exit
 
 
-class _CountingAnon(process.AnonClient):
+class _CountingAnon(daemon.AnonClient):
     """Stands in for a managed anon: counts NEWNYM requests."""
 
     def __init__(self) -> None:

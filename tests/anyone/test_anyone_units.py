@@ -16,7 +16,7 @@ import pytest
 import telegram
 
 from comfyveil import config, config_load, redaction
-from comfyveil.anyone import control, errors, hidden, install, process, routing
+from comfyveil.anyone import control, daemon, errors, hidden, install, process, routing
 from comfyveil.anyone import network as network_mod
 from comfyveil.cli import anon as anon_cli
 from comfyveil.comfy import client as comfy_client
@@ -186,9 +186,9 @@ def test_find_binary_reports_missing_install(tmp_path: Path) -> None:
 
 
 def test_suffix_comes_from_the_version() -> None:
-    assert process.suffix_for_version("0.4.9.11-live") == ".anon"
-    assert process.suffix_for_version("0.4.10.1") == ".anyone"
-    assert process.suffix_for_version("0.5.0.0") == ".anyone"
+    assert daemon.suffix_for_version("0.4.9.11-live") == ".anon"
+    assert daemon.suffix_for_version("0.4.10.1") == ".anyone"
+    assert daemon.suffix_for_version("0.5.0.0") == ".anyone"
 
 
 def test_client_key_files(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ async def test_expose_requires_client_authorization_by_default(tmp_path: Path) -
 # -- routing -------------------------------------------------------------------------
 
 
-class _Attached(process.AttachedAnon):
+class _Attached(daemon.AttachedAnon):
     def __init__(self, port: int, suffix: str | None = ".anon") -> None:
         super().__init__(socks=f"127.0.0.1:{port}")
         self.suffix = suffix
@@ -483,12 +483,12 @@ async def test_supervisor_keeps_restarting_after_any_error(
 
 
 def test_an_operators_daemon_on_a_unix_socket(tmp_path: Path) -> None:
-    attached = process.AttachedAnon(socks=f"unix:{tmp_path}/socks.sock")
+    attached = daemon.AttachedAnon(socks=f"unix:{tmp_path}/socks.sock")
     url = attached.socks_url("backend-gpu0")
     assert url.startswith("socks5h://comfyveil-backend-gpu0:")
     assert url.endswith(f"@localhost{tmp_path}/socks.sock")
     with pytest.raises(errors.AnonError, match=r"127\.0\.0\.1:PORT or unix:/path"):
-        process.AttachedAnon(socks="9050")
+        daemon.AttachedAnon(socks="9050")
 
 
 def test_client_keys_never_reach_a_log_line(
