@@ -71,12 +71,12 @@ from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 from tests.fixtures import anyone as anyone_fixtures  # noqa: E402
 from tests.fixtures.photos import phone_jpeg, screenshot_png  # noqa: E402
 
-from comfyveil import config  # noqa: E402
+from comfyveil import config, config_load  # noqa: E402
 from comfyveil import proxy as proxy_mod  # noqa: E402
-from comfyveil.anyone import hidden, process, runtime  # noqa: E402
+from comfyveil.anyone import daemon, hidden, process, runtime  # noqa: E402
 from comfyveil.comfy import client as comfy_client  # noqa: E402
 from comfyveil.comfy import errors as comfy_errors  # noqa: E402
-from comfyveil.comfy import execute, fit, shrink, workflow  # noqa: E402
+from comfyveil.comfy import execute, fit, shrink, uploads, workflow  # noqa: E402
 from comfyveil.comfy.results import OutputFile  # noqa: E402
 
 WORKFLOW = REPO / "tests" / "data" / "noise_copy.toml"
@@ -94,7 +94,7 @@ def noisy_png() -> bytes:
 
 
 async def one_job(client: comfy_client.ComfyClient, wf: workflow.Workflow) -> dict[str, float]:
-    image = execute.InputImage(await asyncio.to_thread(noisy_png))
+    image = uploads.InputImage(await asyncio.to_thread(noisy_png))
     values = wf.validate({"image": image.upload_name})
     started = time.perf_counter()
     outcome = await execute.execute(client, wf, values, {"image": image}, timeout=120)
@@ -116,7 +116,7 @@ async def _as_it_came(
     values: Any,
     inputs: Any,
     max_pixels: int,
-) -> dict[str, execute.InputImage]:
+) -> dict[str, uploads.InputImage]:
     return dict(inputs)  # today's code: every input uploaded as the user sent it
 
 
@@ -131,7 +131,7 @@ def _cpu_seconds(data: bytes, need: fit.Fit) -> float:
 async def edit_job(
     client: comfy_client.ComfyClient,
     wf: workflow.Workflow,
-    image: execute.InputImage,
+    image: uploads.InputImage,
     *,
     new: bool,
 ) -> dict[str, float]:
@@ -144,16 +144,16 @@ async def edit_job(
         return await upload(data, *args, **kwargs)
 
     client.upload_image = counted  # type: ignore[method-assign]
-    fitted = execute.fit_inputs
+    fitted = uploads.fit_inputs
     if not new:
-        execute.fit_inputs = _as_it_came  # type: ignore[assignment]
+        uploads.fit_inputs = _as_it_came  # type: ignore[assignment]
     try:
         values = wf.validate({"image": image.upload_name})
         started = time.perf_counter()
         outcome = await execute.execute(client, wf, values, {"image": image}, timeout=300)
         total = time.perf_counter() - started
     finally:
-        execute.fit_inputs = fitted  # type: ignore[assignment]
+        uploads.fit_inputs = fitted  # type: ignore[assignment]
         del client.upload_image
     result = sum(len(f.data) for f in outcome.files)
     return {
@@ -176,7 +176,7 @@ async def edits(
         ("photo_12mp_jpeg", phone_jpeg, "image/jpeg"),
         ("screenshot_4mp_png", screenshot_png, "image/png"),
     ):
-        image = execute.InputImage(await asyncio.to_thread(make), mime)
+        image = uploads.InputImage(await asyncio.to_thread(make), mime)
         need = fit.fit_for(wf.apply({}), wf.params["image"])
         started = time.perf_counter()
         shrink_cpu_s = await asyncio.to_thread(_cpu_seconds, image.data, need)
@@ -245,7 +245,7 @@ async def big_results(
     return {"ours": ours, "circuit": circuit}
 
 
-async def warm_up(client: comfy_client.ComfyClient, anon: process.AnonClient | None) -> None:
+async def warm_up(client: comfy_client.ComfyClient, anon: daemon.AnonClient | None) -> None:
     """The first request to a hidden service may fail while its descriptor is fetched."""
     for attempt in range(5):
         try:
@@ -265,7 +265,7 @@ async def measure(
     runs: int,
     requests: int,
     where: tuple[str, int, str | None],
-    anon: process.AnonClient | None = None,
+    anon: daemon.AnonClient | None = None,
 ) -> dict[str, Any]:
     await warm_up(client, anon)
     await one_job(client, wf)  # warm-up: the WebSocket, the circuit, the descriptor
@@ -346,7 +346,7 @@ async def main(runs: int, requests: int, edit_runs: int) -> dict[str, Any]:
                 bootstrap_timeout=120,
             )
             private, public = hidden.generate_keypair()
-            settings = config.from_mapping(
+            settings = config_load.from_mapping(
                 {"data_dir": str(base / "bot"), "anyone": {"binary": str(net.binary)}},
                 environ={},
             )

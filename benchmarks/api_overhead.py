@@ -52,7 +52,7 @@ from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.database import open_for_the_database_user
 
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import execute, workflow
+from comfyveil.comfy import downloads, execute, workflow
 from comfyveil.store import api_keys, database, embedded, web_tables, webhooks
 
 PROMPT = "a red fox in snow"
@@ -229,7 +229,7 @@ async def main(jobs: int) -> dict[str, Any]:
                 outcome = await execute.execute(
                     client, wf, wf.validate(VALUES), no_trace=True, out_dir=out_dir
                 )
-                if not execute.save_outputs(outcome.files, out_dir):
+                if not downloads.save_outputs(outcome.files, out_dir):
                     raise RuntimeError("the direct run produced nothing")
                 return (time.perf_counter() - start) * 1000
 

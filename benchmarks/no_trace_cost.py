@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from PIL import Image  # noqa: E402
 
 from comfyveil.comfy import client as comfy_client  # noqa: E402
-from comfyveil.comfy import execute, workflow  # noqa: E402
+from comfyveil.comfy import execute, uploads, workflow  # noqa: E402
 
 SERVER = r"""
 import asyncio, sys
@@ -108,7 +108,7 @@ async def one_job(
     seed: int,
     mode: str,
 ) -> float:
-    image = execute.InputImage(data, "image/jpeg")
+    image = uploads.InputImage(data, "image/jpeg")
     values = wf.validate(
         {
             "prompt": "add a hat",

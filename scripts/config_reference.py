@@ -1,10 +1,11 @@
-"""The configuration reference page, generated from what config.py accepts.
+"""The configuration reference page, generated from what the settings loader accepts.
 
-The keys are the ones `comfyveil.config.from_mapping` accepts (each candidate is tried, so
-a key the loader refuses never appears); what each accepts comes from config.RULES, the
-default from the settings' dataclasses, and the explanation from the comments beside the
-key in comfyveil.example.toml. docs/hooks.py writes the page into the site at build time,
-so it cannot drift from the code; `python scripts/config_reference.py` prints it.
+The keys are the ones `comfyveil.config_load.from_mapping` accepts (each candidate is tried,
+so a key the loader refuses never appears); what each accepts comes from
+config_rules.RULES, the default from the settings' dataclasses (config.py), and the
+explanation from the comments beside the key in comfyveil.example.toml. docs/hooks.py
+writes the page into the site at build time, so it cannot drift from the code;
+`python scripts/config_reference.py` prints it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from comfyveil import config, policy
+from comfyveil import config, config_load, config_rules, policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "comfyveil.example.toml"
@@ -63,7 +64,7 @@ def _attempt(section: str, key: str) -> dict[str, Any]:
 
 def _accepted(section: str, key: str) -> bool:
     try:
-        config.from_mapping(_attempt(section, key), environ={})
+        config_load.from_mapping(_attempt(section, key), environ={})
     except config.ConfigError as exc:
         return "unknown key" not in str(exc)
     except (TypeError, ValueError, AttributeError):
@@ -72,7 +73,7 @@ def _accepted(section: str, key: str) -> bool:
 
 
 def _candidates(section: str) -> set[str]:
-    names = set(config.RULES.get(section, {}))
+    names = set(config_rules.RULES.get(section, {}))
     holder = SECTIONS[section]
     if holder is not None:
         names |= {f.name for f in dataclasses.fields(holder)}
@@ -187,7 +188,7 @@ def _default(section: str, key: str) -> str:
 
 
 def _accepts(section: str, key: str) -> str:
-    rule = config.RULES.get(section, {}).get(key)
+    rule = config_rules.RULES.get(section, {}).get(key)
     if rule is not None:
         return rule.describe()
     holder = SECTIONS[section]
@@ -197,7 +198,7 @@ def _accepts(section: str, key: str) -> str:
         return "a list"
     if isinstance(default, bool | int | float | str):
         kinds = {bool: "bool", int: "int", float: "number", str: "text"}
-        return config.Rule(kinds[type(default)]).describe()
+        return config_rules.Rule(kinds[type(default)]).describe()
     return "a text in quotes"
 
 
@@ -209,7 +210,7 @@ def markdown() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "<!-- Generated from src/comfyveil/config.py and comfyveil.example.toml by",
+        "<!-- Generated from src/comfyveil/config*.py and comfyveil.example.toml by",
         "scripts/config_reference.py at every docs build: edit those, not this page. -->",
         "",
         "Every key comfyveil's loader accepts, by table. *Accepts* is what the loader checks",

@@ -1,5 +1,5 @@
 """MkDocs hooks (mkdocs.yml): the configuration reference page is written at build time
-from config.py and the example file, so it cannot drift from what the loader accepts."""
+from config*.py and the example file, so it cannot drift from what the loader accepts."""
 
 from __future__ import annotations
 

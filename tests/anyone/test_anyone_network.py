@@ -21,7 +21,7 @@ import telegram
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from comfyveil import config
+from comfyveil import config, config_load
 from comfyveil.anyone import errors, hidden, routing, runtime
 from comfyveil.cli import anon as anon_cli
 from comfyveil.comfy import client as comfy_client
@@ -333,7 +333,7 @@ async def test_a_suffix_anon_does_not_serve_is_refused_never_resolved(
 
     monkeypatch.setattr(socket, "getaddrinfo", recording_getaddrinfo)
     backend = config.BackendConfig("cloud", f"http://{service_id}{other}")
-    router = runtime.Router(client, config.from_mapping({}, environ={}))
+    router = runtime.Router(client, config_load.from_mapping({}, environ={}))
     with pytest.raises(errors.AnonError, match=(
             rf"backend cloud has a \{other} address, but the running anon "
             rf"{re.escape(client.version or '')} serves \{client.suffix} addresses only")):
@@ -347,7 +347,7 @@ async def test_bot_api_requests_go_through_anons_unix_socket(
 ) -> None:
     """[anyone] telegram: PTB's requests reach the Bot API through anon (an exit that may
     connect to 127.0.0.1), dialled over the Unix socket."""
-    settings = config.from_mapping({"anyone": {"telegram": True}}, environ={})
+    settings = config_load.from_mapping({"anyone": {"telegram": True}}, environ={})
     proxy = routing.telegram_proxy_url(settings, anon_pair.client)
     assert proxy is not None and proxy.endswith(f"@localhost{anon_pair.client.socks_path}")
     deadline = asyncio.get_running_loop().time() + 90

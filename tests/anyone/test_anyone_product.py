@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from comfyveil import config, sinks
-from comfyveil.anyone import errors, hidden, process, runtime
+from comfyveil import config, config_load, sinks
+from comfyveil.anyone import daemon, errors, hidden, runtime
 from comfyveil.anyone import network as network_mod
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import pool
@@ -283,7 +283,7 @@ async def test_worker_job_through_anon_survives_anon_being_killed(
     anyone_network: PrivateAnyoneNetwork, hidden_comfy: HiddenComfy,
     db: database.Database, tmp_path: Path,
 ) -> None:
-    settings = config.from_mapping(
+    settings = config_load.from_mapping(
         {"data_dir": str(tmp_path / "data"),
          "anyone": {"binary": str(anyone_network.binary)}}, environ={},
     )
@@ -383,7 +383,7 @@ async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
 
 
 def _settings(tmp_path: Path, **anyone: object) -> config.Settings:
-    return config.from_mapping({"data_dir": str(tmp_path / "data"), "anyone": anyone},
+    return config_load.from_mapping({"data_dir": str(tmp_path / "data"), "anyone": anyone},
                                environ={})
 
 
@@ -444,7 +444,7 @@ def test_two_processes_get_two_state_directories(tmp_path: Path) -> None:
         assert again == base  # released at exit
 
 
-class _CountingAnon(process.AnonClient):
+class _CountingAnon(daemon.AnonClient):
     """Stands in for a managed anon: counts NEWNYM requests."""
 
     def __init__(self) -> None:
@@ -461,7 +461,7 @@ async def test_a_failing_hidden_backend_gets_fresh_circuits_before_the_next_try(
     tmp_path: Path,
 ) -> None:
     anon = _CountingAnon()
-    settings = config.from_mapping({}, environ={"COMFYVEIL_DATA_DIR": str(tmp_path)})
+    settings = config_load.from_mapping({}, environ={"COMFYVEIL_DATA_DIR": str(tmp_path)})
     router = runtime.Router(anon, settings)
     hidden_backend = config.BackendConfig("cloud", "http://" + "a" * 56 + ".anon")
     local = config.BackendConfig("gpu0", "http://127.0.0.1:1", via="direct")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import telegram
 
-from comfyveil import config, redaction
-from comfyveil.anyone import control, errors, hidden, install, process, routing
+from comfyveil import config, config_load, redaction
+from comfyveil.anyone import control, daemon, errors, hidden, install, process, routing
 from comfyveil.anyone import network as network_mod
 from comfyveil.cli import anon as anon_cli
 from comfyveil.comfy import client as comfy_client
@@ -175,7 +175,7 @@ async def test_install_checks_hashes_of_the_installed_copy(
 
 
 def test_find_binary_reports_missing_install(tmp_path: Path) -> None:
-    settings = config.from_mapping({"data_dir": str(tmp_path)}, environ={})
+    settings = config_load.from_mapping({"data_dir": str(tmp_path)}, environ={})
     with pytest.raises(errors.AnonNotInstalled, match="comfyveil anon install"):
         install.find_binary(settings, environ={})
     binary = _fake_anon(tmp_path)
@@ -186,9 +186,9 @@ def test_find_binary_reports_missing_install(tmp_path: Path) -> None:
 
 
 def test_suffix_comes_from_the_version() -> None:
-    assert process.suffix_for_version("0.4.9.11-live") == ".anon"
-    assert process.suffix_for_version("0.4.10.1") == ".anyone"
-    assert process.suffix_for_version("0.5.0.0") == ".anyone"
+    assert daemon.suffix_for_version("0.4.9.11-live") == ".anon"
+    assert daemon.suffix_for_version("0.4.10.1") == ".anyone"
+    assert daemon.suffix_for_version("0.5.0.0") == ".anyone"
 
 
 def test_client_key_files(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ async def test_expose_requires_client_authorization_by_default(tmp_path: Path) -
 # -- routing -------------------------------------------------------------------------
 
 
-class _Attached(process.AttachedAnon):
+class _Attached(daemon.AttachedAnon):
     def __init__(self, port: int, suffix: str | None = ".anon") -> None:
         super().__init__(socks=f"127.0.0.1:{port}")
         self.suffix = suffix
@@ -279,8 +279,8 @@ def test_no_hidden_name_ever_goes_to_the_system_resolver() -> None:
 
 def test_telegram_proxy() -> None:
     anon = _Attached(9999)
-    on = config.from_mapping({"anyone": {"telegram": True}}, environ={})
-    off = config.from_mapping({}, environ={})
+    on = config_load.from_mapping({"anyone": {"telegram": True}}, environ={})
+    off = config_load.from_mapping({}, environ={})
     assert routing.telegram_proxy_url(off, anon) is None
     assert routing.telegram_proxy_url(on, anon) == anon.socks_url("telegram")
 
@@ -483,12 +483,12 @@ async def test_supervisor_keeps_restarting_after_any_error(
 
 
 def test_an_operators_daemon_on_a_unix_socket(tmp_path: Path) -> None:
-    attached = process.AttachedAnon(socks=f"unix:{tmp_path}/socks.sock")
+    attached = daemon.AttachedAnon(socks=f"unix:{tmp_path}/socks.sock")
     url = attached.socks_url("backend-gpu0")
     assert url.startswith("socks5h://comfyveil-backend-gpu0:")
     assert url.endswith(f"@localhost{tmp_path}/socks.sock")
     with pytest.raises(errors.AnonError, match=r"127\.0\.0\.1:PORT or unix:/path"):
-        process.AttachedAnon(socks="9050")
+        daemon.AttachedAnon(socks="9050")
 
 
 def test_client_keys_never_reach_a_log_line(

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 from telegram.error import TelegramError
 
-from comfyveil import config, redaction
+from comfyveil import config, config_load, redaction
 from comfyveil.telegram import app, handlers
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
@@ -90,7 +90,7 @@ async def _server(handler: Handler | None) -> AsyncIterator[str]:
 
 
 def _settings(api_url: str) -> config.Settings:
-    return config.from_mapping(
+    return config_load.from_mapping(
         {"telegram": {"api_url": api_url, "poll_timeout": 1}},
         environ={"COMFYVEIL_TELEGRAM_TOKEN": TOKEN},
     )

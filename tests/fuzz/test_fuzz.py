@@ -111,11 +111,11 @@ def test_json_nested_past_the_stack_from_a_backend_is_a_protocol_error() -> None
 def test_an_infinite_image_count_is_refused_as_any_bad_count() -> None:
     # JSON's 1e400 reads as infinity; int() of it raised OverflowError, a 500.
     from comfyveil.api import errors as api_errors
-    from comfyveil.api import images as api_images
+    from comfyveil.api import image_request
 
     for value in (float("inf"), float("-inf"), float("nan"), 10**400):
         with pytest.raises(api_errors.ApiError) as refused:
-            api_images._count(value)
+            image_request.count(value)
         assert refused.value.status == 400
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from comfyveil import config
+from comfyveil import config_load
 from comfyveil.cli import status
 from comfyveil.store import database
 from comfyveil.worker import heartbeat
@@ -47,7 +47,7 @@ async def test_status_shows_the_database_each_backend_and_each_worker(
 ) -> None:
     full = await fake_comfy_factory()
     bare = await fake_comfy_factory(models={"checkpoints": [], "unet": [], "vae": [], "clip": []})
-    settings = config.from_mapping(
+    settings = config_load.from_mapping(
         {
             "database": {"url": database_url},
             "backends": [

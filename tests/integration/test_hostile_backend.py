@@ -19,7 +19,18 @@ import pytest
 from PIL import Image
 
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import errors, events, execute, limits, results, transport, workflow, ws
+from comfyveil.comfy import (
+    downloads,
+    errors,
+    events,
+    execute,
+    limits,
+    results,
+    transport,
+    uploads,
+    workflow,
+    ws,
+)
 from tests.fakes.tampering import TamperingComfyUI
 
 MIB = 1 << 20
@@ -124,7 +135,7 @@ async def test_files_of_one_job_together_stay_within_max_output_bytes(tamper: Ta
         async with client_for(fake, limits=tight) as capped:
             run = await capped.follow(done.result.prompt_id)
             with pytest.raises(errors.OutputTooLarge) as info:
-                await execute.download_outputs(capped, run)
+                await downloads.download_outputs(capped, run)
     cap = limits.size_text(3 * size)
     assert str(info.value) == f"backend gpu0 sent more than {cap} of files for one job"
 
@@ -172,7 +183,7 @@ async def test_many_listed_outputs_fail_before_any_download(tamper: Tamper) -> N
 async def test_a_stalled_upload_ends_with_the_jobs_deadline(tamper: Tamper) -> None:
     fake = await tamper(stall_upload=True)
     wf = workflow.find("qwen")
-    image = execute.InputImage(png(64, 64))
+    image = uploads.InputImage(png(64, 64))
     values = wf.validate({"prompt": "a hat", "steps": 1, "image": image.upload_name})
     async with client_for(fake) as client:
         error, took = await timed(
@@ -280,7 +291,7 @@ async def test_output_names_from_the_server_never_leave_the_out_folder(
         done = await execute.execute(
             client, wf, values, timeout=30, out_dir=out if streamed else None
         )
-    saved = execute.save_outputs(done.files, out)
+    saved = downloads.save_outputs(done.files, out)
     assert len(saved) == len(names) + 1
     for path in saved:
         assert path.parent == out and path.is_file()
@@ -299,10 +310,10 @@ def test_save_outputs_never_follows_a_planted_link(tmp_path: Path) -> None:
     (out / "image.png").symlink_to(victim)
     (out / "other.png").symlink_to(elsewhere)
     files = (
-        execute.OutputData(results.OutputFile("9", "image.png", "", "output", "image"), b"a"),
-        execute.OutputData(results.OutputFile("9", "other.png", "", "output", "image"), b"b"),
+        downloads.OutputData(results.OutputFile("9", "image.png", "", "output", "image"), b"a"),
+        downloads.OutputData(results.OutputFile("9", "other.png", "", "output", "image"), b"b"),
     )
-    saved = execute.save_outputs(files, out)
+    saved = downloads.save_outputs(files, out)
     assert victim.read_text() == "keep me" and not elsewhere.exists()
     assert [p.name for p in saved] == ["image-1.png", "other-1.png"]
     assert [p.read_bytes() for p in saved] == [b"a", b"b"]

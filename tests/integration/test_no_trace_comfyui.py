@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageChops
 
-from comfyveil.comfy import bindings, execute, notrace
+from comfyveil.comfy import bindings, execute, notrace, uploads
 from comfyveil.comfy import client as comfy_client
 from tests.fixtures.comfy import FakeFactory
 
@@ -55,7 +55,7 @@ async def test_a_model_free_job_leaves_nothing_in_history_output_or_input(
     async with comfy_client.ComfyClient(comfy_url, name="probe") as client:
         inputs_before = await _input_files(client)
         outcome = await execute.execute(
-            client, wf, {}, {"image": execute.InputImage(sent, "image/png")}, no_trace=True
+            client, wf, {}, {"image": uploads.InputImage(sent, "image/png")}, no_trace=True
         )
         prompt_id = outcome.result.prompt_id
 
@@ -122,7 +122,7 @@ async def test_without_save_image_websocket_the_files_are_overwritten_once_home(
             client,
             wf,
             {},
-            {"image": execute.InputImage(photo_with_gps(1), "image/png")},
+            {"image": uploads.InputImage(photo_with_gps(1), "image/png")},
             no_trace="memory",  # what the operator's choice falls back to without the node
         )
     (result,) = outcome.files
@@ -142,7 +142,7 @@ async def test_a_deaf_socket_loses_one_job_and_is_replaced(
     hears nothing: the job's images are lost, and the next job gets a new socket."""
     fake = await fake_comfy_factory()
     wf = bindings.load(DATA / "invert.toml")
-    image = {"image": execute.InputImage(photo_with_gps(2), "image/png")}
+    image = {"image": uploads.InputImage(photo_with_gps(2), "image/png")}
     async with comfy_client.ComfyClient(fake.url, name="gpu0", check_interval=0.3) as client:
         # Sockets matter only to `no_trace = "memory"`, the operator's choice.
         await execute.execute(client, wf, {}, image, no_trace="memory")

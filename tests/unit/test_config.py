@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from comfyveil import config
+from comfyveil import config, config_load
 from comfyveil.errors import ConfigError
 
 
 def test_defaults_without_a_file_point_at_local_comfyui(tmp_path: Path) -> None:
-    settings = config.load(environ={"COMFYVEIL_DATA_DIR": str(tmp_path)})
+    settings = config_load.load(environ={"COMFYVEIL_DATA_DIR": str(tmp_path)})
     (backend,) = settings.backend_list()
     assert backend.url == "http://127.0.0.1:8188"
     assert settings.database.url is None
@@ -39,7 +39,7 @@ auth_key_file = "keys/remote.auth_private"
 daily_quota = 5
 """
     )
-    settings = config.load(cfg, environ={})
+    settings = config_load.load(cfg, environ={})
     assert settings.data_dir == tmp_path / "state"
     assert settings.telegram.token == "123:SECRET"
     assert settings.telegram.admins == (1,)
@@ -51,7 +51,7 @@ daily_quota = 5
 
 
 def test_environment_wins_for_secrets_and_database(tmp_path: Path) -> None:
-    settings = config.from_mapping(
+    settings = config_load.from_mapping(
         {"database": {"url": "postgresql://file"}},
         environ={"DATABASE_URL": "postgresql://env", "COMFYVEIL_TELEGRAM_TOKEN": "1:ENV"},
     )
@@ -64,7 +64,7 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     token.write_text("123:SECRET")
     token.chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
-        config.from_mapping({"telegram": {"token_file": str(token)}}, environ={})
+        config_load.from_mapping({"telegram": {"token_file": str(token)}}, environ={})
 
 
 @pytest.mark.parametrize(
@@ -92,22 +92,22 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
 )
 def test_mistakes_are_refused_with_a_sentence(raw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        config.from_mapping(raw, environ={})
+        config_load.from_mapping(raw, environ={})
 
 
 def test_missing_explicit_file_and_bad_toml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
-        config.load(tmp_path / "nope.toml", environ={})
+        config_load.load(tmp_path / "nope.toml", environ={})
     bad = tmp_path / "bad.toml"
     bad.write_text("[telegram\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        config.load(bad, environ={})
+        config_load.load(bad, environ={})
 
 
 def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
     example = Path(__file__).parents[2] / "comfyveil.example.toml"
-    settings = config.load(example, environ={})
-    defaults = config.from_mapping({}, environ={})
+    settings = config_load.load(example, environ={})
+    defaults = config_load.from_mapping({}, environ={})
     assert settings.limits == defaults.limits
     assert settings.worker == defaults.worker
     assert settings.telegram == defaults.telegram
@@ -119,31 +119,31 @@ def test_the_documented_example_file_loads_and_states_the_defaults() -> None:
 
 
 def test_web_section_is_read_and_checked() -> None:
-    settings = config.from_mapping(
+    settings = config_load.from_mapping(
         {"web": {"port": 9000, "hidden_service": True, "client_auth": ["alice"]}}, environ={}
     )
     assert settings.web.port == 9000 and settings.web.hidden_service
     assert settings.web.client_auth == ("alice",)
-    assert config.from_mapping({}, environ={}).web.enabled
+    assert config_load.from_mapping({}, environ={}).web.enabled
     with pytest.raises(config.ConfigError, match=r"\[web\] port"):
-        config.from_mapping({"web": {"port": "x"}}, environ={})
+        config_load.from_mapping({"web": {"port": "x"}}, environ={})
     with pytest.raises(config.ConfigError, match="unknown key"):
-        config.from_mapping({"web": {"colour": "red"}}, environ={})
+        config_load.from_mapping({"web": {"colour": "red"}}, environ={})
     cost = {"passphrase_memory_mib": 19, "passphrase_iterations": 2}
-    settings = config.from_mapping({"web": cost}, environ={})
+    settings = config_load.from_mapping({"web": cost}, environ={})
     assert (settings.web.passphrase_memory_mib, settings.web.passphrase_iterations) == (19, 2)
     for wrong in ({"passphrase_memory_mib": 0}, {"passphrase_iterations": "3"},
                   {"passphrase_memory_mib": 1.5}, {"passphrase_iterations": True}):
         with pytest.raises(config.ConfigError, match="whole number"):
-            config.from_mapping({"web": wrong}, environ={})
+            config_load.from_mapping({"web": wrong}, environ={})
 
 
 def test_private_network_file_is_relative_to_the_config_file(tmp_path: Path) -> None:
     cfg = tmp_path / "comfyveil.toml"
     cfg.write_text('[anyone]\nprivate_network = "net/authorities.txt"\n')
-    settings = config.load(cfg, environ={})
+    settings = config_load.load(cfg, environ={})
     assert settings.anyone.private_network == tmp_path / "net" / "authorities.txt"
-    assert config.from_mapping({}, environ={}).anyone.private_network is None
+    assert config_load.from_mapping({}, environ={}).anyone.private_network is None
 
 
 def test_default_data_dir_keeps_root_out_of_its_home() -> None:
@@ -160,22 +160,22 @@ def test_no_trace_is_on_for_every_backend_unless_turned_off(tmp_path: Path) -> N
         '[[backends]]\nname = "a"\nurl = "http://127.0.0.1:8188"\n\n'
         '[[backends]]\nname = "b"\nurl = "http://127.0.0.1:8189"\nno_trace = false\n'
     )
-    a, b = config.load(cfg, environ={}).backends
+    a, b = config_load.load(cfg, environ={}).backends
     assert a.no_trace is True and b.no_trace is False
-    assert config.from_mapping({}, environ={}).backend_list()[0].no_trace is True
+    assert config_load.from_mapping({}, environ={}).backend_list()[0].no_trace is True
     for value, held in (('"temp"', True), ('"memory"', "memory")):
         cfg.write_text(f'[[backends]]\nurl = "http://127.0.0.1:8188"\nno_trace = {value}\n')
-        assert config.load(cfg, environ={}).backends[0].no_trace == held
+        assert config_load.load(cfg, environ={}).backends[0].no_trace == held
     cfg.write_text('[[backends]]\nurl = "http://127.0.0.1:8188"\nno_trace = "false"\n')
     with pytest.raises(
         config.ConfigError, match='no_trace must be true, false, "temp", "memory", got "false"'
     ):
-        config.load(cfg, environ={})
+        config_load.load(cfg, environ={})
 
 
 def test_the_images_api_is_served_unless_switched_off() -> None:
-    assert config.from_mapping({}, environ={}).api.enabled
-    assert not config.from_mapping({"api": {"enabled": False}}, environ={}).api.enabled
+    assert config_load.from_mapping({}, environ={}).api.enabled
+    assert not config_load.from_mapping({"api": {"enabled": False}}, environ={}).api.enabled
 
 
 def test_a_database_password_in_a_file_others_can_read_is_refused(tmp_path: Path) -> None:
@@ -183,23 +183,24 @@ def test_a_database_password_in_a_file_others_can_read_is_refused(tmp_path: Path
     conf.write_text('[database]\nurl = "postgresql://cv:s3cret@db.internal/cv"\n')
     conf.chmod(0o644)  # what `cp` leaves
     with pytest.raises(config.ConfigError, match="chmod 600") as refused:
-        config.load(conf, environ={})
+        config_load.load(conf, environ={})
     assert "s3cret" not in str(refused.value) and "url_file" in str(refused.value)
     conf.chmod(0o600)
-    assert config.load(conf, environ={}).database.url == "postgresql://cv:s3cret@db.internal/cv"
+    assert config_load.load(conf, environ={}).database.url == "postgresql://cv:s3cret@db.internal/cv"
     # without a password the file may stay readable (peer or certificate authentication)
     conf.write_text('[database]\nurl = "postgresql://cv@db.internal/cv"\n')
     conf.chmod(0o644)
-    assert config.load(conf, environ={}).database.url == "postgresql://cv@db.internal/cv"
+    assert config_load.load(conf, environ={}).database.url == "postgresql://cv@db.internal/cv"
     # the URL from a file only its owner can read
     secret = tmp_path / "database-url"
     secret.write_text("host=db.internal user=cv password=s3cret\n")
     secret.chmod(0o640)
     conf.write_text(f'[database]\nurl_file = "{secret}"\n')
     with pytest.raises(config.ConfigError, match="readable by others"):
-        config.load(conf, environ={})
+        config_load.load(conf, environ={})
     secret.chmod(0o600)
-    assert config.load(conf, environ={}).database.url == "host=db.internal user=cv password=s3cret"
+    loaded = config_load.load(conf, environ={})
+    assert loaded.database.url == "host=db.internal user=cv password=s3cret"
 
 
 def test_a_backends_client_key_comes_as_a_credential_under_dynamic_user(tmp_path: Path) -> None:
@@ -224,7 +225,7 @@ def test_a_backends_client_key_comes_as_a_credential_under_dynamic_user(tmp_path
         path.chmod(0o400)
     credentials.chmod(0o500)
     try:
-        settings = config.load(conf, environ={"CREDENTIALS_DIRECTORY": str(credentials)})
+        settings = config_load.load(conf, environ={"CREDENTIALS_DIRECTORY": str(credentials)})
         assert settings.backends[0].auth_key_file == key
         assert runtime._key_files(settings, ()) == [key]  # accepted before anon starts
     finally:

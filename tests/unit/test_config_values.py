@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from comfyveil import config
+from comfyveil import config_load
 from comfyveil.errors import ConfigError
 
 
@@ -143,9 +143,9 @@ ROWS: list[tuple[str, str, Any, Any, str]] = [
 def test_each_key_accepts_its_limit_and_refuses_one_past_it(
     section: str, key: str, good: Any, bad: Any, message: str
 ) -> None:
-    config.from_mapping(_raw(section, key, good), environ={})
+    config_load.from_mapping(_raw(section, key, good), environ={})
     with pytest.raises(ConfigError) as refused:
-        config.from_mapping(_raw(section, key, bad), environ={})
+        config_load.from_mapping(_raw(section, key, bad), environ={})
     assert str(refused.value) == message
 
 
@@ -172,10 +172,10 @@ ENDPOINTS = [
 def test_anon_endpoints_are_host_and_port(key: str, value: str, accepted: bool) -> None:
     raw = {"anyone": {"socks": "127.0.0.1:9050", key: value}}
     if accepted:
-        config.from_mapping(raw, environ={})
+        config_load.from_mapping(raw, environ={})
         return
     with pytest.raises(ConfigError) as refused:
-        config.from_mapping(raw, environ={})
+        config_load.from_mapping(raw, environ={})
     assert str(refused.value) == (
         f"[anyone] {key} must be HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:9050) "
         f'or unix:/PATH, got "{value}"'
@@ -184,13 +184,13 @@ def test_anon_endpoints_are_host_and_port(key: str, value: str, accepted: bool) 
 
 def test_the_database_url_is_never_echoed() -> None:
     with pytest.raises(ConfigError) as refused:
-        config.from_mapping({"database": {"url": 5}}, environ={})
+        config_load.from_mapping({"database": {"url": 5}}, environ={})
     assert str(refused.value) == "[database] url must be a text in quotes"
 
 
 def test_a_section_that_is_not_a_table_is_named() -> None:
     with pytest.raises(ConfigError, match=r"worker must be a table: \[worker\]"):
-        config.from_mapping({"worker": 5}, environ={})
+        config_load.from_mapping({"worker": 5}, environ={})
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ def test_the_configuration_reference_names_every_key_of_the_example_file_and_no_
     page = _page_keys(reference.markdown())
     example = set(reference.example_keys())
     assert example - page == set(), "in comfyveil.example.toml, missing from the reference"
-    assert page - example == set(), "accepted by config.py, missing from the example file"
+    assert page - example == set(), "accepted by the loader, missing from the example file"
     # Every key has a sentence: the reference is read instead of the code.
     assert "|  |\n" not in reference.markdown()
 
@@ -55,12 +55,12 @@ def test_the_configuration_reference_names_every_key_of_the_example_file_and_no_
 def test_the_reference_leaves_out_a_key_the_loader_refuses_and_shows_each_accepted_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The keys come from what config.py accepts, not from a list of our own: a rule for a
-    key the loader does not take is left out, and the example file's key is then missing."""
+    """The keys come from what the loader (config_load.py) accepts, not from a list of our
+    own: a rule for a key the loader does not take is left out, and the example file's key
+    is then missing."""
     reference = _reference()
-    monkeypatch.setitem(
-        reference.config.RULES, "worker", {**reference.config.RULES["worker"], "ghost": None}
-    )
+    rules = reference.config_rules.RULES
+    monkeypatch.setitem(rules, "worker", {**rules["worker"], "ghost": None})
     assert ("worker", "ghost") not in _page_keys(reference.markdown())
     assert ("worker", "stop_grace") in _page_keys(reference.markdown())
 

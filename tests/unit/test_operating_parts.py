@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from comfyveil import config, logs, metrics, redaction, sdnotify
+from comfyveil import config, config_load, logs, metrics, redaction, sdnotify
 from comfyveil.cli import _subcommand
 
 TOKEN = "123456:ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghij"
 
 
 def test_metrics_are_off_by_default_on_loopback_and_their_own_port() -> None:
-    settings = config.from_mapping({}, environ={})
+    settings = config_load.from_mapping({}, environ={})
     assert settings.metrics == config.MetricsConfig(False, "127.0.0.1", 9464)
     assert settings.log.format == "text"
 
@@ -40,24 +40,24 @@ def test_bad_metrics_and_log_settings_are_refused_in_plain_words(
     table: dict[str, object], message: str
 ) -> None:
     with pytest.raises(config.ConfigError) as caught:
-        config.from_mapping(table, environ={})
+        config_load.from_mapping(table, environ={})
     assert message in str(caught.value)
 
 
 def test_token_and_database_url_come_from_systemd_credentials(tmp_path: Path) -> None:
     (tmp_path / "telegram-token").write_text(TOKEN + "\n")
     (tmp_path / "database-url").write_text("postgresql://u:secret@db/comfyveil\n")
-    settings = config.from_mapping({}, environ={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    settings = config_load.from_mapping({}, environ={"CREDENTIALS_DIRECTORY": str(tmp_path)})
     assert settings.telegram.token == TOKEN
     assert settings.database.url == "postgresql://u:secret@db/comfyveil"
     # The environment still wins, as before (an operator's explicit choice).
     env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "COMFYVEIL_TELEGRAM_TOKEN": "1:x" * 3}
-    assert config.from_mapping({}, environ=env).telegram.token == "1:x" * 3
+    assert config_load.from_mapping({}, environ=env).telegram.token == "1:x" * 3
     # No credentials directory, or no such credential: as without systemd.
-    assert config.from_mapping({}, environ={}).telegram.token is None
+    assert config_load.from_mapping({}, environ={}).telegram.token is None
     (tmp_path / "telegram-token").unlink()
     env = {"CREDENTIALS_DIRECTORY": str(tmp_path)}
-    assert config.from_mapping({}, environ=env).telegram.token is None
+    assert config_load.from_mapping({}, environ=env).telegram.token is None
 
 
 def test_log_format_value_is_not_taken_for_the_subcommand() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from comfyveil import config, policy, textfold
+from comfyveil import config_load, policy, textfold
 from comfyveil.comfy import workflow
 from comfyveil.errors import ConfigError
 
@@ -127,7 +127,7 @@ def test_spoilers_per_command_chat_workflow_and_all(compiled: policy.Policy) -> 
 )
 def test_config_mistakes_are_refused_at_start(table: dict, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        config.from_mapping({"policy": table}, environ={})
+        config_load.from_mapping({"policy": table}, environ={})
     assert message in str(caught.value)
 
 

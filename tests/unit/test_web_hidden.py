@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from comfyveil import config
+from comfyveil import config, config_load
 from comfyveil.anyone import hidden as hs
 from comfyveil.web import hidden
 
@@ -20,7 +20,7 @@ def _fake_anon(tmp_path: Path, modules: str) -> Path:
 
 
 def _settings(tmp_path: Path, binary: Path, **web: object) -> config.Settings:
-    return config.from_mapping(
+    return config_load.from_mapping(
         {
             "data_dir": str(tmp_path / "data"),
             "anyone": {"binary": str(binary)},

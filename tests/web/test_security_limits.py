@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from comfyveil import config, errors
-from comfyveil.api import images as api_images
+from comfyveil.api import answer_slots
 from comfyveil.cli import submit as submit_cli
 from comfyveil.desk import submit as desk_submit
 from comfyveil.store import accounts as web_store
@@ -271,10 +271,10 @@ async def test_replays_of_one_account_are_answered_a_few_at_a_time(db, fake_comf
                 async with api.post(url, json=ask, headers=headers) as r:
                     return r.status, await r.json()
 
-            waiting = [asyncio.create_task(post()) for _ in range(api_images.MAX_ANSWERING)]
+            waiting = [asyncio.create_task(post()) for _ in range(answer_slots.MAX_ANSWERING)]
 
             async def all_in() -> bool:  # each holds a slot, and their one job is queued
-                return api_images.answering(account.id) == len(waiting) and bool(
+                return answer_slots.answering(account.id) == len(waiting) and bool(
                     await stack.db.jobs.list_for_user(account.user_id)
                 )
 
@@ -285,7 +285,7 @@ async def test_replays_of_one_account_are_answered_a_few_at_a_time(db, fake_comf
             await stack.db.jobs.cancel(job.id, by_user=account.user_id)
             answers = await asyncio.gather(*waiting)
         assert [s for s, _ in answers] == [500] * len(waiting)  # the cancelled job, said
-        assert api_images.answering(account.id) == 0
+        assert answer_slots.answering(account.id) == 0
 
 
 async def test_migration_0023_keeps_one_old_first_admin_link_and_none_after_an_account(

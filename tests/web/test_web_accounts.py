@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from argon2.exceptions import VerifyMismatchError
 
-from comfyveil import config
+from comfyveil import config, config_load
 from comfyveil.store.web_state import WebState
 from comfyveil.web import app as web_app
 from comfyveil.web import auth
@@ -39,7 +39,7 @@ DEFAULT_PASSPHRASES = {"passphrase_memory_mib": 64, "passphrase_iterations": 3}
 def test_the_default_passphrase_cost_is_rfc_9106s_second_recommendation() -> None:
     defaults = config.WebConfig()
     assert (defaults.passphrase_memory_mib, defaults.passphrase_iterations) == (64, 3)
-    assert config.from_mapping({}).web == defaults
+    assert config_load.from_mapping({}).web == defaults
 
 
 async def test_invitation_signs_up_once_and_logs_in(db, fake_comfy) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from comfyveil import config
+from comfyveil import config, config_load
 from comfyveil.anyone import errors
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def find_binary(settings: config.Settings | None = None, environ: Mapping[str, s
                 ) -> Path:
     """The anon binary to run: [anyone] binary, else ANON_BINARY, else the installed one."""
     env = os.environ if environ is None else environ
-    settings = settings or config.load(environ=env)
+    settings = settings or config_load.load(environ=env)
     if settings.anyone.binary:
         path = settings.anyone.binary
     elif env.get("ANON_BINARY"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from comfyveil import config
-from comfyveil.anyone import errors, process
+from comfyveil.anyone import daemon, errors, process
 
 # Every suffix a hidden-service address may have: anon's (.anon up to 0.4.9, .anyone
 # from 0.4.10) and Tor's, which an operator's Tor daemon serves.
@@ -33,7 +33,7 @@ def is_hidden_host(host: str, suffixes: tuple[str, ...] = HIDDEN_SUFFIXES) -> bo
 
 
 def proxy_url_for(
-    backend: config.BackendConfig, anon: process.AnonClient | None
+    backend: config.BackendConfig, anon: daemon.AnonClient | None
 ) -> str | None:
     """The SOCKS proxy URL for this backend, or None to connect directly.
 
@@ -66,7 +66,7 @@ def proxy_url_for(
 
 
 def telegram_proxy_url(
-    settings: config.Settings, anon: process.AnonClient | None
+    settings: config.Settings, anon: daemon.AnonClient | None
 ) -> str | None:
     """The proxy for python-telegram-bot's proxy setting when [anyone] telegram is on."""
     if not settings.anyone.telegram:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from comfyveil import config
-from comfyveil.anyone import errors, hidden, install, process, routing
+from comfyveil.anyone import daemon, errors, hidden, install, process, routing
 from comfyveil.anyone import network as network_mod
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ NEWNYM_INTERVAL = 10.0  # seconds; anon ignores NEWNYM signals closer together t
 class Router:
     """Hands out proxy URLs: `proxy_for(backend)` is the pool's and the clients' hook."""
 
-    anon: process.AnonClient | None
+    anon: daemon.AnonClient | None
     settings: config.Settings
     _last_newnym: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -180,7 +180,7 @@ async def anon_for(
             f"{needs[-1]}; publish it with that daemon's own HiddenServiceDir instead"
         )
     if settings.anyone.socks:
-        async with process.AttachedAnon(
+        async with daemon.AttachedAnon(
             socks=settings.anyone.socks, control_address=settings.anyone.control,
             cookie_file=settings.anyone.cookie_file,
         ) as attached:

@@ -12,7 +12,7 @@ import ipaddress
 import sys
 from pathlib import Path
 
-from comfyveil import cli, config, sdnotify
+from comfyveil import cli, config, config_load, config_rules, sdnotify
 from comfyveil.anyone import hidden, install, process
 from comfyveil.anyone import network as network_mod
 from comfyveil.errors import UsageError
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 async def _install(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     target = args.dir or install.default_dir(settings)
     result = await install.install(target, tarball=args.tarball, force=args.force)
     state = "installed" if result.downloaded else "already installed"
@@ -73,7 +73,7 @@ def _target(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if host.lower() == "localhost":
         host, value = "127.0.0.1", f"127.0.0.1:{port}"
-    problem = config.endpoint_problem(value)
+    problem = config_rules.endpoint_problem(value)
     try:
         address = ipaddress.ip_address(host.strip("[]")) if sep else None
     except ValueError:
@@ -88,7 +88,7 @@ def _target(value: str) -> str:
 
 
 async def _expose(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     target = _target(args.target)
     if args.no_auth and args.client:
         raise UsageError("--no-auth and --client contradict each other")

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config
-from comfyveil.anyone import process, routing, runtime
+from comfyveil import cli, config, config_load
+from comfyveil.anyone import daemon, routing, runtime
 from comfyveil.bench import compare, report, runner
 from comfyveil.cli import _run_args
 from comfyveil.errors import UsageError
@@ -153,7 +153,7 @@ def backend_config(settings: config.Settings, name: str, url: str) -> config.Bac
 
 
 def proxy_router(
-    settings: config.Settings, anon: process.AnonClient | None = None
+    settings: config.Settings, anon: daemon.AnonClient | None = None
 ) -> runner.ProxyFor:
     """Route each backend as the configuration says: hidden services through `anon`
     (its own circuits per backend); without anon such a backend is refused plainly."""
@@ -215,7 +215,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         raise UsageError("--runs must be at least 1")
     if args.warmup < 0:
         raise UsageError("--warmup cannot be negative")
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     backends = parse_backends(args.backend) or [
         runner.Backend(b.name, b.url) for b in settings.backend_list()
     ]

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from comfyveil import cli, config
+from comfyveil import cli, config_load
 from comfyveil.store import database, embedded
 
 
@@ -51,7 +51,7 @@ def describe(url: str, server: embedded.EmbeddedServer | None) -> str:
 
 
 async def _with_connection(args: argparse.Namespace, action: str) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     url, server = await database.Database.resolve_url(settings)
     try:
         conn = await database.connect(url)

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from comfyveil import cli, config
+from comfyveil import cli, config, config_load
 from comfyveil.anyone import runtime
 from comfyveil.cli import _run_args
 from comfyveil.cli._find import find_workflow
 from comfyveil.comfy import client as comfy_client
+from comfyveil.comfy import downloads, execute, progress_line, uploads, workflow
 from comfyveil.comfy import errors as comfy_errors
-from comfyveil.comfy import execute, workflow
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.desk import submit as desk_submit
 from comfyveil.errors import UsageError
@@ -58,16 +58,16 @@ def register(subparsers: Any) -> None:
 
 def read_images(
     wf: workflow.Workflow, paths: list[Path], settings: config.Settings
-) -> dict[str, execute.InputImage]:
+) -> dict[str, uploads.InputImage]:
     """Check each --image file and bind it to the workflow's image parameters in order."""
     names = list(wf.image_params)
     if len(paths) > len(names):
         allowed = "no image" if not names else f"{len(names)} image(s)"
         raise UsageError(f"workflow {wf.name} takes {allowed}, got {len(paths)}")
-    bound: dict[str, execute.InputImage] = {}
+    bound: dict[str, uploads.InputImage] = {}
     for name, path in zip(names, paths, strict=False):
         checked = _run_args.read_image(path, settings)
-        bound[name] = execute.InputImage(checked.data, checked.mime)
+        bound[name] = uploads.InputImage(checked.data, checked.mime)
     return bound
 
 
@@ -99,7 +99,7 @@ def _anon_progress(percent: int, summary: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     wf = await find_workflow(settings, args.workflow)
     values: dict[str, object] = dict(_run_args.parse_assignments(args.values))
     if args.prompt:
@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> int:
 
     backend = server_backend(settings, args.server)
     run_id = str(uuid.uuid4())  # the prompt's id on the server, and its files' names here
-    progress = execute.ProgressPrinter(sys.stderr)
+    progress = progress_line.ProgressPrinter(sys.stderr)
     progress.set_graph(wf.graph)
     try:
         async with (
@@ -142,7 +142,7 @@ async def run(args: argparse.Namespace) -> int:
                                               backend=backend.name) from exc
     finally:
         progress.close()
-    for index, path in enumerate(execute.save_outputs(outcome.files, args.out), start=1):
+    for index, path in enumerate(downloads.save_outputs(outcome.files, args.out), start=1):
         print(_renamed(path, f"{wf.command}-{run_id[:8]}-{index}"))
     return 0
 

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config
+from comfyveil import cli, config_load
 from comfyveil.cli.submit import CLI_USER_ID, describe_progress
 from comfyveil.desk import state as job_state
 from comfyveil.errors import UsageError
@@ -86,7 +86,7 @@ async def find_id(db: database.Database, text: str) -> uuid.UUID:
 
 
 async def _open(args: argparse.Namespace) -> database.Database:
-    return await database.Database.open(config.load(args.config))
+    return await database.Database.open(config_load.load(args.config))
 
 
 def _time(value: Any) -> str:
@@ -112,7 +112,7 @@ async def list_jobs(args: argparse.Namespace) -> int:
 
 
 async def show_job(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     async with await database.Database.open(settings) as db:
         job_id = await find_id(db, args.job_id)
         job = await db.jobs.get(job_id)

@@ -22,7 +22,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
-from comfyveil import cli, config
+from comfyveil import cli, config, config_load
 from comfyveil.cli import _find
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import errors as comfy_errors
@@ -118,7 +118,7 @@ def _command_word(wf: workflow.Workflow) -> str:
 
 
 async def check_models(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     workflows = await _workflows(args.commands, settings)
     if args.server and args.verify:
         raise UsageError("--verify reads the files, so it needs --comfyui-dir, not --server")
@@ -205,7 +205,7 @@ async def _check_server(url: str, workflows: Sequence[workflow.Workflow]) -> int
 
 
 async def install_models(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     workflows = await _workflows(args.commands, settings)
     bare = [f"/{wf.command}" for wf in workflows if not wf.models]
     if bare:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from comfyveil import cli, config, logs, retention
+from comfyveil import cli, config, config_load, logs, retention
 from comfyveil.anyone import runtime
 from comfyveil.cli import _operate
 from comfyveil.cli import worker as worker_cli
@@ -72,7 +72,7 @@ def settle_heap() -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     telegram = bool(settings.telegram.token)
     if not telegram and not settings.web.enabled:
         raise config.ConfigError(app.NO_TOKEN)

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from comfyveil import cli, config, logs
+from comfyveil import cli, config, config_load, logs
 from comfyveil.anyone import runtime
 from comfyveil.comfy import limits as comfy_limits
 from comfyveil.comfy import pool as pool_mod
@@ -148,7 +148,7 @@ _MISSING_MODEL = re.compile(r"^model file (?P<what>.+?)(?: \([^)]*\))? is not in
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     logs.apply_settings(settings)
     rows = await gather(settings)
     table = Table(title="comfyveil status", show_lines=False)

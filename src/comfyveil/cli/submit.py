@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from comfyveil import cli, config, sinks
+from comfyveil import cli, config, config_load, sinks
 from comfyveil import policy as policy_mod
 from comfyveil.cli import _run_args
 from comfyveil.comfy import workflow
@@ -215,7 +215,7 @@ async def wait_for_job(
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     if args.wait:
         _run_args.check_out(args.out)
     async with await database.Database.open(settings) as db:

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config
+from comfyveil import cli, config, config_load
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     if args.action == "invite":
         return await invite(settings, admin=args.admin)
     if args.action == "apikey":

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config, logs, retention, sinks
+from comfyveil import cli, config, config_load, logs, retention, sinks
 from comfyveil.anyone import runtime
 from comfyveil.cli import _operate
 from comfyveil.comfy import limits as comfy_limits
@@ -77,7 +77,7 @@ def say_unreachable(backends: pool.Pool) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     logs.apply_settings(settings)
     delivery = [sinks.FileSink(args.out)] if args.out is not None else []
     async with await database.Database.open(settings) as db:

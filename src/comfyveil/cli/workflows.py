@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from comfyveil import cli, config
+from comfyveil import cli, config, config_load
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import notrace, workflow
 from comfyveil.errors import ComfyveilError, UsageError
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
 
 @asynccontextmanager
 async def _open(args: argparse.Namespace) -> AsyncIterator[database.Database]:
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     db = await database.Database.open(settings)
     try:
         await db.commands.seed()
@@ -185,7 +185,7 @@ async def remove(args: argparse.Namespace) -> int:
 
 async def check_backends(args: argparse.Namespace) -> int:
     """Ask every backend for its nodes and models; exit 1 when one can't run a command."""
-    settings = config.load(args.config)
+    settings = config_load.load(args.config)
     backends = (
         [config.BackendConfig(name=f"server{i}", url=u) for i, u in enumerate(args.server)]
         if args.server else list(settings.backend_list())

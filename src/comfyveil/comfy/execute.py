@@ -2,74 +2,46 @@
 
 Shared by `comfyveil generate`, the worker and the benchmark so the three follow the
 same path. Input images are uploaded under a name derived from their content, never
-the user's file name: the backend learns nothing from it, and the same image sent
-twice is stored once (ComfyUI deduplicates by name and hash). With `no_trace` they go
-to the backend's temp folder under a random name instead, so do the images (or, with
-`no_trace = "memory"`, they come back over the WebSocket), and all of them are
-overwritten and the history entry deleted when the job ends (`comfy.notrace`), or, for a
-caller that must first store the result (`cleanup`), once it says so. Outputs lose
-their metadata (`comfyveil.metadata`) unless asked not to. An input larger than the
-workflow can use is scaled down to that size before it is sent (`fit_inputs`): over a
-slow link a job's time is its bytes.
+the user's file name (`comfy.uploads`). With `no_trace` they go to the backend's temp
+folder under a random name instead, so do the images (or, with `no_trace = "memory"`,
+they come back over the WebSocket), and all of them are overwritten and the history
+entry deleted when the job ends (`comfy.notrace`), or, for a caller that must first store
+the result (`cleanup`), once it says so. Outputs lose their metadata
+(`comfyveil.metadata`) unless asked not to. An input larger than the workflow can use is
+scaled down to that size before it is sent (`uploads.fit_inputs`): over a slow link a
+job's time is its bytes.
 
 One deadline covers the whole job, upload, run and download, so a backend that
 trickles its answer or stops reading ends the job in time; the outputs one job may
 bring back are capped in number and bytes (`[limits]`), and file names a backend
-sends never choose where a file lands.
+sends never choose where a file lands (`comfy.downloads`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import hashlib
 import inspect
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import IO, Any, Literal
+from pathlib import Path
+from typing import Literal
 
-from comfyveil import metadata
 from comfyveil.comfy import client as comfy_client
-from comfyveil.comfy import errors, events, fit, notrace, results, shrink, workflow
+from comfyveil.comfy import downloads, errors, events, notrace, results, uploads, workflow
+from comfyveil.comfy.downloads import OutputData
+from comfyveil.comfy.uploads import InputImage
 
 logger = logging.getLogger(__name__)
 
 EventCallback = Callable[[events.Event], Awaitable[None] | None]
 RanCallback = Callable[[], Awaitable[None]]
 
-_MIME_EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
-_UNSAFE = re.compile(r"[^\w.\- ]+")
 STALLED = 2.0  # seconds without a byte moving after which a phase counts as stalled
 Phase = Literal["upload", "run", "download"]
-_STRIP_IN_THREAD = 1 << 20  # bytes: a bigger output is stripped off the event loop
-
-
-@dataclass(frozen=True, slots=True)
-class InputImage:
-    """An image to upload for one of the workflow's image parameters."""
-
-    data: bytes = field(repr=False)
-    mime: str = "image/png"
-
-    @property
-    def upload_name(self) -> str:
-        digest = hashlib.sha256(self.data).hexdigest()[:24]
-        return f"comfyveil-{digest}{_MIME_EXT.get(self.mime, '.png')}"
-
-
-@dataclass(frozen=True, slots=True)
-class OutputData:
-    """One output: its bytes, or (streamed into a folder) the path it was saved at."""
-
-    file: results.OutputFile
-    data: bytes = field(default=b"", repr=False)
-    path: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,118 +114,6 @@ class _Watch:
         )
 
 
-async def fit_inputs(
-    wf: workflow.Workflow,
-    values: Mapping[str, object],
-    inputs: Mapping[str, InputImage],
-    max_pixels: int,
-) -> dict[str, InputImage]:
-    """Each input at the largest size `wf` can use it at with these `values`, in the
-    fewest bytes that change nothing it sees (`comfy.fit`, `comfy.shrink`); the caller's
-    images (the user's originals, kept for a re-roll) are not changed."""
-    graph = wf.apply({k: v for k, v in values.items() if k not in inputs})
-    fitted: dict[str, InputImage] = {}
-    for param, image in inputs.items():
-        found = wf.params.get(param)
-        need = fit.fit_for(graph, found) if found is not None else fit.Fit()
-        smaller = await shrink.shrink_async(image.data, need, max_pixels=max_pixels)
-        fitted[param] = image if smaller is None else InputImage(smaller.data, smaller.mime)
-    return fitted
-
-
-async def upload_inputs(
-    client: comfy_client.ComfyClient,
-    inputs: Mapping[str, InputImage],
-    *,
-    on_sent: Callable[[int], None] | None = None,
-) -> dict[str, str]:
-    """Upload each input image; returns parameter name -> the name to put in the graph."""
-    names: dict[str, str] = {}
-    for param, image in inputs.items():
-        uploaded = await client.upload_image(image.data, image.upload_name, on_sent=on_sent)
-        names[param] = uploaded.reference
-    return names
-
-
-async def upload_traceless(
-    client: comfy_client.ComfyClient,
-    inputs: Mapping[str, InputImage],
-    names: Mapping[str, notrace.Trace],
-    *,
-    on_sent: Callable[[int], None] | None = None,
-) -> dict[str, str]:
-    """Upload each input into the backend's temp folder under its trace's name."""
-    refs: dict[str, str] = {}
-    for param, image in inputs.items():
-        trace = names[param]
-        data = await _stripped(image.data)
-        await client.upload_image(data, trace.name, type=trace.folder, on_sent=on_sent)
-        refs[param] = trace.reference
-    return refs
-
-
-class _Budget:
-    """The bytes one job may still bring back: each file and all of them together stay
-    within max_output_bytes."""
-
-    def __init__(self, client: comfy_client.ComfyClient) -> None:
-        self.limit = client.limits.max_output_bytes
-        self.left = self.limit
-        self.backend = client.name
-
-    async def take(
-        self,
-        client: comfy_client.ComfyClient,
-        file: results.OutputFile,
-        on_received: Callable[[int], None] | None,
-    ) -> Any:
-        """The file's chunks, counted against the job's budget."""
-        # aclosing: an oversized file closes its connection now, not when collected.
-        async with contextlib.aclosing(client.stream(file, limit=self.limit)) as stream:
-            async for chunk in stream:
-                if len(chunk) > self.left:
-                    raise errors.OutputTooLarge(self.limit, backend=self.backend, together=True)
-                self.left -= len(chunk)
-                if on_received is not None:
-                    on_received(len(chunk))
-                yield chunk
-
-
-async def download_outputs(
-    client: comfy_client.ComfyClient,
-    result: results.RunResult,
-    *,
-    out_dir: Path | None = None,
-    on_received: Callable[[int], None] | None = None,
-    every: bool = False,
-) -> tuple[OutputData, ...]:
-    """Fetch the files a finished run saved (temp previews are skipped): into memory, or
-    with `out_dir` streamed into that folder (see `save_stream`).
-
-    One file at a time, so a job holds at most max_output_bytes, and an oversized or
-    stalled file stops the rest. Raises TooManyOutputs before fetching anything when the
-    run lists more than max_outputs files, OutputTooLarge past max_output_bytes.
-    `every`: fetch every file listed, temp ones included.
-    """
-    wanted = (
-        list(result.outputs)
-        if every
-        else [f for f in result.outputs if f.type == "output"] or list(result.outputs)
-    )
-    if len(wanted) > client.limits.max_outputs:
-        raise errors.TooManyOutputs(len(wanted), client.limits.max_outputs, backend=client.name)
-    budget = _Budget(client)
-    files: list[OutputData] = []
-    for file in wanted:
-        async with contextlib.aclosing(budget.take(client, file, on_received)) as chunks:
-            if out_dir is not None:
-                path = await save_stream(file.filename, chunks, out_dir)
-                files.append(OutputData(file, path=path))
-            else:
-                files.append(OutputData(file, b"".join([chunk async for chunk in chunks])))
-    return tuple(files)
-
-
 async def execute(
     client: comfy_client.ComfyClient,
     wf: workflow.Workflow,
@@ -312,7 +172,9 @@ async def execute(
         try:
             async with timer:
                 if inputs and not attach:
-                    inputs = await fit_inputs(wf, values, inputs, client.limits.max_input_pixels)
+                    inputs = await uploads.fit_inputs(
+                        wf, values, inputs, client.limits.max_input_pixels
+                    )
                 fitted = time.perf_counter()
                 watch.enter("upload")  # the scaling moved no bytes: no stall until now
                 if how != "off":
@@ -322,12 +184,14 @@ async def execute(
                     if traces is not None and not attach:
                         await traces.left(client.name, fresh)
                     pending.extend(t for t in fresh if t not in pending)
-                    uploaded = await upload_traceless(client, todo, names, on_sent=watch.moved)
+                    uploaded = await uploads.upload_traceless(
+                        client, todo, names, on_sent=watch.moved
+                    )
                 else:
                     uploaded = (
                         {}
                         if attach
-                        else await upload_inputs(client, inputs or {}, on_sent=watch.moved)
+                        else await uploads.upload_inputs(client, inputs or {}, on_sent=watch.moved)
                     )
                 graph = wf.apply({**values, **uploaded})
                 if attach and how == "temp":
@@ -400,7 +264,7 @@ async def execute(
         try:
             async with timer:
                 downloaded = (
-                    await download_outputs(
+                    await downloads.download_outputs(
                         client,
                         _only(result, on_disk),
                         out_dir=out_dir,
@@ -425,7 +289,7 @@ async def execute(
             )
         files = tuple(OutputData(f, d) for f, d in from_frames) + downloaded
         if not keep_metadata:
-            files = tuple([await _without_metadata(f, client.name) for f in files])
+            files = tuple([await downloads.without_metadata(f, client.name) for f in files])
         return Outcome(
             result=result,
             files=files,
@@ -478,24 +342,6 @@ def _collecting(
     return collect
 
 
-async def _stripped(data: bytes) -> bytes:
-    if len(data) > _STRIP_IN_THREAD:
-        return await asyncio.to_thread(metadata.strip, data)
-    return metadata.strip(data)
-
-
-async def _without_metadata(item: OutputData, backend: str) -> OutputData:
-    try:
-        if item.path is not None:  # streamed to disk: stripped there
-            await asyncio.to_thread(metadata.strip_path, item.path)
-            return item
-        return OutputData(item.file, await _stripped(item.data))
-    except metadata.MetadataError as exc:
-        if item.path is not None:
-            item.path.unlink(missing_ok=True)  # possibly half blanked: nobody sees it
-        raise errors.OutputDamaged(backend=backend) from exc
-
-
 async def _scrub(
     client: comfy_client.ComfyClient,
     prompt_id: str,
@@ -531,110 +377,3 @@ async def _stop_quietly(client: comfy_client.ComfyClient, prompt_id: str) -> Non
         await client.cancel(prompt_id)
     except errors.ComfyError:
         pass  # the backend is gone or busy; the timeout message says enough
-
-
-def safe_filename(filename: str) -> str:
-    """A file name from a backend, reduced to one plain name inside a folder: no folder
-    part (``../``, absolute, backslashes), no control characters, not too long."""
-    base = PurePosixPath(filename.replace("\\", "/")).name
-    base = _UNSAFE.sub("_", base).strip(" .")
-    stem, dot, suffix = base.rpartition(".")
-    if dot and len(suffix) <= 16 and len(base) > 120:
-        base = f"{stem[:100]}.{suffix}"
-    return base[:120] or "output"
-
-
-def _create_new(out_dir: Path, name: str, prefix: str = "") -> tuple[Path, IO[bytes]]:
-    """A new file in `out_dir` for `name`, never an existing one (nor a link's target)."""
-    stem, suffix = Path(name).stem, Path(name).suffix
-    counter = 0
-    while True:
-        target = out_dir / f"{prefix}{name if counter == 0 else f'{stem}-{counter}{suffix}'}"
-        try:
-            return target, target.open("xb")
-        except FileExistsError:
-            counter += 1
-
-
-async def save_stream(filename: str, chunks: Any, out_dir: Path) -> Path:
-    """Stream a file into `out_dir` under a safe, new name; a failed download leaves
-    nothing behind."""
-    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
-    target, handle = await asyncio.to_thread(_create_new, out_dir, safe_filename(filename))
-    try:
-        try:
-            async for chunk in chunks:
-                await asyncio.to_thread(handle.write, chunk)
-        finally:
-            handle.close()
-    except BaseException:
-        target.unlink(missing_ok=True)  # in the loop: it must happen even when cancelled
-        raise
-    return target
-
-
-def save_outputs(files: tuple[OutputData, ...], out_dir: Path, *, prefix: str = "") -> list[Path]:
-    """Write outputs into `out_dir` without overwriting anything already there; those
-    already streamed there (`path`) are listed as they are."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    saved = []
-    for item in files:
-        if item.path is not None:
-            saved.append(item.path)
-            continue
-        target, handle = _create_new(out_dir, safe_filename(item.file.filename), prefix)
-        with handle:
-            handle.write(item.data)
-        saved.append(target)
-    return saved
-
-
-def shows_steps(event: events.Progress, node_types: Mapping[str, str]) -> bool:
-    """Whether a progress event is a step users can read (a sampler's 9/20), not a saver
-    or preview node ticking once per image as it sends it ("SaveImage step 0/1")."""
-    kind = node_types.get(event.node or "", "")
-    return event.max > 1 and not kind.startswith(("Save", "Preview"))
-
-
-class ProgressPrinter:
-    """One status line on a terminal (stderr), rewritten as events arrive."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
-        self._last = ""
-        self._node_types: dict[str, str] = {}
-
-    def set_graph(self, graph: Mapping[str, Any]) -> None:
-        self._node_types = {k: str(v.get("class_type", "")) for k, v in graph.items()}
-
-    def _show(self, text: str) -> None:
-        if text == self._last:
-            return
-        self._last = text
-        if self._tty:
-            self._stream.write("\r\x1b[2K" + text)
-        else:
-            self._stream.write(text + "\n")
-        self._stream.flush()
-
-    def on_event(self, event: events.Event) -> None:
-        if isinstance(event, events.QueuePosition):
-            where = "running" if event.position == 0 else f"queued #{event.position}"
-            self._show(where)
-        elif isinstance(event, events.ExecutionStart):
-            self._show("started")
-        elif isinstance(event, events.Executing) and event.node is not None:
-            kind = self._node_types.get(event.node, "")
-            self._show(f"node {event.node} {kind}".rstrip())
-        elif isinstance(event, events.Progress) and shows_steps(event, self._node_types):
-            kind = self._node_types.get(event.node or "", "")
-            percent = 100 * event.value / event.max
-            self._show(f"{kind or 'node'} step {event.value:g}/{event.max:g} ({percent:.0f}%)")
-        elif isinstance(event, events.ExecutionSuccess):
-            self._show("done")
-
-    def close(self) -> None:
-        if self._tty and self._last:
-            self._stream.write("\n")
-            self._stream.flush()

@@ -26,7 +26,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from comfyveil import config
+from comfyveil import config, config_load
 from comfyveil.store import (
     commands,
     embedded,
@@ -281,7 +281,7 @@ class Database:
         """
         server = None
         if url is None:
-            url, server = await cls.resolve_url(settings or config.load())
+            url, server = await cls.resolve_url(settings or config_load.load())
         try:
             conn = await connect(url)
             try:

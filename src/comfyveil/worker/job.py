@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from comfyveil.comfy import errors as comfy_errors
-from comfyveil.comfy import execute, notrace, pool, workflow
+from comfyveil.comfy import execute, notrace, pool, uploads, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
@@ -347,11 +347,11 @@ class JobRunner:
         attach: bool,
     ) -> execute.Outcome:
         job = running.job
-        inputs: dict[str, execute.InputImage] = {}
+        inputs: dict[str, uploads.InputImage] = {}
         if not attach:
             images = await self.store.inputs(job.id) if wf.image_params else []
             for name, image in zip(wf.image_params, images, strict=False):
-                inputs[name] = execute.InputImage(image.data, image.mime)
+                inputs[name] = uploads.InputImage(image.data, image.mime)
             running.executing_since = running.steps_from = None  # a new run of the prompt
             submitted: dict[str, Any] = {"state": "submitted", "backend": backend.name}
             slot = running.slot

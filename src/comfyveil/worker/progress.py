@@ -12,7 +12,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from comfyveil.comfy import events, execute
+from comfyveil.comfy import events
+from comfyveil.comfy.progress_line import shows_steps
 from comfyveil.store import errors as store_errors
 from comfyveil.store import previews
 from comfyveil.worker.options import PROGRESS_INTERVAL, PROGRESS_SETTLE
@@ -46,7 +47,7 @@ class Reporting:
                     self.pool.progress(running.slot, started=True)
             elif isinstance(event, events.Executing) and event.node is not None:
                 data = {"state": "running", "node": event.node}
-            elif isinstance(event, events.Progress) and execute.shows_steps(event, node_types):
+            elif isinstance(event, events.Progress) and shows_steps(event, node_types):
                 percent = round(100.0 * event.value / event.max, 1) if event.max else None
                 data = {
                     "state": "running",
