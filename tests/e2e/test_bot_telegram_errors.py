@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from comfyveil.telegram import app
 from tests.e2e.bot_support import SMALL, no_call, running_bot, to_chat
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import NOT_MODIFIED, FakeTelegram
@@ -179,6 +180,23 @@ async def test_a_refusal_the_bot_api_fails_to_take_is_sent_again(
     failed = [c for c in fake_telegram.calls(ok=False) if to_chat(65, "sendMessage")(c)]
     assert [c.error for c in failed] == ["Internal Server Error", "Bad Gateway"]
     assert await db.jobs.list_for_user(65, limit=1) == []
+
+
+async def test_a_refusal_telegram_keeps_asking_to_wait_for_is_still_sent(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db
+) -> None:
+    """A 429 the rate limiter's own retries did not outlast (Telegram asked again and
+    again) must not swallow the refusal either: it is the user's only answer."""
+    for _ in range(app.RATE_LIMIT_RETRIES + 2):
+        fake_telegram.fail_next(
+            "sendMessage", 429, "Too Many Requests: retry after 1", {"retry_after": 1}
+        )
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(67, f"/f a fox --steps banana {SMALL}")
+        answer = await fake_telegram.wait_for_call("sendMessage", chat_id=67, timeout=30)
+    assert "Steps must be a whole number" in answer.result["text"]
+    failed = [c for c in fake_telegram.calls(ok=False) if to_chat(67, "sendMessage")(c)]
+    assert len(failed) == app.RATE_LIMIT_RETRIES + 2
 
 
 async def test_a_cancelled_jobs_sentence_is_written_again_after_a_bot_api_failure(

@@ -216,7 +216,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         try:
             result = await callback(*args, **kwargs)
         except RetryAfter as exc:
-            self._learn(chat_id, now, _seconds(exc), deletion=deletion)
+            self._learn(chat_id, now, retry_after_seconds(exc), deletion=deletion)
             raise
         else:
             self._taken(chat_id, now, deletion)
@@ -454,7 +454,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
                 # long as Telegram asked: the next look at the windows waits it out.
                 logger.info(
                     "Telegram asked to wait %.0f s",
-                    _seconds(exc),
+                    retry_after_seconds(exc),
                     extra={"action": "telegram_retry_after"},
                 )
         raise AssertionError("unreachable")  # pragma: no cover
@@ -489,6 +489,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _seconds(exc: RetryAfter) -> float:
+def retry_after_seconds(exc: RetryAfter) -> float:
+    """How long Telegram asked to wait (an int in older PTB, a timedelta in newer)."""
     value: Any = exc.retry_after
     return float(value.total_seconds() if hasattr(value, "total_seconds") else value)

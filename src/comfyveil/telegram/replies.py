@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from telegram import Message, ReplyParameters, Update
 from telegram.constants import ParseMode
-from telegram.error import BadRequest, NetworkError, TelegramError
+from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError
 
 from comfyveil import errors
 from comfyveil.desk.failures import DATABASE_DOWN as DATABASE_DOWN
@@ -19,6 +19,7 @@ from comfyveil.desk.failures import INTERNAL as INTERNAL
 from comfyveil.desk.failures import plain_sentence as sentence
 from comfyveil.i18n import _
 from comfyveil.store import errors as store_errors
+from comfyveil.telegram.limits import retry_after_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,9 @@ async def reply(update: Update, text: str, **kwargs: Any) -> Message | None:
 
 
 async def _reply_surely(update: Update, text: str) -> None:
-    """`reply`, sent again while the Bot API fails or times out (a 5xx, a lost
-    connection): the sentence is the user's only answer; nothing else would send it."""
+    """`reply`, sent again while the Bot API fails, times out or asks to wait longer
+    than the rate limiter waits itself (a 5xx, a lost connection, a 429 that outlasted
+    its retries): the sentence is the user's only answer; nothing else would send it."""
     for delay in (*ERROR_REPLY_RETRY_DELAYS, None):
         try:
             await reply(update, text)
@@ -67,10 +69,12 @@ async def _reply_surely(update: Update, text: str) -> None:
         except BadRequest as send_error:  # refused (a NetworkError in PTB): not again
             logger.info("could not send the error reply: %s", type(send_error).__name__)
             return
-        except NetworkError as send_error:  # a 5xx, TimedOut, a lost connection
+        except (NetworkError, RetryAfter) as send_error:  # 5xx, TimedOut, lost, 429
             if delay is None:
                 logger.info("could not send the error reply: %s", type(send_error).__name__)
                 return
+            if isinstance(send_error, RetryAfter):
+                delay = max(delay, retry_after_seconds(send_error))
             await asyncio.sleep(delay)
         except TelegramError as send_error:
             logger.info("could not send the error reply: %s", type(send_error).__name__)
