@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,25 +19,14 @@ from tests.api import jobs_support
 from tests.api.test_api_openai import PROMPT
 from tests.api.test_api_retries import openai, statuses
 from tests.fakes.comfyui import FakeComfyUI
-from tests.web.support import WORKER, cli_config, cli_env, wait_for
+from tests.web.support import WORKER, cli_config, spawn, wait_for
 
 
 @contextlib.asynccontextmanager
 async def web_serve(conf: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     """`comfyveil web serve` (the web front end, the API and a worker) in a process of its
     own, and its URL; the test kills it."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "web",
-        "serve",
-        "--config",
-        str(conf),
-        env=cli_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    proc = await spawn(conf, "web", "serve", stderr=asyncio.subprocess.DEVNULL)
     try:
         lines: list[str] = []
         found = None

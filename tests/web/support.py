@@ -214,21 +214,28 @@ async def cli_invite(conf: Path, *, env: dict[str, str] | None = None) -> str:
     return out.splitlines()[0]
 
 
-@contextlib.asynccontextmanager
-async def serving(conf: Path) -> AsyncIterator[str]:
-    """`comfyveil run` (the web front end, the API and a worker) in a process of its own;
-    its URL."""
-    proc = await asyncio.create_subprocess_exec(
+async def spawn(
+    conf: Path, *command: str, stderr: int = asyncio.subprocess.PIPE
+) -> asyncio.subprocess.Process:
+    """`comfyveil COMMAND... --config CONF` in a process of its own, its stdout piped."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "comfyveil",
-        "run",
+        *command,
         "--config",
         str(conf),
         env=cli_env(),
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=stderr,
     )
+
+
+@contextlib.asynccontextmanager
+async def serving(conf: Path) -> AsyncIterator[str]:
+    """`comfyveil run` (the web front end, the API and a worker) in a process of its own;
+    its URL."""
+    proc = await spawn(conf, "run")
     try:
         lines: list[str] = []
         while not any("runs alone" in line for line in lines):

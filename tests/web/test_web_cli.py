@@ -6,28 +6,17 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import sys
 from pathlib import Path
 
 from tests.fakes.comfyui import FakeComfyUI
-from tests.web.support import cli, cli_config, cli_env, cli_invite, client, sign_up
+from tests.web.support import cli, cli_config, cli_invite, client, sign_up, spawn
 
 
 async def test_run_without_a_token_serves_the_web_alone_with_a_first_invite(
     fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
     conf = cli_config(tmp_path, database_url, fake_comfy)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
-        "run",
-        "--config",
-        str(conf),
-        env=cli_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await spawn(conf, "run")
     try:
         lines = []
         while not any("runs alone" in line for line in lines):
