@@ -219,8 +219,14 @@ def snapshot(
     for backend, command, *_ in sorted(state.spans, key=lambda s: s[3]):
         last[backend] = command
     busy: dict[int, eta.Busy] = {}
+    mine = state.on_gpu.get(index)
+    passed = False  # jobs sent after ours to its GPU wait behind it there: left out, as
+    # the store leaves out those claimed after it
     for i, gpu in state.on_gpu.items():
         if i == index:
+            passed = True
+            continue
+        if passed and mine is not None and gpu.backend == mine.backend:
             continue
         running = gpu.started is not None
         busy[i] = eta.Busy(
@@ -237,7 +243,6 @@ def snapshot(
         ahead = list(state.claimed) + queue[: queue.index(index)]
     else:  # claimed, waiting for a GPU
         ahead = [i for i in state.claimed if i < index]
-    mine = state.on_gpu.get(index)
     started = mine is not None and mine.started is not None
     own = {
         "names": names,
@@ -255,7 +260,9 @@ def snapshot(
         now,
         model,
         busy,
-        {} if mine is not None else {i: eta.Ahead(asks[i].command, None, work(i)) for i in ahead},
+        {}
+        if mine is not None
+        else {i: eta.Ahead(asks[i].command, None, work(i), key=str(i)) for i in ahead},
         last,
         own,
     )
