@@ -64,7 +64,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -571,6 +571,7 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
     worst: list[tuple[float, int, str, dict[str, float]]] = []
     jobs: set[int] = set()
     not_finished: set[int] = set()  # jobs with a jump not led by a job that finished
+    moments: Counter[float] = Counter()  # refreshes with jumps
     for index, seen in snaps.items():
         for a, b in itertools.pairwise(seen):
             left = (a.seconds() or 0.0) - (b.at - a.at)
@@ -582,6 +583,7 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
             moved = explain(a, b)
             term = max(moved, key=lambda t: abs(moved[t]))
             causes[term] += 1
+            moments[round(b.at, 1)] += 1
             jobs.add(index)
             if term != "finished":
                 not_finished.add(index)
@@ -593,6 +595,9 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
         "jumps": sum(causes.values()),
         "jobs": len(jobs),
         "jobs_but_finished": len(not_finished),
+        # the refreshes they came at: one moment often moves every queued job's ETA
+        "moments": len(moments),
+        "largest_moments": [{"at_s": t, "jumps": n} for t, n in moments.most_common(3)],
         "by_largest_term": causes,
         "share_moved": {t: round(v / max(1, sum(causes.values())), 3) for t, v in weight.items()},
         "worst": [
@@ -633,8 +638,9 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         why = r["raw_jumps_by_cause"]
         print(
             f"{r['load']:.0%} raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']} "
-            f"in {why['jobs']} jobs; jobs with one not led by a job that finished: "
-            f"{why['jobs_but_finished']}"
+            f"in {why['jobs']} jobs, at {why['moments']} moments (the largest: "
+            + ", ".join(f"{m['jumps']} at {m['at_s']:.1f} s" for m in why["largest_moments"])
+            + f"); jobs with one not led by a job that finished: {why['jobs_but_finished']}"
         )
         print(
             "  by the term that moved most: "
