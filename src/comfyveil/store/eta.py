@@ -59,7 +59,7 @@ SIMULATED = 500  # jobs ahead placed one by one; those beyond are spread evenly
 RULED = 32  # jobs ahead placed by the pool's rule; those beyond where they finish first
 SLOTS = 2  # jobs a backend holds at once unless told: one running, one waiting (the default)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
-SAMPLES = 16  # playbacks with the runs a little sooner or later done
+SAMPLES = 16  # playbacks with the runs a little sooner or later done (8 past RULED ahead)
 RUN_SPREAD = 0.15  # how far a run's length strays from its estimate, a share of it
 _NORMAL = statistics.NormalDist()
 
@@ -200,7 +200,11 @@ def estimate(
         # Which GPU frees a slot first decides where the jobs ahead land, and so ours;
         # the runs end a little sooner or later than estimated: the ETA is the mean over
         # those likely orders, not one of them (one flipped as runs went on).
-        found = [estimate(estimator, **args, spread=draw).seconds for draw in likely_spreads(names)]
+        samples = SAMPLES if len(ahead) <= RULED else SAMPLES // 2
+        found = [
+            estimate(estimator, **args, spread=draw).seconds
+            for draw in likely_spreads(names, samples)
+        ]
         mean = statistics.fmean([base.seconds, *(f for f in found if f is not None)])
         return replace(base, seconds=mean)
     draw = spread if isinstance(spread, Draw) else Draw(spread)
@@ -400,14 +404,14 @@ def estimate(
     )
 
 
-def likely_spreads(names: Iterable[str]) -> list[Draw]:
-    """`SAMPLES` likely playbacks in antithetic pairs: the shares of their estimates the
+def likely_spreads(names: Iterable[str], samples: int = SAMPLES) -> list[Draw]:
+    """`samples` likely playbacks in antithetic pairs: the shares of their estimates the
     jobs on each backend now take, and each job ahead (RUN_SPREAD apart on average), the
     same for a backend or a job at every refresh: one ETA shown after another differ by
     what changed, not by the draw."""
     names = list(names)
     draws: list[Draw] = []
-    for k in range(SAMPLES // 2):
+    for k in range(samples // 2):
         z = {b: random.Random(f"{k}:{b}").gauss(0.0, 1.0) for b in names}
         for sign in (1.0, -1.0):
             shares = {b: max(0.2, 1.0 + sign * RUN_SPREAD * z[b]) for b in names}
