@@ -17,7 +17,8 @@ seconds, as the worker records them; the finished runs, from ComfyUI's start to 
 ETAs compared, each from the same state at the same moment:
 
 - new: `store.eta.estimate` (cost per unit of work per backend and command, running
-  jobs by their progress, the mean over the likely orders in which the GPUs free up);
+  jobs by their progress, the jobs ahead played by the pool's rule, the mean over
+  likely playbacks with each run a little longer or shorter);
 - single: the same from one playback (the estimate as it stands, no likely orders);
 - blind: the same estimator told nothing of the work asked nor of progress (every job
   one unit), one playback: the ETA before it learnt sizes;
@@ -34,7 +35,9 @@ Reported per load, as a share of the mean wait really left (unscaled seconds):
 - jumps: the largest change of one job's ETA between two refreshes (the earlier one
   counted down by the time between them), and how many jobs saw one over 20 % (target:
   none; no GPU goes down here), counted from 5 s left (at 2 s left one second more or
-  less is half of it), and also from 1 s left.
+  less is half of it), and also from 1 s left; and among the jobs queued once the cost
+  model had learnt 30 runs ("warm": a deployment keeps its runs in its database, so only
+  its first jobs meet a cost model that knows nothing).
 
 New and single are computed after the run from the snapshots taken at each refresh (their
 playbacks would take the CPU from the run they measure). New is reported as shown
@@ -61,7 +64,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +81,7 @@ from comfyveil.store import eta  # noqa: E402
 TARGET_MAE = 0.25
 JUMP = 0.20  # an ETA may not change by more than this share between two refreshes
 LEAST_S = 5.0  # unscaled seconds left from which a jump counts against the target
+WARM_RUNS = 30  # runs the cost model has learnt before a job counts as "warm"
 SAMPLE_S = 1.0  # unscaled seconds between refreshes of the ETAs shown
 OLD_RUNS = 20  # the old ETA's mean: the last 20 runs of a command
 KINDS = ("shown", "raw", "single", "blind", "old")
@@ -219,8 +223,14 @@ def snapshot(
     for backend, command, *_ in sorted(state.spans, key=lambda s: s[3]):
         last[backend] = command
     busy: dict[int, eta.Busy] = {}
+    mine = state.on_gpu.get(index)
+    passed = False  # jobs sent after ours to its GPU wait behind it there: left out, as
+    # the store leaves out those claimed after it
     for i, gpu in state.on_gpu.items():
         if i == index:
+            passed = True
+            continue
+        if passed and mine is not None and gpu.backend == mine.backend:
             continue
         running = gpu.started is not None
         busy[i] = eta.Busy(
@@ -237,7 +247,6 @@ def snapshot(
         ahead = list(state.claimed) + queue[: queue.index(index)]
     else:  # claimed, waiting for a GPU
         ahead = [i for i in state.claimed if i < index]
-    mine = state.on_gpu.get(index)
     started = mine is not None and mine.started is not None
     own = {
         "names": names,
@@ -255,7 +264,9 @@ def snapshot(
         now,
         model,
         busy,
-        {} if mine is not None else {i: eta.Ahead(asks[i].command, None, work(i)) for i in ahead},
+        {}
+        if mine is not None
+        else {i: eta.Ahead(asks[i].command, None, work(i), key=str(i)) for i in ahead},
         last,
         own,
     )
@@ -315,6 +326,7 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
     looks: dict[str, dict[int, list[tuple[float, float]]]] = {k: defaultdict(list) for k in KINDS}
     snaps: dict[int, list[Snapshot]] = defaultdict(list)  # the raw ETA's, as `looks`
     done: dict[int, float] = {}
+    learnt: dict[int, int] = {}  # runs the cost model had learnt when each job was queued
     queue: asyncio.Queue[int] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
     start = time.monotonic()
@@ -420,6 +432,7 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
             for index, due in enumerate(arrivals):
                 await asyncio.sleep(max(0.0, start + due - time.monotonic()))
                 state.queued.append(index)
+                learnt[index] = len(state.spans)
                 look(index, now())
                 queue.put_nowait(index)
             await dispatcher
@@ -454,13 +467,15 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                 left.append(done[i] - at)
         return statistics.fmean(errors) / statistics.fmean(left)
 
-    def jumps(kind: str, least: float) -> tuple[int, float]:
+    def jumps(kind: str, least: float, among: set[int] | None = None) -> tuple[int, float]:
         """Jobs whose ETA changed by more than JUMP between two refreshes, and the
         largest change; the earlier one is first counted down by the time between, and
         only changes from `least` seconds or more left are counted (at 2 s left, 1 s
-        more or less is half of it)."""
+        more or less is half of it); only the jobs `among`, when given."""
         jumped, worst = 0, 0.0
-        for seen in looks[kind].values():
+        for index, seen in looks[kind].items():
+            if among is not None and index not in among:
+                continue
             steps = [
                 abs(b / (a - (t2 - t1)) - 1.0)
                 for (t1, a), (t2, b) in itertools.pairwise(seen)
@@ -478,15 +493,21 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
         "with_eta": len(both),
         "mean_wait_s": round(statistics.fmean(done[i] - arrivals[i] / scale for i in both), 2),
     }
+    # Queued once the cost model had learnt WARM_RUNS runs: a deployment's database
+    # keeps its runs, so only its first jobs meet a model that knows nothing yet.
+    warm = {i for i in both if learnt[i] >= WARM_RUNS}
+    row["with_eta_warm"] = len(warm)
     for kind in KINDS:
         jumped, worst = jumps(kind, LEAST_S)
         jumped_1s, worst_1s = jumps(kind, 1.0)
+        jumped_warm, _ = jumps(kind, LEAST_S, warm)
         row[kind] = {
             "first_mae": round(first_mae(kind, both), 3),
             "later_mae": round(later_mae(kind), 3),
             "jobs_jumped_over_20pct": jumped,
             "largest_jump": round(worst, 2),
             "jobs_jumped_over_20pct_from_1s": jumped_1s,
+            "warm_jobs_jumped_over_20pct": jumped_warm,
             "largest_jump_from_1s": round(worst_1s, 2),
         }
     row["raw_jumps_by_cause"] = explain_all(snaps, done)
@@ -550,6 +571,7 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
     worst: list[tuple[float, int, str, dict[str, float]]] = []
     jobs: set[int] = set()
     not_finished: set[int] = set()  # jobs with a jump not led by a job that finished
+    moments: Counter[float] = Counter()  # refreshes with jumps
     for index, seen in snaps.items():
         for a, b in itertools.pairwise(seen):
             left = (a.seconds() or 0.0) - (b.at - a.at)
@@ -561,6 +583,7 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
             moved = explain(a, b)
             term = max(moved, key=lambda t: abs(moved[t]))
             causes[term] += 1
+            moments[round(b.at, 1)] += 1
             jobs.add(index)
             if term != "finished":
                 not_finished.add(index)
@@ -572,6 +595,9 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
         "jumps": sum(causes.values()),
         "jobs": len(jobs),
         "jobs_but_finished": len(not_finished),
+        # the refreshes they came at: one moment often moves every queued job's ETA
+        "moments": len(moments),
+        "largest_moments": [{"at_s": t, "jumps": n} for t, n in moments.most_common(3)],
         "by_largest_term": causes,
         "share_moved": {t: round(v / max(1, sum(causes.values())), 3) for t, v in weight.items()},
         "worst": [
@@ -595,7 +621,8 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append(await run_once(load, args.jobs, args.scale, args.seed, Path(tmpdir)))
     print(
         f"{'load':>4} {'ETA':>6} {'jobs':>5} {'w/ ETA':>6} {'wait s':>7} {'first':>6} "
-        f"{'later':>6} {'jumped':>6} {'largest':>7} {'jumped≥1s':>9} {'largest':>7}"
+        f"{'later':>6} {'jumped':>6} {'largest':>7} {'jumped≥1s':>9} {'largest':>7} "
+        f"{'warm jumped':>11}"
     )
     for r in rows:
         for kind in KINDS:
@@ -604,14 +631,16 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{r['load']:>4.0%} {kind:>6} {r['jobs']:>5} {r['with_eta']:>6} "
                 f"{r['mean_wait_s']:>7.2f} {k['first_mae']:>6.0%} {k['later_mae']:>6.0%} "
                 f"{k['jobs_jumped_over_20pct']:>6} {k['largest_jump']:>7.0%} "
-                f"{k['jobs_jumped_over_20pct_from_1s']:>9} {k['largest_jump_from_1s']:>7.0%}"
+                f"{k['jobs_jumped_over_20pct_from_1s']:>9} {k['largest_jump_from_1s']:>7.0%} "
+                f"{k['warm_jobs_jumped_over_20pct']:>4} of {r['with_eta_warm']:<4}"
             )
     for r in rows:
         why = r["raw_jumps_by_cause"]
         print(
             f"{r['load']:.0%} raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']} "
-            f"in {why['jobs']} jobs; jobs with one not led by a job that finished: "
-            f"{why['jobs_but_finished']}"
+            f"in {why['jobs']} jobs, at {why['moments']} moments (the largest: "
+            + ", ".join(f"{m['jumps']} at {m['at_s']:.1f} s" for m in why["largest_moments"])
+            + f"); jobs with one not led by a job that finished: {why['jobs_but_finished']}"
         )
         print(
             "  by the term that moved most: "
@@ -633,7 +662,8 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         "first/later: mean absolute error of the first ETA and of every later one, share "
         "of the wait really left; jumped: jobs whose ETA changed by more than 20 % between "
-        f"two refreshes with {LEAST_S:.0f} s or more left (jumped≥1s: from 1 s left), and "
+        f"two refreshes with {LEAST_S:.0f} s or more left (jumped≥1s: from 1 s left; warm "
+        f"jumped: among the jobs queued once the cost model had learnt {WARM_RUNS} runs), and "
         f"the largest change. Target for new (shown and raw): first and later < "
         f"{TARGET_MAE:.0%}, no jump over 20 %: {'met' if met else 'NOT met'}"
     )

@@ -87,3 +87,23 @@ async def test_a_running_job_still_needs_its_steps_left_at_its_own_pace(
     )
     wait = await db.jobs.wait(running.id, backends=["gpu0"])
     assert wait is not None and wait.seconds == pytest.approx(6 * 6.0 + 1.0, rel=0.05)
+
+
+async def test_a_job_waiting_on_its_gpu_waits_only_for_the_jobs_sent_there_before_it(
+    db: database.Database,
+) -> None:
+    await finished_run(db, 1, 4, 512, waited=0, ran=3, ago=300)
+    await finished_run(db, 2, 8, 1024, waited=0, ran=17, ago=200)
+    await finished_run(db, 3, 4, 512, waited=0, ran=3, ago=100)
+    sent = []
+    for user, steps, side in ((4, 8, 1024), (5, 4, 512), (6, 8, 1024)):
+        await db.jobs.enqueue(asking(user, steps, side))
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None
+        sent.append(await db.jobs.mark_submitted(claimed, "gpu0"))
+    first, mine, _after_mine = sent
+    await db.jobs.record_progress(first, {"state": "running", "backend": "gpu0"}, executing_for=1.0)
+    # The first has run 1 s of its 17; ours (3 s) runs next. The job sent to gpu0 after
+    # ours waits behind it in ComfyUI's queue: 16 + 3 s, not 16 + 17 + 3.
+    wait = await db.jobs.wait(mine.id, backends=["gpu0"])
+    assert wait is not None and wait.seconds == pytest.approx(16.0 + 3.0, rel=0.05)

@@ -193,6 +193,41 @@ def test_a_queued_job_is_counted_where_the_pool_will_send_it_and_the_jobs_ahead(
     assert wait.seconds == pytest.approx(24.0)
 
 
+def test_a_running_job_that_loads_its_models_counts_the_load_whatever_waits_behind_it() -> None:
+    model = taught(*SWITCHED)  # f warm 10 s; a switch to f costs 4 s
+    # gpu0 held sd's models; ours (f) started there 1 s ago, no step done yet, and another
+    # f job waits behind it.
+    wait = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0"],
+        busy=[eta.Busy("gpu0", "f", None)],
+        on="gpu0",
+        elapsed=1.0,
+        last_command={"gpu0": "sd"},
+    )
+    # It loads f's models first: 4 + 10 - 1 s left, not 9 as if the job behind it, which
+    # runs after it, had loaded them.
+    assert wait.seconds == pytest.approx(13.0)
+
+
+def test_a_long_queue_of_one_workflow_on_gpus_holding_its_models_pays_no_switch() -> None:
+    model = taught(*SWITCHED)  # two runs in five lately switched models
+    assert model.switch_share > 0.3
+    # Both GPUs hold f's models; twelve f jobs ahead, then ours (f), 10 s each. The pool
+    # sends each to the GPU with a free slot, and none loads other models: ours is the
+    # 13th, the 7th on its GPU, done at 70 s. Counting deep jobs as switching as often as
+    # runs lately did said 76 s.
+    wait = eta.estimate(
+        model,
+        command="f",
+        backends=["gpu0", "gpu1"],
+        ahead=[eta.Ahead("f")] * 12,
+        last_command={"gpu0": "f", "gpu1": "f"},
+    )
+    assert wait.seconds == pytest.approx(70.0, rel=0.04)
+
+
 def test_a_job_ahead_goes_to_a_free_slot_not_behind_a_faster_gpu_full_already() -> None:
     # gpu0 runs f in 2 s, gpu1 in 10 s; three f jobs ahead, then ours.
     model = taught(("gpu0", "f", 2.0), ("gpu0", "f", 2.0), ("gpu1", "f", 10.0), ("gpu1", "f", 10.0))

@@ -11,8 +11,11 @@ function the pool places jobs with): each backend is busy for what its running j
 need and for the jobs waiting on it, and holds `SLOTS` jobs at once; each job ahead, in
 claim order, is sent when a backend it may use has a free slot, to the backend the rule
 picks, and pays a model switch exactly where it lands on other models; ours last, its ETA
-the end of its run there. Deeper in the queue than the backends hold at once, a job goes
-where it would finish first and pays a switch as often as runs lately did.
+the end of its run there. Past `RULED` jobs ahead, a job goes where it would finish first
+and pays a switch as often as runs lately did. The ETA is the mean of `SAMPLES` such
+playbacks with every run a little longer or shorter than estimated (each job's draw the
+same at every refresh), and of the estimate as it stands. A job waiting on its GPU
+waits for the jobs sent there before it only.
 
 A running job still needs its steps left at the pace it has shown, plus its tail (never
 less than its steps left need); one past its estimate with no progress to go by is not
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import hashlib
 import random
 import statistics
 import uuid
@@ -52,10 +56,12 @@ still_needs = costs.still_needs
 work_of = costs.work_of
 
 SIMULATED = 500  # jobs ahead placed one by one; those beyond are spread evenly
+RULED = 32  # jobs ahead placed by the pool's rule; those beyond where they finish first
 SLOTS = 2  # jobs a backend holds at once unless told: one running, one waiting (the default)
 UNKNOWN_BACKEND = "gpu"  # names anonymous runners when the caller knows only how many
-SAMPLES = 8  # playbacks with the jobs on the GPUs a little sooner or later done
+SAMPLES = 16  # playbacks with the runs a little sooner or later done (8 past RULED ahead)
 RUN_SPREAD = 0.15  # how far a run's length strays from its estimate, a share of it
+_NORMAL = statistics.NormalDist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,29 @@ class Ahead:
     command: str
     backends: tuple[str, ...] | None = None
     work: float = 1.0
+    key: str | None = None  # the job's id: its run drawn alike at every refresh
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """One likely playback: the share of its estimate each run takes.
+
+    `shares`: the jobs on each backend now, by backend. A job ahead with a `key` takes
+    its own share, drawn from `seed` and its key (RUN_SPREAD wide, the sign of the draw
+    flipped by `sign` for the antithetic twin), so one job's draw is the same at every
+    refresh: two ETAs differ by what changed, not by the draw.
+    """
+
+    shares: Mapping[str, float]
+    seed: str = ""
+    sign: float = 1.0
+
+    def job(self, key: str | None) -> float:
+        if key is None or not self.seed:
+            return 1.0
+        digest = hashlib.blake2b(f"{self.seed}:{key}".encode(), digest_size=8).digest()
+        z = _NORMAL.inv_cdf((int.from_bytes(digest, "big") + 0.5) / 2**64)
+        return max(0.2, 1.0 + self.sign * RUN_SPREAD * z)
 
 
 @dataclass(frozen=True)
@@ -127,7 +156,7 @@ def estimate(
     step_s: float | None = None,
     slots: Mapping[str, int] | int = SLOTS,
     behind: int = 0,
-    spread: Mapping[str, float] | None = None,
+    spread: Mapping[str, float] | Draw | None = None,
 ) -> Wait:
     """Seconds until a job of `command` is done, with the queue ahead split by backend.
 
@@ -145,8 +174,9 @@ def estimate(
         slots: how many jobs each backend holds at once (one running, the rest waiting
             there), by name or for all.
         behind: the jobs queued behind ours (the pool's rule weighs them).
-        spread: what the jobs on each backend now take, as a share of their estimate
-            (one playback of `likely_spreads`); None: the mean over those playbacks.
+        spread: what the runs take, as shares of their estimates (one playback of
+            `likely_spreads`; a mapping: the jobs on each backend now, by backend);
+            None: the mean over those playbacks.
     """
     names = (
         [f"{UNKNOWN_BACKEND}{i}" for i in range(backends)]
@@ -168,13 +198,16 @@ def estimate(
         if base.seconds is None or on is not None or len(names) < 2 or not (busy or ahead):
             return base
         # Which GPU frees a slot first decides where the jobs ahead land, and so ours;
-        # the runs on them end a little sooner or later than estimated: the ETA is the
-        # mean over those likely orders, not one of them (one flipped as runs went on).
+        # the runs end a little sooner or later than estimated: the ETA is the mean over
+        # those likely orders, not one of them (one flipped as runs went on).
+        samples = SAMPLES if len(ahead) <= RULED else SAMPLES // 2
         found = [
-            estimate(estimator, **args, spread=shares).seconds for shares in likely_spreads(names)
+            estimate(estimator, **args, spread=draw).seconds
+            for draw in likely_spreads(names, samples)
         ]
         mean = statistics.fmean([base.seconds, *(f for f in found if f is not None)])
         return replace(base, seconds=mean)
+    draw = spread if isinstance(spread, Draw) else Draw(spread)
 
     costs: dict[tuple[str, str], Cost | None] = {}
     anywhere: dict[str, Cost | None] = {}
@@ -227,6 +260,9 @@ def estimate(
         )
 
     loaded: dict[str, str | None] = {b: (last_command or {}).get(b) for b in names}
+    # Ours, running, loaded its models or not against the run before it there, not
+    # against a job waiting behind it.
+    held_before = dict(loaded)
     # When each job on a backend will be done, in the order it runs them (one at a time).
     ends: dict[str, list[float]] = {b: [] for b in names}
     running: collections.Counter[str] = collections.Counter()
@@ -244,16 +280,18 @@ def estimate(
         seconds = run(job.backend, job.command, job.work) + switch(job.backend, job.command)
         if job.elapsed is not None:  # running: what it still needs
             seconds = left(job.backend, job.command, job.work, seconds, job)
-        put(job.backend, job.command, seconds * spread.get(job.backend, 1.0))
+        put(job.backend, job.command, seconds * draw.shares.get(job.backend, 1.0))
 
     capacity = {b: max(1, slots if isinstance(slots, int) else slots.get(b, SLOTS)) for b in names}
 
-    # The first jobs ahead land where the slots that free next are: the pool's rule
-    # places them. Behind as many jobs as the backends hold at once, where a slot frees
-    # first and which models it holds by then hang on every run before it ending a
-    # little sooner or later: placing those by the rule too swung the ETA by whole model
-    # loads as jobs were sent (in the benchmark, more jumps than the guess below).
-    depth = sum(capacity.values())
+    # Each job ahead is placed by the pool's rule, as the slots free in this playback.
+    # Deep in the queue, where a slot frees first and which models it holds by then hang
+    # on every run before it ending a little sooner or later; one playback swung by whole
+    # model loads as jobs were sent, the mean over the likely ones does not (and follows
+    # the pool's batching of a workflow's jobs onto the GPUs that hold its models, which
+    # a switch counted as often as runs lately did overstated by 15-20 %). Past RULED
+    # jobs ahead, where a job would finish first is close enough, and cheaper.
+    depth = RULED
     guessed = dict.fromkeys(names, False)  # a deep job was placed there
     rank = {b: i for i, b in enumerate(names)}
 
@@ -328,9 +366,8 @@ def estimate(
     sent = 0.0  # the pool sends the jobs one after another, in claim order
     for index, job in enumerate(ahead[:SIMULATED]):
         after = len(ahead) - index  # those behind it, ours included
-        backend, sent, _ = place(
-            job.command, job.work, job.backends, sent, after, deep=index >= depth
-        )
+        units = job.work * draw.job(job.key)
+        backend, sent, _ = place(job.command, units, job.backends, sent, after, deep=index >= depth)
         where[backend] += 1
     if len(ahead) > SIMULATED:
         # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
@@ -345,11 +382,12 @@ def estimate(
     known = any(cost_of(b, command) is not None for b in names)
     if on is not None and on in ends and elapsed is not None:
         ours = on  # running: only what it still needs
+        extra = 0.0 if held_before[on] in (None, command) else estimator.cold_seconds(on, command)
         total = left(
             on,
             command,
             work,
-            run(on, command, work) + switch(on, command),
+            run(on, command, work) + extra,
             Busy(on, command, elapsed, work, steps, done, step_s),
         )
     elif on is not None and on in ends:
@@ -366,16 +404,18 @@ def estimate(
     )
 
 
-def likely_spreads(names: Iterable[str]) -> list[dict[str, float]]:
-    """The shares of their estimates the jobs on each backend may take, `SAMPLES` draws
-    in antithetic pairs (RUN_SPREAD apart on average), the same for a backend at every
-    refresh: one ETA shown after another differ by what changed, not by the draw."""
+def likely_spreads(names: Iterable[str], samples: int = SAMPLES) -> list[Draw]:
+    """`samples` likely playbacks in antithetic pairs: the shares of their estimates the
+    jobs on each backend now take, and each job ahead (RUN_SPREAD apart on average), the
+    same for a backend or a job at every refresh: one ETA shown after another differ by
+    what changed, not by the draw."""
     names = list(names)
-    draws: list[dict[str, float]] = []
-    for k in range(SAMPLES // 2):
+    draws: list[Draw] = []
+    for k in range(samples // 2):
         z = {b: random.Random(f"{k}:{b}").gauss(0.0, 1.0) for b in names}
         for sign in (1.0, -1.0):
-            draws.append({b: max(0.2, 1.0 + sign * RUN_SPREAD * z[b]) for b in names})
+            shares = {b: max(0.2, 1.0 + sign * RUN_SPREAD * z[b]) for b in names}
+            draws.append(Draw(shares, seed=str(k), sign=sign))
     return draws
 
 

@@ -109,33 +109,6 @@ class JobEta(JobReads):
             row = read[0] if read else None
         if row is None or row["status"] not in (Status.QUEUED.value, Status.RUNNING.value):
             return None
-        ahead: list[eta_mod.Ahead] = []
-        busy: list[eta_mod.Busy] = []
-        for command, allowed, backend, elapsed, state, size, done, steps, step_s in row["busy"]:
-            work = eta_mod.work_of(size)
-            if backend is None or state == "waiting":  # claimed, waiting for a GPU: ahead
-                if row["queued"]:
-                    ahead.append(
-                        eta_mod.Ahead(command, tuple(allowed) if allowed else None, work)
-                    )
-                continue
-            busy.append(
-                eta_mod.Busy(
-                    backend, command, elapsed, work,
-                    _count(steps) or eta_mod.steps_of(size), _number(done), _number(step_s),
-                )
-            )
-        ahead += [
-            eta_mod.Ahead(command, tuple(allowed) if allowed else None, eta_mod.work_of(size))
-            for command, allowed, size in row["ahead"]
-        ]
-        runs = eta_mod.runs_from(
-            (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
-             _number(step_s))
-            for b, c, start, end, size, steps, step_s in row["runs"]
-        )
-        last = {run.backend: run.command for run in runs}
-        names = list(backends) if backends is not None else list(dict.fromkeys(last))
         on = elapsed = None
         if not row["queued"] and row["status"] == Status.RUNNING.value and row["backend"]:
             on = row["backend"]
@@ -144,6 +117,37 @@ class JobEta(JobReads):
             # job running there) or queued on the backend waits behind that job.
             if row["state"] == "running":
                 elapsed = max(0.0, float(row["elapsed"] or 0.0))
+        ahead: list[eta_mod.Ahead] = []
+        busy: list[eta_mod.Busy] = []
+        for (
+            command, allowed, backend, elapsed_there, state, size, done, steps, step_s,
+            key, claimed_after_ours,
+        ) in row["busy"]:  # fmt: skip
+            work = eta_mod.work_of(size)
+            allowed = tuple(allowed) if allowed else None
+            if backend is None or state == "waiting":  # claimed, waiting for a GPU: ahead
+                if row["queued"]:
+                    ahead.append(eta_mod.Ahead(command, allowed, work, key))
+                continue
+            if on is not None and backend == on and claimed_after_ours:
+                continue  # sent there after ours: it waits behind ours
+            busy.append(
+                eta_mod.Busy(
+                    backend, command, elapsed_there, work,
+                    _count(steps) or eta_mod.steps_of(size), _number(done), _number(step_s),
+                )
+            )
+        ahead += [
+            eta_mod.Ahead(command, tuple(allowed) if allowed else None, eta_mod.work_of(size), key)
+            for command, allowed, key, size in row["ahead"]
+        ]
+        runs = eta_mod.runs_from(
+            (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
+             _number(step_s))
+            for b, c, start, end, size, steps, step_s in row["runs"]
+        )  # fmt: skip
+        last = {run.backend: run.command for run in runs}
+        names = list(backends) if backends is not None else list(dict.fromkeys(last))
         size = row["size"]
         found = eta_mod.estimate(
             eta_mod.estimator_from(runs),

@@ -867,7 +867,7 @@ WITH queued AS (
     LEFT JOIN queue_turns t ON t.user_id = j.user_id
     WHERE j.status = 'queued'
 ), mine AS (
-    SELECT j.id, j.command, j.status, j.backends,
+    SELECT j.id, j.command, j.status, j.backends, j.started_at,
            coalesce(j.backend, j.progress->>'backend') AS backend,
            j.progress->>'state' AS state,
            extract(epoch FROM now() - coalesce(j.executing_at, j.started_at))::float8
@@ -889,7 +889,7 @@ WITH queued AS (
       AND (-q.priority, q.round, q.turn, q.created_at, q.id)
           < (-me.priority, me.round, me.turn, me.created_at, me.id)
 ), on_gpus AS (
-    SELECT r.command, r.backends, r.started_at,
+    SELECT r.id, r.command, r.backends, r.started_at,
            coalesce(r.backend, r.progress->>'backend') AS backend,
            r.progress->>'state' AS state,
            extract(epoch FROM now() - coalesce(r.executing_at, r.started_at))::float8
@@ -909,7 +909,7 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
        (SELECT count(*) FROM ahead)::int AS ahead_count,
        -- the sizes of the first 2000 only (those the ETA looks at one by one)
        coalesce((SELECT json_agg(json_build_array(
-                            a.command, a.backends,
+                            a.command, a.backends, a.id,
                             jsonb_build_object('steps', p.params->'steps',
                                                'width', p.params->'width',
                                                'height', p.params->'height',
@@ -921,11 +921,14 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
                        ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a
                  JOIN jobs p ON p.id = a.id),
                 '[]'::json) AS ahead,
+       -- claimed after ours: on ours' backend it waits behind ours
        coalesce((SELECT json_agg(json_build_array(g.command, g.backends, g.backend,
                                                   CASE WHEN g.state = 'running'
                                                        THEN g.elapsed END,
                                                   g.state, g.size, g.done, g.steps,
-                                                  g.step_s)
+                                                  g.step_s, g.id,
+                                                  coalesce(g.started_at > m.started_at,
+                                                           false))
                                  ORDER BY g.started_at)
                  FROM on_gpus g), '[]'::json) AS busy,
        -- the last runs of each command involved, from ComfyUI's start of each (or the
