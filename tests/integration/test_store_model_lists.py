@@ -33,7 +33,7 @@ async def test_lists_read_again_unchanged_are_not_written_again(db: database.Dat
     first = await table_bytes(db)
     for _ in range(20):  # re-read every few minutes, and after each outage
         await db.model_lists.remember(gpu, info)
-    # One copy kept, as after the first read (each write added one: about 4 MB here).
+    # One copy kept, as after the first read (each write added one: 1.7 MB after 20).
     assert await table_bytes(db) <= first + 16 * 1024
     assert (await db.model_lists.recall([gpu]))["gpu0"] == info
 
