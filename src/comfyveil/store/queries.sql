@@ -956,11 +956,16 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
 FROM mine m;
 
 -- remember_model_lists --
--- A backend's node and model lists as it last answered them
+-- A backend's node and model lists as it last answered them. Lists as kept already are
+-- not written again: every process re-reads every GPU's (a real /object_info is 1-2 MB)
+-- every few minutes and after each outage, and each write left a dead copy in the TOAST
+-- table that VACUUM makes reusable but never gives back (read_at: when they last changed).
 INSERT INTO backend_model_lists (backend, url_hash, object_info, read_at)
 VALUES (%(backend)s, %(url_hash)s, %(object_info)s, now())
 ON CONFLICT (backend) DO UPDATE
-SET url_hash = EXCLUDED.url_hash, object_info = EXCLUDED.object_info, read_at = now();
+SET url_hash = EXCLUDED.url_hash, object_info = EXCLUDED.object_info, read_at = now()
+WHERE backend_model_lists.url_hash IS DISTINCT FROM EXCLUDED.url_hash
+   OR backend_model_lists.object_info IS DISTINCT FROM EXCLUDED.object_info;
 
 -- recall_model_lists --
 -- The lists last read from these backends, for a start while some do not answer
