@@ -143,3 +143,24 @@ async def test_job_commands_in_a_group_show_only_that_groups_jobs(
         stack.send(36, "/history")
         private = await stack.reply_text(36, count=3)
         assert "my secret diary" in private and "a cat for everyone" in private
+
+
+async def test_a_cancel_sent_right_after_a_request_cancels_that_request_not_an_older_one(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False) as stack:
+        stack.send(31, f"/f an older fox {SMALL}")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=31)
+        # Sent together, as a user does: one getUpdates answer holds both. Handled side by
+        # side, "/cancel" (the newest job) found the older one before the newer was queued.
+        stack.send(31, f"/f a newer fox {SMALL}")
+        stack.send(31, "/cancel")
+        await fake_telegram.wait_for(
+            lambda _: any(t.startswith("Cancelled job #") for t in texts_of(fake_telegram, 31))
+        )
+        found = await db.jobs.list_for_user(31, limit=5)
+        by_prompt = {str(j.params.get("prompt")): j.status for j in found}
+        assert by_prompt == {
+            "an older fox": jobs.Status.QUEUED,
+            "a newer fox": jobs.Status.CANCELLED,
+        }

@@ -246,7 +246,9 @@ async def test_the_worker_learns_run_times_and_cold_starts_from_comfyui(
     # The first run loaded the model (0.3 s); the next two found it in ComfyUI's cache.
     assert estimate.samples == 3
     assert estimate.run is not None and estimate.run < 0.25
-    assert estimate.cold_extra is not None and 0.25 <= estimate.cold_extra < 2.0
+    # (0.3 s over the warm runs, less whatever a loaded machine adds to those: at least
+    # half of it, where a worker that did not learn cold starts would say nothing.)
+    assert estimate.cold_extra is not None and 0.15 <= estimate.cold_extra < 2.0
 
 
 def test_a_bench_file_that_is_not_results_json_is_refused_naming_the_backend(

@@ -124,20 +124,38 @@ async def _connect(app: Application[Any, Any, Any, Any, Any, Any]) -> None:
     raise failure
 
 
-class _Handled(SimpleUpdateProcessor):
-    """PTB's concurrent handling, telling `handling` when each update's handler ended."""
+class _InOrder(SimpleUpdateProcessor):
+    """PTB's concurrent handling, but one update at a time per chat: "/cancel" sent right
+    after "/f" is handled after it (side by side, it looked for the newest job before the
+    new one was queued and cancelled an older one), while other chats go on. A chat's
+    update waits for its turn before it takes one of the concurrent places. Tells
+    `handling` (when given) when each update's handler ended."""
 
-    __slots__ = ("_handling",)
+    __slots__ = ("_chats", "_handling")
 
-    def __init__(self, max_concurrent_updates: int, handling: updates.Handling) -> None:
+    def __init__(self, max_concurrent_updates: int, handling: updates.Handling | None) -> None:
         super().__init__(max_concurrent_updates)
         self._handling = handling
+        # per chat: its lock and how many of its updates hold or wait for it
+        self._chats: dict[int, tuple[asyncio.Lock, list[int]]] = {}
 
     async def process_update(self, update: object, coroutine: Awaitable[Any]) -> None:
+        chat = update.effective_chat if isinstance(update, Update) else None
         try:
-            await super().process_update(update, coroutine)
+            if chat is None:
+                await super().process_update(update, coroutine)
+                return
+            lock, users = self._chats.setdefault(chat.id, (asyncio.Lock(), [0]))
+            users[0] += 1
+            try:
+                async with lock:  # FIFO: the chat's updates in the order they came
+                    await super().process_update(update, coroutine)
+            finally:
+                users[0] -= 1
+                if not users[0]:
+                    del self._chats[chat.id]
         finally:
-            if isinstance(update, Update):
+            if self._handling is not None and isinstance(update, Update):
                 self._handling.done(update.update_id)
 
 
@@ -179,9 +197,7 @@ def build_application(
         Application.builder()
         .bot(bot)
         .context_types(ContextTypes(context=BotContext))
-        .concurrent_updates(
-            CONCURRENT_UPDATES if handling is None else _Handled(CONCURRENT_UPDATES, handling)
-        )
+        .concurrent_updates(_InOrder(CONCURRENT_UPDATES, handling))
         .build()
     )
     messages = filters.UpdateType.MESSAGE & (
