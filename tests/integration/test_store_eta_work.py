@@ -52,14 +52,20 @@ async def finished_run(
     )
 
 
+async def three_runs(db: database.Database, *, waited: float) -> None:
+    """4 steps of 512x512 in 3 s, 8 of 1024x1024 in 17 s, 4 of 512x512 in 3 s: 1 s fixed,
+    2 s per step and megapixel; each first waited `waited` s in the GPU's queue."""
+    await finished_run(db, 1, 4, 512, waited=waited, ran=3, ago=300)
+    await finished_run(db, 2, 8, 1024, waited=waited, ran=17, ago=200)
+    await finished_run(db, 3, 4, 512, waited=waited, ran=3, ago=100)
+
+
 async def test_a_job_asking_for_more_steps_and_pixels_gets_a_longer_eta(
     db: database.Database,
 ) -> None:
     # 4 steps of 512x512 ran 3 s, 8 steps of 1024x1024 ran 17 s: 1 s fixed, 2 s per step
     # and megapixel. Each waited 30 s in the GPU's queue first: not part of a run.
-    await finished_run(db, 1, 4, 512, waited=30, ran=3, ago=300)
-    await finished_run(db, 2, 8, 1024, waited=30, ran=17, ago=200)
-    await finished_run(db, 3, 4, 512, waited=30, ran=3, ago=100)
+    await three_runs(db, waited=30)
     big = await db.jobs.enqueue(asking(4, 8, 1024))
     wait = await db.jobs.wait(big.id, backends=["gpu0"])
     assert wait is not None and wait.seconds == pytest.approx(17.0, rel=0.05)
@@ -71,9 +77,7 @@ async def test_a_job_asking_for_more_steps_and_pixels_gets_a_longer_eta(
 async def test_a_running_job_still_needs_its_steps_left_at_its_own_pace(
     db: database.Database,
 ) -> None:
-    await finished_run(db, 1, 4, 512, waited=0, ran=3, ago=300)
-    await finished_run(db, 2, 8, 1024, waited=0, ran=17, ago=200)
-    await finished_run(db, 3, 4, 512, waited=0, ran=3, ago=100)
+    await three_runs(db, waited=0)
     await db.jobs.enqueue(asking(4, 8, 1024))
     running = await db.jobs.claim("w")
     assert running is not None
@@ -92,9 +96,7 @@ async def test_a_running_job_still_needs_its_steps_left_at_its_own_pace(
 async def test_a_job_waiting_on_its_gpu_waits_only_for_the_jobs_sent_there_before_it(
     db: database.Database,
 ) -> None:
-    await finished_run(db, 1, 4, 512, waited=0, ran=3, ago=300)
-    await finished_run(db, 2, 8, 1024, waited=0, ran=17, ago=200)
-    await finished_run(db, 3, 4, 512, waited=0, ran=3, ago=100)
+    await three_runs(db, waited=0)
     sent = []
     for user, steps, side in ((4, 8, 1024), (5, 4, 512), (6, 8, 1024)):
         await db.jobs.enqueue(asking(user, steps, side))

@@ -145,7 +145,7 @@ class JobEta(JobReads):
             (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
              _number(step_s))
             for b, c, start, end, size, steps, step_s in row["runs"]
-        )  # fmt: skip
+        )
         last = {run.backend: run.command for run in runs}
         names = list(backends) if backends is not None else list(dict.fromkeys(last))
         size = row["size"]

@@ -18,6 +18,7 @@ traffic through anon's SOCKS port.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 
 # PTB 22 warns whenever it builds a RetryAfter unless time periods are timedeltas; opt in
@@ -131,13 +132,14 @@ class _InOrder(SimpleUpdateProcessor):
     update waits for its turn before it takes one of the concurrent places. Tells
     `handling` (when given) when each update's handler ended."""
 
-    __slots__ = ("_chats", "_handling")
+    __slots__ = ("_handling", "_holding", "_locks")
 
     def __init__(self, max_concurrent_updates: int, handling: updates.Handling | None) -> None:
         super().__init__(max_concurrent_updates)
         self._handling = handling
-        # per chat: its lock and how many of its updates hold or wait for it
-        self._chats: dict[int, tuple[asyncio.Lock, list[int]]] = {}
+        self._locks: dict[int, asyncio.Lock] = {}  # per chat
+        self._holding: collections.Counter[int] = collections.Counter()  # updates holding or
+        # waiting for each chat's lock: the lock goes when none does
 
     async def process_update(self, update: object, coroutine: Awaitable[Any]) -> None:
         chat = update.effective_chat if isinstance(update, Update) else None
@@ -145,15 +147,15 @@ class _InOrder(SimpleUpdateProcessor):
             if chat is None:
                 await super().process_update(update, coroutine)
                 return
-            lock, users = self._chats.setdefault(chat.id, (asyncio.Lock(), [0]))
-            users[0] += 1
+            lock = self._locks.setdefault(chat.id, asyncio.Lock())
+            self._holding[chat.id] += 1
             try:
                 async with lock:  # FIFO: the chat's updates in the order they came
                     await super().process_update(update, coroutine)
             finally:
-                users[0] -= 1
-                if not users[0]:
-                    del self._chats[chat.id]
+                self._holding[chat.id] -= 1
+                if not self._holding[chat.id]:
+                    del self._holding[chat.id], self._locks[chat.id]
         finally:
             if self._handling is not None and isinstance(update, Update):
                 self._handling.done(update.update_id)
