@@ -87,7 +87,10 @@ async def test_table_shows_the_speedup_and_every_file_is_written(
         # Per-node times add up to the server's own execution time.
         assert run.execution_s is not None and run.execution_s > 0
         total = sum(n.seconds for n in run.nodes)
-        assert 0 < total <= run.execution_s + 0.02  # nodes run one after another
+        # Nodes run one after another. The client times them by when events arrive,
+        # which a loaded machine delays, so the bound leaves room for that and no more
+        # (counting a node twice would double the sum).
+        assert 0 < total <= run.execution_s * 1.1 + 0.1
         assert {n.class_type for n in run.nodes} >= {"KSampler", "SaveImage"}
         # Timed by when the progress events arrive, which load moves either way; the
         # arithmetic is checked exactly in tests/unit/test_bench_timing.py.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -92,13 +93,16 @@ async def test_postgres_restarted_twice_under_running_prompts_costs_no_job_and_p
     db = await database.Database.open(url=url, run_migrations=False, max_size=8)
     fakes = [await fake_comfy_factory(step_delay=0.1) for _ in range(2)]
     urls = [f.url for f in fakes]
-    lease = FAST.lease_seconds
+    # A longer lease than FAST's 3 s: with two workers reconnecting on a loaded 2-core
+    # machine, the first renewal after a restart took over 3 s once (the product's is 30 s).
+    options = dataclasses.replace(FAST, lease_seconds=5.0)
+    lease = options.lease_seconds
     sink = _Recorder()
     try:
         queued = [await enqueue(db, prompt=f"job {i}", seed=i, steps=8) for i in range(4)]
         async with (
-            running_worker(db, urls, delivery=[sink]),
-            running_worker(db, urls, delivery=[sink]),
+            running_worker(db, urls, delivery=[sink], options=options),
+            running_worker(db, urls, delivery=[sink], options=options),
         ):
             await wait_status(db, queued[1].id, jobs.Status.SUCCEEDED, timeout=30)
 
