@@ -409,24 +409,41 @@ def _cli(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
 
 def _executions(system: System, rows: list[dict[str, Any]], report: Report) -> None:
     counts: Counter[str] = Counter()
-    lost: set[str] = set()
+    mid_run: set[str] = set()
+    before_fetch: set[str] = set()
     for gpu in system.gpus:
         counts.update(gpu.all_executions())
-        lost |= gpu.lost_mid_run
+        mid_run |= gpu.lost_mid_run
+        before_fetch |= gpu.lost_before_fetch
     report.prompts_run = len(counts)
     report.jobs.update(str(row["status"]) for row in rows)
     for row in rows:
         prompt_id = str(row["id"])
         runs = counts.get(prompt_id, 0)
-        allowed = 2 if prompt_id in lost else 1
+        allowed = 2 if prompt_id in mid_run | before_fetch else 1
         if runs > allowed:
             report.add(
                 "a prompt runs to completion once",
                 None,
-                f"job {prompt_id} ran {runs} times ({row['status']})",
+                f"job {prompt_id} ran {runs} times ({row['status']}); "
+                f"{_gpu_story(system, prompt_id)}",
             )
-        elif runs == 2:
+        elif runs == 2 and prompt_id in mid_run:
             report.notes["prompts run again after their GPU lost its queue mid-run"] += 1
+        elif runs == 2:
+            report.notes["prompts run again after their GPU restarted before the images "
+                         "were fetched (a download held up, then the GPU crashed)"] += 1
+
+
+def _gpu_story(system: System, prompt_id: str) -> str:
+    """Where a prompt ran, to replay a violation: runs per GPU and any losses seen."""
+    parts = []
+    for gpu in system.gpus:
+        runs = gpu.all_executions().get(prompt_id, 0)
+        if runs:
+            posted = sum(1 for p in gpu.fake.prompts if p.get("prompt_id") == prompt_id)
+            parts.append(f"{gpu.name}: {runs} run(s), {posted} post(s)")
+    return ", ".join(parts) or "no GPU ran it"
 
 
 async def _leftovers(system: System, history: History, report: Report) -> None:

@@ -148,6 +148,10 @@ class Gpu:
     fake: FakeComfyUI
     executions: Counter[str] = dataclasses.field(default_factory=Counter)
     lost_mid_run: set[str] = dataclasses.field(default_factory=set)
+    # Prompts that had run but whose images were not fetched yet (their history entry, which
+    # the product deletes once the result is home, was still there): a restart empties
+    # temp/ and the history, so the product must run them again.
+    lost_before_fetch: set[str] = dataclasses.field(default_factory=set)
 
     def collect(self) -> None:
         """Move the fake's counts into ours before a restart forgets them."""
@@ -157,15 +161,18 @@ class Gpu:
     def all_executions(self) -> Counter[str]:
         return self.executions + self.fake.executions
 
-    async def crash(self) -> None:
+    def _note_losses(self) -> None:
         if self.fake.running is not None:
             self.lost_mid_run.add(self.fake.running.prompt_id)
+        self.lost_before_fetch.update(self.fake.history_entries)
+
+    async def crash(self) -> None:
+        self._note_losses()
         self.collect()
         await self.fake.kill()
 
     async def stop(self) -> None:
-        if self.fake.running is not None:
-            self.lost_mid_run.add(self.fake.running.prompt_id)
+        self._note_losses()
         self.collect()
         await self.fake.stop()
 

@@ -314,7 +314,11 @@ class FakeComfyUI:
                               client_max_size=int(self.max_upload_size))
         for prefix in ("", "/api"):
             self._routes(app, prefix)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # A ComfyUI that is stopped or dies does not finish the requests it was answering
+        # (aiohttp's default waits up to 60 s for them): a download held up at a crash ends
+        # with the crash, not a minute later.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()

@@ -146,6 +146,26 @@ async def test_the_gpu_takes_the_next_job_while_a_result_is_still_downloading(
             await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=10)
 
 
+async def test_a_gpu_restarted_before_its_result_was_fetched_runs_the_prompt_once_more(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """With the defaults (no trace): a result still downloading when its GPU crashes is
+    gone with the server's temp folder and history, so the prompt runs there once more
+    and the user still gets one result (the chaos hour's nine "double runs")."""
+    fake = await fake_comfy_factory(step_delay=0.05)
+    fake.view_gate = asyncio.Event()  # the download hangs, as over a stalled circuit
+    job = await enqueue(db, prompt="a heron")
+    async with running_worker(db, [fake.url]):
+        await wait_for(lambda: _true(str(job.id) in fake.history_entries), timeout=20)
+        assert (await db.jobs.get(job.id)).status is jobs.Status.RUNNING
+        await fake.restart()  # empty temp/, history and queue, as ComfyUI comes back
+        fake.view_gate.set()
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+    assert fake.executions[str(job.id)] == 2
+    assert len(await db.jobs.outputs(job.id)) == 1 and done.error is None
+    assert str(job.id) not in fake.history_entries  # struck out once the result was home
+
+
 async def _true(value: bool) -> bool:
     return value
 
