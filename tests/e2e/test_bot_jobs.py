@@ -145,6 +145,31 @@ async def test_job_commands_in_a_group_show_only_that_groups_jobs(
         assert "my secret diary" in private and "a cat for everyone" in private
 
 
+async def test_a_request_whose_status_message_failed_hears_it_was_cancelled(
+    fake_telegram: FakeTelegram, fake_comfy, db
+) -> None:
+    """The Bot API failed the status message (a 500), so a /cancel finds no message to turn
+    into "Cancelled.": the request gets the sentence in a reply of its own, not only the
+    /cancel's answer naming a job id its user never saw, and no status message comes after."""
+    async with running_bot(fake_telegram, db, [fake_comfy], worker=False) as stack:
+        fake_telegram.fail_next("sendMessage", 500, "Internal Server Error")
+        request = stack.send(32, f"/f a fox {SMALL}")
+        await fake_telegram.wait_for(
+            lambda calls: any(c.method == "sendMessage" and not c.ok for c in calls)
+        )
+        stack.send(32, "/cancel")
+        await fake_telegram.wait_for(
+            lambda _: any(t.startswith("Cancelled job #") for t in texts_of(fake_telegram, 32))
+        )
+        await asyncio.sleep(3.0)  # past the status message's second try (2 s)
+        answers = [
+            m["text"] for m in fake_telegram.bot_messages(32)
+            if (m.get("reply_to_message") or {}).get("message_id") == request["message_id"]
+        ]
+        assert answers == ["Cancelled."]
+        assert not any(t.startswith("Queued") for t in texts_of(fake_telegram, 32))
+
+
 async def test_a_cancel_sent_right_after_a_request_cancels_that_request_not_an_older_one(
     fake_telegram: FakeTelegram, fake_comfy, db
 ) -> None:

@@ -294,7 +294,13 @@ async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
     if result is None:
         raise errors.UsageError(_("That job is no longer there."))
     if result.status is jobs.Status.CANCELLED:
-        # Never claimed by a worker, so no worker will deliver it: end it here.
+        # Never claimed by a worker, so no worker will deliver it: end it here. With no
+        # status message to turn into "Cancelled." (its post failed or was put off), the
+        # request gets the sentence in a reply: an answer to /cancel alone names a job id
+        # its user never saw.
+        if services.tracker.status_message(result) is None:
+            reply_to = result.request_message_id or services.origins.get(result.id, (None,))[0]
+            await services.tracker.say_ending(result, reply_to)
         await services.tracker.finish(result)
         await services.db.jobs.record_delivery(result.id, "telegram", {"cancelled_by": "user"})
         return _(CANCEL_DONE).format(id=short)

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,30 @@ FINISHED_MEMORY = 4096  # finished jobs remembered, so a second finish() does no
 # Telegram allows a bot about 30 messages a second in all; status edits may use a third of
 # that, so results and replies always find room however many jobs wait.
 EDITS_PER_SECOND = 10.0
+
+
+async def _said_for_sure(call: Callable[[], Awaitable[object]]) -> None:
+    """A job's one ending sentence, sent or edited: a 5xx, a time-out or a lost connection
+    is tried again, as a rate limit is; a refusal (the message gone, the text already
+    there) or the last failure is logged and given up."""
+    for delay in (*FINAL_EDIT_RETRY_DELAYS, None):
+        try:
+            await call()
+            return
+        except BadRequest as exc:
+            logger.debug("status message not changed: %s", exc.message)
+            return
+        except RetryAfter as exc:
+            failure, wait = "RetryAfter", retry_seconds(exc)
+        except NetworkError as exc:
+            failure, wait = type(exc).__name__, delay or 0.0
+        except TelegramError as exc:
+            logger.info("status message not finished: %s", type(exc).__name__)
+            return
+        if delay is None:
+            logger.info("status message not finished: %s", failure)
+            return
+        await asyncio.sleep(wait)
 
 
 def retry_seconds(exc: RetryAfter) -> float:
@@ -123,6 +147,9 @@ class StatusTracker:
         self._finished: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
         # jobs whose end reached `finish`, message or not: a status post due later skips them
         self._ended: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
+        # jobs whose ending was said in a reply of its own (`say_ending`): a status message
+        # posted after that (a post in flight) is removed, not made a second ending
+        self._said: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(MAX_CONCURRENT_REFRESH)
         self._tasks: list[asyncio.Task[None]] = []
@@ -342,7 +369,7 @@ class StatusTracker:
         with i18n.using(await self._language(job)):
             text = final_text(job, detail=self.is_admin(job.user_id))
         self._languages.pop(job.id, None)
-        if job.status is jobs.Status.SUCCEEDED:
+        if job.status is jobs.Status.SUCCEEDED or job.id in self._said:
             try:
                 await self.bot.delete_message(job.chat_id, message_id)
                 return
@@ -354,29 +381,31 @@ class StatusTracker:
                 # Refused even after the rate limiter's retries: rather than keep trying
                 # while the status stays above the result, mark it done at the next chance.
                 await asyncio.sleep(retry_seconds(exc))
-        # The last edit is a failed or cancelled job's one sentence: a 5xx, a time-out or
-        # a lost connection is tried again, as a rate limit is.
-        for delay in (*FINAL_EDIT_RETRY_DELAYS, None):
-            try:
-                await self.bot.edit_message_text(
-                    text, chat_id=job.chat_id, message_id=message_id, parse_mode=ParseMode.HTML,
-                )
-                return
-            except BadRequest as exc:
-                # Gone (the user deleted it) or already showing this: nothing left to do.
-                logger.debug("status message not changed: %s", exc.message)
-                return
-            except RetryAfter as exc:
-                failure, wait = "RetryAfter", retry_seconds(exc)
-            except NetworkError as exc:
-                failure, wait = type(exc).__name__, delay or 0.0
-            except TelegramError as exc:
-                logger.info("status message not finished: %s", type(exc).__name__)
-                return
-            if delay is None:
-                logger.info("status message not finished: %s", failure)
-                return
-            await asyncio.sleep(wait)
+        # The last edit is a failed or cancelled job's one sentence.
+        await _said_for_sure(lambda: self.bot.edit_message_text(
+            text, chat_id=job.chat_id, message_id=message_id, parse_mode=ParseMode.HTML,
+        ))
+
+    def status_message(self, job: jobs.Job) -> int | None:
+        """The status message `job` has here or on record; None when none was posted (its
+        post failed, waits for room, or was lost with the process that was to make it)."""
+        tracked = self._tracked.get(job.id)
+        return job.status_message_id or (tracked.message_id if tracked else None)
+
+    async def say_ending(self, job: jobs.Job, reply_to: int | None) -> None:
+        """Say a finished job's ending in a reply to the message that asked for it: the
+        job has no status message to turn into it, and the request must not be left with no
+        answer of its own. A status message posted after this is removed."""
+        self._said[job.id] = None
+        while len(self._said) > FINISHED_MEMORY:
+            self._said.popitem(last=False)
+        with i18n.using(await self._language(job)):
+            text = final_text(job, detail=self.is_admin(job.user_id))
+        reply = (ReplyParameters(reply_to, allow_sending_without_reply=True)
+                 if reply_to is not None else None)
+        await _said_for_sure(lambda: self.bot.send_message(
+            job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+        ))
 
     # --- loops ----------------------------------------------------------------------
 
