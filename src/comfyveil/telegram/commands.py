@@ -273,6 +273,9 @@ async def cancel(update: Update, context: BotContext, who: access.Who, text: str
     await replies.reply(update, await cancel_job(services, who, job))
 
 
+ENDING_CLAIMER = "chat-cancel"  # who holds a delivery claim while /cancel says the ending
+ENDING_CLAIM_SECONDS = 120.0  # longer than the sentence's retries through Bot API failures
+
 NOT_AN_ID = N_("{ref} is not a job id: write # and the id {status} shows, such as {example}.")
 NO_SUCH_JOB = N_("None of your jobs has the id {id}; {status} lists yours.")
 CANCEL_ENDED = N_("Job {id} has already ended.")
@@ -298,9 +301,20 @@ async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
         # status message to turn into "Cancelled." (its post failed or was put off), the
         # request gets the sentence in a reply: an answer to /cancel alone names a job id
         # its user never saw.
+        # The delivery is claimed first: the worker in this process hears the job ended
+        # and would say it too (its sink answers an ending with no status message so).
         if services.tracker.status_message(result) is None:
-            reply_to = result.request_message_id or services.origins.get(result.id, (None,))[0]
-            await services.tracker.say_ending(result, reply_to)
+            if await services.db.jobs.claim_delivery(
+                result.id, "telegram", ENDING_CLAIMER, seconds=ENDING_CLAIM_SECONDS
+            ):
+                reply_to = (result.request_message_id
+                            or services.origins.get(result.id, (None,))[0])
+                await services.tracker.say_ending(result, reply_to)
+                await services.tracker.finish(result)  # a status post due later is dropped
+                await services.db.jobs.record_delivery(
+                    result.id, "telegram", {"cancelled_by": "user"}
+                )
+            return _(CANCEL_DONE).format(id=short)
         await services.tracker.finish(result)
         await services.db.jobs.record_delivery(result.id, "telegram", {"cancelled_by": "user"})
         return _(CANCEL_DONE).format(id=short)
