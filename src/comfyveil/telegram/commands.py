@@ -300,21 +300,16 @@ async def cancel_job(services: Services, who: access.Who, job: jobs.Job) -> str:
         # Never claimed by a worker, so no worker will deliver it: end it here. With no
         # status message to turn into "Cancelled." (its post failed or was put off), the
         # request gets the sentence in a reply: an answer to /cancel alone names a job id
-        # its user never saw.
-        # The delivery is claimed first: the worker in this process hears the job ended
-        # and would say it too (its sink answers an ending with no status message so).
+        # its user never saw. The delivery is claimed first: the worker in this process
+        # hears the job ended and its sink would say it too (it answers an ending with no
+        # status message so); when it holds the claim, it says it.
         if services.tracker.status_message(result) is None:
-            if await services.db.jobs.claim_delivery(
+            if not await services.db.jobs.claim_delivery(
                 result.id, "telegram", ENDING_CLAIMER, seconds=ENDING_CLAIM_SECONDS
             ):
-                reply_to = (result.request_message_id
-                            or services.origins.get(result.id, (None,))[0])
-                await services.tracker.say_ending(result, reply_to)
-                await services.tracker.finish(result)  # a status post due later is dropped
-                await services.db.jobs.record_delivery(
-                    result.id, "telegram", {"cancelled_by": "user"}
-                )
-            return _(CANCEL_DONE).format(id=short)
+                return _(CANCEL_DONE).format(id=short)
+            reply_to = result.request_message_id or services.origins.get(result.id, (None,))[0]
+            await services.tracker.say_ending(result, reply_to)
         await services.tracker.finish(result)
         await services.db.jobs.record_delivery(result.id, "telegram", {"cancelled_by": "user"})
         return _(CANCEL_DONE).format(id=short)

@@ -54,6 +54,13 @@ FINISHED_MEMORY = 4096  # finished jobs remembered, so a second finish() does no
 EDITS_PER_SECOND = 10.0
 
 
+def _answering(message_id: int | None) -> ReplyParameters | None:
+    """A reply to the message that asked (still sent if its user deleted it meanwhile)."""
+    if message_id is None:
+        return None
+    return ReplyParameters(message_id, allow_sending_without_reply=True)
+
+
 async def _said_for_sure(call: Callable[[], Awaitable[object]]) -> None:
     """A job's one ending sentence, sent or edited: a 5xx, a time-out or a lost connection
     is tried again, as a rate limit is; a refusal (the message gone, the text already
@@ -190,13 +197,10 @@ class StatusTracker:
         current language is the user's: the job's status speaks it from now on."""
         self._remember_language(job.id, i18n.current())
         text = await self.text_for(job)
-        reply = (
-            ReplyParameters(reply_to, allow_sending_without_reply=True)
-            if reply_to is not None else None
-        )
         try:
             message = await self.bot.send_message(
-                job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+                job.chat_id, text, parse_mode=ParseMode.HTML,
+                reply_parameters=_answering(reply_to),
                 reply_markup=cancel_keyboard(job), rate_limit_args=limits.SHED,
             )
         except limits.Shed:
@@ -401,10 +405,8 @@ class StatusTracker:
             self._said.popitem(last=False)
         with i18n.using(await self._language(job)):
             text = final_text(job, detail=self.is_admin(job.user_id))
-        reply = (ReplyParameters(reply_to, allow_sending_without_reply=True)
-                 if reply_to is not None else None)
         await _said_for_sure(lambda: self.bot.send_message(
-            job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=reply,
+            job.chat_id, text, parse_mode=ParseMode.HTML, reply_parameters=_answering(reply_to),
         ))
 
     # --- loops ----------------------------------------------------------------------
