@@ -96,5 +96,8 @@ async def test_the_chat_and_the_web_page_say_the_same_place_and_eta(
     # Both GPUs are busy with jobs past their 10 s estimate, not taken as nearly done:
     # half as long again as they ran (15 s and 20 s). The job ahead takes the first free
     # (done at 25 s), this one the other: 30 s, not "0 s" nor 10 s.
-    assert web_eta[1] == chat_eta[1] == "30", (page, chat)
+    # The two are read a moment apart, and the running jobs' overrun grows meanwhile: on a
+    # loaded machine the later read may say one second more.
+    assert abs(int(web_eta[1]) - int(chat_eta[1])) <= 1, (page, chat)
+    assert 29 <= int(web_eta[1]) <= 32 and 29 <= int(chat_eta[1]) <= 32, (page, chat)
     assert ahead.status is jobs.Status.QUEUED
