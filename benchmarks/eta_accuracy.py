@@ -12,7 +12,8 @@ in arrival order through the real pool (routing "finish"), the fakes real HTTP a
 WebSocket on 127.0.0.1. The database is left out: the queue state each ETA needs is kept
 here as the store holds it (the jobs queued; those claimed, waiting for a GPU; those on a
 backend, since ComfyUI started them, with their progress: steps done and a step's
-seconds, as the worker records them; the finished runs, from ComfyUI's start to result).
+seconds, as the worker records them; the finished runs, from ComfyUI's start to result,
+with whether each loaded models and the seconds its loaders took, as the worker keeps them).
 
 ETAs compared, each from the same state at the same moment:
 
@@ -75,7 +76,7 @@ sys.path.insert(0, str(ROOT))  # tests.fakes
 from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 
 from comfyveil import config  # noqa: E402
-from comfyveil.comfy import events, execute, pool, workflow  # noqa: E402
+from comfyveil.comfy import events, execute, pool, routing, workflow  # noqa: E402
 from comfyveil.store import eta  # noqa: E402
 
 TARGET_MAE = 0.25
@@ -132,10 +133,10 @@ class State:
     queued: deque[int] = field(default_factory=deque)  # in claim order
     claimed: dict[int, float] = field(default_factory=dict)  # waiting for a GPU: since
     on_gpu: dict[int, OnGpu] = field(default_factory=dict)
-    # finished: (backend, command, started, finished, work, steps, step_s)
-    spans: list[tuple[str, str, float, float, float, int, float | None]] = field(
-        default_factory=list
-    )
+    # finished: (backend, command, started, finished, work, steps, step_s, cold, load)
+    spans: list[
+        tuple[str, str, float, float, float, int, float | None, bool | None, float | None]
+    ] = field(default_factory=list)
 
 
 def old_eta(state: State, asks: list[Ask], index: int, parallel: int) -> float | None:
@@ -399,9 +400,13 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                 del state.on_gpu[index]
                 done[index] = now()
                 began = gpu.started if gpu.started is not None else done[index]
+                # as the worker keeps it with the job: models loaded or not, their seconds
+                ran = routing.measured(slot.workflow, outcome.result.timings)
+                load = ran.get("load_s")
                 state.spans.append(
-                    (gpu.backend, ask.command, began, done[index], ask.work, ask.steps, gpu.step_s)
-                )
+                    (gpu.backend, ask.command, began, done[index], ask.work, ask.steps,
+                     gpu.step_s, ran.get("cold"), None if load is None else load / scale)
+                )  # fmt: skip
 
             async def dispatch() -> None:
                 for _ in range(jobs):

@@ -251,6 +251,28 @@ async def test_the_worker_learns_run_times_and_cold_starts_from_comfyui(
     assert estimate.cold_extra is not None and 0.15 <= estimate.cold_extra < 2.0
 
 
+async def test_the_runs_kept_say_which_loaded_models_and_the_eta_leaves_the_load_out(
+    db, fake_comfy_factory
+) -> None:
+    # The ETA every front end shows learns from the runs the database keeps: a GPU's
+    # first run, which loaded the models, must not read as a slow warm run there.
+    fake = await fake_comfy_factory(delays={"UNETLoader": 0.3})
+    async with running_worker(db, [fake.url]):
+        first = await enqueue(db, prompt="a red fox")
+        ran = await wait_status(db, first.id, jobs.Status.SUCCEEDED)
+    assert ran.progress["cold"] is True and 0.3 <= ran.progress["load_s"] < 2.0
+    next_one = await enqueue(db, prompt="a blue fox")
+    wait = await db.jobs.wait(next_one.id, backends=["gpu0"])
+    assert ran.executing_at is not None and ran.finished_at is not None
+    run_s = (ran.finished_at - ran.executing_at).total_seconds()
+    # The model stays loaded on gpu0: the next run costs the first one less its load.
+    assert wait.seconds is not None
+    assert wait.seconds == pytest.approx(run_s - ran.progress["load_s"], abs=0.05)
+    async with running_worker(db, [fake.url]):
+        warm = await wait_status(db, next_one.id, jobs.Status.SUCCEEDED)
+    assert warm.progress["cold"] is False and warm.progress["load_s"] is None
+
+
 def test_a_bench_file_that_is_not_results_json_is_refused_naming_the_backend(
     tmp_path: Path,
 ) -> None:

@@ -118,6 +118,22 @@ def test_a_run_starts_when_the_one_before_it_on_its_backend_ended() -> None:
     ]
 
 
+def test_a_run_comfyui_timed_loading_models_is_not_taken_for_a_slow_warm_one() -> None:
+    # gpu0's only run of /f took 45 s, 35 of them in its loaders (the worker kept
+    # ComfyUI's timings); then /sd ran there with /f's models still loaded (both fit).
+    runs = eta.runs_from(
+        [
+            ("gpu0", "f", 0.0, 45.0, 1.0, None, None, True, 35.0),
+            ("gpu0", "sd", 45.0, 53.0, 1.0, None, None, False, None),
+        ]
+    )
+    model = eta.estimator_from(runs)
+    assert model.run_seconds("gpu0", "f") == pytest.approx(10.0)
+    assert model.cold_seconds("gpu0", "f") == pytest.approx(35.0)
+    assert model.run_seconds("gpu0", "sd") == pytest.approx(8.0)  # no switch taken off
+    assert model.switch_share == pytest.approx(0.5)  # one of the two loaded models
+
+
 def test_the_estimate_grows_with_the_steps_and_pixels_asked_for() -> None:
     # /f at 4 steps of 512x512 (a step per quarter megapixel: 1 unit of work) took 5 s,
     # at 8 steps of 1024x1024 (8 units) 33 s: 1 s fixed and 4 s per unit.

@@ -80,10 +80,11 @@ class Run:
 
 
 def runs_from(spans: Iterable[Sequence[Any]]) -> list[Run]:
-    """Runs from (backend, command, started, finished[, work, steps, step_s]) spans (any
-    clock, in seconds), oldest first. A run may have waited on its backend behind another
-    (`max_waiting`) when its start is not ComfyUI's own: it starts, at the latest, when
-    the one before it there finished."""
+    """Runs from (backend, command, started, finished[, work, steps, step_s, cold, load])
+    spans (any clock, in seconds), oldest first; `cold` and `load` as the worker measured
+    them (`routing.measured`), None when not known. A run may have waited on its backend
+    behind another (`max_waiting`) when its start is not ComfyUI's own: it starts, at the
+    latest, when the one before it there finished."""
     runs: list[Run] = []
     last_end: dict[str, float] = {}
     for span in sorted(spans, key=lambda s: s[3]):
@@ -91,10 +92,20 @@ def runs_from(spans: Iterable[Sequence[Any]]) -> list[Run]:
         work = float(span[4]) if len(span) > 4 and span[4] else 1.0
         steps = int(span[5]) if len(span) > 5 and span[5] else None
         step_s = float(span[6]) if len(span) > 6 and span[6] else None
+        cold = span[7] if len(span) > 7 and isinstance(span[7], bool) else None
+        load = _seconds(span[8]) if cold and len(span) > 8 else None
         begun = max(started, last_end.get(backend, started))
         last_end[backend] = finished
-        runs.append(Run(backend, command, max(0.0, finished - begun), work, steps, step_s))
+        runs.append(
+            Run(backend, command, max(0.0, finished - begun), work, steps, step_s, cold, load)
+        )
     return runs
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

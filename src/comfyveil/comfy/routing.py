@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from comfyveil.comfy import costs, template
+from comfyveil.comfy import costs, results, template
 
 RECENT = 50  # runs of each workflow the model is fitted to: as many as the ETA reads
 # A backend expected to finish a job first may hold this many times its slots; the bound
@@ -273,3 +273,13 @@ def load_seconds(
     if not loaded:
         return None
     return sum(node_ms.get(node, 0.0) for node in loaded) / 1000.0
+
+
+def measured(wf: template.Workflow, timings: results.Timings) -> dict[str, Any]:
+    """What a finished run tells the ETA's cost model, kept with its job (`costs.Run`'s
+    `cold` and `load`): whether it loaded models and the seconds its loaders took, as
+    the pool learns them; empty when ComfyUI's timings of it are not known."""
+    if timings.duration_ms is None:
+        return {}
+    load = load_seconds(wf, timings.cached_nodes, timings.node_ms)
+    return {"cold": load is not None, "load_s": None if load is None else round(load, 3)}

@@ -143,8 +143,8 @@ class JobEta(JobReads):
         ]
         runs = eta_mod.runs_from(
             (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
-             _number(step_s))
-            for b, c, start, end, size, steps, step_s in row["runs"]
+             _number(step_s), cold, load)
+            for b, c, start, end, size, steps, step_s, cold, load in row["runs"]
         )
         last = {run.backend: run.command for run in runs}
         names = list(backends) if backends is not None else list(dict.fromkeys(last))

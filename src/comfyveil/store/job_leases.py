@@ -162,12 +162,13 @@ class JobLeases(JobReads):
 
     async def complete(
         self, job: Job, outputs: Sequence[Output] = (), *, claim_for: Sequence[str] = (),
-        claim_seconds: float = 0.0,
+        claim_seconds: float = 0.0, run: Mapping[str, Any] | None = None,
     ) -> Job:
         """Mark the job succeeded, store its outputs, and make them the chat's last result.
 
         `claim_for` names sinks whose delivery this worker claims at the same time, for
-        `claim_seconds` (as `claim_delivery` would, one statement sooner).
+        `claim_seconds` (as `claim_delivery` would, one statement sooner). `run`: what
+        its run measured (`comfy.routing.measured`), kept with its progress for the ETA.
 
         Raises:
             LeaseLost: this worker no longer holds the job; nothing was stored.
@@ -180,7 +181,7 @@ class JobLeases(JobReads):
             "complete_job", job_id=job.id, worker_id=job.lease_owner,
             filenames=[o.filename for o in outputs], kinds=[o.kind for o in outputs],
             mimes=[o.mime for o in outputs], datas=[o.data for o in outputs], refs=Jsonb(refs),
-            sinks=list(claim_for), claim_seconds=claim_seconds,
+            sinks=list(claim_for), claim_seconds=claim_seconds, run=Jsonb(dict(run or {})),
         )
         if row is None:
             raise errors.LeaseLost()

@@ -98,12 +98,14 @@ FROM updated;
 -- complete_job --
 -- Mark a running job succeeded, store its outputs, make them the chat's last result and
 -- claim its delivery to the worker's sinks, in one statement (one round trip, all or
--- nothing; the statement is in migration 0006); its input images stay until the retention
--- purge so a re-roll of an edit can use them again. No row: the lease was lost
+-- nothing; the statement is in migration 0028), and keep in its progress what its run
+-- measured (`run`: whether it loaded models, and their seconds: the ETA's cost model reads
+-- them with the runs); its input images stay until the retention purge so a re-roll of an
+-- edit can use them again. No row: the lease was lost
 SELECT * FROM comfyveil_complete_job(
     %(job_id)s::uuid, %(worker_id)s::text, %(filenames)s::text[], %(kinds)s::text[],
     %(mimes)s::text[], %(datas)s::bytea[], %(refs)s::jsonb, %(sinks)s::text[],
-    %(claim_seconds)s::float8
+    %(claim_seconds)s::float8, %(run)s::jsonb
 );
 
 -- fail_job --
@@ -937,7 +939,8 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
                             r.backend, c.command,
                             extract(epoch FROM coalesce(r.executing_at, r.started_at))::float8,
                             extract(epoch FROM r.finished_at)::float8,
-                            r.size, r.progress->'max', r.progress->'step_s')
+                            r.size, r.progress->'max', r.progress->'step_s',
+                            r.progress->'cold', r.progress->'load_s')
                                  ORDER BY r.finished_at)
                  FROM (SELECT command FROM mine UNION SELECT command FROM ahead
                        UNION SELECT command FROM on_gpus) c

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from comfyveil.comfy import errors as comfy_errors
-from comfyveil.comfy import execute, notrace, pool, uploads, workflow
+from comfyveil.comfy import execute, notrace, pool, routing, uploads, workflow
 from comfyveil.errors import UsageError
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
@@ -383,6 +383,7 @@ class JobRunner:
         )
         if slot is not None and not attach:  # a re-attached run's start is not ours to time
             self.pool.learn(slot, outcome.result.timings)
+            running.measured = routing.measured(wf, outcome.result.timings)
         return outcome
 
     async def _release_slot(self, running: Running) -> None:

@@ -37,6 +37,9 @@ class Running:
     # The sampler's first progress tick seen (node, value, monotonic time): its pace so far
     # tells the ETA what the steps left still need.
     steps_from: tuple[str | None, float, float] | None = None
+    # What its run measured (`routing.measured`: models loaded, their seconds), kept with
+    # the job when it succeeds: the ETA learns what runs cost from the runs kept.
+    measured: dict[str, Any] = field(default_factory=dict)
     # What the job left on its backend (no trace), removed once its final status is
     # written: until then a successor can still fetch its images.
     cleanup: list[execute.Cleanup] = field(default_factory=list)

@@ -81,6 +81,7 @@ class Settling:
             outputs,
             claim_for=[sink.name for sink in self.sinks],
             claim_seconds=DELIVERY_CLAIM_SECONDS,
+            run=running.measured,
         )
 
     async def _fail(
