@@ -33,12 +33,13 @@ async def finished_run(
     waited: float,
     ran: float,
     ago: float,
+    backend: str = "gpu0",
 ) -> None:
-    """A run of /f on gpu0 that waited `waited` s in the GPU's queue, then ran `ran` s."""
+    """A run of /f on `backend` that waited `waited` s in the GPU's queue, then ran `ran` s."""
     await db.jobs.enqueue(asking(user, steps, side))
     claimed = await db.jobs.claim("w")
     assert claimed is not None
-    claimed = await db.jobs.mark_submitted(claimed, "gpu0")
+    claimed = await db.jobs.mark_submitted(claimed, backend)
     await db.jobs.complete(claimed)
     await sql(
         db,
@@ -109,3 +110,34 @@ async def test_a_job_waiting_on_its_gpu_waits_only_for_the_jobs_sent_there_befor
     # ours waits behind it in ComfyUI's queue: 16 + 3 s, not 16 + 17 + 3.
     wait = await db.jobs.wait(mine.id, backends=["gpu0"])
     assert wait is not None and wait.seconds == pytest.approx(16.0 + 3.0, rel=0.05)
+
+
+async def test_a_queued_job_with_jobs_behind_it_is_counted_on_the_free_gpu_the_pool_takes(
+    db: database.Database,
+) -> None:
+    # gpu0 runs /f in 2 s and holds two jobs (1 s and 2 s left); gpu1, free, takes 10 s.
+    # Alone in the queue, ours waits for gpu0 (done in 1 + 2 + 2 s); with a job queued
+    # behind it, the pool sends it to the free gpu1 at once (10 s): a GPU left idle while
+    # work waits costs more than ours gains by waiting. The ETA must follow the pool.
+    for user, backend, ran, ago in ((1, "gpu1", 10, 400), (2, "gpu0", 2, 300),
+                                    (3, "gpu1", 10, 200), (4, "gpu0", 2, 100)):  # fmt: skip
+        await finished_run(db, user, 4, 512, waited=0, ran=ran, ago=ago, backend=backend)
+    on_gpu0 = []
+    for user in (5, 6):
+        await db.jobs.enqueue(asking(user, 4, 512))
+        claimed = await db.jobs.claim("w")
+        assert claimed is not None
+        on_gpu0.append(await db.jobs.mark_submitted(claimed, "gpu0"))
+    await db.jobs.record_progress(
+        on_gpu0[0],
+        {"state": "running", "backend": "gpu0", "value": 2, "max": 4, "step_s": 0.5},
+        executing_for=1.0,
+    )
+    mine = await db.jobs.enqueue(asking(7, 4, 512))
+    alone = await db.jobs.wait(mine.id, backends=["gpu0", "gpu1"])
+    assert alone is not None and alone.backend == "gpu0"
+    assert alone.seconds == pytest.approx(1.0 + 2.0 + 2.0, abs=0.5)
+    await db.jobs.enqueue(asking(8, 4, 512))
+    followed = await db.jobs.wait(mine.id, backends=["gpu0", "gpu1"])
+    assert followed is not None and followed.backend == "gpu1"
+    assert followed.seconds == pytest.approx(10.0, abs=0.5)

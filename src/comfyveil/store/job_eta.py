@@ -163,6 +163,7 @@ class JobEta(JobReads):
             steps=_count(row["steps"]) or eta_mod.steps_of(size),
             done=_number(row["done"]) if elapsed is not None else None,
             step_s=_number(row["step_s"]) if elapsed is not None else None,
+            behind=int(row["behind_count"]),
         )
         if not row["queued"]:  # only queued jobs have a place in the queue
             return eta_mod.Wait(found.seconds, 0, found.running, {}, found.backend)

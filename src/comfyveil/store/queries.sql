@@ -909,6 +909,11 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
        m.steps, m.step_s,
        EXISTS (SELECT 1 FROM me) AS queued,
        (SELECT count(*) FROM ahead)::int AS ahead_count,
+       -- queued after ours, or on other GPUs only: the pool's rule sends a job with work
+       -- waiting behind it to a free GPU rather than wait for a busy one
+       CASE WHEN EXISTS (SELECT 1 FROM me)
+            THEN (SELECT count(*) FROM queued)::int - 1 - (SELECT count(*) FROM ahead)::int
+            ELSE 0 END AS behind_count,
        -- the sizes of the first 2000 only (those the ETA looks at one by one)
        coalesce((SELECT json_agg(json_build_array(
                             a.command, a.backends, a.id,
