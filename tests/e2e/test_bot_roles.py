@@ -262,3 +262,16 @@ async def test_admins_have_no_limits_and_users_and_quota_say_so(
             f"User {ADMIN} may run 50 jobs a day. Admins have no limits: {ADMIN}'s quota "
             "applies once they are no longer an admin."
         )
+
+
+async def test_a_command_menu_telegram_refused_at_start_neither_stops_the_bot_nor_stays_unset(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database
+) -> None:
+    # The menu is a courtesy: a 500 on setMyCommands as the bot starts used to end
+    # `comfyveil run`, web front end and worker with it.
+    fake_telegram.fail_next("setMyCommands", 500, "Internal Server Error")
+    async with running_bot(fake_telegram, db, [fake_comfy]) as stack:
+        stack.send(50, "/help")
+        assert "/f" in await stack.reply_text(50)
+        await fake_telegram.wait_for(lambda _: "f" in _menu(fake_telegram, '"default"'),
+                                     timeout=30)

@@ -281,6 +281,60 @@ async def test_a_service_whose_poll_is_taken_by_another_keeps_its_web_front_end_
                 await proc.wait()
 
 
+async def test_telegram_down_at_start_leaves_the_web_front_end_up_and_the_bot_starts_later(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
+) -> None:
+    """The Bot API answers 500 as the service starts: the web front end and worker serve
+    at once (they used to go down with the bot), and the bot starts when Telegram
+    answers, with nothing lost: a message sent meanwhile is answered."""
+    import re
+
+    import aiohttp
+
+    conf = tmp_path / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
+        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
+        '[web]\nport = 0\n'
+    )
+    fake_telegram.fail_next("getMe", 500, "Internal Server Error")
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as err_file:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+            env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+            stdout=asyncio.subprocess.PIPE, stderr=err_file,
+        )
+    try:
+        assert proc.stdout is not None
+        lines: list[bytes] = []
+        while not lines or b"is running" not in lines[-1]:
+            lines.append(await asyncio.wait_for(proc.stdout.readline(), 60))
+            assert lines[-1], errors.read_text()[-2000:]  # it did not exit
+            if b"web front end at" in lines[-1]:
+                found = re.search(rb"(http://\S+)", lines[-1])
+                assert found
+                async with aiohttp.ClientSession() as session, session.get(
+                    found.group(1).decode() + "/login"
+                ) as response:
+                    assert response.status == 200
+                fake_telegram.user_sends(64, "/help")  # waits at Telegram meanwhile
+        assert any(b"web front end at" in line for line in lines[:-1])  # served first
+        assert "comfyveil: the Telegram Bot API cannot be reached" in errors.read_text()
+        await fake_telegram.wait_for_call("sendMessage", chat_id=64, timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        assert "Traceback" not in errors.read_text()
+        assert fake_telegram.token not in errors.read_text()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def test_run_says_at_start_which_backends_cannot_be_reached(
     fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from comfyveil import cli, config, config_load, logs, retention
+from comfyveil import tasks as background
 from comfyveil.anyone import runtime
 from comfyveil.cli import _operate
 from comfyveil.cli import worker as worker_cli
@@ -184,11 +185,23 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                     max_wait_offline=settings.worker.max_wait_offline,
                 ),
             )
+            failed: list[BaseException] = []  # the bot's late start, refused: the process ends
             if bot is not None:
-                await bot.start()
                 stack.push_async_callback(bot.close)
-                print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it",
-                      flush=True)
+                try:
+                    await bot.start()
+                    print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops "
+                          "it", flush=True)
+                except app.BotApiUnreachable as exc:
+                    # Telegram is down as we start: the web front end and worker serve
+                    # meanwhile; chat messages wait at Telegram, results for chats are
+                    # tried again as in any outage.
+                    print(f"comfyveil: {exc}; the bot tries again until it answers, the "
+                          "web front end and worker run meanwhile", file=sys.stderr,
+                          flush=True)
+                    late = asyncio.create_task(
+                        _start_late(bot, failed, stop), name="bot-start")
+                    stack.push_async_callback(background.cancel_and_wait, [late])
             if web:
                 site = await web_server.start(
                     settings, db, pool=backends,
@@ -248,12 +261,28 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
             await worker_task  # results finished meanwhile still go out
             if bot is not None:
                 await bot.stop_updates()
+            if failed:
+                raise failed[0]
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
     print("comfyveil: stopped", flush=True)
     return 0
+
+
+async def _start_late(
+    bot: app.TelegramBot, failed: list[BaseException], stop: asyncio.Event
+) -> None:
+    """The bot's start, once the Bot API answers; a start refused for another reason (the
+    token) stops the process, as it would have at its start."""
+    try:
+        await bot.start_when_reachable()
+    except Exception as exc:
+        failed.append(exc)
+        stop.set()
+        return
+    print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it", flush=True)
 
 
 POLL_LOST = ("another process is polling this bot (the same token); this one stops reading "

@@ -74,6 +74,8 @@ CONNECTION_POOL = 64  # HTTP connections to the Bot API
 MENU_REFRESH = 15.0  # seconds between checks that the command menu shows what can run
 MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
 OFFLINE_NOTICE_AFTER = 10.0  # seconds every GPU must be offline before admins are told
+RECONNECT_FIRST = 2.0  # seconds before trying again a Bot API that failed at start
+RECONNECT_MAX = 60.0  # seconds, the longest wait between two such tries
 ADMIN_OFFLINE = N_(
     "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {span}; "
     "{backends} shows why."
@@ -101,11 +103,12 @@ class QuietBot(ExtBot[Any]):
         return f"QuietBot[username={user.username if user else None}]"
 
     async def close_requests(self) -> None:
-        """Close the HTTP sessions of a bot whose initialize() failed (shutdown() then
-        does nothing)."""
-        for request in set(self._request):
-            with contextlib.suppress(Exception):
-                await request.shutdown()
+        """Close the HTTP sessions of a bot whose initialize() failed (the Application's
+        shutdown() then does nothing): the bot's own shutdown, which also lets a later
+        initialize() open them again (closing the requests alone left the bot taking
+        them for open, and every later try failed)."""
+        with contextlib.suppress(Exception):
+            await self.shutdown()
 
 
 async def _connect(app: Application[Any, Any, Any, Any, Any, Any]) -> None:
@@ -255,7 +258,9 @@ class TelegramBot:
             policy=policy_mod.Policy(settings.policy),
         )
         attach(self.application, self.services)
-        self.sink = sink.TelegramSink(self.application.bot, self.services)
+        self.sink = sink.TelegramSink(
+            self.application.bot, self.services, connected=lambda: self._started
+        )
         self._started = False
         self._polling = False
         self.menu_refresh = MENU_REFRESH
@@ -304,7 +309,11 @@ class TelegramBot:
         try:
             self.services.bot_username = app.bot.username or ""
             await self.services.commands.refresh()
-            self._menu = await commands.publish_menu(self.services, app.bot)
+            try:
+                self._menu = await commands.publish_menu(self.services, app.bot)
+            except TelegramError as exc:  # a courtesy: the menu loop publishes it next round
+                logger.info("command menu not published: %s", type(exc).__name__,
+                            extra={"action": "menu_refresh_failed"})
             self._menu_task = asyncio.create_task(self._menu_loop(), name="menu-refresh")
             self._commands_task = asyncio.create_task(
                 self.services.commands.follow(self.services.db), name="commands-follow")
@@ -318,16 +327,38 @@ class TelegramBot:
             )
             self._polling = True
             self._started = True
-        except BaseException:
+        except BaseException as exc:
             await self._stop_menu()
             await self.tracker.stop()
             with contextlib.suppress(Exception):
                 if app.running:
                     await app.stop()
             await app.shutdown()
+            if isinstance(exc, TelegramError) and not isinstance(exc, InvalidToken):
+                # getMe answered, then polling's first call did not (an outage beginning)
+                raise BotApiUnreachable(
+                    f"the Telegram Bot API cannot be reached ({exc})") from None
             raise
         logger.info("Telegram bot @%s is running", self.services.bot_username,
                     extra={"action": "bot_started"})
+
+    async def start_when_reachable(self, first_delay: float = RECONNECT_FIRST) -> None:
+        """`start`, tried again while the Bot API cannot be reached (down, answering 5xx
+        or 429, or nothing), each wait twice the last up to RECONNECT_MAX: Telegram down
+        as the service starts must not take its web front end and worker down too. The
+        messages sent meanwhile wait at Telegram. Anything else (a refused token) is
+        raised."""
+        delay = first_delay
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.start()
+                return
+            except BotApiUnreachable as exc:
+                logger.debug("the bot's start failed", exc_info=exc)  # redacted, as all logs
+                delay = min(delay * 2, RECONNECT_MAX)
+                logger.info("the Telegram Bot API still cannot be reached; trying again in "
+                            "%.0f s", delay, extra={"action": "bot_unreachable"})
 
     def _polling_failed(self, exc: TelegramError) -> None:
         """One line per failed poll instead of PTB's traceback (it retries by itself);

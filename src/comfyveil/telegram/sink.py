@@ -31,6 +31,7 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
 from comfyveil import i18n, sinks
 from comfyveil.desk import availability, language, registry
+from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import accounts, jobs
 from comfyveil.telegram import callbacks_data, render, replies, status
@@ -185,12 +186,20 @@ async def editors(services: Services) -> list[registry.Entry]:
     return [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
 
 
+class NotConnected(ComfyveilError):
+    """The bot has not reached the Bot API since this process started: a delivery is
+    tried again later, as while Telegram is down."""
+
+
 class TelegramSink:
     """Sends results to the chat each job came from."""
 
-    def __init__(self, bot: Bot, services: Services) -> None:
+    def __init__(
+        self, bot: Bot, services: Services, connected: Callable[[], bool] = lambda: True
+    ) -> None:
         self.bot = bot
         self.services = services
+        self._connected = connected
         self.delivered = 0
         self._inflight: dict[uuid.UUID, asyncio.Future[None]] = {}
         self._done: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
@@ -219,6 +228,8 @@ class TelegramSink:
         """
         if job.id in self._done:
             return  # this process already delivered it (a re-delivery after a hiccup)
+        if not self._connected():
+            raise NotConnected("the Telegram Bot API has not answered since the bot started")
         task = self._inflight.get(job.id)
         if task is None:
             task = asyncio.ensure_future(self._deliver(job, outputs))
