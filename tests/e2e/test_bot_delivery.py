@@ -165,3 +165,37 @@ async def _is(pending, wanted: str) -> bool:
 
 async def _now(value: bool) -> bool:
     return value
+
+
+async def test_a_result_finished_while_telegram_was_down_at_start_is_sent_once_it_answers(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database
+) -> None:
+    """The service started while the Bot API answered 500: its worker found a result to
+    deliver before the bot could connect. It waits for the bot's next try, and is sent
+    once (it used to be a failed try, then half a minute's wait)."""
+    fake_telegram.open_chat(556)
+    waiting = await finished_elsewhere(db, 556)
+    fake_telegram.fail_next("getMe", 500, "Internal Server Error")
+    settings = settings_for(fake_telegram, [fake_comfy])
+    async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
+        bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2)
+        worker = Worker(db, backends, sinks=[bot.sink], options=CATCH_UP)
+        with pytest.raises(app.BotApiUnreachable):
+            await bot.start()
+        task = asyncio.create_task(worker.run(), name="bot-worker")
+        await asyncio.sleep(1.0)  # the catch-up took it and waits for the bot
+        assert not _to(556)(fake_telegram.sent)
+        starting = asyncio.create_task(bot.start_when_reachable(first_delay=0.5))
+        try:
+            await fake_telegram.wait_for_call("sendDocument", chat_id=556, timeout=15)
+            await wait_for(
+                lambda: _is(db.jobs.delivery_outcome(waiting.id, "telegram"), jobs.DELIVERED),
+                timeout=10,
+            )
+            assert len(_to(556)(fake_telegram.sent)) == 1
+        finally:
+            await starting
+            await bot.stop_updates()
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+            await bot.close()

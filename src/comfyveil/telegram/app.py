@@ -258,8 +258,9 @@ class TelegramBot:
             policy=policy_mod.Policy(settings.policy),
         )
         attach(self.application, self.services)
+        self._connected = asyncio.Event()  # set while started: results wait for it
         self.sink = sink.TelegramSink(
-            self.application.bot, self.services, connected=lambda: self._started
+            self.application.bot, self.services, connected=self._connected
         )
         self._started = False
         self._polling = False
@@ -327,6 +328,7 @@ class TelegramBot:
             )
             self._polling = True
             self._started = True
+            self._connected.set()
         except BaseException as exc:
             await self._stop_menu()
             await self.tracker.stop()
@@ -384,6 +386,7 @@ class TelegramBot:
         if not self._started:
             return
         self._started = False
+        self._connected.clear()
         await self.stop_updates()
         app = self.application
         if app.running:

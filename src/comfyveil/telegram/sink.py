@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -186,6 +187,9 @@ async def editors(services: Services) -> list[registry.Entry]:
     return [e for e in entries if e.takes_image and e.workflow.prompt_param is not None]
 
 
+CONNECT_WAIT = 15.0  # seconds a result waits for a bot not yet connected, then it is retried
+
+
 class NotConnected(ComfyveilError):
     """The bot has not reached the Bot API since this process started: a delivery is
     tried again later, as while Telegram is down."""
@@ -195,11 +199,11 @@ class TelegramSink:
     """Sends results to the chat each job came from."""
 
     def __init__(
-        self, bot: Bot, services: Services, connected: Callable[[], bool] = lambda: True
+        self, bot: Bot, services: Services, connected: asyncio.Event | None = None
     ) -> None:
         self.bot = bot
         self.services = services
-        self._connected = connected
+        self._connected = connected  # set while the bot is started (None: always)
         self.delivered = 0
         self._inflight: dict[uuid.UUID, asyncio.Future[None]] = {}
         self._done: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
@@ -228,8 +232,13 @@ class TelegramSink:
         """
         if job.id in self._done:
             return  # this process already delivered it (a re-delivery after a hiccup)
-        if not self._connected():
-            raise NotConnected("the Telegram Bot API has not answered since the bot started")
+        if self._connected is not None and not self._connected.is_set():
+            # The bot's start is being tried again (Telegram down as the service started):
+            # a short wait usually sees it through; past that, as in any outage.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), CONNECT_WAIT)
+            if not self._connected.is_set():
+                raise NotConnected("the Telegram Bot API has not answered since the bot started")
         task = self._inflight.get(job.id)
         if task is None:
             task = asyncio.ensure_future(self._deliver(job, outputs))
