@@ -64,7 +64,6 @@ async def check(
         by_token.setdefault(token, []).append(row)
     delivered = _media_by_job(system)
     refusals = refusals_of(system, history, by_token)
-    restarted_run = system.processes["run"].restarts > 0
     for request in history.requests:
         jobs = by_token.get(request.token, [])
         if request.forgotten:
@@ -87,7 +86,7 @@ async def check(
                     + await _events(system, job["id"]),
                 )
         if request.front == "chat":
-            await _chat(system, request, jobs, refusals, delivered, restarted_run, report)
+            await _chat(system, request, jobs, refusals, delivered, report)
             if request.told == "nothing" and not request.forgotten:
                 # where it may have been lost: the faults around it (first: the detail
                 # is printed cut short)
@@ -128,9 +127,10 @@ async def _events(system: System, job_id: Any) -> str:
     )
 
 
-def _media_by_job(system: System) -> Counter[str]:
-    """Results the chat users received, by job (the Re-roll button under each names it)."""
-    sent: Counter[str] = Counter()
+def _media_by_job(system: System) -> dict[str, list[float]]:
+    """When each result the chat users received was sent, by job (the Re-roll button
+    under each names it)."""
+    sent: dict[str, list[float]] = {}
     for method in ("sendPhoto", "sendDocument", "sendVideo", "sendAnimation"):
         for call in system.telegram.calls(method):
             markup = call.result.get("reply_markup") or {}
@@ -138,7 +138,7 @@ def _media_by_job(system: System) -> Counter[str]:
                 for button in row:
                     data = button.get("callback_data", "")
                     if data.startswith(("again:", "file:", "edit:")):
-                        sent[data.split(":")[1]] += 1
+                        sent.setdefault(data.split(":")[1], []).append(call.at)
                         break
                 else:
                     continue
@@ -151,10 +151,10 @@ async def _chat(
     request: Request,
     jobs: list[dict[str, Any]],
     refusals: dict[int, str],
-    delivered: Counter[str],
-    restarted_run: bool,
+    delivered: dict[str, list[float]],
     report: Report,
 ) -> None:
+    bot = system.processes["run"]
     if not jobs:
         said = refusals.get(request.rid)
         if said is not None:
@@ -176,7 +176,8 @@ async def _chat(
         )
     for job in jobs:
         hexid = job["id"].hex
-        count = delivered.get(hexid, 0)
+        sent_at = sorted(delivered.get(hexid, []))
+        count = len(sent_at)
         if job["status"] == "succeeded":
             if count == 0:
                 report.add(
@@ -185,7 +186,7 @@ async def _chat(
                     f"job {job['id']} succeeded, nothing sent" + await _events(system, job["id"]),
                 )
             elif count > 1:
-                if restarted_run:
+                if count == 2 and bot.ended_between(*sent_at):
                     report.notes[
                         "results sent twice across a crash of the bot (by design:"
                         " a crash between sending and recording re-sends once)"
@@ -200,7 +201,8 @@ async def _chat(
             if job["status"] == "failed" and not request.cancelled and not job["error"]:
                 report.add("a failure says why", request, f"job {job['id']} has no error text")
             told = _ending_told(system, request, job)
-            if told is not None and told.startswith("2 messages say") and restarted_run:
+            twice = _endings_sent_at(system, request, job) if told is not None else []
+            if len(twice) == 2 and bot.ended_between(*twice):
                 report.notes[
                     "endings sent twice across a crash of the bot (by design, as results:"
                     " a crash between sending and recording re-sends once)"
@@ -332,6 +334,19 @@ def _ending_told(system: System, request: Request, job: dict[str, Any]) -> str |
     if len(replies) == 1:
         return None
     return f"{len(replies)} messages say {want!r}"
+
+
+def _endings_sent_at(system: System, request: Request, job: dict[str, Any]) -> list[float]:
+    """When each reply to the request saying the job's ending was sent, oldest first."""
+    want = failures.sentence(job["error"]) if job["status"] == "failed" else "Cancelled."
+    return sorted(
+        call.at
+        for call in system.telegram.calls("sendMessage")
+        if str(call.params.get("chat_id")) == str(job["chat_id"])
+        and (call.result or {}).get("text") == want
+        and ((call.result or {}).get("reply_to_message") or {}).get("message_id")
+        == request.message_id
+    )
 
 
 def _api(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:

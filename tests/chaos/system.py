@@ -222,6 +222,9 @@ class Process:
     held_down: bool = False  # stopped by a fault, which starts it again
     exited_at: float | None = None
     exits: list[str] = dataclasses.field(default_factory=list)  # exits of its own
+    # When it ended (killed, stopped or exited), time.monotonic(): a message sent twice is
+    # a crash re-send only with one of these between the two.
+    ended: list[float] = dataclasses.field(default_factory=list)
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
@@ -243,6 +246,7 @@ class Process:
         now = time.monotonic()
         if self.exited_at is None:
             self.exited_at = now
+            self.ended.append(now)
             lines = self.log.read_text(errors="replace").strip().splitlines()
             self.exits.append(f"exit {self.proc.returncode}: {(lines or [''])[-1][:160]}")
         elif now - self.exited_at >= 5:
@@ -252,6 +256,11 @@ class Process:
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signum)
+            self.ended.append(time.monotonic())
+
+    def ended_between(self, first: float, last: float) -> bool:
+        """Whether it ended (or was told to) between two moments (time.monotonic())."""
+        return any(first <= at <= last for at in self.ended)
 
     async def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
