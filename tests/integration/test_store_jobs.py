@@ -472,7 +472,8 @@ async def test_a_result_and_a_queued_job_wait_for_the_disk_bookkeeping_does_not(
         "job_id": job.id, "backend": "gpu0", "progress": Jsonb({"percent": 50}),
         "executing_for": None,
         "filenames": [], "kinds": [], "mimes": [], "datas": [], "refs": Jsonb([]),
-        "sinks": [], "claim_seconds": 1.0, "sink": "files", "detail": Jsonb({}),
+        "sinks": [], "claim_seconds": 1.0, "run": Jsonb({}), "sink": "files",
+        "detail": Jsonb({}),
         "outcome": "delivered",
     }
     enqueue_params = {
