@@ -193,7 +193,12 @@ async def _chat(
                     ] += 1
                 else:
                     report.add(
-                        "a result is delivered once", request, f"job {job['id']} sent {count} times"
+                        "a result is delivered once",
+                        request,
+                        f"job {job['id']} sent {count} times, at "
+                        + ", ".join(f"{at - sent_at[0]:+.1f}s" for at in sent_at)
+                        + f"; {bot.ends_near(sent_at[0], sent_at[-1])}"
+                        + await _events(system, job["id"]),
                     )
         elif job["status"] in ("failed", "cancelled"):
             if count:
@@ -208,10 +213,17 @@ async def _chat(
                     " a crash between sending and recording re-sends once)"
                 ] += 1
             elif told is not None:
+                when = (
+                    f" (at {', '.join(f'{at - twice[0]:+.1f}s' for at in twice)};"
+                    f" {bot.ends_near(twice[0], twice[-1])})"
+                    if twice
+                    else ""
+                )
                 report.add(
                     "a failure is said in one sentence in the chat",
                     request,
-                    f"job {job['id']} {job['status']}: {told}" + await _events(system, job["id"]),
+                    f"job {job['id']} {job['status']}: {told}{when}"
+                    + await _events(system, job["id"]),
                 )
 
 

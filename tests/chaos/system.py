@@ -206,6 +206,9 @@ class Gpu:
         return left
 
 
+IN_FLIGHT_S = 2.0  # see Process.ended_between
+
+
 @dataclasses.dataclass
 class Process:
     """A comfyveil process the run starts, kills and starts again."""
@@ -259,8 +262,16 @@ class Process:
             self.ended.append(time.monotonic())
 
     def ended_between(self, first: float, last: float) -> bool:
-        """Whether it ended (or was told to) between two moments (time.monotonic())."""
-        return any(first <= at <= last for at in self.ended)
+        """Whether it ended (or was told to) between two sends (time.monotonic()), or at
+        most IN_FLIGHT_S before the first: the fakes run in this process's event loop, so
+        a request the process had sent in full before it was killed is read, and timed,
+        after the kill was recorded."""
+        return any(first - IN_FLIGHT_S <= at <= last for at in self.ended)
+
+    def ends_near(self, first: float, last: float) -> str:
+        """Its ends around two sends, for a violation's detail (seconds from the first)."""
+        near = [f"{at - first:+.1f}s" for at in self.ended if first - 30 <= at <= last + 30]
+        return f"{self.name} ended at {', '.join(near) or 'none of the minute around'}"
 
     async def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
