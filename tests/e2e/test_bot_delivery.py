@@ -199,3 +199,29 @@ async def test_a_result_finished_while_telegram_was_down_at_start_is_sent_once_i
             worker.stop()
             await asyncio.wait_for(task, 30)
             await bot.close()
+
+
+async def test_telegram_failing_a_result_is_logged_in_one_line_not_as_an_internal_error(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 500 from the Bot API on a result is Telegram's outage, not a bug of ours: one
+    warning line naming it, no traceback, and the result is tried again later."""
+    import logging
+
+    fake_telegram.open_chat(557)
+    failing = await finished_elsewhere(db, 557)
+    fake_telegram.fail_next("sendDocument", 500, "Internal Server Error")
+    parked = dataclasses.replace(CATCH_UP, delivery_backoff=600.0)  # no second try here
+    with caplog.at_level(logging.WARNING, logger="comfyveil.worker"):
+        async with bot_catching_up(fake_telegram, db, fake_comfy, parked):
+            await wait_for(lambda: _now(bool(_failures(caplog))), timeout=20)
+    (record,) = _failures(caplog)
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert "Telegram could not be reached (NetworkError)" in record.getMessage()
+    assert await db.jobs.delivery_outcome(failing.id, "telegram") is None  # tried again later
+
+
+def _failures(caplog: pytest.LogCaptureFixture) -> list:
+    return [r for r in caplog.records if r.getMessage().startswith("delivery to telegram failed")]
+

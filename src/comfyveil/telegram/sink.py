@@ -28,7 +28,14 @@ from telegram import (
     ReplyParameters,
 )
 from telegram.constants import ParseMode
-from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Forbidden,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
 
 from comfyveil import i18n, sinks
 from comfyveil.desk import availability, language, registry
@@ -190,6 +197,10 @@ async def editors(services: Services) -> list[registry.Entry]:
 CONNECT_WAIT = 15.0  # seconds a result waits for a bot not yet connected, then it is retried
 
 
+class TelegramUnreachable(ComfyveilError):
+    """The Bot API did not take the result (down, timing out, answering 5xx or 429)."""
+
+
 class NotConnected(ComfyveilError):
     """The bot has not reached the Bot API since this process started: a delivery is
     tried again later, as while Telegram is down."""
@@ -244,7 +255,13 @@ class TelegramSink:
             task = asyncio.ensure_future(self._deliver(job, outputs))
             self._inflight[job.id] = task
             task.add_done_callback(lambda t, key=job.id: self._settled(key, t))
-        await asyncio.shield(task)
+        try:
+            await asyncio.shield(task)
+        except (NetworkError, RetryAfter) as exc:
+            # Telegram down, slow or still limiting after the limiter's retries: tried
+            # again later, and said in one line, not as an internal error's traceback.
+            raise TelegramUnreachable(
+                f"Telegram could not be reached ({type(exc).__name__})") from None
 
     def _settled(self, job_id: uuid.UUID, task: asyncio.Future[None]) -> None:
         self._inflight.pop(job_id, None)
