@@ -94,7 +94,7 @@ class ControlConnection:
     ) -> ControlConnection:
         """A control port on TCP (an operator's daemon)."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), within)
+            reader, writer = await background.wait_for(asyncio.open_connection(host, port), within)
         except (OSError, TimeoutError) as exc:
             raise errors.ControlError(
                 f"cannot reach anon's control port at {host}:{port}"
@@ -107,7 +107,7 @@ class ControlConnection:
     ) -> ControlConnection:
         """A control port on a Unix socket (our own anon)."""
         try:
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await background.wait_for(
                 asyncio.open_unix_connection(str(path)), within)
         except (OSError, TimeoutError) as exc:
             raise errors.ControlError(f"cannot reach anon's control socket {path}") from exc
@@ -201,7 +201,7 @@ class ControlConnection:
             self._writer.write(command.encode() + b"\r\n")
             await self._writer.drain()
         try:
-            reply = await asyncio.wait_for(future, COMMAND_TIMEOUT)
+            reply = await background.wait_for(future, COMMAND_TIMEOUT)
         except TimeoutError as exc:
             raise errors.ControlError("anon's control port did not answer in time") from exc
         if check and not reply.ok:

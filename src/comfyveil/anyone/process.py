@@ -140,7 +140,7 @@ class ManagedAnon(AnonClient):
     async def wait_ready(self, within: float | None = None) -> None:
         """Wait until anon runs and is bootstrapped (again, after a restart)."""
         try:
-            await asyncio.wait_for(self._ready.wait(), within or self.bootstrap_timeout * 2)
+            await background.wait_for(self._ready.wait(), within or self.bootstrap_timeout * 2)
         except TimeoutError as exc:
             raise errors.BootstrapTimeout() from exc
 
@@ -169,7 +169,7 @@ class ManagedAnon(AnonClient):
                 await self._uploads_changed.wait_for(done)
 
         try:
-            await asyncio.wait_for(_wait(), within)
+            await background.wait_for(_wait(), within)
         except TimeoutError as exc:
             raise errors.HiddenServiceError(
                 "the hidden service was not published in time"
@@ -304,7 +304,7 @@ class ManagedAnon(AnonClient):
             out.close()
         logger.info("anon started (pid %s)", self._proc.pid)
         try:
-            await asyncio.wait_for(self._connect_and_bootstrap(), self.bootstrap_timeout)
+            await background.wait_for(self._connect_and_bootstrap(), self.bootstrap_timeout)
         except TimeoutError as exc:
             raise errors.BootstrapTimeout(
                 f"anon did not connect to the Anyone network within "
@@ -406,7 +406,7 @@ class ManagedAnon(AnonClient):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            await background.wait_for(proc.wait(), STOP_TIMEOUT)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

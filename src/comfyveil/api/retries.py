@@ -109,8 +109,9 @@ async def unless_gone(
                 except (ConnectionError, RuntimeError):
                     alive = False
             if not alive:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                # Cancelled again until it ends: a cancel landing as a read of the work
+                # finishes can be swallowed (tasks.py), and the work then waited on.
+                await background.cancel_and_wait([task])
                 return False, None
             await asyncio.wait({task}, timeout=WATCH)
         # The work may end between two looks at a client that left meanwhile: an answer

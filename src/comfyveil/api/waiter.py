@@ -151,7 +151,7 @@ class Waiter:
                     if job.status.finished:
                         return job.status, job
                 try:
-                    await asyncio.wait_for(event.wait(), FALLBACK)
+                    await background.wait_for(event.wait(), FALLBACK)
                     stale = False
                 except TimeoutError:
                     stale = True

@@ -158,7 +158,7 @@ class Sender:
                 if claimed and len(running) < PARALLEL:
                     continue  # more may be due at once
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL)
+                    await background.wait_for(self._wake.wait(), POLL)
         finally:
             await background.cancel_and_wait([listening, *running])
 

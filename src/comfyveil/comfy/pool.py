@@ -339,7 +339,7 @@ class Pool(Probing, RunTimes):
                         N_("waiting for a GPU") if not able else N_("waiting for a free GPU")
                     )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), self.probe_interval)
+                    await background.wait_for(self._changed.wait(), self.probe_interval)
 
     def _choose(
         self,
@@ -431,7 +431,7 @@ class Pool(Probing, RunTimes):
         """Return when a slot frees or a backend's state changes, or after `seconds`."""
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), seconds)
+                await background.wait_for(self._changed.wait(), seconds)
 
     async def _notify(self) -> None:
         async with self._changed:

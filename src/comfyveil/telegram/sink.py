@@ -38,6 +38,7 @@ from telegram.error import (
 )
 
 from comfyveil import i18n, sinks
+from comfyveil import tasks as deadline
 from comfyveil.desk import availability, language, registry
 from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
@@ -247,7 +248,7 @@ class TelegramSink:
             # The bot's start is being tried again (Telegram down as the service started):
             # a short wait usually sees it through; past that, as in any outage.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._connected.wait(), CONNECT_WAIT)
+                await deadline.wait_for(self._connected.wait(), CONNECT_WAIT)
             if not self._connected.is_set():
                 raise NotConnected("the Telegram Bot API has not answered since the bot started")
         task = self._inflight.get(job.id)

@@ -478,7 +478,7 @@ class StatusTracker:
                 self._refreshes.add(task)
                 task.add_done_callback(self._refreshes.discard)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
+                await background.wait_for(self._wake.wait(), max(wait, 0.01))
 
     def _available(self) -> float:
         """Edits the shared budget holds now (a token bucket of one second's edits)."""

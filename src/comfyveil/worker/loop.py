@@ -290,7 +290,7 @@ class Worker(JobRunner, Reporting, Cancelling, Settling):
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            await background.wait_for(self._stop.wait(), seconds)
 
     # --- side tasks ----------------------------------------------------------------
 
