@@ -20,17 +20,27 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _config(
+    folder: Path, database_url: str, telegram: FakeTelegram, comfy_url: str, *,
+    poll_timeout: int = 1, extra: str = "", web: str = "[web]\nport = 0\n",
+) -> Path:
+    """A `comfyveil run` config on the fakes, written in `folder`."""
+    conf = folder / "comfyveil.toml"
+    conf.write_text(
+        f'data_dir = "{folder}"\n'
+        f'[database]\nurl = "{database_url}"\n'
+        f'[telegram]\napi_url = "{telegram.url}"\nopen = true\npoll_timeout = {poll_timeout}\n'
+        + extra
+        + f'[[backends]]\nname = "gpu0"\nurl = "{comfy_url}"\nvia = "direct"\n'
+        + web
+    )
+    return conf
+
+
 async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
-    conf = tmp_path / "comfyveil.toml"
-    conf.write_text(
-        f'data_dir = "{tmp_path}"\n'
-        f'[database]\nurl = "{database_url}"\n'
-        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
-        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
-        '[web]\nport = 0\n'
-    )
+    conf = _config(tmp_path, database_url, fake_telegram, fake_comfy.url)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
         env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
@@ -73,13 +83,9 @@ async def test_debug_verbosity_never_logs_a_prompt_or_a_web_link(
 ) -> None:
     """`comfyveil -vv run`: third-party libraries that see message bodies (the Bot API's
     updates and requests) log nothing of them; our own debug lines still show."""
-    conf = tmp_path / "comfyveil.toml"
-    conf.write_text(
-        f'data_dir = "{tmp_path}"\n'
-        f'[database]\nurl = "{database_url}"\n'
-        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
-        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
-        '[web]\nport = 0\npublic_url = "http://127.0.0.1:9"\n'
+    conf = _config(
+        tmp_path, database_url, fake_telegram, fake_comfy.url,
+        web='[web]\nport = 0\npublic_url = "http://127.0.0.1:9"\n',
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "comfyveil", "-vv", "run", "--config", str(conf),
@@ -121,14 +127,9 @@ async def test_sigterm_with_a_job_running_stops_within_stop_grace_from_the_signa
 
     grace = 4.0
     fake = await fake_comfy_factory(step_delay=4.0)
-    conf = tmp_path / "comfyveil.toml"
-    conf.write_text(
-        f'data_dir = "{tmp_path}"\n'
-        f'[database]\nurl = "{database_url}"\n'
-        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
-        f"status_delay = 0\n[worker]\nstop_grace = {grace}\n"
-        f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nvia = "direct"\n'
-        '[web]\nport = 0\n'
+    conf = _config(
+        tmp_path, database_url, fake_telegram, fake.url,
+        extra=f"status_delay = 0\n[worker]\nstop_grace = {grace}\n",
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
@@ -170,13 +171,9 @@ async def test_a_second_process_on_the_same_token_stops_itself_not_the_running_o
         for name in ("first", "second"):
             folder = tmp_path / name
             folder.mkdir()
-            conf = folder / "comfyveil.toml"
-            conf.write_text(
-                f'data_dir = "{folder}"\n'
-                f'[database]\nurl = "{database_url}"\n'
-                f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 2\n'
-                f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
-                "[web]\nenabled = false\n"
+            conf = _config(
+                folder, database_url, fake_telegram, fake_comfy.url, poll_timeout=2,
+                web="[web]\nenabled = false\n",
             )
             errors = folder / "stderr"
             with errors.open("wb") as err_file:  # a file: nothing blocks on a full pipe
@@ -230,13 +227,9 @@ async def test_a_service_whose_poll_is_taken_by_another_keeps_its_web_front_end_
         for name, url in (("first", database_url), ("second", empty_database_url)):
             folder = tmp_path / name
             folder.mkdir()
-            conf = folder / "comfyveil.toml"
-            conf.write_text(
-                f'data_dir = "{folder}"\n'
-                f'[database]\nurl = "{url}"\n'
-                f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 2\n'
-                f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
-                + ('[web]\nport = 0\n' if name == "first" else "[web]\nenabled = false\n")
+            conf = _config(
+                folder, url, fake_telegram, fake_comfy.url, poll_timeout=2,
+                web="[web]\nport = 0\n" if name == "first" else "[web]\nenabled = false\n",
             )
             errors = folder / "stderr"
             with errors.open("wb") as err_file:
@@ -291,14 +284,7 @@ async def test_telegram_down_at_start_leaves_the_web_front_end_up_and_the_bot_st
 
     import aiohttp
 
-    conf = tmp_path / "comfyveil.toml"
-    conf.write_text(
-        f'data_dir = "{tmp_path}"\n'
-        f'[database]\nurl = "{database_url}"\n'
-        f'[telegram]\napi_url = "{fake_telegram.url}"\nopen = true\npoll_timeout = 1\n'
-        f'[[backends]]\nname = "gpu0"\nurl = "{fake_comfy.url}"\nvia = "direct"\n'
-        '[web]\nport = 0\n'
-    )
+    conf = _config(tmp_path, database_url, fake_telegram, fake_comfy.url)
     fake_telegram.fail_next("getMe", 500, "Internal Server Error")
     errors = tmp_path / "stderr"
     with errors.open("wb") as err_file:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comfyveil import config, config_load
-from comfyveil import tasks as deadline
+from comfyveil import tasks as background
 from comfyveil.anyone import errors
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ async def anon_version(binary: Path) -> str:
             str(binary), "--version",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await deadline.wait_for(proc.communicate(), 30)
+        out, _ = await background.wait_for(proc.communicate(), 30)
     except (OSError, TimeoutError) as exc:
         raise errors.AnonError(f"cannot run {binary} --version: {exc}") from exc
     match = re.search(r"version\s+(\S+?)\.?\s", out.decode(errors="replace") + " ")
@@ -148,7 +148,7 @@ async def _npm_pack(npm: str, workdir: Path) -> Path:
             npm, "pack", spec, "--ignore-scripts", "--silent",
             cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
-        _, err = await deadline.wait_for(proc.communicate(), NPM_TIMEOUT)
+        _, err = await background.wait_for(proc.communicate(), NPM_TIMEOUT)
     except TimeoutError as exc:
         raise errors.AnonError(f"npm pack {spec} took longer than {NPM_TIMEOUT:.0f} s") from exc
     except OSError as exc:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from comfyveil import __version__
-from comfyveil import tasks as deadline
+from comfyveil import tasks as background
 from comfyveil.bench import records, timing
 from comfyveil.comfy.template import SEED_INPUTS
 from comfyveil.errors import ComfyveilError, UsageError
@@ -338,7 +338,7 @@ class Runner:
             client = await stack.enter_async_context(
                 self._client_factory(backend, proxy, self.plan.timeout)
             )
-            stats = await deadline.wait_for(client.system_stats(), PROBE_TIMEOUT * 6)
+            stats = await background.wait_for(client.system_stats(), PROBE_TIMEOUT * 6)
         except (ComfyveilError, OSError, TimeoutError) as exc:
             text = _error_text(exc)
             state.down = (
@@ -464,7 +464,7 @@ class Runner:
 
     async def _still_up(self, client: Client) -> bool:
         try:
-            await deadline.wait_for(client.system_stats(), PROBE_TIMEOUT)
+            await background.wait_for(client.system_stats(), PROBE_TIMEOUT)
         except (ComfyveilError, OSError, TimeoutError):
             return False
         return True
@@ -496,7 +496,7 @@ class Runner:
             prompt_id = str(uuid.uuid4())
             partial["prompt_id"] = prompt_id
             t = time.monotonic()
-            result = await deadline.wait_for(
+            result = await background.wait_for(
                 client.run(graph, prompt_id=prompt_id, on_event=timer.on_event),
                 self.plan.timeout,
             )

@@ -190,8 +190,7 @@ async def serve(settings: config.Settings, *, telegram: bool, web: bool) -> int:
                 stack.push_async_callback(bot.close)
                 try:
                     await bot.start()
-                    print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops "
-                          "it", flush=True)
+                    _say_running(bot)
                 except app.BotApiUnreachable as exc:
                     # Telegram is down as we start: the web front end and worker serve
                     # meanwhile; chat messages wait at Telegram, results for chats are
@@ -282,6 +281,10 @@ async def _start_late(
         failed.append(exc)
         stop.set()
         return
+    _say_running(bot)
+
+
+def _say_running(bot: app.TelegramBot) -> None:
     print(f"comfyveil: @{bot.services.bot_username} is running; Ctrl-C stops it", flush=True)
 
 

@@ -92,20 +92,14 @@ def runs_from(spans: Iterable[Sequence[Any]]) -> list[Run]:
         work = float(span[4]) if len(span) > 4 and span[4] else 1.0
         steps = int(span[5]) if len(span) > 5 and span[5] else None
         step_s = float(span[6]) if len(span) > 6 and span[6] else None
-        cold = span[7] if len(span) > 7 and isinstance(span[7], bool) else None
-        load = _seconds(span[8]) if cold and len(span) > 8 else None
+        cold = span[7] if len(span) > 7 else None
+        load = max(0.0, float(span[8])) if cold and len(span) > 8 and span[8] is not None else None
         begun = max(started, last_end.get(backend, started))
         last_end[backend] = finished
         runs.append(
             Run(backend, command, max(0.0, finished - begun), work, steps, step_s, cold, load)
         )
     return runs
-
-
-def _seconds(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        return None
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

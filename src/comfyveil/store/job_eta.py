@@ -143,7 +143,7 @@ class JobEta(JobReads):
         ]
         runs = eta_mod.runs_from(
             (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
-             _number(step_s), cold, load)
+             _number(step_s), cold if isinstance(cold, bool) else None, _number(load))
             for b, c, start, end, size, steps, step_s, cold, load in row["runs"]
         )
         last = {run.backend: run.command for run in runs}

@@ -38,7 +38,7 @@ from telegram.error import (
 )
 
 from comfyveil import i18n, sinks
-from comfyveil import tasks as deadline
+from comfyveil import tasks as background
 from comfyveil.desk import availability, language, registry
 from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
@@ -199,12 +199,8 @@ CONNECT_WAIT = 15.0  # seconds a result waits for a bot not yet connected, then 
 
 
 class TelegramUnreachable(ComfyveilError):
-    """The Bot API did not take the result (down, timing out, answering 5xx or 429)."""
-
-
-class NotConnected(ComfyveilError):
-    """The bot has not reached the Bot API since this process started: a delivery is
-    tried again later, as while Telegram is down."""
+    """The Bot API did not take the result (down, timing out, answering 5xx or 429, or
+    not reached yet since the bot started): tried again later."""
 
 
 class TelegramSink:
@@ -248,9 +244,10 @@ class TelegramSink:
             # The bot's start is being tried again (Telegram down as the service started):
             # a short wait usually sees it through; past that, as in any outage.
             with contextlib.suppress(TimeoutError):
-                await deadline.wait_for(self._connected.wait(), CONNECT_WAIT)
+                await background.wait_for(self._connected.wait(), CONNECT_WAIT)
             if not self._connected.is_set():
-                raise NotConnected("the Telegram Bot API has not answered since the bot started")
+                raise TelegramUnreachable(
+                    "the Telegram Bot API has not answered since the bot started")
         task = self._inflight.get(job.id)
         if task is None:
             task = asyncio.ensure_future(self._deliver(job, outputs))

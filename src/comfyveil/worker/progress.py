@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from comfyveil import tasks as deadline
+from comfyveil import tasks as background
 from comfyveil.comfy import events
 from comfyveil.comfy.progress_line import shows_steps
 from comfyveil.store import errors as store_errors
@@ -139,7 +139,7 @@ class Reporting:
             while (wait := running.progress_due - time.monotonic()) > 0:
                 running.progress_sooner.clear()
                 with contextlib.suppress(TimeoutError):
-                    await deadline.wait_for(running.progress_sooner.wait(), wait)
+                    await background.wait_for(running.progress_sooner.wait(), wait)
             if running.progress_closed or running.progress_next is None:
                 return
             data, running.progress_next = running.progress_next, None
