@@ -260,7 +260,9 @@ async def test_the_runs_kept_say_which_loaded_models_and_the_eta_leaves_the_load
     async with running_worker(db, [fake.url]):
         first = await enqueue(db, prompt="a red fox")
         ran = await wait_status(db, first.id, jobs.Status.SUCCEEDED)
-    assert ran.progress["cold"] is True and 0.3 <= ran.progress["load_s"] < 2.0
+    # The worker times a node by when ComfyUI's messages reach it (the real server sends
+    # no per-node timestamps), so a busy machine can read the 0.3 s load a little short.
+    assert ran.progress["cold"] is True and 0.2 <= ran.progress["load_s"] < 2.0
     next_one = await enqueue(db, prompt="a blue fox")
     wait = await db.jobs.wait(next_one.id, backends=["gpu0"])
     assert ran.executing_at is not None and ran.finished_at is not None
