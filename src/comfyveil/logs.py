@@ -50,6 +50,10 @@ def formatter(name: str) -> logging.Formatter:
 # and request (prompts, /web links), websockets every frame, aiohttp's server requests.
 # They stay at INFO whatever the verbosity: -vv must not put prompts in the logs.
 QUIET_LIBRARIES = ("telegram", "websockets", "aiohttp", "httpx", "httpcore", "hpack")
+# python-telegram-bot logs an answer it cannot parse (the HTML page a proxy in front of the
+# Bot API sends in an outage) at ERROR with a traceback, for every call, then raises the
+# NetworkError our own lines report (a failed poll, a delivery tried again): left out.
+UNPARSABLE_ANSWER = ("telegram.request.BaseRequest", "Can not load invalid JSON data")
 # huggingface_hub's client logs each request's URL at INFO (a hub's signed CDN address is
 # a working download link) and each response's headers at DEBUG: WARNING and above only.
 SILENT_LIBRARIES = ("httpx2", "httpcore2")
@@ -65,8 +69,13 @@ def configure(level: int, fmt: str | None) -> None:
         logging.getLogger(name).setLevel(max(level, logging.INFO))
     for name in SILENT_LIBRARIES:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    logging.getLogger(UNPARSABLE_ANSWER[0]).addFilter(_not_an_unparsable_answer)
     use(fmt or "text")
     redaction.install()  # secrets registered later (the bot token) never reach a line
+
+
+def _not_an_unparsable_answer(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(UNPARSABLE_ANSWER[1])
 
 
 def use(fmt: str) -> None:

@@ -8,8 +8,11 @@ second time after a crash (FileSink simply writes the same files again).
 
 A delivery that fails is tried again later, a bounded number of times (fewer when the
 sink raises `Undeliverable`: the destination said no), then recorded as failed; it never
-holds up the delivery of other jobs. A sink may also decline a job outright (an optional
-`accepts(job)` method): the Telegram sink takes no job queued without a chat.
+holds up the delivery of other jobs. One that failed because the destination was down
+(`Unreachable`) is tried again as soon as the sink says it is back (an optional `back()`
+coroutine that returns when it next is), not after the delay its failures earned. A
+sink may also decline a job outright (an optional `accepts(job)` method): the Telegram
+sink takes no job queued without a chat.
 
 The Telegram front end adds its own sink (send the photo, edit the status message);
 `FileSink` writes outputs into a folder, like `comfyveil generate --out`.
@@ -32,6 +35,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
 class Undeliverable(ComfyveilError):
     """The destination refused the result (the chat is gone, the bot was blocked or
     removed): tried again a few times in case it changes, then given up."""
+
+
+class Unreachable(ComfyveilError):
+    """The destination could not be reached (an outage): tried again after the usual
+    delay, or as soon as the sink says it is back (an optional `back()` method)."""
 
 
 @runtime_checkable

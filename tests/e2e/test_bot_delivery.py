@@ -225,3 +225,37 @@ async def test_telegram_failing_a_result_is_logged_in_one_line_not_as_an_interna
 def _failures(caplog: pytest.LogCaptureFixture) -> list:
     return [r for r in caplog.records if r.getMessage().startswith("delivery to telegram failed")]
 
+
+
+async def test_a_result_telegram_did_not_take_in_an_outage_is_sent_as_soon_as_it_is_back(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Telegram went down (502 on every call) while a job ran. Its result is sent once
+    the bot's polls go through again, not after the half minute (doubling to half an
+    hour) its failed try earned by default; and it is sent once."""
+    import logging
+
+    fake_telegram.open_chat(558)
+    await db.commands.seed()
+    wf = workflow.find("f")
+    values = wf.validate({"prompt": "a fox", "steps": 2, "width": 256, "height": 256})
+    loop = asyncio.get_running_loop()
+    with caplog.at_level(logging.WARNING, logger="comfyveil.worker"):
+        async with bot_catching_up(fake_telegram, db, fake_comfy):  # the default delays
+            fake_telegram.go_down()
+            waiting = await db.jobs.enqueue(jobs.NewJob(
+                user_id=558, chat_id=558, command="f", workflow_hash=wf.hash, params=values))
+            await wait_for(lambda: _now(bool(_failures(caplog))), timeout=20)
+            await asyncio.sleep(1.5)  # the outage goes on: the bot's polls fail too
+            assert not _to(558, ok=None)(fake_telegram.sent)
+            fake_telegram.come_back()
+            back = loop.time()
+            await wait_for(
+                lambda: _is(db.jobs.delivery_outcome(waiting.id, "telegram"), jobs.DELIVERED),
+                timeout=15,
+            )
+            assert loop.time() - back < 10
+    assert "Telegram could not be reached" in _failures(caplog)[0].getMessage()
+    sent = [c.method for c in _to(558)(fake_telegram.sent)]
+    assert sent.count("sendPhoto") + sent.count("sendDocument") == 1, sent

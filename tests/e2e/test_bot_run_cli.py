@@ -321,6 +321,44 @@ async def test_telegram_down_at_start_leaves_the_web_front_end_up_and_the_bot_st
             await proc.wait()
 
 
+async def test_an_outage_of_telegram_costs_a_line_per_failed_poll_and_no_traceback(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
+) -> None:
+    """Telegram down under a running service (502 and the proxy's HTML page on every call):
+    each failed poll is one short line, not PTB's ERROR with a traceback and the page for
+    every call, and the bot answers again once Telegram does."""
+    conf = _config(tmp_path, database_url, fake_telegram, fake_comfy.url, poll_timeout=1,
+                   web="[web]\nenabled = false\n")
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as err_file:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+            env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
+            stdout=asyncio.subprocess.PIPE, stderr=err_file,
+        )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert b"is running" in line, errors.read_text()[-2000:]
+        fake_telegram.go_down()
+        await asyncio.sleep(4.0)  # the polls fail a few times (PTB waits 1 s, 1.5 s, ...)
+        fake_telegram.come_back()
+        fake_telegram.user_sends(65, "/help")
+        await fake_telegram.wait_for_call("sendMessage", chat_id=65, timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        said = errors.read_text()
+        failed = [line for line in said.splitlines() if "polling for updates failed" in line]
+        assert failed, said[-2000:]
+        assert all("Bad Gateway" in line and "<html>" not in line for line in failed), failed
+        assert "Traceback" not in said and "invalid JSON" not in said, said[-3000:]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def test_run_says_at_start_which_backends_cannot_be_reached(
     fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:

@@ -272,6 +272,7 @@ class FakeTelegram:
         self._retry_after: float = 1
         self._failures: list[tuple[str | None, ApiError]] = []
         self._held: asyncio.Event | None = None  # set: calls answer again (see `hold`)
+        self._down = False  # every call answers 502 until `come_back` (see `go_down`)
         self._blocked_by: set[int] = set()  # users (private chats) that blocked the bot
         self._kicked_from: set[int] = set()  # groups that removed the bot
         self._migrated: dict[int, int] = {}  # group id -> the supergroup it became
@@ -508,6 +509,15 @@ class FakeTelegram:
         if held is not None:
             held.set()
 
+    def go_down(self) -> None:
+        """An outage: every call, getUpdates too, answers 502 Bad Gateway with the HTML
+        page of the proxy in front of the Bot API (as Telegram's outages do), unread and
+        unrecorded, until `come_back`."""
+        self._down = True
+
+    def come_back(self) -> None:
+        self._down = False
+
     def fail_next(
         self,
         method: str | None,
@@ -712,6 +722,13 @@ class FakeTelegram:
             await self._held.wait()
             if request.transport is None or request.transport.is_closing():
                 return _error(ApiError(504, "Gateway Timeout"))  # nobody reads it
+        if self._down:
+            return web.Response(
+                status=502, content_type="text/html",
+                text="<html><head><title>502 Bad Gateway</title></head><body>"
+                "<center><h1>502 Bad Gateway</h1></center><hr><center>nginx</center>"
+                "</body></html>",
+            )
         name = request.match_info["method"]
         handler = getattr(self, f"_api_{name.lower()}", None)
         if handler is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -66,6 +66,19 @@ class JobDeliveries(JobReads):
         if row is None:
             return 0, False
         return int(row["failures"]), bool(row["given_up"])
+
+    async def deliver_again_now(
+        self, sink: str, worker_id: str, job_ids: Collection[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        """The destination of `sink` is back: end the wait before the next try of these
+        deliveries, held back by `worker_id`'s failed tries (another worker's claim, or
+        one delivered meanwhile, is left alone). The ids whose wait ended, to try now."""
+        if not job_ids:
+            return []
+        rows = await self.db.all(
+            "deliver_again_now", sink=sink, worker_id=worker_id, job_ids=list(job_ids)
+        )
+        return [row["job_id"] for row in rows]
 
     async def delivery_outcome(self, job_id: uuid.UUID, sink: str) -> str | None:
         """DELIVERED, FAILED or SKIPPED once the delivery to `sink` ended; None before."""

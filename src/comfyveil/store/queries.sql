@@ -526,6 +526,15 @@ WITH claim AS (
 )
 SELECT c.failures, EXISTS (SELECT 1 FROM given_up) AS given_up FROM claim c;
 
+-- deliver_again_now --
+-- The destination is back: end the wait this worker's failed tries of these deliveries
+-- earned (their claims' expiry), so that they are tried now, not after the delay
+UPDATE delivery_claims
+SET claimed_until = now()
+WHERE sink = %(sink)s AND claimed_by = %(worker_id)s AND failures > 0
+  AND claimed_until > now() AND job_id = ANY(%(job_ids)s::uuid[])
+RETURNING job_id;
+
 -- delivery_outcome --
 -- How a job's delivery to a sink ended (no row: not yet)
 SELECT outcome, detail, delivered_at FROM deliveries

@@ -76,6 +76,7 @@ MENU_MIN_GAP = 0.5  # seconds, at least, between two such checks
 OFFLINE_NOTICE_AFTER = 10.0  # seconds every GPU must be offline before admins are told
 RECONNECT_FIRST = 2.0  # seconds before trying again a Bot API that failed at start
 RECONNECT_MAX = 60.0  # seconds, the longest wait between two such tries
+POLL_ERROR_CHARS = 200  # of the Bot API's (or a proxy's) answer quoted in a failed poll's line
 ADMIN_OFFLINE = N_(
     "All GPUs are offline ({names}). Jobs wait for one to come back, each up to {span}; "
     "{backends} shows why."
@@ -238,8 +239,12 @@ class TelegramBot:
     ) -> None:
         self.settings = settings
         handling = updates.Handling()
+        # A poll answered after failed ones (an outage is over): the results Telegram did
+        # not take meanwhile are sent at once (the sink's `back`), not after the delay
+        # their failed tries earned.
         self._updates_request = AiohttpRequest(connection_pool_size=1, proxy=proxy,
-                                               handling=handling)
+                                               handling=handling,
+                                               answered=lambda: self.sink.reachable())
         self.application = build_application(settings, proxy=proxy, rate_limiter=rate_limiter,
                                              updates_request=self._updates_request,
                                              handling=handling)
@@ -329,6 +334,7 @@ class TelegramBot:
             self._polling = True
             self._started = True
             self._connected.set()
+            self.sink.reachable()
         except BaseException as exc:
             await self._stop_menu()
             await self.tracker.stop()
@@ -371,7 +377,9 @@ class TelegramBot:
                 self._updates_request.refuse_polling()
                 self.conflict.set()
             return
-        logger.warning("polling for updates failed (%s): %s", type(exc).__name__, exc,
+        # PTB's message quotes whatever answered (a proxy's whole error page in an outage).
+        said = str(exc).split(". Parsing the server response", 1)[0][:POLL_ERROR_CHARS]
+        logger.warning("polling for updates failed (%s): %s", type(exc).__name__, said,
                        extra={"action": "poll_failed"})
 
     async def stop_updates(self) -> None:

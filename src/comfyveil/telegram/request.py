@@ -16,6 +16,7 @@ import contextlib
 import functools
 import ssl
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -86,8 +87,8 @@ class AiohttpRequest(BaseRequest):
     """
 
     __slots__ = (
-        "_defaults", "_handling", "_media_write_timeout", "_pool_size", "_proxy", "_refused",
-        "_session",
+        "_answered", "_defaults", "_failing", "_handling", "_media_write_timeout", "_pool_size",
+        "_proxy", "_refused", "_session",
     )
 
     def __init__(
@@ -101,9 +102,14 @@ class AiohttpRequest(BaseRequest):
         media_write_timeout: float | None = 20.0,
         proxy: str | None = None,
         handling: updates.Handling | None = None,
+        answered: Callable[[], None] | None = None,
     ) -> None:
         """`handling`: for the getUpdates request, the updates still being handled, which
-        its polls leave unconfirmed (see `updates.Handling`)."""
+        its polls leave unconfirmed (see `updates.Handling`); `answered`: called when
+        the Bot API answers a call again after failing (or not answering) the last one:
+        an outage is over."""
+        self._answered = answered
+        self._failing = False
         self._pool_size = connection_pool_size
         self._handling = handling
         self._defaults = (read_timeout, write_timeout, connect_timeout, pool_timeout)
@@ -183,6 +189,9 @@ class AiohttpRequest(BaseRequest):
             ) as response:
                 body = await _read_at_most(response, MAX_ANSWER_BYTES)
                 metrics.telegram_request(_method(url), _outcome(response.status))
+                if response.status == 200 and self._failing and self._answered is not None:
+                    self._answered()
+                self._failing = response.status >= 500 or response.status == 429
                 if response.status == 200 and _method(url) == "getUpdates":
                     body = updates.readable(body)
                     if self._handling is not None and wanted is not None:
@@ -195,6 +204,7 @@ class AiohttpRequest(BaseRequest):
         except _FAILED as exc:
             failure = NetworkError(_describe(exc))
         metrics.telegram_request(_method(url), "network")
+        self._failing = True
         # Raised here, outside the handler, so the error has no cause and no context:
         # aiohttp's errors quote the URL, which holds the bot token, and a traceback
         # prints every exception of the chain.

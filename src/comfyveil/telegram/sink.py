@@ -40,7 +40,6 @@ from telegram.error import (
 from comfyveil import i18n, sinks
 from comfyveil import tasks as background
 from comfyveil.desk import availability, language, registry
-from comfyveil.errors import ComfyveilError
 from comfyveil.i18n import N_, _, ltr
 from comfyveil.store import accounts, jobs
 from comfyveil.telegram import callbacks_data, render, replies, status
@@ -198,9 +197,9 @@ async def editors(services: Services) -> list[registry.Entry]:
 CONNECT_WAIT = 15.0  # seconds a result waits for a bot not yet connected, then it is retried
 
 
-class TelegramUnreachable(ComfyveilError):
+class TelegramUnreachable(sinks.Unreachable):
     """The Bot API did not take the result (down, timing out, answering 5xx or 429, or
-    not reached yet since the bot started): tried again later."""
+    not reached yet since the bot started): tried again once Telegram answers (`back`)."""
 
 
 class TelegramSink:
@@ -217,6 +216,9 @@ class TelegramSink:
         self._done: collections.OrderedDict[uuid.UUID, None] = collections.OrderedDict()
         self._details: dict[uuid.UUID, dict[str, Any]] = {}
         self.migrated: dict[int, int] = {}  # a group's old chat id -> its supergroup's
+        # Set from a result Telegram did not take until Telegram answers again (`back`).
+        self._down = asyncio.Event()
+        self._up = asyncio.Event()
 
     @property
     def name(self) -> str:
@@ -226,6 +228,26 @@ class TelegramSink:
         """Jobs queued without a chat (`comfyveil submit`) are not Telegram's to deliver,
         nor jobs queued on the web (their page shows the result)."""
         return job.chat_id != jobs.NO_CHAT and not accounts.is_web_chat(job.chat_id)
+
+    def reachable(self) -> None:
+        """Telegram answers again (the bot started, or a poll went through after failed
+        ones): the results it did not take while it was down are tried again now
+        (`back`). A send that fails while polls go through waits its delay as before:
+        retried at every poll, one Telegram keeps refusing would use its tries up in
+        minutes."""
+        if self._down.is_set():
+            self._down.clear()
+            self._up.set()
+
+    async def back(self) -> None:
+        """Return when Telegram answers again after the next result it did not take."""
+        await self._down.wait()
+        await self._up.wait()
+
+    def _unreachable(self, reason: str) -> TelegramUnreachable:
+        self._up.clear()
+        self._down.set()
+        return TelegramUnreachable(reason)
 
     def delivery_detail(self, job_id: uuid.UUID) -> dict[str, Any] | None:
         """What the worker records with the delivery of `job_id` (the sent message ids),
@@ -246,7 +268,7 @@ class TelegramSink:
             with contextlib.suppress(TimeoutError):
                 await background.wait_for(self._connected.wait(), CONNECT_WAIT)
             if not self._connected.is_set():
-                raise TelegramUnreachable(
+                raise self._unreachable(
                     "the Telegram Bot API has not answered since the bot started")
         task = self._inflight.get(job.id)
         if task is None:
@@ -258,7 +280,7 @@ class TelegramSink:
         except (NetworkError, RetryAfter) as exc:
             # Telegram down, slow or still limiting after the limiter's retries: tried
             # again later, and said in one line, not as an internal error's traceback.
-            raise TelegramUnreachable(
+            raise self._unreachable(
                 f"Telegram could not be reached ({type(exc).__name__})") from None
 
     def _settled(self, job_id: uuid.UUID, task: asyncio.Future[None]) -> None:

@@ -75,6 +75,9 @@ class Worker(JobRunner, Reporting, Cancelling, Settling):
         self._other_news = 0
         self._found_empty: tuple[int, int, frozenset[str] | None] | None = None
         self._delivering: set[uuid.UUID] = set()
+        # Per sink, deliveries that failed here because its destination was down: tried
+        # again as soon as the sink says it is back (oldest first).
+        self._waiting_back: dict[str, dict[uuid.UUID, None]] = {}
         # Jobs this worker cancelled itself, newest last: news of the cancel may come after
         # the job's task is gone, and is then not news of a cancel elsewhere.
         self._cancelled_here: dict[uuid.UUID, None] = {}
@@ -127,6 +130,11 @@ class Worker(JobRunner, Reporting, Cancelling, Settling):
             asyncio.create_task(self._renew_loop(), name=f"{self.worker_id}-leases"),
             asyncio.create_task(self._recover_loop(), name=f"{self.worker_id}-recover"),
             asyncio.create_task(self._deliver_loop(), name=f"{self.worker_id}-deliver"),
+            *(
+                asyncio.create_task(self._deliver_when_back(sink), name=f"{sink.name}-back")
+                for sink in self.sinks
+                if callable(getattr(sink, "back", None))
+            ),
         ]
         if opts.listen:
             self._side.append(

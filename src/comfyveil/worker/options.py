@@ -40,6 +40,7 @@ DELIVERY_REFUSED_TRIES = 5
 # to ride out an outage of about a day with the default backoff.
 DELIVERY_TRIES = 55
 CATCH_UP_PAGE = 100  # undelivered jobs read at a time by the catch-up
+WAITING_BACK_KEPT = 10_000  # deliveries per sink remembered to try once it is back
 
 
 @dataclass(frozen=True)

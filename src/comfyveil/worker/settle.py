@@ -23,6 +23,7 @@ from comfyveil.worker.options import (
     DELIVERY_BACKOFF_MAX,
     DELIVERY_CLAIM_SECONDS,
     RETRY_BACKOFF_MAX,
+    WAITING_BACK_KEPT,
 )
 
 if TYPE_CHECKING:
@@ -215,6 +216,12 @@ class Settling:
             )
         except store_errors.StoreError:
             return  # the claim lapses and the catch-up tries again
+        if isinstance(exc, sinks_mod.Unreachable) and callable(getattr(sink, "back", None)):
+            # Tried again as soon as the sink is back (its delay is written: ended then).
+            waiting = self._waiting_back.setdefault(sink.name, {})
+            waiting[job.id] = None
+            while len(waiting) > WAITING_BACK_KEPT:
+                del waiting[next(iter(waiting))]  # the oldest: left to the catch-up's delay
         if given_up:
             logger.warning(
                 "gave up delivering to %s after %d tries: %s",
@@ -247,6 +254,25 @@ class Settling:
                     await self._deliver(job, None, only=[sink])
             if not (tried and full):  # a full page done: the next one may wait behind it
                 await asyncio.sleep(interval)
+
+    async def _deliver_when_back(self, sink: sinks_mod.DeliverySink) -> None:
+        """Each time `sink`'s destination is back after an outage, try at once the
+        deliveries that failed here because it was down: after an outage of an hour the
+        last failed try's delay is half an hour, which no user should wait on top."""
+        back = sink.back  # type: ignore[attr-defined]
+        while True:
+            await back()
+            waiting = self._waiting_back.pop(sink.name, {})
+            ids = [job_id for job_id in waiting if job_id not in self._delivering]
+            try:
+                released = await self.store.deliver_again_now(sink.name, self.worker_id, ids)
+            except store_errors.StoreError:
+                continue  # the catch-up tries them after their delay
+            for job_id in released:
+                with contextlib.suppress(store_errors.StoreError):
+                    job = await self.store.get(job_id)
+                    if job is not None and job.status.finished:
+                        await self._deliver(job, None, only=[sink])
 
     def _finished_elsewhere(self, job_id: uuid.UUID) -> None:
         """A job this worker is not running has ended (another worker, maybe on another
