@@ -201,6 +201,45 @@ async def test_a_result_finished_while_telegram_was_down_at_start_is_sent_once_i
             await bot.close()
 
 
+async def test_a_result_that_gave_up_waiting_for_the_bot_is_sent_as_soon_as_it_starts(
+    fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Telegram down as the service started, for longer than a result waits for the bot
+    (15 s; 0.3 s here, so the test does not take 15 s): the result's try failed and
+    earned the default delay (30 s). It is sent as soon as the bot starts instead."""
+    from comfyveil.telegram import sink
+
+    monkeypatch.setattr(sink, "CONNECT_WAIT", 0.3)
+    fake_telegram.open_chat(559)
+    waiting = await finished_elsewhere(db, 559)
+    fake_telegram.fail_next("getMe", 500, "Internal Server Error")
+    settings = settings_for(fake_telegram, [fake_comfy])
+    async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
+        bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2)
+        worker = Worker(db, backends, sinks=[bot.sink], options=CATCH_UP)
+        with pytest.raises(app.BotApiUnreachable):
+            await bot.start()
+        task = asyncio.create_task(worker.run(), name="bot-worker")
+        await asyncio.sleep(2.0)  # the catch-up's try gave up waiting for the bot
+        assert not _to(559)(fake_telegram.sent)
+        await bot.start()
+        started = asyncio.get_running_loop().time()
+        try:
+            await fake_telegram.wait_for_call("sendDocument", chat_id=559, timeout=15)
+            assert asyncio.get_running_loop().time() - started < 10
+            await wait_for(
+                lambda: _is(db.jobs.delivery_outcome(waiting.id, "telegram"), jobs.DELIVERED),
+                timeout=10,
+            )
+            assert len(_to(559)(fake_telegram.sent)) == 1
+        finally:
+            await bot.stop_updates()
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+            await bot.close()
+
+
 async def test_telegram_failing_a_result_is_logged_in_one_line_not_as_an_internal_error(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, db: database.Database,
     caplog: pytest.LogCaptureFixture,
