@@ -178,16 +178,26 @@ async def test_run_and_worker_metrics_match_what_happened_and_readyz_follows_the
             assert total(scrapes, "comfyveil_jobs_total", command="f", outcome="succeeded") == 4
             assert total(scrapes, "comfyveil_jobs_total", command="f", outcome="failed") == 1
             assert total(scrapes, "comfyveil_jobs_total", command="f", outcome="cancelled") == 1
-            # Histograms: one run per job that ran to its end on gpu0, with the durations the
-            # database holds; one wait per job claimed.
+            # Histograms: one run per job that ran to its end on gpu0, running from ComfyUI's
+            # start as the front ends show it, with the durations the database holds (each
+            # run here ends before its running state would have been written: it is kept
+            # all the same); one wait per job claimed.
             ended = [await db.jobs.get(j.id) for j in [*ok, bad]]
-            runs = [(j.finished_at - j.started_at).total_seconds() for j in ended if j]
+            ran = [j for j in ended if j and j.executing_at is not None]
+            assert len(ran) == 5
+            runs = [(j.finished_at - j.executing_at).total_seconds() for j in ran]
+            gpu_waits = [(j.executing_at - j.started_at).total_seconds() for j in ran]
             run_labels = {"backend": "gpu0", "command": "f"}
-            assert total(scrapes, "comfyveil_job_run_seconds_count", **run_labels) == 5
+            assert total(scrapes, "comfyveil_job_gpu_wait_seconds_sum", **run_labels) == (
+                pytest.approx(sum(gpu_waits), abs=1e-3)
+            )
+            assert total(scrapes, "comfyveil_job_run_seconds_count", **run_labels) == len(runs)
             assert total(scrapes, "comfyveil_job_run_seconds_sum", **run_labels) == (
                 pytest.approx(sum(runs), abs=1e-3)
             )
-            assert total(scrapes, "comfyveil_job_run_seconds_bucket", le="+Inf", **run_labels) == 5
+            assert total(scrapes, "comfyveil_job_run_seconds_bucket", le="+Inf", **run_labels) == (
+                len(runs)
+            )
             assert total(scrapes, "comfyveil_job_run_seconds_bucket", le="60.0", **run_labels) == (
                 sum(1 for r in runs if r <= 60)
             )

@@ -141,6 +141,7 @@ def _job(status: str, *, attempts: int = 1, backend: str | None = "gpu0") -> Sim
         attempts=attempts,
         created_at=start,
         started_at=start + dt.timedelta(seconds=3),
+        executing_at=None if backend is None else start + dt.timedelta(seconds=5),
         finished_at=start + dt.timedelta(seconds=10),
     )
 
@@ -153,6 +154,7 @@ def test_jobs_are_counted_at_their_end_and_a_retry_is_not_an_end() -> None:
     before = {o: _value("comfyveil_jobs_total", command="f", outcome=o) for o in metrics.OUTCOMES}
     runs = _value("comfyveil_job_run_seconds_count", backend="gpu0", command="f")
     run_sum = _value("comfyveil_job_run_seconds_sum", backend="gpu0", command="f")
+    gpu_wait_sum = _value("comfyveil_job_gpu_wait_seconds_sum", backend="gpu0", command="f")
     waits = _value("comfyveil_job_wait_seconds_count", command="f")
     metrics.job_ended(_job("succeeded"))
     metrics.job_ended(_job("queued"))  # a transient failure: back in the queue
@@ -168,7 +170,13 @@ def test_jobs_are_counted_at_their_end_and_a_retry_is_not_an_end() -> None:
     }
     assert _value("comfyveil_jobs_total", command="f", outcome="queued") == 0
     assert _value("comfyveil_job_run_seconds_count", backend="gpu0", command="f") == runs + 1
-    assert _value("comfyveil_job_run_seconds_sum", backend="gpu0", command="f") == run_sum + 7
+    # Running from ComfyUI's start (5 s), as the front ends show it, not from the claim (3 s):
+    # the 2 s between were spent waiting on the GPU side.
+    assert _value("comfyveil_job_run_seconds_sum", backend="gpu0", command="f") == run_sum + 5
+    assert (
+        _value("comfyveil_job_gpu_wait_seconds_sum", backend="gpu0", command="f")
+        == gpu_wait_sum + 2
+    )
     assert _value("comfyveil_job_wait_seconds_count", command="f") == waits + 1
 
 

@@ -45,9 +45,18 @@ JOB_WAIT = Histogram(
 )
 JOB_RUN = Histogram(
     f"{PREFIX}_job_run_seconds",
-    "Seconds from a job's claim to its end, for jobs that succeeded or failed on a backend.",
+    "Seconds from ComfyUI's start of a job's prompt to the job's end (the running time "
+    "every front end shows), for jobs that succeeded or failed on a backend.",
     ["backend", "command"],
     buckets=RUN_BUCKETS,
+    registry=REGISTRY,
+)
+JOB_GPU_WAIT = Histogram(
+    f"{PREFIX}_job_gpu_wait_seconds",
+    "Seconds from a worker's claim of a job to ComfyUI's start of its prompt (waiting for "
+    "a GPU, then in that GPU's own queue), for jobs that succeeded or failed on a backend.",
+    ["backend", "command"],
+    buckets=WAIT_BUCKETS,
     registry=REGISTRY,
 )
 QUEUE = Gauge(
@@ -112,6 +121,7 @@ NAMES = frozenset(
         JOBS,
         JOB_WAIT,
         JOB_RUN,
+        JOB_GPU_WAIT,
         QUEUE,
         BACKEND_UP,
         BACKEND_BUSY,
@@ -145,16 +155,22 @@ def job_claimed(job: Any) -> None:
 
 
 def job_ended(job: Any) -> None:
-    """`job` (a store Job) reached a final state here: count it once, and its run time when
-    it ran on a backend."""
+    """`job` (a store Job) reached a final state here: count it once, and when ComfyUI
+    ran it, its time waiting on the GPU side and its run time, in the job states every
+    front end shows (running counts from ComfyUI's start, not from the claim)."""
     outcome = str(getattr(job.status, "value", job.status))
     if outcome not in OUTCOMES:
         return  # queued again (a retry, a hand-back): not an end
     command = label(job.command)
     JOBS.labels(command=command, outcome=outcome).inc()
-    ran = _seconds(job.started_at, job.finished_at)
+    executing_at = getattr(job, "executing_at", None)
+    ran = _seconds(executing_at, job.finished_at)
     if outcome in ("succeeded", "failed") and job.backend and ran is not None:
-        JOB_RUN.labels(backend=label(job.backend), command=command).observe(ran)
+        backend = label(job.backend)
+        JOB_RUN.labels(backend=backend, command=command).observe(ran)
+        gpu_wait = _seconds(job.started_at, executing_at)
+        if gpu_wait is not None:
+            JOB_GPU_WAIT.labels(backend=backend, command=command).observe(gpu_wait)
 
 
 def refused(command: str, *, by_policy: bool) -> None:

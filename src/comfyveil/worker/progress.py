@@ -151,6 +151,7 @@ class Reporting:
                     data,
                     executing_for=None if since is None else max(0.0, time.monotonic() - since),
                 )
+                running.start_written = running.start_written or since is not None
             except store_errors.LeaseLost:
                 if running.progress_closed or running.settled:
                     return  # the job ended meanwhile: its final status is the last word

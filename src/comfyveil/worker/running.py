@@ -34,6 +34,7 @@ class Running:
     progress_closed: bool = False  # the job left the backend: no more progress writes
     # When ComfyUI started the prompt (monotonic; None before): "running" counts from it.
     executing_since: float | None = None
+    start_written: bool = False  # a write of the running state (with that start) went through
     # The sampler's first progress tick seen (node, value, monotonic time): its pace so far
     # tells the ETA what the steps left still need.
     steps_from: tuple[str | None, float, float] | None = None

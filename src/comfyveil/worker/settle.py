@@ -76,7 +76,22 @@ class Settling:
                     return None
                 await asyncio.sleep(DB_RETRY_DELAY)
 
+    async def _write_start(self, running: Running) -> None:
+        """A run that ended before its running state was written (that waits 0.2 s, and
+        then a job that ends writes none) still keeps when ComfyUI started it: "running"
+        and the run's time count from there in the ETA's runs and in /metrics, not from
+        the claim. One more write, for such short runs only."""
+        data = running.progress_next
+        since = running.executing_since
+        if running.start_written or since is None or not data or data.get("state") != "running":
+            return
+        await self.store.record_progress(
+            running.job, data, executing_for=max(0.0, time.monotonic() - since)
+        )
+        running.start_written = True
+
     async def _complete(self, running: Running, outputs: list[jobs.Output]) -> jobs.Job:
+        await self._write_start(running)
         return await self.store.complete(
             running.job,
             outputs,
@@ -92,6 +107,8 @@ class Settling:
         counting toward their daily quota."""
         job = running.job
         backoff = min(RETRY_BACKOFF_MAX, self.options.retry_backoff * 2 ** max(0, job.attempts - 1))
+        if not transient:
+            await self._write_start(running)  # a retry's next run starts anew
         failed = await self.store.fail(job, message, transient=transient, backoff=backoff)
         if failed.status is jobs.Status.QUEUED:
             logger.info("job will be retried", extra={"action": "job_retry", "job_id": str(job.id)})
