@@ -192,6 +192,32 @@ async def test_progress_is_recorded_while_running(
     assert 0 <= steps[0]["percent"] <= 100
 
 
+async def test_a_run_with_two_samplers_counts_its_steps_across_both(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """Wan 2.2 runs its steps in two samplers (high noise for 2, low noise for the rest),
+    each counting its own. The progress users see and the ETA weighs is one count across
+    both: 8 steps, never back to 0 halfway (it said 2/2, "done", then 0/6)."""
+    fake = await fake_comfy_factory(step_delay=0.12)
+    job = await enqueue(db, command="wan", steps=8, width=256, height=256, length=5)
+    seen: list[dict] = []
+
+    async def finished() -> bool:
+        current = await db.jobs.get(job.id)
+        assert current is not None
+        if current.progress and current.progress.get("max") is not None:
+            seen.append(current.progress)
+        return current.status is jobs.Status.SUCCEEDED
+
+    async with running_worker(db, [fake.url]):
+        await wait_for(finished, timeout=30, interval=0.03)
+    assert {p["max"] for p in seen} == {8}, seen
+    done = [p["value"] for p in seen]  # progress is written twice a second at most
+    assert done == sorted(done), done
+    assert any(v <= 2 for v in done) and any(v > 2 for v in done), done
+    assert len({p["node"] for p in seen}) == 2  # both samplers reported
+
+
 async def test_cancel_queued_and_running_jobs(
     db: database.Database, fake_comfy_factory
 ) -> None:

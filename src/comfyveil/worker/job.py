@@ -353,6 +353,7 @@ class JobRunner:
             for name, image in zip(wf.image_params, images, strict=False):
                 inputs[name] = uploads.InputImage(image.data, image.mime)
             running.executing_since = running.steps_from = None  # a new run of the prompt
+            running.sampler_steps = {}
             submitted: dict[str, Any] = {"state": "submitted", "backend": backend.name}
             slot = running.slot
             if slot is not None and slot.expected is not None:

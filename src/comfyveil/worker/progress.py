@@ -14,6 +14,7 @@ from typing import Any
 
 from comfyveil import tasks as background
 from comfyveil.comfy import events
+from comfyveil.comfy.costs import steps_of
 from comfyveil.comfy.progress_line import shows_steps
 from comfyveil.store import errors as store_errors
 from comfyveil.store import previews
@@ -49,21 +50,22 @@ class Reporting:
             elif isinstance(event, events.Executing) and event.node is not None:
                 data = {"state": "running", "node": event.node}
             elif isinstance(event, events.Progress) and shows_steps(event, node_types):
-                percent = round(100.0 * event.value / event.max, 1) if event.max else None
+                done, steps = _across_samplers(
+                    running, event.node, float(event.value), int(event.max)
+                )
+                percent = round(100.0 * done / steps, 1) if steps else None
                 data = {
                     "state": "running",
                     "node": event.node,
-                    "value": event.value,
-                    "max": event.max,
+                    "value": done,
+                    "max": steps,
                     "percent": percent,
                 }
                 pace = _step_seconds(running, event.node, float(event.value))
                 if pace is not None:
                     data["step_s"] = round(pace, 4)
                 if running.slot is not None:
-                    self.pool.progress(
-                        running.slot, done=float(event.value), steps=int(event.max), step_s=pace
-                    )
+                    self.pool.progress(running.slot, done=done, steps=steps, step_s=pace)
             elif isinstance(event, events.Preview):
                 self._record_preview(running, event)
             if data is not None and data["state"] == "running" and running.executing_since is None:
@@ -168,6 +170,25 @@ class Reporting:
                 continue
             if cancel:
                 self._request_cancel(running)
+
+
+def _across_samplers(
+    running: Running, node: str | None, value: float, maximum: int
+) -> tuple[float | int, int]:
+    """The run's steps done and its steps in all, across its sampler nodes: a sampler
+    that a later one followed counts as done, and the steps asked for (the `steps`
+    option, which Wan's two samplers split between them) are the least there are.
+    Before, each sampler's count was shown and weighed alone: Wan's first looked done
+    after half the steps, and the ETA then jumped back up by the other half."""
+    running.sampler_steps[node] = (value, maximum)
+    done = 0.0
+    seen = 0
+    for other, (ticks, its_steps) in running.sampler_steps.items():
+        done += ticks if other == node else its_steps
+        seen += its_steps
+    asked = steps_of(running.job.params)
+    steps = max(seen, asked or 0)
+    return (int(done) if done.is_integer() else done), steps
 
 
 def _step_seconds(running: Running, node: str | None, value: float) -> float | None:

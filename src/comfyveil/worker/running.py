@@ -38,6 +38,10 @@ class Running:
     # The sampler's first progress tick seen (node, value, monotonic time): its pace so far
     # tells the ETA what the steps left still need.
     steps_from: tuple[str | None, float, float] | None = None
+    # Each sampler node's progress in this run (node -> (steps done, its steps)), in the
+    # order they ran: a workflow with two samplers (Wan's high and low noise) is one count
+    # of steps across both, not two counts that each end "done".
+    sampler_steps: dict[str | None, tuple[float, int]] = field(default_factory=dict)
     # What its run measured (`routing.measured`: models loaded, their seconds), kept with
     # the job when it succeeds: the ETA learns what runs cost from the runs kept.
     measured: dict[str, Any] = field(default_factory=dict)
