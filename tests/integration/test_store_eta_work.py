@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from comfyveil.store import database, jobs
+from comfyveil import config
+from comfyveil.store import database, eta, jobs
 
 
 def asking(user: int, steps: int, side: int) -> jobs.NewJob:
@@ -141,3 +142,15 @@ async def test_a_queued_job_with_jobs_behind_it_is_counted_on_the_free_gpu_the_p
     followed = await db.jobs.wait(mine.id, backends=["gpu0", "gpu1"])
     assert followed is not None and followed.backend == "gpu1"
     assert followed.seconds == pytest.approx(10.0, abs=0.5)
+    # An operator lets gpu0 hold two jobs waiting (`max_waiting = 2`): it has a free slot,
+    # and the pool sends ours there at once. The ETA counts the slots configured, not the
+    # default two (it said gpu1, 10 s, where the pool would run it on gpu0 in 5 s).
+    configured = [
+        config.BackendConfig(name="gpu0", url="http://127.0.0.1:1", max_waiting=2),
+        config.BackendConfig(name="gpu1", url="http://127.0.0.1:2"),
+    ]
+    roomier = await db.jobs.wait(
+        mine.id, backends=["gpu0", "gpu1"], slots=eta.slots_of(configured)
+    )
+    assert roomier is not None and roomier.backend == "gpu0"
+    assert roomier.seconds == pytest.approx(1.0 + 2.0 + 2.0, abs=0.5)

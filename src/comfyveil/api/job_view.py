@@ -80,6 +80,7 @@ async def describe(
         wait = await svc.db.jobs.wait(
             job.id,
             backends=eta.backends_up(svc.pool, svc.settings.backend_list()),
+            slots=eta.slots_of(svc.settings.backend_list()),
             read=eta_read,
         )
         if wait is not None:

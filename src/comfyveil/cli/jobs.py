@@ -120,7 +120,9 @@ async def show_job(args: argparse.Namespace) -> int:
             raise UsageError(f"there is no job {job_id}")
         # The one ETA every front end shows (store/eta.py), for the configured backends.
         up = eta_mod.backends_up(None, settings.backend_list())
-        wait = await db.jobs.wait(job_id, backends=up)
+        wait = await db.jobs.wait(
+            job_id, backends=up, slots=eta_mod.slots_of(settings.backend_list())
+        )
         place = wait.place if wait is not None else None
         eta = wait.seconds if wait is not None else None
         history = await db.jobs.events(job_id)

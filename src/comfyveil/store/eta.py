@@ -434,6 +434,12 @@ def backends_up(pool: Any, configured: Sequence[Any]) -> list[str] | None:
     return [backend.name for backend in configured] or None
 
 
+def slots_of(configured: Sequence[Any]) -> dict[str, int]:
+    """How many jobs each configured backend (`BackendConfig`) holds at once, as the pool
+    counts them: the one running plus `max_waiting` waiting there."""
+    return {backend.name: 1 + max(0, int(backend.max_waiting)) for backend in configured}
+
+
 class EtaMemory:
     """What was last shown of each job's ETA, so that it does not jump back up.
 

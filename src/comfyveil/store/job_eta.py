@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, LiteralString
 
 from comfyveil.comfy import routing
@@ -92,6 +92,7 @@ class JobEta(JobReads):
         job_id: uuid.UUID,
         *,
         backends: Sequence[str] | None = None,
+        slots: Mapping[str, int] | None = None,
         read: list[Row] | None = None,
     ) -> eta_mod.Wait | None:
         """What the user of a queued or running job waits for (store/eta.py): the one ETA
@@ -100,6 +101,8 @@ class JobEta(JobReads):
         Args:
             backends: the backends that can take jobs now (a GPU down is left out);
                 None: those that ran recently, and those with jobs now.
+            slots: how many jobs each holds at once (`eta.slots_of` the configured
+                ones); one not named, or None: the default, one running and one waiting.
             read: the rows of query eta_state (`eta_query`) when the caller read them
                 with its own reads of the job, in one round trip; None: read here.
         """
@@ -164,6 +167,7 @@ class JobEta(JobReads):
             done=_number(row["done"]) if elapsed is not None else None,
             step_s=_number(row["step_s"]) if elapsed is not None else None,
             behind=int(row["behind_count"]),
+            slots=dict(slots) if slots else eta_mod.SLOTS,
         )
         if not row["queued"]:  # only queued jobs have a place in the queue
             return eta_mod.Wait(found.seconds, 0, found.running, {}, found.backend)

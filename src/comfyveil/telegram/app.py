@@ -253,6 +253,7 @@ class TelegramBot:
         self.tracker = status.StatusTracker(
             self.application.bot, db, parallel=self._parallel, offline=self._all_offline,
             backends=lambda: eta.backends_up(self.services.pool, settings.backend_list()),
+            slots=eta.slots_of(settings.backend_list()),
             is_admin=lambda user: user in settings.telegram.admins,
             room=room or (lambda: True),
             private_interval=status_interval, group_interval=status_interval * 3,

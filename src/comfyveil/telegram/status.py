@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,7 @@ class StatusTracker:
         *,
         parallel: Callable[[], int] = lambda: 1,
         backends: Callable[[], Sequence[str] | None] = lambda: None,
+        slots: Mapping[str, int] | None = None,
         offline: Callable[[], bool] = lambda: False,
         is_admin: Callable[[int], bool] = lambda _user: False,
         room: Callable[[], bool] = lambda: True,
@@ -138,6 +139,7 @@ class StatusTracker:
         self.db = db
         self.parallel = parallel
         self.backends = backends
+        self.slots = slots  # how many jobs each backend holds at once (eta.slots_of)
         self.places = eta.PlaceMemory()
         self.etas = eta.EtaMemory()
         self.states = job_state.StateMemory()
@@ -318,7 +320,7 @@ class StatusTracker:
         # every front end shows (store/eta.py), the place in the queue only moving forward.
         seen = job_state.of(job)
         if seen.stage is job_state.Stage.QUEUED and seen.note is None:
-            wait = await self.db.jobs.wait(job.id, backends=self.backends())
+            wait = await self.db.jobs.wait(job.id, backends=self.backends(), slots=self.slots)
             place = wait.place if wait is not None else None
             seen = self.states.shown(job.id, job_state.of(job, place=place))
             if seen.stage is job_state.Stage.QUEUED:
@@ -335,7 +337,7 @@ class StatusTracker:
         if seen.stage is job_state.Stage.QUEUED:  # a worker holds it, waiting for a free GPU
             return replies.esc(replies.sentence(seen.note or "").rstrip(".。"))
         if seen.stage is job_state.Stage.WAITING_GPU:
-            wait = await self.db.jobs.wait(job.id, backends=self.backends())
+            wait = await self.db.jobs.wait(job.id, backends=self.backends(), slots=self.slots)
             parts = [_("Waiting on {backend}").format(backend=ltr(seen.backend))
                      if seen.backend else _("Waiting on a GPU")]
             eta_s = self.etas.seconds(

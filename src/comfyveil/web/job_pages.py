@@ -81,7 +81,7 @@ async def job_page(request: web.Request) -> web.Response:
     if job.status in (jobs.Status.QUEUED, jobs.Status.RUNNING):
         # The one ETA every front end shows (store/eta.py); the place only moves forward,
         # the ETA does not jump back up.
-        wait = await svc.db.jobs.wait(job.id, backends=svc.backends_up())
+        wait = await svc.db.jobs.wait(job.id, backends=svc.backends_up(), slots=svc.slots())
         eta = svc.etas.seconds(job.id, wait.seconds if wait else None, time.monotonic())
         if wait is not None and wait.place is not None:
             position = svc.places.place(job.id, wait.place)

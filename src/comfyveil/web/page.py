@@ -89,6 +89,10 @@ class WebServices:
         """The backends that can take jobs now, for an ETA."""
         return eta.backends_up(self.pool, self.settings.backend_list())
 
+    def slots(self) -> dict[str, int]:
+        """How many jobs each backend holds at once, for an ETA."""
+        return eta.slots_of(self.settings.backend_list())
+
 
 SERVICES = web.AppKey("services", WebServices)
 
