@@ -46,17 +46,25 @@ async def finished_elsewhere(
 
 @contextlib.asynccontextmanager
 async def bot_catching_up(
-    telegram: FakeTelegram, db: database.Database, comfy: FakeComfyUI, options=CATCH_UP
-) -> AsyncIterator[Worker]:
-    """The bot's process: the bot and its worker, whose catch-up delivers at once."""
+    telegram: FakeTelegram, db: database.Database, comfy: FakeComfyUI, options=CATCH_UP,
+    *, down_at_start: bool = False,
+) -> AsyncIterator[app.TelegramBot]:
+    """The bot's process: the bot and its worker, whose catch-up delivers at once.
+    `down_at_start`: the Bot API answered getMe with 500, so the bot is not started yet
+    (the worker runs all the same)."""
     settings = settings_for(telegram, [comfy])
     async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
         bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2)
         worker = Worker(db, backends, sinks=[bot.sink], options=options)
-        await bot.start()
+        if down_at_start:
+            telegram.fail_next("getMe", 500, "Internal Server Error")
+            with pytest.raises(app.BotApiUnreachable):
+                await bot.start()
+        else:
+            await bot.start()
         task = asyncio.create_task(worker.run(), name="bot-worker")
         try:
-            yield worker
+            yield bot
         finally:
             await bot.stop_updates()
             worker.stop()
@@ -175,14 +183,7 @@ async def test_a_result_finished_while_telegram_was_down_at_start_is_sent_once_i
     once (it used to be a failed try, then half a minute's wait)."""
     fake_telegram.open_chat(556)
     waiting = await finished_elsewhere(db, 556)
-    fake_telegram.fail_next("getMe", 500, "Internal Server Error")
-    settings = settings_for(fake_telegram, [fake_comfy])
-    async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
-        bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2)
-        worker = Worker(db, backends, sinks=[bot.sink], options=CATCH_UP)
-        with pytest.raises(app.BotApiUnreachable):
-            await bot.start()
-        task = asyncio.create_task(worker.run(), name="bot-worker")
+    async with bot_catching_up(fake_telegram, db, fake_comfy, down_at_start=True) as bot:
         await asyncio.sleep(1.0)  # the catch-up took it and waits for the bot
         assert not _to(556)(fake_telegram.sent)
         starting = asyncio.create_task(bot.start_when_reachable(first_delay=0.5))
@@ -195,10 +196,6 @@ async def test_a_result_finished_while_telegram_was_down_at_start_is_sent_once_i
             assert len(_to(556)(fake_telegram.sent)) == 1
         finally:
             await starting
-            await bot.stop_updates()
-            worker.stop()
-            await asyncio.wait_for(task, 30)
-            await bot.close()
 
 
 async def test_a_result_that_gave_up_waiting_for_the_bot_is_sent_as_soon_as_it_starts(
@@ -213,31 +210,18 @@ async def test_a_result_that_gave_up_waiting_for_the_bot_is_sent_as_soon_as_it_s
     monkeypatch.setattr(sink, "CONNECT_WAIT", 0.3)
     fake_telegram.open_chat(559)
     waiting = await finished_elsewhere(db, 559)
-    fake_telegram.fail_next("getMe", 500, "Internal Server Error")
-    settings = settings_for(fake_telegram, [fake_comfy])
-    async with pool.Pool(settings.backend_list(), probe_interval=0.2) as backends:
-        bot = app.TelegramBot(settings, db, pool=backends, status_interval=0.2)
-        worker = Worker(db, backends, sinks=[bot.sink], options=CATCH_UP)
-        with pytest.raises(app.BotApiUnreachable):
-            await bot.start()
-        task = asyncio.create_task(worker.run(), name="bot-worker")
+    async with bot_catching_up(fake_telegram, db, fake_comfy, down_at_start=True) as bot:
         await asyncio.sleep(2.0)  # the catch-up's try gave up waiting for the bot
         assert not _to(559)(fake_telegram.sent)
         await bot.start()
         started = asyncio.get_running_loop().time()
-        try:
-            await fake_telegram.wait_for_call("sendDocument", chat_id=559, timeout=15)
-            assert asyncio.get_running_loop().time() - started < 10
-            await wait_for(
-                lambda: _is(db.jobs.delivery_outcome(waiting.id, "telegram"), jobs.DELIVERED),
-                timeout=10,
-            )
-            assert len(_to(559)(fake_telegram.sent)) == 1
-        finally:
-            await bot.stop_updates()
-            worker.stop()
-            await asyncio.wait_for(task, 30)
-            await bot.close()
+        await fake_telegram.wait_for_call("sendDocument", chat_id=559, timeout=15)
+        assert asyncio.get_running_loop().time() - started < 10
+        await wait_for(
+            lambda: _is(db.jobs.delivery_outcome(waiting.id, "telegram"), jobs.DELIVERED),
+            timeout=10,
+        )
+        assert len(_to(559)(fake_telegram.sent)) == 1
 
 
 async def test_telegram_failing_a_result_is_logged_in_one_line_not_as_an_internal_error(

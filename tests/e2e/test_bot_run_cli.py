@@ -37,6 +37,17 @@ def _config(
     return conf
 
 
+async def _run_into(conf: Path, errors: Path, token: str) -> asyncio.subprocess.Process:
+    """`comfyveil run` with the bot's token, its stderr in a file (nothing blocks on a full
+    pipe) and its stdout piped."""
+    with errors.open("wb") as err_file:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+            env=_env(COMFYVEIL_TELEGRAM_TOKEN=token),
+            stdout=asyncio.subprocess.PIPE, stderr=err_file,
+        )
+
+
 async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
@@ -176,12 +187,7 @@ async def test_a_second_process_on_the_same_token_stops_itself_not_the_running_o
                 web="[web]\nenabled = false\n",
             )
             errors = folder / "stderr"
-            with errors.open("wb") as err_file:  # a file: nothing blocks on a full pipe
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
-                    env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
-                    stdout=asyncio.subprocess.PIPE, stderr=err_file,
-                )
+            proc = await _run_into(conf, errors, fake_telegram.token)
             procs.append((proc, errors))
             if name == "first":
                 line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
@@ -232,12 +238,7 @@ async def test_a_service_whose_poll_is_taken_by_another_keeps_its_web_front_end_
                 web="[web]\nport = 0\n" if name == "first" else "[web]\nenabled = false\n",
             )
             errors = folder / "stderr"
-            with errors.open("wb") as err_file:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
-                    env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
-                    stdout=asyncio.subprocess.PIPE, stderr=err_file,
-                )
+            proc = await _run_into(conf, errors, fake_telegram.token)
             procs.append((proc, errors))
             line = await asyncio.wait_for(proc.stdout.readline(), 60)  # type: ignore[union-attr]
             assert b"is running" in line, errors.read_text()[-2000:]
@@ -287,12 +288,7 @@ async def test_telegram_down_at_start_leaves_the_web_front_end_up_and_the_bot_st
     conf = _config(tmp_path, database_url, fake_telegram, fake_comfy.url)
     fake_telegram.fail_next("getMe", 500, "Internal Server Error")
     errors = tmp_path / "stderr"
-    with errors.open("wb") as err_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
-            env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
-            stdout=asyncio.subprocess.PIPE, stderr=err_file,
-        )
+    proc = await _run_into(conf, errors, fake_telegram.token)
     try:
         assert proc.stdout is not None
         lines: list[bytes] = []
@@ -330,12 +326,7 @@ async def test_an_outage_of_telegram_costs_a_line_per_failed_poll_and_no_traceba
     conf = _config(tmp_path, database_url, fake_telegram, fake_comfy.url, poll_timeout=1,
                    web="[web]\nenabled = false\n")
     errors = tmp_path / "stderr"
-    with errors.open("wb") as err_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
-            env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
-            stdout=asyncio.subprocess.PIPE, stderr=err_file,
-        )
+    proc = await _run_into(conf, errors, fake_telegram.token)
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 60)

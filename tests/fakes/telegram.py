@@ -511,8 +511,11 @@ class FakeTelegram:
 
     def go_down(self) -> None:
         """An outage: every call, getUpdates too, answers 502 Bad Gateway with the HTML
-        page of the proxy in front of the Bot API (as Telegram's outages do), unread and
-        unrecorded, until `come_back`."""
+        page of the proxy in front of the Bot API, until `come_back`. Copies what
+        Telegram's outages look like to a client: nginx at api.telegram.org answers 502
+        with its own text/html page (no JSON body, so PTB cannot parse it) when the Bot
+        API server behind it is down, and a call it answers so never reached the Bot API
+        (so it is not recorded). A Bot API that answers nothing at all is `hold`."""
         self._down = True
 
     def come_back(self) -> None:

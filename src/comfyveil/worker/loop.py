@@ -27,7 +27,7 @@ from comfyveil.worker.options import (
 )
 from comfyveil.worker.progress import Reporting
 from comfyveil.worker.running import Running
-from comfyveil.worker.settle import Settling
+from comfyveil.worker.settle import Settling, back_of
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
 
@@ -133,7 +133,7 @@ class Worker(JobRunner, Reporting, Cancelling, Settling):
             *(
                 asyncio.create_task(self._deliver_when_back(sink), name=f"{sink.name}-back")
                 for sink in self.sinks
-                if callable(getattr(sink, "back", None))
+                if back_of(sink) is not None
             ),
         ]
         if opts.listen:

@@ -233,7 +233,7 @@ class Settling:
             )
         except store_errors.StoreError:
             return  # the claim lapses and the catch-up tries again
-        if isinstance(exc, sinks_mod.Unreachable) and callable(getattr(sink, "back", None)):
+        if isinstance(exc, sinks_mod.Unreachable) and back_of(sink) is not None:
             # Tried again as soon as the sink is back (its delay is written: ended then).
             waiting = self._waiting_back.setdefault(sink.name, {})
             waiting[job.id] = None
@@ -276,7 +276,8 @@ class Settling:
         """Each time `sink`'s destination is back after an outage, try at once the
         deliveries that failed here because it was down: after an outage of an hour the
         last failed try's delay is half an hour, which no user should wait on top."""
-        back = sink.back  # type: ignore[attr-defined]
+        back = back_of(sink)
+        assert back is not None
         while True:
             await back()
             waiting = self._waiting_back.pop(sink.name, {})
@@ -286,10 +287,7 @@ class Settling:
             except store_errors.StoreError:
                 continue  # the catch-up tries them after their delay
             for job_id in released:
-                with contextlib.suppress(store_errors.StoreError):
-                    job = await self.store.get(job_id)
-                    if job is not None and job.status.finished:
-                        await self._deliver(job, None, only=[sink])
+                await self._deliver_by_id(job_id, only=[sink])
 
     def _finished_elsewhere(self, job_id: uuid.UUID) -> None:
         """A job this worker is not running has ended (another worker, maybe on another
@@ -300,19 +298,28 @@ class Settling:
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
-    async def _deliver_by_id(self, job_id: uuid.UUID) -> None:
+    async def _deliver_by_id(
+        self, job_id: uuid.UUID, only: Sequence[sinks_mod.DeliverySink] | None = None
+    ) -> None:
         try:
             job = await self.store.get(job_id)
         except store_errors.StoreError:
             return  # the catch-up loop will find it
         if job is not None and job.status.finished:
-            await self._deliver(job, None)
+            await self._deliver(job, None, only=only)
 
 
 def _accepts(sink: sinks_mod.DeliverySink, job: jobs.Job) -> bool:
     """Whether `sink` takes `job` at all (an optional `accepts(job)` method says)."""
     accepts = getattr(sink, "accepts", None)
     return True if accepts is None else bool(accepts(job))
+
+
+def back_of(sink: sinks_mod.DeliverySink) -> Callable[[], Awaitable[None]] | None:
+    """A sink's optional `back()`: returns when its destination answers again after an
+    outage (the deliveries that failed as `Unreachable` are then tried at once)."""
+    back = getattr(sink, "back", None)
+    return back if callable(back) else None
 
 
 def _detail(sink: sinks_mod.DeliverySink, job_id: uuid.UUID) -> Mapping[str, Any] | None:
