@@ -76,11 +76,12 @@ async def test_table_shows_the_speedup_and_every_file_is_written(
     for row in rows:
         speedup = float(row[3].rstrip("%")) / 100
         ratio = float(row[4].rstrip("x"))
-        # The fast fake's delays are 0.6 of the slow one's and the rest of the time is the
-        # same work on both: the speedup is at most 40 %, less on a loaded machine, where
-        # both gain the same overhead (one-sided, so load cannot break it). The accurate
+        # The fast fake's delays are 0.6 of the slow one's: the speedup is 40 % on an idle
+        # machine. Load adds time to either side at random: a 2-core machine running the
+        # whole suite read 46.5 % once (the slow runs caught the load). The bounds still
+        # catch a table that swaps the backends or counts one run twice. The accurate
         # figure is the benchmark's job (benchmarks/), not this test's.
-        assert 0.10 < speedup <= 0.40 + 0.05, rows
+        assert 0.10 < speedup <= 0.60, rows
         assert ratio == pytest.approx(1 / (1 - speedup), rel=0.03), rows  # same means
 
     for run in result.records:
