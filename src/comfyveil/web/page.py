@@ -51,25 +51,7 @@ class WebServices:
     def __post_init__(self) -> None:
         self.site = auth.SiteThrottle(web_state.WebState(self.db.pool))
         self.passphrases = auth.Passphrases.for_site(self.settings.web)
-        self.templates = jinja2.Environment(
-            loader=jinja2.PackageLoader("comfyveil.web", "templates"),
-            autoescape=True,
-            auto_reload=False,  # templates ship with the package: no stat() per page
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=["jinja2.ext.i18n"],
-        )
-        # The callables read the request's language (a context variable) when called.
-        self.templates.install_gettext_callables(  # type: ignore[attr-defined]
-            i18n.gettext, i18n.ngettext, newstyle=True
-        )
-        self.templates.globals["status_word"] = status_word
-        # Inside a right-to-left page: commands and ids keep their order (``ltr``, Unicode
-        # isolates, fit for attributes and titles too); a name or prompt takes its own
-        # direction (``bdi``).
-        self.templates.globals["ltr"] = i18n.ltr
-        self.templates.globals["bdi"] = bdi
-        self.templates.globals["when"] = when
+        self.templates = page_templates()
         self.stylesheet = (resources.files("comfyveil.web") / "static" / "style.css").read_bytes()
 
     @functools.cached_property
@@ -92,6 +74,33 @@ class WebServices:
     def slots(self) -> dict[str, int]:
         """How many jobs each backend holds at once, for an ETA."""
         return eta.slots_of(self.settings.backend_list())
+
+
+@functools.cache
+def page_templates() -> jinja2.Environment:
+    """The page templates, one environment per process: it holds nothing of a site (the
+    texts follow the request's language, a context variable), so every app a process
+    builds shares its compiled pages (the tests build hundreds; each compiled them anew)."""
+    templates = jinja2.Environment(
+        loader=jinja2.PackageLoader("comfyveil.web", "templates"),
+        autoescape=True,
+        auto_reload=False,  # templates ship with the package: no stat() per page
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.i18n"],
+    )
+    # The callables read the request's language (a context variable) when called.
+    templates.install_gettext_callables(  # type: ignore[attr-defined]
+        i18n.gettext, i18n.ngettext, newstyle=True
+    )
+    templates.globals["status_word"] = status_word
+    # Inside a right-to-left page: commands and ids keep their order (``ltr``, Unicode
+    # isolates, fit for attributes and titles too); a name or prompt takes its own
+    # direction (``bdi``).
+    templates.globals["ltr"] = i18n.ltr
+    templates.globals["bdi"] = bdi
+    templates.globals["when"] = when
+    return templates
 
 
 SERVICES = web.AppKey("services", WebServices)
