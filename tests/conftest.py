@@ -33,15 +33,18 @@ ANYONE_FIXTURES = {"anyone_network", "anon_pair"}
 POSTGRES_FIXTURES = {"db", "store", "database_url", "empty_database_url", "pg_server"}
 # Files whose tests share one pytest-xdist worker (`make test` runs with -n): those on the
 # private Anyone network (a session fixture of ten anon processes, started once, not once
-# per worker) and those in a browser (chromium is the heaviest process the suite starts;
-# side by side they starve the timing of the tests around them). By file, not by an
-# xdist_group mark: xdist 3.8's loadgroup loses its groups on pytest 9.2 (its issue 1386).
+# per worker); those in a browser (chromium is the heaviest process the suite starts;
+# side by side they starve the timing of the tests around them); test_i18n (its module
+# fixture extracts the catalog template from the whole package, a second of CPU: once,
+# not in every worker). By file, not by an xdist_group mark: xdist 3.8's loadgroup loses
+# its groups on pytest 9.2 (its issue 1386).
 GROUPED_FILES = {
     "tests/anyone/test_anyone_network.py": "anyone",
     "tests/anyone/test_anyone_product.py": "anyone",
     "tests/anyone/test_web_hidden_service.py": "anyone",
     "tests/anyone/test_models_via_anon.py": "anyone",
     "tests/web/test_web_browser.py": "browser",
+    "tests/unit/test_i18n.py": "i18n",
 }
 
 
