@@ -6,6 +6,7 @@ lazy imports inside functions and TYPE_CHECKING blocks included."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import comfyveil
@@ -14,7 +15,8 @@ ROOT = Path(comfyveil.__file__).parent
 FRONT_ENDS = ("telegram", "web", "api")
 
 
-def _imports(path: Path, root: Path = ROOT) -> set[str]:
+@functools.cache  # several tests read the same modules, and parsing them all is a second
+def _imports(path: Path, root: Path = ROOT) -> frozenset[str]:
     """Every comfyveil module `path` imports, as dotted names (relative ones resolved)."""
     package = ["comfyveil", *path.relative_to(root).with_suffix("").parts[:-1]]
     names: set[str] = set()
@@ -29,7 +31,7 @@ def _imports(path: Path, root: Path = ROOT) -> set[str]:
             names.add(base)
             # `from comfyveil import web` imports the package web
             names.update(f"{base}.{alias.name}" for alias in node.names)
-    return {n for n in names if n == "comfyveil" or n.startswith("comfyveil.")}
+    return frozenset(n for n in names if n == "comfyveil" or n.startswith("comfyveil."))
 
 
 def _part(module: str) -> str | None:
