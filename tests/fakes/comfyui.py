@@ -281,6 +281,8 @@ class FakeComfyUI:
             path.mkdir(parents=True, exist_ok=True)
         self._node_defs = self._build_object_info()
         self._defs_models = copy.deepcopy(self.models)  # what _node_defs lists
+        # /object_info's last answer, and what it was made of (see _object_info_text)
+        self._info_text: tuple[dict[str, Any], tuple[Any, ...], str] | None = None
         # What tests look at; kept across restart() (they record, they are not memory).
         self.prompts: list[dict[str, Any]] = []
         self.executions: Counter[str] = Counter()
@@ -675,7 +677,20 @@ class FakeComfyUI:
     async def _get_object_info(self, _request: web.Request) -> web.Response:
         self._refresh_models()
         self._refresh_load_image()
-        return _json(self._node_defs)
+        return web.Response(text=self._object_info_text(), content_type="application/json")
+
+    def _object_info_text(self) -> str:
+        """/object_info as JSON, encoded again only when what it lists changed: 390 KB took
+        5 ms to encode, and a fake is asked for it several times. The key holds the
+        definitions themselves (so a replaced dict is never mistaken for the one encoded),
+        their number (a test may delete a node) and LoadImage's files."""
+        load_image = self._node_defs.get("LoadImage")
+        files = load_image["input"]["required"]["image"][0] if load_image else None
+        key = (len(self._node_defs), tuple(files or ()))
+        cached = self._info_text
+        if cached is None or cached[0] is not self._node_defs or cached[1] != key:
+            cached = self._info_text = (self._node_defs, key, json.dumps(self._node_defs))
+        return cached[2]
 
     async def _get_object_info_class(self, request: web.Request) -> web.Response:
         name = request.match_info["node_class"]
