@@ -123,7 +123,10 @@ async def test_each_end_is_delivered_signed_for_both_verifiers_without_the_promp
             fake_comfy.fail_next_execution("KSampler", "CUDA error at 0x7f3a", "RuntimeError")
             failed = await _submit(api, s.url, "a second lighthouse")
             await wait_for(lambda: _true(len(rec.got) == 2))
-            fake_comfy.step_delay = 0.3  # the next job runs long enough to be cancelled
+            # The next job runs long enough to be cancelled: 4 s, of which the cancel (API,
+            # database, worker, /interrupt) had 0.9 s with 0.3 s a step, too little on a
+            # loaded machine; the fake stops at the next step, as ComfyUI does.
+            fake_comfy.step_delay = 1.0
             waiting = await _submit(api, s.url, "a third lighthouse")
             job_url = f"{s.url}/v1/jobs/{waiting['id']}"
 

@@ -1387,6 +1387,10 @@ class FakeComfyUI:
         megapixels = latent.width * latent.height / (1024 * 1024) * latent.length * latent.batch
         for step in range(total):
             await self._sleep(self.step_delay + self.step_cost * megapixels)
+            # The real sampler's callback checks for an interrupt at every step, so a
+            # cancel stops a long sampler at once, not after its last step.
+            if self._interrupt:
+                raise _Interrupted
             preview = (
                 _png(Image.new("RGB", (8, 8), (step * 20 % 255, 0, 0))) if self.previews else None
             )
