@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install anon chromium systemd-analyze run test ruff-check docs-check docs soak chaos lint bench mutants fuzz screenshots clean
+.PHONY: install anon chromium systemd-analyze run test ruff-check docs soak chaos lint bench mutants fuzz screenshots clean
 
 # uv installs the lock file, bytecode compiled on both cores (21 s against pip's 33 s
 # here); the venv keeps its pip for you. Without that bytecode the test workers and the
@@ -72,14 +72,11 @@ docs: install
 
 # What runs before the suite, side by side (one compiles, one downloads, two read files).
 test: install chromium systemd-analyze
-	$(MAKE) --no-print-directory -j 4 $(VENV)/anon/anon $(BYTECODE) ruff-check docs-check
+	$(MAKE) --no-print-directory -j 4 $(VENV)/anon/anon $(BYTECODE) ruff-check docs
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) --durations=15
 
 ruff-check: install
 	$(BIN)/ruff check src tests benchmarks
-
-docs-check: install
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The whole suite 5 times in a row: every failure with its test id (scripts/soak.py);
 # then 5 minutes of chaos (below), whatever the suite's runs gave.

@@ -681,7 +681,9 @@ class FakeComfyUI:
 
     def _object_info_text(self) -> str:
         """/object_info as JSON, encoded again only when what it lists changed: 390 KB took
-        5 ms to encode, and a fake is asked for it several times. The key holds the
+        5 ms to encode, and a fake is asked for it several times. The real server builds
+        it at each request from what is on disk; the bytes a client gets are the same, and
+        a changed list (models, input files) changes them at once here too. The key holds the
         definitions themselves (so a replaced dict is never mistaken for the one encoded),
         their number (a test may delete a node) and LoadImage's files."""
         load_image = self._node_defs.get("LoadImage")
