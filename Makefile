@@ -27,11 +27,14 @@ $(VENV)/anon/anon: $(STAMP)
 	$(BIN)/comfyveil anon install --dir $(VENV)/anon
 
 # The browser tests drive Debian's chromium through Playwright (whose own browser download
-# is not used); installed only when missing, with sudo unless run as root.
+# is not used); installed only when missing, with sudo unless run as root. Without its
+# recommends (printer, Samba, avahi, mesa, perl's web libraries: 115 packages against 19,
+# 28 s against 13 s on a fresh machine here) but with the fonts the pages are laid out in.
+CHROMIUM_PACKAGES := chromium fonts-liberation
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
-	  else sudo apt-get update && sudo apt-get install -y chromium; fi; }
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -q --no-install-recommends $(CHROMIUM_PACKAGES); }
 
 # deploy/systemd's units are checked with `systemd-analyze verify` and `security`, from
 # Debian's systemd package; installed only when missing, as chromium is.
