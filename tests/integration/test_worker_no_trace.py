@@ -263,12 +263,13 @@ async def test_what_a_job_left_on_a_backend_is_swept_soon_after_it_ends_not_at_t
         try:
             await asyncio.sleep(0.3)  # the purge at start is done: this comes after it
             async with comfy_client.ComfyClient(fake_comfy.url, name="gpu0") as client:
-                await db.traces.record(
-                    job_id, "gpu0", [notrace.Trace("history", str(job_id)), upload]
-                )
                 await client.upload_image(photo_with_gps(), upload.name, type="temp")
                 values = wf.validate({"prompt": "hat", "steps": 1, "image": upload.reference})
                 await client.run(wf.apply(values), prompt_id=str(job_id))
+            # Written down once the files are there: no job row says this one is running,
+            # so a sweep between the record and the run would find nothing yet and close
+            # the traces (a loaded machine hit that window once).
+            await db.traces.record(job_id, "gpu0", [notrace.Trace("history", str(job_id)), upload])
             assert user_files(fake_comfy)
             await wait_for(lambda: nothing_left(fake_comfy), timeout=10)
             await wait_for(lambda: _no_traces(db), timeout=10)
