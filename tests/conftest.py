@@ -115,9 +115,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Collect garbage less often in the test processes. What collection imported is
     moved out of the collector's sight (gc.freeze), and a young generation of 20 000
     objects, not 700, lets the fakes' and clients' short-lived JSON (a parsed
-    /object_info is ~50 000 objects) die before it is promoted and scanned again: full
-    collection took 17 s of four workers' 62 s of CPU on a quarter of the suite, and
-    8-12 s so."""
+    /object_info is ~50 000 objects) die before it is promoted and scanned again.
+    Garbage collection took 17 s of four workers' 62 s of CPU on a quarter of the
+    suite, and 8-12 s so."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
