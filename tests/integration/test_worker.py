@@ -198,7 +198,9 @@ async def test_a_run_with_two_samplers_counts_its_steps_across_both(
     """Wan 2.2 runs its steps in two samplers (high noise for 2, low noise for the rest),
     each counting its own. The progress users see and the ETA weighs is one count across
     both: 8 steps, never back to 0 halfway (it said 2/2, "done", then 0/6)."""
-    fake = await fake_comfy_factory(step_delay=0.12)
+    # 0.4 s a step: the first write (step 1 or 2) stands for about a second before step 3
+    # is written; at 0.12 s a loaded machine's poll saw none of it ([4, 4, 4, ...]).
+    fake = await fake_comfy_factory(step_delay=0.4)
     job = await enqueue(db, command="wan", steps=8, width=256, height=256, length=5)
     seen: list[dict] = []
 

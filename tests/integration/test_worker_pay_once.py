@@ -86,18 +86,17 @@ async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_
     first = await fake_comfy_factory(step_delay=1.0)
     second = await fake_comfy_factory(step_delay=0.01)
     job = await enqueue(db, steps=8)
-    # gpu0 is marked down as soon as the hiccup is made, and the retry waits 4 s: it
-    # cannot find gpu0 up however loaded the machine (marked down only once the job was
-    # seen queued again, a loaded CI-like run let the retry reattach there first).
+    # The retry waits 4 s: time for this test to see the job queued again and mark gpu0
+    # down first (with 1 s, a loaded machine let the retry find gpu0 up and reattach).
     slower = dataclasses.replace(FAST, retry_backoff=4.0)
     async with running_worker(db, [first.url, second.url], options=slower) as worker:
         await _hiccup_while_running(first, job)  # it starts on gpu0, the first idle one
+        await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
         # The pool now holds gpu0 for down (say its probes time out), though it still
         # answers: the retry must stop the prompt there, then run the job on gpu1.
         gpu0 = worker.pool.get("gpu0")
         gpu0.failures = 6
         await worker.pool.mark_down(gpu0, "probe timed out")
-        await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
         done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
         await wait_for(lambda: _now(str(job.id) in first.history_entries), timeout=10)
     assert done.backend == "gpu1" and done.attempts == 2
