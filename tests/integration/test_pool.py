@@ -183,3 +183,26 @@ async def test_a_backend_too_slow_to_answer_its_probe_is_down_in_plain_words(
             assert backend.last_error == "backend gpu0 did not answer within 0.5 s"
     finally:
         fake.release("/queue")
+
+
+async def test_a_probe_on_its_way_when_the_backend_is_marked_down_does_not_bring_it_up(
+    fake_comfy_factory,
+) -> None:
+    """A job finds the backend unreachable while a probe sent before waits for its answer:
+    that answer may be from before the failure, so the backend stays down for its backoff
+    (it came back up at once, and a retry went straight back to it)."""
+    fake = await fake_comfy_factory()
+    async with pool.Pool(backend_configs([fake.url]), probe_interval=60) as p:
+        backend = p.get("gpu0")
+        assert backend is not None and backend.healthy
+        fake.hold("/queue")
+        try:
+            probing = asyncio.create_task(p.probe(backend))
+            await wait_for(lambda: _true(fake.held["GET /queue"] == 1), timeout=5)
+            await p.mark_down(backend, "backend gpu0 cannot be reached")
+        finally:
+            fake.release("/queue")
+        assert await asyncio.wait_for(probing, 5) is False
+        assert not backend.healthy and backend.failures == 1
+        assert await p.probe(backend)  # one sent after it does
+        assert backend.healthy and backend.failures == 0

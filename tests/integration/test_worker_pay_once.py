@@ -86,17 +86,21 @@ async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_
     first = await fake_comfy_factory(step_delay=1.0)
     second = await fake_comfy_factory(step_delay=0.01)
     job = await enqueue(db, steps=8)
-    # The retry waits 4 s: time for this test to see the job queued again and mark gpu0
-    # down first (with 1 s, a loaded machine let the retry find gpu0 up and reattach).
-    slower = dataclasses.replace(FAST, retry_backoff=4.0)
-    async with running_worker(db, [first.url, second.url], options=slower) as worker:
+    # The retry waits until this test lets it go, once gpu0 is marked down: no guessed
+    # delay (with 1 s, then 4 s, a loaded machine let the retry find gpu0 up first).
+    patient = dataclasses.replace(FAST, retry_backoff=60.0)
+    async with running_worker(db, [first.url, second.url], options=patient) as worker:
         await _hiccup_while_running(first, job)  # it starts on gpu0, the first idle one
         await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
         # The pool now holds gpu0 for down (say its probes time out), though it still
         # answers: the retry must stop the prompt there, then run the job on gpu1.
+        # A probe of gpu0 may be on its way right now (every 0.2 s here); its answer must
+        # not bring gpu0 back up, as it did on a loaded machine (the retry re-attached).
         gpu0 = worker.pool.get("gpu0")
         gpu0.failures = 6
         await worker.pool.mark_down(gpu0, "probe timed out")
+        async with db.pool.connection() as conn:
+            await conn.execute("UPDATE jobs SET not_before = now() WHERE id = %s", (job.id,))
         done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
         await wait_for(lambda: _now(str(job.id) in first.history_entries), timeout=10)
     assert done.backend == "gpu1" and done.attempts == 2

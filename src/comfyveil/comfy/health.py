@@ -163,6 +163,7 @@ class Probing:
     async def mark_down(self, backend: Backend, reason: str) -> None:
         """A job or probe found the backend failing: stop sending it work for a while."""
         backend.failures += 1
+        backend.downs += 1
         delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1))
         backend.next_probe = time.monotonic() + delay
         if backend.healthy:
@@ -179,8 +180,14 @@ class Probing:
             await self._on_down(backend.config)
         await self._notify()
 
-    async def probe(self, backend: Backend) -> bool:
-        """Probe one backend now; True when it is up."""
+    async def probe(self, backend: Backend, *, as_of: int | None = None) -> bool:
+        """Probe one backend now; True when it is up.
+
+        `as_of`: the backend's `downs` when the probe was decided on (default: now). A
+        probe whose answer may predate the backend's last marking down (a job that found
+        it unreachable meanwhile) brings no news: it stays down until a later probe.
+        """
+        as_of = backend.downs if as_of is None else as_of
         # Jobs of ours released while the probe runs may still show in its answer.
         released_before = set(backend.released)
         try:
@@ -208,6 +215,11 @@ class Probing:
             logger.exception("probing backend %s failed unexpectedly", backend.name)
             await self.mark_down(backend, f"probe failed ({type(exc).__name__})")
             return False
+        if backend.downs != as_of:
+            # Marked down while this probe was on its way: its answer may be from before
+            # the failure, and bringing the backend up would send the retry straight back
+            # to it and undo its backoff (seen when a slow loop finished the probe late).
+            return False
         if read:
             await self._keep(backend)
         backend.remote_queue = queue_length(answer)
@@ -232,6 +244,8 @@ class Probing:
             now = time.monotonic()
             due = [b for b in self.backends.values() if b.next_probe <= now]
             if due:
-                await asyncio.gather(*(self.probe(b) for b in due))
+                # As of now: a backend marked down before its probe task starts waits
+                # for its backoff.
+                await asyncio.gather(*(self.probe(b, as_of=b.downs) for b in due))
             upcoming = min(b.next_probe for b in self.backends.values())
             await asyncio.sleep(max(0.05, min(self.probe_interval, upcoming - time.monotonic())))

@@ -95,6 +95,7 @@ class Backend:
     remembered: bool = False
     kept: Mapping[str, Any] | None = field(default=None, repr=False)  # last handed to memory
     failures: int = 0
+    downs: int = 0  # times marked down: a probe begun before the last one cannot undo it
     next_probe: float = 0.0
     remote_queue: int = 0  # running + pending at the last probe
     local_at_probe: int = 0  # of which were ours
