@@ -72,6 +72,11 @@ RESERVE_GROUP = 5  # of a group's minute, kept for results and replies
 INFLIGHT_POLL = 0.02  # seconds between looks while the whole window is in flight
 MAX_RETRIES = 3  # RetryAfter answers a normal request waits out before giving up
 MAX_PRIVATE_GAP = 60.0  # the most a learned private chat's gap may grow to, in seconds
+# A learned gap keeps this much over the least bound the 429s put on it, as PRIVATE_GAP
+# keeps 10 % over Telegram's second: two messages that leave exactly the gap apart reach
+# Telegram closer when the second travels faster (a circuit's jitter, a busy event loop),
+# and with no margin about half of them were refused again after the lesson.
+LEARNED_GAP_MARGIN = 1.05
 # A send refused within this many gaps (or seconds, the more) of the chat's last accepted
 # message is put down to the chat's own limit; one to a chat quiet longer, to the overall.
 CHAT_SUSPECT = 1.5
@@ -338,7 +343,10 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # is the estimate; never below the model we started from.
         since_last = sent_at - last
         self._private_gap_bound = min(self._private_gap_bound, since_last + delay)
-        gap = min(MAX_PRIVATE_GAP, max(self._initial_private_gap, self._private_gap_bound))
+        gap = min(
+            MAX_PRIVATE_GAP,
+            max(self._initial_private_gap, self._private_gap_bound * LEARNED_GAP_MARGIN),
+        )
         inside_burst = since_last < self.private_gap
         burst = 1 if inside_burst else max(1, self.private_burst - 1)
         # Only a refusal of messages sent under the current model says it is wrong.
