@@ -156,8 +156,9 @@ async def test_a_slower_private_chat_is_learned_without_slowing_the_others(
     assert len(sent) == 80
     assert _refused_after_learning(fake_telegram, "sendMessage") == []
     # Not much more than the 2 s asked for: a gap that grew with every 429 would cost
-    # every later result.
-    assert 2.0 <= limiter.private_gap < 2.2 and limiter.private_burst == 1, limiter.lessons
+    # every later result. The limiter keeps 5 % over what the 429s showed, which a
+    # loaded loop reads up to ~0.1 s long (2.0975 s seen).
+    assert 2.0 <= limiter.private_gap < 2.3 and limiter.private_burst == 1, limiter.lessons
     assert limiter.overall == limits.OVERALL_PER_SECOND  # the other chats were not slowed
     # Four results a chat, 2 s apart at best, with the learning: not much more than 6 s.
     assert took < 6 + LEARNING + 4, took
