@@ -327,3 +327,52 @@ def test_an_eta_does_not_flip_with_the_order_two_gpus_free_up_in() -> None:
     before, after = seconds(1.95), seconds(2.05)
     assert 11.6 < after <= before < 19.1
     assert after / before > 0.9
+
+
+def test_a_close_call_ahead_kept_to_its_announced_gpu_does_not_move_the_eta() -> None:
+    # Both GPUs: 1 s plus 1 s a unit of work; a model switch costs 3 s.
+    runs = [
+        eta.Run(b, c, 2.0 + (3.0 if i == 0 else 0.0), 1.0, 4, 0.25)
+        for b in ("gpu0", "gpu1")
+        for c in ("f", "sd3", "f", "sd3")
+        for i in range(3)
+    ]
+    model = eta.estimator_from(runs)
+    loaded = {"gpu0": "f", "gpu1": "sd3"}
+    # gpu0 (Flux loaded) has 2 s to go; gpu1 (SD 3.5 loaded) is free. A Flux job ahead
+    # either loads Flux on gpu1 or waits for gpu0: a close call, which decides whether
+    # ours (SD 3.5) finds gpu1 free and warm.
+    running = eta.Busy("gpu0", "f", 2.0, 4.0, 4, 2.0, 1.0)
+
+    def before(plan: str | None) -> float:
+        wait = eta.estimate(
+            model,
+            command="sd3",
+            backends=["gpu0", "gpu1"],
+            busy=[running],
+            ahead=[eta.Ahead("f", None, 2.0, key="ahead", plan=plan)],
+            last_command=loaded,
+            work=2.0,
+        )
+        assert wait.seconds is not None
+        return wait.seconds
+
+    def once_sent_to(backend: str) -> float:
+        wait = eta.estimate(
+            model,
+            command="sd3",
+            backends=["gpu0", "gpu1"],
+            busy=[running, eta.Busy(backend, "f", None, 2.0)],
+            last_command=loaded,
+            work=2.0,
+        )
+        assert wait.seconds is not None
+        return wait.seconds
+
+    # Unplanned, the ETA is the mean of the two outcomes, and moves by more than a
+    # fifth whichever way the pool decides.
+    unplanned = before(None)
+    for backend in ("gpu0", "gpu1"):
+        assert abs(once_sent_to(backend) / unplanned - 1) > 0.2
+    # Announced on gpu0, it is counted there, and the pool keeps it there: no move.
+    assert before("gpu0") == pytest.approx(once_sent_to("gpu0"), rel=0.05)

@@ -301,6 +301,7 @@ class Pool(Probing, RunTimes):
         avoid: str | None = None,
         behind: int = 0,
         params: Mapping[str, Any] | None = None,
+        planned: str | None = None,
     ) -> Slot:
         """Wait for a free slot on a backend that can run `wf` and take it.
 
@@ -309,7 +310,8 @@ class Pool(Probing, RunTimes):
         `behind` says how many jobs wait behind this one: then it takes the free backend
         where it finishes first rather than wait for a busy one (that would hold them up,
         and leave a GPU idle while work waits). `params`: the job's values, whose steps
-        and size say how much work it asks.
+        and size say how much work it asks. `planned`: the backend the job's first ETA
+        announced; it goes there unless the runs strayed far (`routing.keep_plan`).
 
         Raises:
             NoBackendCanRun: backends are up but none has what `wf` needs.
@@ -317,6 +319,8 @@ class Pool(Probing, RunTimes):
         told = False
         since = time.monotonic()
         work, steps = costs.work_of(params), costs.steps_of(params)
+        if planned == avoid:
+            planned = None  # it failed there: the plan is void
         if self.why_not(wf) is not None:
             await self.refresh_models()
         async with self._changed:
@@ -329,7 +333,13 @@ class Pool(Probing, RunTimes):
                 if avoid is not None and len(free) > 1:
                     free = [b for b in free if b.name != avoid] or free
                 backend = self._choose(
-                    wf, able, free, waited=time.monotonic() - since, behind=behind, work=work
+                    wf,
+                    able,
+                    free,
+                    waited=time.monotonic() - since,
+                    behind=behind,
+                    work=work,
+                    planned=planned,
                 )
                 if backend is not None:
                     return self._place(backend, wf, job_id, work, steps)
@@ -351,6 +361,7 @@ class Pool(Probing, RunTimes):
         waited: float,
         behind: int = 0,
         work: float = 1.0,
+        planned: str | None = None,
     ) -> Backend | None:
         """The backend to take now, or None to wait for a busy one (or any)."""
         if not free:
@@ -370,7 +381,11 @@ class Pool(Probing, RunTimes):
             for b in able
         }
         chosen = routing_mod.choose(
-            options.values(), (options[b.name] for b in free), waited=waited, behind=behind
+            options.values(),
+            (options[b.name] for b in free),
+            waited=waited,
+            behind=behind,
+            planned=planned,
         )
         return None if chosen is None else self.backends[chosen.name]
 

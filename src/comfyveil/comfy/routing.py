@@ -22,7 +22,7 @@ import itertools
 import json
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,9 @@ RECENT = 50  # runs of each workflow the model is fitted to: as many as the ETA 
 # A backend expected to finish a job first may hold this many times its slots; the bound
 # keeps a wrong estimate from piling work onto one GPU.
 OVERFLOW = 2
+# A job keeps the backend its first ETA announced unless it would finish this share
+# later there than where the rule sends it now (`keep_plan`).
+STRAY = 0.25
 _MAX_SEED_FILE = 64 * 1024 * 1024  # a results.json of thousands of runs is a few MB
 
 
@@ -62,7 +65,12 @@ class Option:
 
 
 def choose(
-    able: Iterable[Option], free: Iterable[Option], *, waited: float, behind: int = 0
+    able: Iterable[Option],
+    free: Iterable[Option],
+    *,
+    waited: float,
+    behind: int = 0,
+    planned: str | None = None,
 ) -> Option | None:
     """Where the "finish" rule sends a job now, or None to wait for a busy backend.
 
@@ -70,12 +78,38 @@ def choose(
     forward to say when it will be done) follow, so an ETA counts each job ahead where it
     will really go. `able`: the backends that can run it; `free`: those of them with a
     free slot; `waited`: seconds the job has waited for a slot; `behind`: jobs waiting
-    behind it.
+    behind it; `planned`: the backend its first ETA announced (see `keep_plan`).
     """
-    free = list(free)
+    free, able = list(free), list(able)
+    chosen = _rule(able, free, waited=waited, behind=behind)
+    if planned is None or (chosen is not None and chosen.name == planned):
+        return chosen
+    plan = next((o for o in able if o.name == planned), None)
+    return plan if plan is not None and keep_plan(plan, chosen, free) else chosen
+
+
+def keep_plan(plan: Option, chosen: Option | None, free: Sequence[Option]) -> bool:
+    """Whether a job still goes to the backend its first ETA announced (`plan`) when the
+    rule now picks `chosen` (None: wait for a busy one).
+
+    The rule's close calls (a free GPU that loads other models, or the busy one that
+    holds them) split a model load's worth of outcomes on runs a little shorter or
+    longer; the ETA of every job behind swung with each such call still to come. Kept
+    to its plan, a job lands where every ETA already counted it, unless the runs strayed
+    far: there it would finish more than STRAY later than where the rule sends it now,
+    or it has no room (it holds up to OVERFLOW times its slots, as the rule allows).
+    """
+    if not free or plan.load >= OVERFLOW * plan.capacity:
+        return False
+    best = chosen if chosen is not None else min(free, key=lambda o: o.order)
+    return plan.finish <= best.finish * (1.0 + STRAY)
+
+
+def _rule(
+    able: Sequence[Option], free: Sequence[Option], *, waited: float, behind: int
+) -> Option | None:
     if not free:
         return None
-    able = list(able)
     best_free = min(free, key=lambda o: o.order)
     best = min(able, key=lambda o: o.order)
     if best is best_free or best_free.finish <= best.finish:

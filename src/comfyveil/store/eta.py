@@ -88,6 +88,7 @@ class Ahead:
     backends: tuple[str, ...] | None = None
     work: float = 1.0
     key: str | None = None  # the job's id: its run drawn alike at every refresh
+    plan: str | None = None  # the backend its first ETA announced (`routing.keep_plan`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,7 @@ def estimate(
     step_s: float | None = None,
     slots: Mapping[str, int] | int = SLOTS,
     behind: int = 0,
+    plan: str | None = None,
     spread: Mapping[str, float] | Draw | None = None,
 ) -> Wait:
     """Seconds until a job of `command` is done, with the queue ahead split by backend.
@@ -174,6 +176,9 @@ def estimate(
         slots: how many jobs each backend holds at once (one running, the rest waiting
             there), by name or for all.
         behind: the jobs queued behind ours (the pool's rule weighs them).
+        plan: the backend ours was announced on, which the pool keeps to
+            (`routing.keep_plan`); None: the one this estimate places it on, in every
+            playback (it is then the plan to keep: `Wait.backend`).
         spread: what the runs take, as shares of their estimates (one playback of
             `likely_spreads`; a mapping: the jobs on each backend now, by backend);
             None: the mean over those playbacks.
@@ -193,10 +198,15 @@ def estimate(
             command=command, backends=names, busy=busy, ahead=ahead,
             own_backends=own_backends, elapsed=elapsed, on=on, last_command=last_command,
             work=work, steps=steps, done=done, step_s=step_s, slots=slots, behind=behind,
+            plan=plan,
         )  # fmt: skip
         base = estimate(estimator, **args, spread={})
         if base.seconds is None or on is not None or len(names) < 2 or not (busy or ahead):
             return base
+        # Ours goes where this estimate announces it in every playback, as the pool keeps
+        # it there: a mean over playbacks that split it between two GPUs moved by half a
+        # model load when the pool chose.
+        args["plan"] = plan or base.backend
         # Which GPU frees a slot first decides where the jobs ahead land, and so ours;
         # the runs end a little sooner or later than estimated: the ETA is the mean over
         # those likely orders, not one of them (one flipped as runs went on).
@@ -302,6 +312,7 @@ def estimate(
         at: float,
         after: int,
         deep: bool = False,
+        planned: str | None = None,
     ) -> tuple[str, float, float]:
         """Where the pool sends a job that asks for a slot at `at` with `after` jobs
         behind it, by its own rule (`routing.choose`): the backend, when it is sent,
@@ -319,13 +330,13 @@ def estimate(
                 return extra + run(b, cmd, units)
 
             costs_there = {b: expected(b) for b in able}
-            name = min(
-                able,
-                key=lambda b: (
-                    max(at, ends[b][-1] if ends[b] else 0.0) + costs_there[b],
-                    rank[b],
-                ),
-            )
+
+            def finish(b: str) -> float:
+                return max(at, ends[b][-1] if ends[b] else 0.0) + costs_there[b]
+
+            name = min(able, key=lambda b: (finish(b), rank[b]))
+            if planned in costs_there and finish(planned) <= finish(name) * (1.0 + routing.STRAY):
+                name = planned
             guessed[name] = True
             return name, at, put(name, cmd, costs_there[name], at)
         # The pool sends a job when a backend it can use has a free slot.
@@ -347,7 +358,7 @@ def estimate(
                 options.append(option)
                 if load < option.capacity:
                     free.append(option)
-            chosen = routing.choose(options, free, waited=t - at, behind=after)
+            chosen = routing.choose(options, free, waited=t - at, behind=after, planned=planned)
             if chosen is not None:
                 break
             # It waits for a busy backend: until a job ends somewhere, or as long as a
@@ -367,7 +378,9 @@ def estimate(
     for index, job in enumerate(ahead[:SIMULATED]):
         after = len(ahead) - index  # those behind it, ours included
         units = job.work * draw.job(job.key)
-        backend, sent, _ = place(job.command, units, job.backends, sent, after, deep=index >= depth)
+        backend, sent, _ = place(
+            job.command, units, job.backends, sent, after, deep=index >= depth, planned=job.plan
+        )
         where[backend] += 1
     if len(ahead) > SIMULATED:
         # Deep in a long queue, the rest ahead is spread evenly (warm runs): placing each
@@ -394,7 +407,9 @@ def estimate(
         ours = on  # waiting there: after the jobs on it now, not after those still queued
         total = put(on, command, switch(on, command) + run(on, command, work))
     else:
-        ours, _, total = place(command, work, own_backends, sent, behind, deep=len(ahead) >= depth)
+        ours, _, total = place(
+            command, work, own_backends, sent, behind, deep=len(ahead) >= depth, planned=plan
+        )
     return Wait(
         seconds=total if known else None,
         ahead=len(ahead),
