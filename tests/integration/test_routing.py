@@ -12,6 +12,7 @@ import pytest
 from comfyveil import config
 from comfyveil.comfy import pool, routing, workflow
 from comfyveil.store import jobs
+from tests.integration.test_store_eta_work import finished_run
 from tests.integration.worker_support import (
     backend_configs,
     enqueue,
@@ -310,3 +311,24 @@ def test_a_bench_run_answered_from_the_cache_teaches_nothing(tmp_path: Path) -> 
     estimator = routing.Estimator()
     assert estimator.seed_from_bench(file) == 1
     assert estimator.run_seconds("gpu0", flux().name) == 4.0
+
+
+
+async def test_a_job_runs_on_the_gpu_its_eta_announced(db, fake_comfy_factory) -> None:
+    # The database has seen Flux take 4 s on gpu0 and 1 s on gpu1. A worker started
+    # since has learnt nothing yet, and by its own rule would take gpu0 (both unknown,
+    # gpu0 first); the ETA the user was shown said gpu1.
+    runs = (("gpu0", 4.0, 60.0), ("gpu0", 4.0, 50.0), ("gpu1", 1.0, 40.0), ("gpu1", 1.0, 30.0))
+    for backend, seconds, ago in runs:
+        await finished_run(db, 1, 2, 256, waited=0.0, ran=seconds, ago=ago, backend=backend)
+    job = await enqueue(db, prompt="a blue fox")
+    wait = await db.jobs.wait(job.id, backends=["gpu0", "gpu1"])
+    assert wait is not None and wait.backend == "gpu1"
+    queued = await db.jobs.get(job.id)
+    assert queued is not None and queued.plan == "gpu1"  # kept with the job
+    fakes = [await fake_comfy_factory() for _ in range(2)]
+    async with running_worker(db, [f.url for f in fakes]) as w:
+        assert not w.pool.estimator.estimates()  # this worker knows no run
+        ran = await wait_status(db, job.id, jobs.Status.SUCCEEDED)
+    assert ran.backend == "gpu1"
+    assert [sum(f.executions.values()) for f in fakes] == [0, 1]

@@ -117,9 +117,9 @@ async def test_a_queued_job_with_jobs_behind_it_is_counted_on_the_free_gpu_the_p
     db: database.Database,
 ) -> None:
     # gpu0 runs /f in 2 s and holds two jobs (1 s and 2 s left); gpu1, free, takes 10 s.
-    # Alone in the queue, ours waits for gpu0 (done in 1 + 2 + 2 s); with a job queued
+    # Alone in the queue, a job waits for gpu0 (done in 1 + 2 + 2 s); with a job queued
     # behind it, the pool sends it to the free gpu1 at once (10 s): a GPU left idle while
-    # work waits costs more than ours gains by waiting. The ETA must follow the pool.
+    # work waits costs more than it gains by waiting. The ETA must follow the pool.
     for user, backend, ran, ago in ((1, "gpu1", 10, 400), (2, "gpu0", 2, 300),
                                     (3, "gpu1", 10, 200), (4, "gpu0", 2, 100)):  # fmt: skip
         await finished_run(db, user, 4, 512, waited=0, ran=ran, ago=ago, backend=backend)
@@ -135,16 +135,17 @@ async def test_a_queued_job_with_jobs_behind_it_is_counted_on_the_free_gpu_the_p
         executing_for=1.0,
     )
     mine = await db.jobs.enqueue(asking(7, 4, 512))
-    alone = await db.jobs.wait(mine.id, backends=["gpu0", "gpu1"])
-    assert alone is not None and alone.backend == "gpu0"
-    assert alone.seconds == pytest.approx(1.0 + 2.0 + 2.0, abs=0.5)
-    await db.jobs.enqueue(asking(8, 4, 512))
+    last = await db.jobs.enqueue(asking(8, 4, 512))
     followed = await db.jobs.wait(mine.id, backends=["gpu0", "gpu1"])
     assert followed is not None and followed.backend == "gpu1"
     assert followed.seconds == pytest.approx(10.0, abs=0.5)
+    alone = await db.jobs.wait(last.id, backends=["gpu0", "gpu1"])  # nothing behind it
+    assert alone is not None and alone.backend == "gpu0"
+    assert alone.seconds == pytest.approx(1.0 + 2.0 + 2.0, abs=0.5)
     # An operator lets gpu0 hold two jobs waiting (`max_waiting = 2`): it has a free slot,
-    # and the pool sends ours there at once. The ETA counts the slots configured, not the
-    # default two (it said gpu1, 10 s, where the pool would run it on gpu0 in 5 s).
+    # and the pool sends ours there at once: gpu1, where its first ETA put it, would finish
+    # it twice as late. The ETA counts the slots configured, not the default two (it said
+    # gpu1, 10 s, where the pool would run it on gpu0 in 5 s).
     configured = [
         config.BackendConfig(name="gpu0", url="http://127.0.0.1:1", max_waiting=2),
         config.BackendConfig(name="gpu1", url="http://127.0.0.1:2"),

@@ -11,6 +11,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from comfyveil.store import database, errors, job_store, jobs, sql
+from tests.integration.test_store_eta_work import finished_run
 
 Database = database.Database
 
@@ -249,6 +250,21 @@ async def test_transient_failures_retry_with_backoff_then_fail(db: Database) -> 
     assert failed.error == "the GPU server went away" and failed.finished_at is not None
     kinds = [e.kind for e in await db.jobs.events(job.id)]
     assert kinds == ["queued", "claimed", "submitted", "retry_scheduled", "claimed", "failed"]
+
+
+async def test_a_retried_job_is_not_sent_back_to_the_gpu_its_first_eta_named(
+    db: Database,
+) -> None:
+    await finished_run(db, 2, 4, 512, waited=0.0, ran=3.0, ago=60.0, backend="gpu0")
+    job = await db.jobs.enqueue(new_job(1, max_attempts=2))
+    wait = await db.jobs.wait(job.id, backends=["gpu0", "gpu1"])
+    assert wait is not None and wait.seconds is not None and wait.backend == "gpu0"
+    claimed = await db.jobs.claim("w")
+    assert claimed is not None and claimed.plan == "gpu0"  # the pool keeps it there
+    await db.jobs.mark_submitted(claimed, "gpu0")
+    retried = await db.jobs.fail(claimed, "the GPU server went away", transient=True)
+    # gpu0 failed it: the next ETA names a GPU afresh, and the pool's rule decides.
+    assert retried.status is jobs.Status.QUEUED and retried.plan is None
 
 
 async def test_permanent_failure_ends_at_once(db: Database) -> None:

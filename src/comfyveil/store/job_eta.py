@@ -124,13 +124,13 @@ class JobEta(JobReads):
         busy: list[eta_mod.Busy] = []
         for (
             command, allowed, backend, elapsed_there, state, size, done, steps, step_s,
-            key, claimed_after_ours,
+            key, claimed_after_ours, plan,
         ) in row["busy"]:  # fmt: skip
             work = eta_mod.work_of(size)
             allowed = tuple(allowed) if allowed else None
             if backend is None or state == "waiting":  # claimed, waiting for a GPU: ahead
                 if row["queued"]:
-                    ahead.append(eta_mod.Ahead(command, allowed, work, key))
+                    ahead.append(eta_mod.Ahead(command, allowed, work, key, plan))
                 continue
             if on is not None and backend == on and claimed_after_ours:
                 continue  # sent there after ours: it waits behind ours
@@ -141,8 +141,10 @@ class JobEta(JobReads):
                 )
             )
         ahead += [
-            eta_mod.Ahead(command, tuple(allowed) if allowed else None, eta_mod.work_of(size), key)
-            for command, allowed, key, size in row["ahead"]
+            eta_mod.Ahead(
+                command, tuple(allowed) if allowed else None, eta_mod.work_of(size), key, plan
+            )
+            for command, allowed, key, size, plan in row["ahead"]
         ]
         runs = eta_mod.runs_from(
             (b, c, start, end, eta_mod.work_of(size), _count(steps) or eta_mod.steps_of(size),
@@ -168,9 +170,15 @@ class JobEta(JobReads):
             step_s=_number(row["step_s"]) if elapsed is not None else None,
             behind=int(row["behind_count"]),
             slots=dict(slots) if slots else eta_mod.SLOTS,
+            plan=row["plan"] if row["queued"] else None,
         )
         if not row["queued"]:  # only queued jobs have a place in the queue
             return eta_mod.Wait(found.seconds, 0, found.running, {}, found.backend)
+        if found.backend is not None and found.seconds is not None and row["plan"] is None:
+            # Where the first ETA placed it is where the pool sends it (unless the runs
+            # stray far), and where every later job's ETA counts it: a close call of the
+            # rule still to come moved them all by a model load when it was decided.
+            await self.db.run("keep_plan", job_id=job_id, plan=found.backend)
         return eta_mod.Wait(
             found.seconds,
             int(row["ahead_count"]) + (len(ahead) - len(row["ahead"])),

@@ -124,6 +124,7 @@ class Job:
     request_message_id: int | None = None  # the chat message that asked for it
     requested_by: str | None = None  # who asked, in groups (a display name)
     executing_at: dt.datetime | None = None  # when ComfyUI started its prompt
+    plan: str | None = None  # the backend its ETA announced (comfy/routing.py, keep_plan)
 
     @classmethod
     def from_row(cls, row: Row) -> Job:
@@ -157,6 +158,7 @@ class Job:
             request_message_id=row.get("request_message_id"),
             requested_by=row.get("requested_by"),
             executing_at=row.get("executing_at"),
+            plan=row.get("plan"),
         )
 
 

@@ -128,6 +128,8 @@ WITH target AS (
         not_before = CASE WHEN t.retry THEN now() + make_interval(secs => %(backoff)s)
                           ELSE j.not_before END,
         finished_at = CASE WHEN t.retry THEN NULL ELSE now() END,
+        -- the GPU its first ETA named failed it: the next ETA names one afresh
+        plan = NULL,
         error = %(error)s,
         lease_owner = NULL,
         lease_expires_at = NULL,
@@ -878,7 +880,7 @@ WITH queued AS (
     LEFT JOIN queue_turns t ON t.user_id = j.user_id
     WHERE j.status = 'queued'
 ), mine AS (
-    SELECT j.id, j.command, j.status, j.backends, j.started_at,
+    SELECT j.id, j.command, j.status, j.backends, j.started_at, j.plan,
            coalesce(j.backend, j.progress->>'backend') AS backend,
            j.progress->>'state' AS state,
            extract(epoch FROM now() - coalesce(j.executing_at, j.started_at))::float8
@@ -900,7 +902,7 @@ WITH queued AS (
       AND (-q.priority, q.round, q.turn, q.created_at, q.id)
           < (-me.priority, me.round, me.turn, me.created_at, me.id)
 ), on_gpus AS (
-    SELECT r.id, r.command, r.backends, r.started_at,
+    SELECT r.id, r.command, r.backends, r.started_at, r.plan,
            coalesce(r.backend, r.progress->>'backend') AS backend,
            r.progress->>'state' AS state,
            extract(epoch FROM now() - coalesce(r.executing_at, r.started_at))::float8
@@ -915,7 +917,7 @@ WITH queued AS (
     WHERE r.status = 'running' AND r.id <> %(job_id)s
 )
 SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m.done,
-       m.steps, m.step_s,
+       m.steps, m.step_s, m.plan,
        EXISTS (SELECT 1 FROM me) AS queued,
        (SELECT count(*) FROM ahead)::int AS ahead_count,
        -- queued after ours, or on other GPUs only: the pool's rule sends a job with work
@@ -931,7 +933,8 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
                                                'height', p.params->'height',
                                                'length', p.params->'length',
                                                'megapixels', p.params->'megapixels',
-                                               'batch_size', p.params->'batch_size'))
+                                               'batch_size', p.params->'batch_size'),
+                            p.plan)
                                  ORDER BY -a.priority, a.round, a.turn, a.created_at, a.id)
                  FROM (SELECT * FROM ahead
                        ORDER BY -priority, round, turn, created_at, id LIMIT 2000) a
@@ -944,7 +947,7 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
                                                   g.state, g.size, g.done, g.steps,
                                                   g.step_s, g.id,
                                                   coalesce(g.started_at > m.started_at,
-                                                           false))
+                                                           false), g.plan)
                                  ORDER BY g.started_at)
                  FROM on_gpus g), '[]'::json) AS busy,
        -- the last runs of each command involved, from ComfyUI's start of each (or the
@@ -971,6 +974,12 @@ SELECT m.command, m.status, m.backends, m.backend, m.state, m.elapsed, m.size, m
                      ORDER BY finished_at DESC LIMIT %(runs)s) r
                  WHERE r.backend IS NOT NULL), '[]'::json) AS runs
 FROM mine m;
+
+-- keep_plan --
+-- The backend a queued job's first ETA announced (store/job_eta.py, `wait`); the pool
+-- keeps the job to it (comfy/routing.py, `keep_plan`). Written once: a plan that moved
+-- with later ETAs moved every ETA behind it too.
+UPDATE jobs SET plan = %(plan)s WHERE id = %(job_id)s AND status = 'queued' AND plan IS NULL;
 
 -- remember_model_lists --
 -- A backend's node and model lists as it last answered them. Lists as kept already are

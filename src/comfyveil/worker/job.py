@@ -228,6 +228,7 @@ class JobRunner:
                     avoid=earlier or self._avoid.get(job.id),
                     behind=others + (1 if self._more_queued else 0),
                     params=values,
+                    planned=job.plan,
                 ))
             finally:
                 if running.waiting:
