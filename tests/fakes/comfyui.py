@@ -53,6 +53,7 @@ import mimetypes
 import random
 import re
 import shutil
+import socket
 import string
 import struct
 import tempfile
@@ -298,6 +299,10 @@ class FakeComfyUI:
         self.held: Counter[str] = Counter()  # requests that waited at each held route
         self.port = 0
         self._runner: web.AppRunner | None = None
+        # While partitioned or killed, the port stays bound (not listening: a client is
+        # refused, as by a dead server) so that no other server a test starts takes it:
+        # a client coming back to "gpu0" would find someone else there.
+        self._reserved: socket.socket | None = None
         self._reset_memory()
 
     # --- life cycle -------------------------------------------------------------------
@@ -340,6 +345,7 @@ class FakeComfyUI:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()
+        self._release_port()
         server = site._server
         assert server is not None and server.sockets  # type: ignore[attr-defined]
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
@@ -349,10 +355,12 @@ class FakeComfyUI:
     async def stop(self) -> None:
         """A clean shutdown."""
         await self._halt(abort=False)
+        self._release_port()
 
     async def kill(self) -> None:
         """Die like a crashed process: connections reset, the port stops answering."""
         await self._halt(abort=True)
+        self._reserve_port()
 
     async def restart(self) -> str:
         """Come back on the same port with nothing in memory; `input/` and `output/` keep
@@ -370,6 +378,7 @@ class FakeComfyUI:
         assert self._runner is not None
         for site in list(self._runner.sites):
             await site.stop()
+        self._reserve_port()
         for transport in list(self._transports):
             transport.abort()  # type: ignore[attr-defined]
 
@@ -378,6 +387,24 @@ class FakeComfyUI:
         assert self._runner is not None
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()
+        self._release_port()
+
+    def _reserve_port(self) -> None:
+        if self._reserved is not None or not self.port:
+            return
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", self.port))
+        except OSError:
+            held.close()  # taken in the instant it was free: nothing to hold
+            return
+        self._reserved = held
+
+    def _release_port(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
     async def _halt(self, *, abort: bool) -> None:
         if self._executor is not None:
