@@ -40,6 +40,11 @@ Reported per load, as a share of the mean wait really left (unscaled seconds):
   model had learnt 30 runs ("warm": a deployment keeps its runs in its database, so only
   its first jobs meet a cost model that knows nothing).
 
+Each load runs twice on the same arrivals (`--plans kept,rule`): "kept", each job's first
+ETA writes where it placed the job and the pool keeps it there unless the runs strayed
+far (`routing.keep_plan`, as the store and the worker do); "rule", the pool's rule alone
+(the code before). The targets are judged on "kept"; "rule" is the baseline.
+
 New and single are computed after the run from the snapshots taken at each refresh (their
 playbacks would take the CPU from the run they measure). New is reported as shown
 (through `EtaMemory`) and raw (as the estimator said it): the
@@ -188,6 +193,9 @@ class Snapshot:
     placed: dict[int, str] = field(default_factory=dict)  # where the guess put each ahead
 
     def seconds(self, spread: dict[str, float] | None = None, **swap: Any) -> float | None:
+        return self.wait(spread, **swap).seconds
+
+    def wait(self, spread: dict[str, float] | None = None, **swap: Any) -> eta.Wait:
         parts = {
             "model": self.model,
             "busy": self.busy,
@@ -204,7 +212,7 @@ class Snapshot:
             last_command=parts["last"],
             spread=spread,
             **{k: v for k, v in parts["own"].items() if k != "names"},
-        ).seconds
+        )
 
 
 def snapshot(
@@ -216,7 +224,10 @@ def snapshot(
     *,
     model: eta.Model,
     blind: bool,
+    plans: dict[int, str] | None = None,
 ) -> Snapshot:
+    plans = plans or {}
+
     def work(i: int) -> float:
         return 1.0 if blind else asks[i].work
 
@@ -260,6 +271,7 @@ def snapshot(
         "steps": None if blind else asks[index].steps,
         "done": None if blind or not started else mine.done,  # type: ignore[union-attr]
         "step_s": None if blind or not started else mine.step_s,  # type: ignore[union-attr]
+        "plan": plans.get(index),
     }
     return Snapshot(
         now,
@@ -267,7 +279,10 @@ def snapshot(
         busy,
         {}
         if mine is not None
-        else {i: eta.Ahead(asks[i].command, None, work(i), key=str(i)) for i in ahead},
+        else {
+            i: eta.Ahead(asks[i].command, None, work(i), key=str(i), plan=plans.get(i))
+            for i in ahead
+        },
         last,
         own,
     )
@@ -288,7 +303,9 @@ def estimate(
     return snap.seconds(spread)
 
 
-async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -> dict[str, Any]:
+async def run_once(
+    load: float, jobs: int, scale: float, seed: int, tmp: Path, *, plans_kept: bool = True
+) -> dict[str, Any]:
     delays = {"VAEDecode": DECODE_S * scale}
     for loader in LOADERS:
         delays[loader] = LOAD_S * scale
@@ -322,11 +339,15 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
     models = Estimates(state)
     memory = eta.EtaMemory()
     ids = [uuid.uuid4() for _ in range(jobs)]
+    # The backend each job's first ETA announced, which the pool keeps it to (as the
+    # store keeps it with the job); none when plans are off (the rule alone, as before).
+    plans: dict[int, str] = {}
     # per job: (when, ETA) for each kind: shown (new through EtaMemory), raw, single,
     # blind, old
     looks: dict[str, dict[int, list[tuple[float, float]]]] = {k: defaultdict(list) for k in KINDS}
     snaps: dict[int, list[Snapshot]] = defaultdict(list)  # the raw ETA's, as `looks`
     done: dict[int, float] = {}
+    placed_on: dict[int, str] = {}
     learnt: dict[int, int] = {}  # runs the cost model had learnt when each job was queued
     queue: asyncio.Queue[int] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
@@ -339,7 +360,15 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
         # The new ETA is computed from the snapshot after the run (`replay`): its many
         # playbacks would take the CPU from the run they are measured on.
         models.refresh()
-        snaps[index].append(snapshot(state, asks, index, at, names, model=models.new, blind=False))
+        snap = snapshot(state, asks, index, at, names, model=models.new, blind=False, plans=plans)
+        if plans_kept and index not in plans and index in state.queued:
+            # The first ETA's placement, as the store keeps it with the job (one playback:
+            # the one every other playback of this job keeps it to).
+            backend = snap.wait({}).backend
+            if backend is not None:
+                plans[index] = backend
+                snap.own["plan"] = backend
+        snaps[index].append(snap)
         blind = estimate(state, asks, index, at, names, model=models.blind, blind=True, spread={})
         old = old_eta(state, asks, index, len(names))
         if blind is not None:
@@ -418,9 +447,11 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
                         str(uuid.uuid4()),
                         behind=queue.qsize(),
                         params=asks[index].params,
+                        planned=plans.get(index),
                     )
                     del state.claimed[index]
                     state.on_gpu[index] = OnGpu(slot.backend.name)
+                    placed_on[index] = slot.backend.name
                     task = asyncio.create_task(run_job(index, slot))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -494,6 +525,11 @@ async def run_once(load: float, jobs: int, scale: float, seed: int, tmp: Path) -
     both = [i for i in range(jobs) if all(looks[k].get(i) for k in looks)]
     row: dict[str, Any] = {
         "load": load,
+        "plans_kept": plans_kept,
+        "plans_kept_by_pool": sum(
+            1 for i, b in plans.items() if i in placed_on and placed_on[i] == b
+        ),
+        "plans": len(plans),
         "jobs": jobs,
         "with_eta": len(both),
         "mean_wait_s": round(statistics.fmean(done[i] - arrivals[i] / scale for i in both), 2),
@@ -618,14 +654,30 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--loads", default="0.3,0.8", help="fractions of the pool's capacity")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--plans",
+        default="kept,rule",
+        help="kept: each job keeps the backend its first ETA announced; rule: the pool's "
+        "rule alone (the baseline); both: each load run twice, the same arrivals",
+    )
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     rows = []
     with tempfile.TemporaryDirectory(prefix="comfyveil-eta-") as tmpdir:
         for load in (float(x) for x in args.loads.split(",")):
-            rows.append(await run_once(load, args.jobs, args.scale, args.seed, Path(tmpdir)))
+            for mode in args.plans.split(","):
+                rows.append(
+                    await run_once(
+                        load,
+                        args.jobs,
+                        args.scale,
+                        args.seed,
+                        Path(tmpdir),
+                        plans_kept=mode == "kept",
+                    )
+                )
     print(
-        f"{'load':>4} {'ETA':>6} {'jobs':>5} {'w/ ETA':>6} {'wait s':>7} {'first':>6} "
+        f"{'load':>4} {'plans':>5} {'ETA':>6} {'jobs':>5} {'w/ ETA':>6} {'wait s':>7} {'first':>6} "
         f"{'later':>6} {'jumped':>6} {'largest':>7} {'jumped≥1s':>9} {'largest':>7} "
         f"{'warm jumped':>11}"
     )
@@ -633,7 +685,8 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         for kind in KINDS:
             k = r[kind]
             print(
-                f"{r['load']:>4.0%} {kind:>6} {r['jobs']:>5} {r['with_eta']:>6} "
+                f"{r['load']:>4.0%} {'kept' if r['plans_kept'] else 'rule':>5} {kind:>6} "
+                f"{r['jobs']:>5} {r['with_eta']:>6} "
                 f"{r['mean_wait_s']:>7.2f} {k['first_mae']:>6.0%} {k['later_mae']:>6.0%} "
                 f"{k['jobs_jumped_over_20pct']:>6} {k['largest_jump']:>7.0%} "
                 f"{k['jobs_jumped_over_20pct_from_1s']:>9} {k['largest_jump_from_1s']:>7.0%} "
@@ -642,7 +695,9 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in rows:
         why = r["raw_jumps_by_cause"]
         print(
-            f"{r['load']:.0%} raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']} "
+            f"{r['load']:.0%}, plans {'kept' if r['plans_kept'] else 'rule'}: "
+            f"{r['plans_kept_by_pool']} of {r['plans']} jobs ran where announced; "
+            f"raw jumps over {JUMP:.0%} (from {LEAST_S:.0f} s): {why['jumps']} "
             f"in {why['jobs']} jobs, at {why['moments']} moments (the largest: "
             + ", ".join(f"{m['jumps']} at {m['at_s']:.1f} s" for m in why["largest_moments"])
             + f"); jobs with one not led by a job that finished: {why['jobs_but_finished']}"
@@ -662,6 +717,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         and r[kind]["later_mae"] < TARGET_MAE
         and r[kind]["jobs_jumped_over_20pct"] == 0
         for r in rows
+        if r["plans_kept"]
         for kind in ("shown", "raw")
     )
     print(
