@@ -331,11 +331,15 @@ def estimate(
 
             costs_there = {b: expected(b) for b in able}
 
-            def finish(b: str) -> float:
-                return max(at, ends[b][-1] if ends[b] else 0.0) + costs_there[b]
+            def finish(b: str) -> float:  # from `at`, as the pool's rule weighs it
+                return max(0.0, (ends[b][-1] if ends[b] else 0.0) - at) + costs_there[b]
 
             name = min(able, key=lambda b: (finish(b), rank[b]))
-            if planned in costs_there and finish(planned) <= finish(name) * (1.0 + routing.STRAY):
+            if (
+                planned is not None
+                and planned in costs_there
+                and finish(planned) <= finish(name) * (1.0 + routing.STRAY)
+            ):
                 name = planned
             guessed[name] = True
             return name, at, put(name, cmd, costs_there[name], at)
