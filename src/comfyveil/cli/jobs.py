@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from comfyveil import cli, config_load
-from comfyveil.cli.submit import CLI_USER_ID, describe_progress
+from comfyveil.cli._job_line import CLI_USER_ID, describe_progress
 from comfyveil.desk import state as job_state
 from comfyveil.errors import UsageError
 from comfyveil.store import database, jobs
