@@ -267,6 +267,16 @@ async def test_a_retried_job_is_not_sent_back_to_the_gpu_its_first_eta_named(
     assert retried.status is jobs.Status.QUEUED and retried.plan is None
 
 
+async def test_an_eta_whose_plan_cannot_be_kept_still_answers(db: Database) -> None:
+    long_name = "gpu-" + "x" * 300  # past the plan column's bound
+    await finished_run(db, 2, 4, 512, waited=0.0, ran=3.0, ago=60.0, backend=long_name)
+    job = await db.jobs.enqueue(new_job(1))
+    wait = await db.jobs.wait(job.id, backends=[long_name])
+    assert wait is not None and wait.seconds is not None and wait.backend == long_name
+    queued = await db.jobs.get(job.id)
+    assert queued is not None and queued.plan is None  # the rule alone decides
+
+
 async def test_permanent_failure_ends_at_once(db: Database) -> None:
     await db.jobs.enqueue(new_job(1))
     claimed = await db.jobs.claim("w")

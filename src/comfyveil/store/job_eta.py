@@ -4,14 +4,15 @@ estimate itself is store/eta.py's)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, LiteralString
 
 from comfyveil.comfy import routing
+from comfyveil.store import errors, sql
 from comfyveil.store import eta as eta_mod
-from comfyveil.store import sql
 from comfyveil.store.connector import Row
 from comfyveil.store.job_reads import JobReads
 from comfyveil.store.jobs import Status
@@ -178,7 +179,10 @@ class JobEta(JobReads):
             # Where the first ETA placed it is where the pool sends it (unless the runs
             # stray far), and where every later job's ETA counts it: a close call of the
             # rule still to come moved them all by a model load when it was decided.
-            await self.db.run("keep_plan", job_id=job_id, plan=found.backend)
+            # Best effort: an ETA read that cannot write (a backend name past the column's
+            # bound, a database that stopped answering) still answers; the rule decides.
+            with contextlib.suppress(errors.StoreError):
+                await self.db.run("keep_plan", job_id=job_id, plan=found.backend)
         return eta_mod.Wait(
             found.seconds,
             int(row["ahead_count"]) + (len(ahead) - len(row["ahead"])),
