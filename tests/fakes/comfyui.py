@@ -390,6 +390,8 @@ class FakeComfyUI:
         self._release_port()
 
     def _reserve_port(self) -> None:
+        # What a client sees is unchanged: connection refused, as at the port of a
+        # ComfyUI that crashed or cannot be reached. Only other servers are kept off it.
         if self._reserved is not None or not self.port:
             return
         held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

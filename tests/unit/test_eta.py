@@ -286,15 +286,18 @@ def test_a_command_seen_only_cold_is_not_charged_its_model_load_on_every_run() -
     assert warm.seconds == pytest.approx(5.0) and cold.seconds == pytest.approx(9.0)
 
 
-def test_an_eta_does_not_flip_with_the_order_two_gpus_free_up_in() -> None:
-    # Both GPUs: 1 s plus 1 s a unit of work; a model switch costs 3 s.
-    runs = [
+def two_gpus_switching() -> eta.Model:
+    """Both GPUs: 1 s plus 1 s a unit of work for Flux and SD 3.5; a model switch, 3 s."""
+    return eta.estimator_from(
         eta.Run(b, c, 2.0 + (3.0 if i == 0 else 0.0), 1.0, 4, 0.25)
         for b in ("gpu0", "gpu1")
         for c in ("f", "sd3", "f", "sd3")
         for i in range(3)
-    ]
-    model = eta.estimator_from(runs)
+    )
+
+
+def test_an_eta_does_not_flip_with_the_order_two_gpus_free_up_in() -> None:
+    model = two_gpus_switching()
 
     def seconds(done_on_gpu1: float) -> float:
         # gpu0 (Flux loaded) runs a long Flux job, 7 s left, one more waits there; gpu1
@@ -330,14 +333,7 @@ def test_an_eta_does_not_flip_with_the_order_two_gpus_free_up_in() -> None:
 
 
 def test_a_close_call_ahead_kept_to_its_announced_gpu_does_not_move_the_eta() -> None:
-    # Both GPUs: 1 s plus 1 s a unit of work; a model switch costs 3 s.
-    runs = [
-        eta.Run(b, c, 2.0 + (3.0 if i == 0 else 0.0), 1.0, 4, 0.25)
-        for b in ("gpu0", "gpu1")
-        for c in ("f", "sd3", "f", "sd3")
-        for i in range(3)
-    ]
-    model = eta.estimator_from(runs)
+    model = two_gpus_switching()
     loaded = {"gpu0": "f", "gpu1": "sd3"}
     # gpu0 (Flux loaded) has 2 s to go; gpu1 (SD 3.5 loaded) is free. A Flux job ahead
     # either loads Flux on gpu1 or waits for gpu0: a close call, which decides whether

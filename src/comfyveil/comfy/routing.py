@@ -102,7 +102,13 @@ def keep_plan(plan: Option, chosen: Option | None, free: Sequence[Option]) -> bo
     if not free or plan.load >= OVERFLOW * plan.capacity:
         return False
     best = chosen if chosen is not None else min(free, key=lambda o: o.order)
-    return plan.finish <= best.finish * (1.0 + STRAY)
+    return within_stray(plan.finish, best.finish)
+
+
+def within_stray(planned_finish: float, best_finish: float) -> bool:
+    """Whether a job finishing `planned_finish` seconds from now on its planned backend
+    is close enough to the best backend's `best_finish` to stay (STRAY)."""
+    return planned_finish <= best_finish * (1.0 + STRAY)
 
 
 def _rule(

@@ -338,7 +338,7 @@ def estimate(
             if (
                 planned is not None
                 and planned in costs_there
-                and finish(planned) <= finish(name) * (1.0 + routing.STRAY)
+                and routing.within_stray(finish(planned), finish(name))
             ):
                 name = planned
             guessed[name] = True
