@@ -15,7 +15,6 @@ import io
 import os
 import signal
 import struct
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import pool
 from comfyveil.store import database, jobs
 from comfyveil.worker import Worker
+from tests import zygote
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.anyone import AnonPair, PrivateAnyoneNetwork
 from tests.integration.worker_support import FAST, enqueue, wait_for, wait_status
@@ -88,8 +88,8 @@ def _pixels(data: bytes) -> bytes:
 
 
 async def _generate(*args: str, cwd: Path, timeout: float = 240) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "generate", *args, cwd=cwd, env=dict(os.environ),
+    proc = await zygote.comfyveil(
+        "generate", *args, cwd=cwd, env=dict(os.environ),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -348,8 +348,8 @@ async def test_worker_process_runs_a_queued_job_on_a_hidden_comfyui(
     seen = len(hidden_comfy.fake.requests)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "worker", "--config", str(cfg), "--out", str(out),
+    proc = await zygote.comfyveil(
+        "worker", "--config", str(cfg), "--out", str(out),
         cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:

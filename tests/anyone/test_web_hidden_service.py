@@ -10,11 +10,11 @@ import asyncio
 import re
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.anyone.test_anyone_product import RecordingRelay
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fixtures.anyone import AnonPair, PrivateAnyoneNetwork
@@ -34,7 +34,7 @@ def _env() -> dict[str, str]:
     return cli_env(COMFYVEIL_ANYONE_FORBID_PUBLIC="1")
 
 
-async def _line(proc: asyncio.subprocess.Process, pattern: str, seen: list[str]) -> re.Match[str]:
+async def _line(proc: zygote.Process, pattern: str, seen: list[str]) -> re.Match[str]:
     while True:
         for line in seen:
             found = re.search(pattern, line)
@@ -64,10 +64,7 @@ async def test_the_web_front_end_opens_through_its_anon_address(
         f'[anyone]\nbinary = "{anyone_network.binary}"\nprivate_network = "{net_file}"\n'
         f'[web]\nport = {port}\nhidden_service = true\nclient_auth = ["tester"]\n'
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    proc = await zygote.comfyveil(
         "web",
         "--config",
         str(conf),

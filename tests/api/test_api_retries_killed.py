@@ -15,6 +15,7 @@ import pytest
 
 from comfyveil.store import api_requests, database
 from comfyveil.worker import Worker
+from tests import zygote
 from tests.api import jobs_support
 from tests.api.test_api_openai import PROMPT
 from tests.api.test_api_retries import openai, statuses
@@ -23,7 +24,7 @@ from tests.web.support import WORKER, cli_config, spawn, wait_for
 
 
 @contextlib.asynccontextmanager
-async def web_serve(conf: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+async def web_serve(conf: Path) -> AsyncIterator[tuple[zygote.Process, str]]:
     """`comfyveil web serve` (the web front end, the API and a worker) in a process of its
     own, and its URL; the test kills it."""
     proc = await spawn(conf, "web", "serve", stderr=asyncio.subprocess.DEVNULL)

@@ -9,6 +9,7 @@ import dataclasses
 import re
 
 from comfyveil import config
+from tests import zygote
 from tests.e2e.bot_support import SMALL, running_bot
 from tests.fakes.comfyui import DEFAULT_MODELS, FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
@@ -504,7 +505,6 @@ async def test_sigterm_hands_running_jobs_back_fast_and_answers_commands_until_t
     fake_telegram: FakeTelegram, fake_comfy_factory, database_url: str, tmp_path, db
 ) -> None:
     import signal
-    import sys
     import time
 
     from tests.e2e.test_bot_run_cli import _env
@@ -519,10 +519,7 @@ async def test_sigterm_hands_running_jobs_back_fast_and_answers_commands_until_t
         f"[worker]\nstop_grace = 1.5\n"
         f'[[backends]]\nname = "gpu0"\nurl = "{fake.url}"\nvia = "direct"\n'
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    proc = await zygote.comfyveil(
         "run",
         "--config",
         str(conf),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
+from tests import zygote
 from tests.e2e.bot_support import SMALL
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
@@ -37,12 +37,12 @@ def _config(
     return conf
 
 
-async def _run_into(conf: Path, errors: Path, token: str) -> asyncio.subprocess.Process:
+async def _run_into(conf: Path, errors: Path, token: str) -> zygote.Process:
     """`comfyveil run` with the bot's token, its stderr in a file (nothing blocks on a full
     pipe) and its stdout piped."""
     with errors.open("wb") as err_file:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+        return await zygote.comfyveil(
+            "run", "--config", str(conf),
             env=_env(COMFYVEIL_TELEGRAM_TOKEN=token),
             stdout=asyncio.subprocess.PIPE, stderr=err_file,
         )
@@ -52,8 +52,8 @@ async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
     fake_telegram: FakeTelegram, fake_comfy: FakeComfyUI, database_url: str, tmp_path: Path
 ) -> None:
     conf = _config(tmp_path, database_url, fake_telegram, fake_comfy.url)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+    proc = await zygote.comfyveil(
+        "run", "--config", str(conf),
         env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -77,8 +77,8 @@ async def test_run_answers_a_command_and_stops_cleanly_on_sigterm(
 async def test_run_without_a_token_says_where_it_must_come_from(tmp_path: Path) -> None:
     conf = tmp_path / "comfyveil.toml"
     conf.write_text('[telegram]\nopen = true\n[web]\nenabled = false\n')
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "run", "--config", str(conf), env=_env(),
+    proc = await zygote.comfyveil(
+        "run", "--config", str(conf), env=_env(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -98,8 +98,8 @@ async def test_debug_verbosity_never_logs_a_prompt_or_a_web_link(
         tmp_path, database_url, fake_telegram, fake_comfy.url,
         web='[web]\nport = 0\npublic_url = "http://127.0.0.1:9"\n',
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "-vv", "run", "--config", str(conf),
+    proc = await zygote.comfyveil(
+        "-vv", "run", "--config", str(conf),
         env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -142,8 +142,8 @@ async def test_sigterm_with_a_job_running_stops_within_stop_grace_from_the_signa
         tmp_path, database_url, fake_telegram, fake.url,
         extra=f"status_delay = 0\n[worker]\nstop_grace = {grace}\n",
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", "run", "--config", str(conf),
+    proc = await zygote.comfyveil(
+        "run", "--config", str(conf),
         env=_env(COMFYVEIL_TELEGRAM_TOKEN=fake_telegram.token),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -177,7 +177,7 @@ async def test_a_second_process_on_the_same_token_stops_itself_not_the_running_o
     often the running one with its web front end and worker. Now the newcomer finds the
     token in use before it starts anything, says so in one line and stops; the running
     service goes on answering."""
-    procs: list[tuple[asyncio.subprocess.Process, Path]] = []
+    procs: list[tuple[zygote.Process, Path]] = []
     try:
         for name in ("first", "second"):
             folder = tmp_path / name
@@ -228,7 +228,7 @@ async def test_a_service_whose_poll_is_taken_by_another_keeps_its_web_front_end_
 
     import aiohttp
 
-    procs: list[tuple[asyncio.subprocess.Process, Path]] = []
+    procs: list[tuple[zygote.Process, Path]] = []
     try:
         for name, url in (("first", database_url), ("second", empty_database_url)):
             folder = tmp_path / name
@@ -368,8 +368,8 @@ async def test_run_says_at_start_which_backends_cannot_be_reached(
             f'[[backends]]\nname = "gpu1"\nurl = "http://127.0.0.1:{port}"\nvia = "direct"\n'
             "[web]\nport = 0\n"
         )
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "comfyveil", "run", "--config", str(conf), env=_env(),
+        proc = await zygote.comfyveil(
+            "run", "--config", str(conf), env=_env(),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         try:

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from telegram.error import TelegramError
 
 from comfyveil import config, config_load, redaction
 from comfyveil.telegram import app, handlers
+from tests import zygote
 from tests.fakes.comfyui import FakeComfyUI
 from tests.fakes.telegram import FakeTelegram
 
@@ -258,10 +258,7 @@ async def test_run_at_debug_verbosity_never_prints_the_token(
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
         env.pop("DATABASE_URL", None)
         env["COMFYVEIL_TELEGRAM_TOKEN"] = TOKEN
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "comfyveil",
+        proc = await zygote.comfyveil(
             "-vv",
             "run",
             "--config",

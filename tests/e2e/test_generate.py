@@ -6,13 +6,13 @@ import asyncio
 import io
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from tests import zygote
 from tests.fakes.comfyui import FakeComfyUI
 
 
@@ -26,8 +26,8 @@ class Run:
 async def comfyveil(*args: str, cwd: Path) -> Run:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYVEIL_")}
     env["COMFYVEIL_DATA_DIR"] = str(cwd / "data")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", *args,
+    proc = await zygote.comfyveil(
+        *args,
         cwd=cwd, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )

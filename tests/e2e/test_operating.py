@@ -10,7 +10,6 @@ import json
 import os
 import re
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from comfyveil.store import database, jobs
+from tests import zygote
 from tests.integration.test_worker_recovery import _start_again, restartable_pg
 from tests.integration.worker_support import enqueue, wait_for, wait_status
 
@@ -47,10 +47,7 @@ async def started(*args: str, cwd: Path) -> AsyncIterator[tuple[list[str], str]]
     """A comfyveil process' output lines (growing while it runs) and the URL of its metrics
     listener (read from what it prints)."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    proc = await zygote.comfyveil(
         *args,
         cwd=cwd,
         env=env,
@@ -82,7 +79,7 @@ async def started(*args: str, cwd: Path) -> AsyncIterator[tuple[list[str], str]]
             await proc.wait()
 
 
-async def _drain(proc: asyncio.subprocess.Process, seen: list[str]) -> None:
+async def _drain(proc: zygote.Process, seen: list[str]) -> None:
     assert proc.stdout is not None
     while line := await proc.stdout.readline():
         seen.append(line.decode())
@@ -255,10 +252,7 @@ async def test_worker_tells_systemd_it_is_ready_pets_the_watchdog_and_says_it_st
     sock.bind(str(notify))
     sock.setblocking(False)
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    proc = await zygote.comfyveil(
         "worker",
         "--config",
         str(cfg),

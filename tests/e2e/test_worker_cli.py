@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from comfyveil import sinks
 from comfyveil.store import database, jobs
+from tests import zygote
 from tests.integration.worker_support import (
     enqueue,
     never,
@@ -41,10 +41,10 @@ def write_config(
     return path
 
 
-async def cli(*args: str, cwd: Path) -> asyncio.subprocess.Process:
+async def cli(*args: str, cwd: Path) -> zygote.Process:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "comfyveil", *args, cwd=cwd, env=env,
+    return await zygote.comfyveil(
+        *args, cwd=cwd, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
 

@@ -27,6 +27,7 @@ from comfyveil import config, retention, sinks
 from comfyveil.comfy import client as comfy_client
 from comfyveil.comfy import pool
 from comfyveil.store import database, jobs
+from tests import zygote
 from tests.e2e.test_worker_cli import cli, run_cli, write_config
 from tests.fakes.comfyui import FakeComfyUI
 from tests.integration.test_worker_no_trace import nothing_left
@@ -46,7 +47,7 @@ DOOMED_LEASE = 2.0  # seconds: the killed worker's lease, which a stranger waits
 
 async def _start_doomed(
     tmp_path: Path, database_url: str, fake: FakeComfyUI, *, lease: float = DOOMED_LEASE
-) -> tuple[asyncio.subprocess.Process, Path]:
+) -> tuple[zygote.Process, Path]:
     cfg = write_config(tmp_path / "comfyveil.toml", database_url, [fake.url], lease=lease)
     proc = await cli(
         "worker",
@@ -61,7 +62,7 @@ async def _start_doomed(
     return proc, cfg
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> float:
+async def _kill(proc: zygote.Process) -> float:
     proc.send_signal(signal.SIGKILL)
     await proc.wait()
     return time.monotonic()

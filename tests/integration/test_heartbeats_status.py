@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +12,7 @@ from comfyveil import config_load
 from comfyveil.cli import status
 from comfyveil.store import database
 from comfyveil.worker import heartbeat
+from tests import zygote
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -81,10 +81,7 @@ async def test_status_shows_the_database_each_backend_and_each_worker(
         f'[database]\nurl = "{database_url}"\n\n'
         f'[[backends]]\nname = "dead"\nurl = "http://127.0.0.1:9"\nvia = "direct"\n'
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    proc = await zygote.comfyveil(
         "status",
         "--config",
         str(cfg),

@@ -9,7 +9,6 @@ import dataclasses
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from comfyveil.store import accounts as web_store
 from comfyveil.store import database, web_tables
 from comfyveil.web import auth, server
 from comfyveil.worker import Worker, WorkerOptions
+from tests import zygote
 from tests.fakes.comfyui import FakeComfyUI
 
 WORKER = WorkerOptions(
@@ -191,10 +191,7 @@ def cli_config(tmp_path: Path, database_url: str, comfy: FakeComfyUI) -> Path:
 async def cli(conf: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """`comfyveil ARGS --config CONF` in a process of its own: its exit status, stdout and
     stderr."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    proc = await zygote.comfyveil(
         *args,
         "--config",
         str(conf),
@@ -216,12 +213,9 @@ async def cli_invite(conf: Path, *, env: dict[str, str] | None = None) -> str:
 
 async def spawn(
     conf: Path, *command: str, stderr: int = asyncio.subprocess.PIPE
-) -> asyncio.subprocess.Process:
+) -> zygote.Process:
     """`comfyveil COMMAND... --config CONF` in a process of its own, its stdout piped."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "comfyveil",
+    return await zygote.comfyveil(
         *command,
         "--config",
         str(conf),
