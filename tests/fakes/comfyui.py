@@ -323,6 +323,7 @@ class FakeComfyUI:
         self._gate = asyncio.Event()
         self._gate.set()
         self._transports: set[asyncio.BaseTransport] = set()
+        self._partitioned = False
         self._executor: asyncio.Task[None] | None = None
 
     @property
@@ -344,6 +345,7 @@ class FakeComfyUI:
                                      shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        self._partitioned = False
         await site.start()
         self._release_port()
         server = site._server
@@ -376,6 +378,7 @@ class FakeComfyUI:
         """Become unreachable while the GPU keeps working (a network partition, a broken
         circuit): connections reset, the port refuses, the queue runs on. `heal` ends it."""
         assert self._runner is not None
+        self._partitioned = True
         for site in list(self._runner.sites):
             await site.stop()
         self._reserve_port()
@@ -386,6 +389,7 @@ class FakeComfyUI:
         """Answer again on the same port, with everything that ran meanwhile."""
         assert self._runner is not None
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        self._partitioned = False
         await site.start()
         self._release_port()
 
@@ -509,6 +513,11 @@ class FakeComfyUI:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.transport is not None:
+            if self._partitioned:
+                # A connection accepted before the partition whose request is read after
+                # it (a busy loop widens that instant): a partition leaves no way through.
+                request.transport.abort()
+                return web.Response(status=503)  # written to nobody
             self._transports.add(request.transport)
         self.requests.append(
             RecordedRequest(request.method, request.path, dict(request.query),

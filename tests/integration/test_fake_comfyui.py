@@ -434,3 +434,29 @@ async def test_a_model_file_added_is_listed_and_accepted_at_once(fake_comfy_fact
         assert (await http.post("/prompt", json={"prompt": prompt})).status_code == 200
         fake.remove_model("checkpoints", "new.safetensors")
         assert "new.safetensors" not in await listed()
+
+
+async def test_a_partition_leaves_no_connection_through_not_even_one_accepted_before_it(
+    fake_comfy: FakeComfyUI,
+) -> None:
+    """A connection the server accepted just before the partition, whose request it reads
+    after, is cut as every other: under load a worker got a whole run through one."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", fake_comfy.port)
+    try:
+        await asyncio.sleep(0.1)  # accepted: the kernel and the server both hold it
+        await fake_comfy.partition()
+        writer.write(b"GET /queue HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        try:
+            answer = await asyncio.wait_for(reader.read(1024), 5)
+        except ConnectionError:
+            answer = b""
+        assert answer == b"", answer  # no answer: the connection is reset
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", fake_comfy.port)
+    finally:
+        writer.close()
+    await fake_comfy.heal()
+    async with aiohttp.ClientSession() as session, session.get(f"{fake_comfy.url}/queue") as r:
+        assert r.status == 200
