@@ -30,6 +30,7 @@ class News:
 
 _EVENTS_AFTER = "SELECT * FROM job_events WHERE job_id = %(j)s AND id > %(a)s ORDER BY id"
 _JOB = "SELECT * FROM jobs WHERE id = %(j)s"
+_ONE_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 _OUTPUTS = (
     'SELECT o."index", o.filename, o.kind, o.mime, octet_length(o.data) AS size '
     'FROM job_outputs o WHERE o.job_id = %(j)s {also} ORDER BY o."index"'
@@ -64,12 +65,16 @@ class ApiJobStore(PoolStore):
         """The job's history after event `after`, then the job, then its outputs if it
         has succeeded, sent in one round trip (a pipeline on one connection): a stream
         wakes up several times a job, its last wake-up on the path to the client's result,
-        and each round trip costs more than its query on a busy machine. The history is
-        read first, so the job read after it is never older than the last event sent.
+        and each round trip costs more than its query on a busy machine. All of it is read
+        as of one moment (one REPEATABLE READ snapshot): a stream ends on reading the job
+        ended, so that read must hold the event that ended it, and the job is never older
+        than the last event sent. Read statement by statement, a job that ended between
+        the history and the job came back ended without its last event.
         `eta`: also what the job's ETA needs (`JobStore.wait`), in the same round trip."""
         params = {"j": job_id, "a": after}
         async with errors.wrap_exceptions(), self.pool.connection() as conn:
-            async with conn.pipeline():
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(_ONE_SNAPSHOT)
                 events = await conn.execute(_EVENTS_AFTER, params)
                 job = await conn.execute(_JOB, params)
                 # read after the job: a job read as succeeded has its outputs (written in
