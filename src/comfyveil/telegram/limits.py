@@ -343,6 +343,12 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # is the estimate; never below the model we started from.
         since_last = sent_at - last
         self._private_gap_bound = min(self._private_gap_bound, since_last + delay)
+        if last >= self._private_learned and since_last > self.private_gap - 0.01:
+            # Refused after waiting the learned gap: the gap is longer than that. The
+            # least bound came out short when arrivals bunched up (the earlier message
+            # answered late, a loaded host), and a model only narrowed the other way
+            # stayed short: every message after was refused once (40 of 80 seen).
+            self._private_gap_bound = max(self._private_gap_bound, since_last)
         gap = min(
             MAX_PRIVATE_GAP,
             max(self._initial_private_gap, self._private_gap_bound * LEARNED_GAP_MARGIN),
