@@ -9,11 +9,11 @@ runs: its own pid, stdin/stdout/stderr, working directory, environment, session 
 signals, and its exit status is the one `comfyveil/__main__.py` gives, run by runpy as
 `python -m` runs it. Only the imports are shared (and with them whatever a module does
 when imported: a module that read the environment at import time would read the
-zygote's, so none does; see `_ADDED_AT_IMPORT` for the one that writes it).
+zygote's, so none does; `_warm` finds the one that writes it, set again in each child).
 
 The interpreter's own start is still tested by fresh processes: `--version`, `run
 --help` importing only its subcommand (tests/unit/test_cli.py), the docs' shell
-examples, the chaos harness and the tests that wrap the interpreter in limits.
+examples and the chaos harness.
 
 Run as `python -m tests.zygote SOCKET`, it is the zygote; imported, it is the client.
 """
