@@ -29,7 +29,9 @@ Telegram publishes none of these numbers and changes them, so the model learns f
 - A send refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is
   the chat's own limit. Its gap is at most the time since that message plus
   ``retry_after``; the least such bound seen is kept (``retry_after`` is whole seconds,
-  so any one bound may be a second too long, and a gap that only grew would ratchet).
+  so any one bound may be a second too long, and a gap that only grew would ratchet),
+  except that a message refused after waiting the whole learned gap raises it to what
+  that message waited.
   A refusal inside the chat's burst means no burst. Each chat's gap runs from the
   answer to its last message, not from when that left, since Telegram counts arrivals.
 - Any other 429 is the overall limit, which becomes the messages the server accepted in
@@ -345,9 +347,9 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         self._private_gap_bound = min(self._private_gap_bound, since_last + delay)
         if last >= self._private_learned and since_last > self.private_gap - 0.01:
             # Refused after waiting the learned gap: the gap is longer than that. The
-            # least bound came out short when arrivals bunched up (the earlier message
-            # answered late, a loaded host), and a model only narrowed the other way
-            # stayed short: every message after was refused once (40 of 80 seen).
+            # least bound comes out short when the earlier message arrived late (Telegram
+            # counts arrivals, we departures), and a gap kept at it would have every
+            # later message refused once.
             self._private_gap_bound = max(self._private_gap_bound, since_last)
         gap = min(
             MAX_PRIVATE_GAP,
