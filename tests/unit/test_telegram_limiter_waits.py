@@ -47,8 +47,7 @@ def test_a_private_gap_learned_short_widens_when_a_message_sent_after_it_is_refu
     """Telegram counts arrivals; the limiter counts departures. When the earlier message
     arrived late (a loaded host), a 429's bound comes out under the real gap, here 1.9 s
     against 2 s. A message refused after waiting the whole learned gap proves it short:
-    before, the least bound was kept and every message after was refused once (40 of 80
-    in a loaded run of test_a_slower_private_chat_is_learned_without_slowing_the_others)."""
+    before, the least bound was kept and every later message was refused once."""
     now = 100.0
     limiter = limits.ChatRateLimiter(clock=lambda: now)
     chat = 7000
