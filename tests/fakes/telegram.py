@@ -29,6 +29,8 @@ on messages sent to that chat. Deleting, answering button presses, getFile and t
 are not counted. Telegram publishes none of this and changes it, so `Limits` also models
 other rules: a lower overall rate, deletions counted toward it (``count_deletions``), a
 slower private chat (``private=0.5``: one message every 2 s) or a smaller burst.
+``delay_arrivals`` makes the path slow and uneven, as Telegram counts a message when it
+arrives.
 
 Deliberate simplifications: one bot per server; HTML parse mode is parsed into text and
 entities like the real server (MarkdownV2 text is kept as sent); inline messages,
@@ -46,6 +48,7 @@ import io
 import itertools
 import json
 import math
+import random
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -277,6 +280,7 @@ class FakeTelegram:
         self._kicked_from: set[int] = set()  # groups that removed the bot
         self._migrated: dict[int, int] = {}  # group id -> the supergroup it became
         self._limits: Limits | None = None
+        self._arrival_delay: tuple[float, random.Random] | None = None  # see delay_arrivals
         self._overall: collections.deque[float] = collections.deque()
         self._per_chat: dict[int, collections.deque[float]] = {}  # groups' last minute
         self._private: dict[int, tuple[float, float]] = {}  # private chats' (tokens, when)
@@ -454,6 +458,12 @@ class FakeTelegram:
         """
         self._rate_limited = n
         self._retry_after = retry_after
+
+    def delay_arrivals(self, most: float, *, seed: int = 0) -> None:
+        """From now on each bot call (not getUpdates) reaches the server up to `most`
+        seconds after it was sent, unevenly (seeded): a slow path, as a loaded host or a
+        circuit makes it. Telegram counts a message toward its limits when it arrives."""
+        self._arrival_delay = (most, random.Random(seed))
 
     def enforce_limits(self, limits: Limits | None = None) -> None:
         """From now on, answer messages over Telegram's limits with 429 (see the module
@@ -736,6 +746,9 @@ class FakeTelegram:
         handler = getattr(self, f"_api_{name.lower()}", None)
         if handler is None:
             return _error(ApiError(404, "Not Found"))
+        if self._arrival_delay is not None and name.lower() != "getupdates":
+            most, draws = self._arrival_delay
+            await asyncio.sleep(draws.uniform(0.0, most))
         params, files = await _read_params(request)
         if name.lower() == "getupdates":
             try:

@@ -43,22 +43,59 @@ async def test_after_a_429_everything_waits_as_long_as_telegram_asked(
     assert len(later) == 2 and min(later) - refused_at >= 0.95, calls
 
 
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_private_gap_is_learned_whole_when_a_refused_message_was_long_on_the_way() -> None:
+    """Telegram counts a message when it arrives. Two left together (a burst); the second
+    sat 1.2 s on the way (a loaded host, a circuit), so Telegram, allowing one every 2 s,
+    asked for 1 s more. Counted from when it left, the 429 said the gap was at most 1 s,
+    and the gap stayed at 1.1 s: every later message was refused once."""
+    clock = _Clock(100.0)
+    limiter = limits.ChatRateLimiter(clock=clock)
+    chat = 7000
+    clock.now = 100.01
+    limiter._taken(chat, 100.0, False)  # the first, answered at once
+    clock.now = 101.21  # the second's 429, answered after its arrival at 101.2
+    limiter._learn(chat, 100.0, 1.0, deletion=False)
+    assert limiter.private_gap >= 2.0, limiter.lessons
+    assert limiter.private_burst == 1
+
+
+def test_a_429_to_a_message_older_than_the_last_one_taken_teaches_no_gap() -> None:
+    """A message that left before the chat's last accepted one and was answered after
+    it: nothing bounds the gap between them (the model stays, not 60 s a message)."""
+    clock = _Clock(100.0)
+    limiter = limits.ChatRateLimiter(clock=clock)
+    chat = 7000
+    clock.now = 100.5
+    limiter._taken(chat, 100.2, False)
+    clock.now = 100.6
+    limiter._learn(chat, 100.0, 2.0, deletion=False)
+    assert limiter.private_gap == limits.PRIVATE_GAP, limiter.lessons
+
+
 def test_a_private_gap_learned_short_widens_when_a_message_sent_after_it_is_refused() -> None:
-    """Telegram counts arrivals; the limiter counts departures. When the earlier message
-    arrived late (a loaded host), a 429's bound comes out under the real gap, here 1.9 s
-    against 2 s. A message refused after waiting the whole learned gap proves it short:
-    before, the least bound was kept and every later message was refused once."""
-    now = 100.0
-    limiter = limits.ChatRateLimiter(clock=lambda: now)
+    """A server that rounds its `retry_after` down (here 1 s where 1.1 s was meant) has
+    the least bound come out under its real gap, here 1.9 s against 2 s. A message
+    refused after waiting the whole learned gap proves it short: before, the least bound
+    was kept and every later message was refused once."""
+    clock = _Clock(100.0)
+    limiter = limits.ChatRateLimiter(clock=clock)
     chat = 7000
     limiter._taken(chat, 100.0, False)
-    # sent 0.9 s after the last by our clock; Telegram saw 1.05 s and asked for 1 s more
-    limiter._learn(chat, 100.9, 1.0, deletion=False)
+    clock.now = 100.9  # refused at once, 0.9 s after the last: "retry after 1"
+    limiter._learn(chat, 100.89, 1.0, deletion=False)
     short = limiter.private_gap
-    assert 1.9 <= short < 2.0  # 1.9 s and its 5 % margin: short of Telegram's 2 s
-    now = 103.0
+    assert 1.85 <= short < 2.0
+    clock.now = 103.0
     limiter._taken(chat, 103.0, False)
-    now = 103.0 + short
-    limiter._learn(chat, now, 1.0, deletion=False)  # refused after the learned gap
+    clock.now = 103.0 + short + 0.01
+    limiter._learn(chat, 103.0 + short, 1.0, deletion=False)  # refused after the learned gap
     assert limiter.private_gap > short  # not the same refusal again and again
     assert limiter.private_gap < 2.3  # by what the refusal showed, not a ratchet

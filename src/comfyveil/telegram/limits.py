@@ -27,10 +27,11 @@ Telegram publishes none of these numbers and changes them, so the model learns f
   the second before were within our model but deletions in that second took it past:
   nothing is known of the overall rate yet from either.
 - A send refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is
-  the chat's own limit. Its gap is at most the time since that message plus
-  ``retry_after``; the least such bound seen is kept (``retry_after`` is whole seconds,
-  so any one bound may be a second too long, and a gap that only grew would ratchet),
-  except that a message refused after waiting the whole learned gap raises it to what
+  the chat's own limit. Its gap is at most the time from when that message left to
+  the 429's answer, plus ``retry_after``: a bound that holds however long either was on
+  the way. The least such bound seen is kept (``retry_after`` is whole seconds, so any
+  one bound may be a second too long, and a gap that only grew would ratchet), except
+  that a message refused after waiting the whole learned gap raises it to 5 % past what
   that message waited.
   A refusal inside the chat's burst means no burst. Each chat's gap runs from the
   answer to its last message, not from when that left, since Telegram counts arrivals.
@@ -52,6 +53,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -74,11 +76,7 @@ RESERVE_GROUP = 5  # of a group's minute, kept for results and replies
 INFLIGHT_POLL = 0.02  # seconds between looks while the whole window is in flight
 MAX_RETRIES = 3  # RetryAfter answers a normal request waits out before giving up
 MAX_PRIVATE_GAP = 60.0  # the most a learned private chat's gap may grow to, in seconds
-# A learned gap keeps this much over the least bound the 429s put on it, as PRIVATE_GAP
-# keeps 10 % over Telegram's second: two messages that leave exactly the gap apart reach
-# Telegram closer when the second travels faster (a circuit's jitter, a busy event loop),
-# and with no margin about half of them were refused again after the lesson.
-LEARNED_GAP_MARGIN = 1.05
+WIDENING = 1.05  # a private gap proved short grows past what the refused message waited
 # A send refused within this many gaps (or seconds, the more) of the chat's last accepted
 # message is put down to the chat's own limit; one to a chat quiet longer, to the overall.
 CHAT_SUSPECT = 1.5
@@ -140,7 +138,7 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # 429s to learn from: when each left.
         self._pending: collections.deque[float] = collections.deque()
         self._overall_learned = self._private_learned = -1e9  # when the last lessons were
-        self._private_gap_bound = MAX_PRIVATE_GAP  # the least bound a 429 put on the gap
+        self._private_gap_bound = math.inf  # the least bound a 429 put on the gap
         self._initial_private_gap = private_gap
         self._initial_overall = overall
         # After a result waited for the overall window, status traffic stays out for a
@@ -340,21 +338,29 @@ class ChatRateLimiter(BaseRateLimiter[str]):
     def _learn_private(
         self, chat_id: int, sent_at: float, last: float, delay: float, now: float
     ) -> None:
-        # Refused `since_last` s after its last message left, to be taken `delay` s later
-        # (whole seconds, rounded up): the gap is at most their sum. The least such bound
-        # is the estimate; never below the model we started from.
+        # Telegram let the last message in when it arrived, after it left (`last`), and
+        # refused this one when it arrived, before its answer came back (`now`), to be
+        # taken `delay` s later (whole seconds, rounded up): the gap is at most
+        # `now - last + delay`, however long either spent on the way. The least such
+        # bound is the estimate; never below the model we started from. Counted from when
+        # this one left instead, the bound came out short by its time on the way (1.1 s
+        # against 2 s with arrivals jittered by up to 2.5 s), and a short least bound is
+        # never corrected by a later, longer one. A bound that holds needs no margin:
+        # each chat's gap runs from the answer to its last message, which came after
+        # Telegram counted it, so no two arrivals come closer than the gap. A later
+        # message answered first bounds nothing about this one.
         since_last = sent_at - last
-        self._private_gap_bound = min(self._private_gap_bound, since_last + delay)
+        if last <= sent_at:
+            self._private_gap_bound = min(self._private_gap_bound, now - last + delay)
         if last >= self._private_learned and since_last > self.private_gap - 0.01:
-            # Refused after waiting the learned gap: the gap is longer than that. The
-            # least bound comes out short when the earlier message arrived late (Telegram
-            # counts arrivals, we departures), and a gap kept at it would have every
-            # later message refused once.
-            self._private_gap_bound = max(self._private_gap_bound, since_last)
-        gap = min(
-            MAX_PRIVATE_GAP,
-            max(self._initial_private_gap, self._private_gap_bound * LEARNED_GAP_MARGIN),
-        )
+            # Refused after waiting the whole learned gap: the gap is longer than that (a
+            # server that rounds its `retry_after` down, or counts otherwise), by how much
+            # is not said, and a gap kept at the least bound would have every later
+            # message refused once.
+            self._private_gap_bound = max(self._private_gap_bound, since_last * WIDENING)
+        gap = self.private_gap
+        if math.isfinite(self._private_gap_bound):
+            gap = min(MAX_PRIVATE_GAP, max(self._initial_private_gap, self._private_gap_bound))
         inside_burst = since_last < self.private_gap
         burst = 1 if inside_burst else max(1, self.private_burst - 1)
         # Only a refusal of messages sent under the current model says it is wrong.
