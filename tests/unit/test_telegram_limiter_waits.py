@@ -67,6 +67,20 @@ def test_a_private_gap_is_learned_whole_when_a_refused_message_was_long_on_the_w
     assert limiter.private_burst == 1
 
 
+def test_a_429_answered_after_a_stall_teaches_no_gap_as_long_as_the_stall() -> None:
+    """A 429 whose answer took 20 s (a circuit rebuilt): counted whole, every private
+    chat would send one message every 22 s from then on, and nothing would correct it."""
+    clock = _Clock(100.0)
+    limiter = limits.ChatRateLimiter(clock=clock)
+    chat = 7000
+    clock.now = 100.01
+    limiter._taken(chat, 100.0, False)
+    clock.now = 120.5
+    limiter._learn(chat, 100.5, 2.0, deletion=False)
+    # 0.5 s since the last, 2 s on the way at most, and the 2 s Telegram asked for
+    assert 2.0 <= limiter.private_gap <= 4.5, limiter.lessons
+
+
 def test_a_429_to_a_message_older_than_the_last_one_taken_teaches_no_gap() -> None:
     """A message that left before the chat's last accepted one and was answered after
     it: nothing bounds the gap between them (the model stays, not 60 s a message)."""

@@ -29,7 +29,8 @@ Telegram publishes none of these numbers and changes them, so the model learns f
 - A send refused soon after the chat's last message (within 1.5 of its gaps, or 2 s) is
   the chat's own limit. Its gap is at most the time from when that message left to
   the 429's answer, plus ``retry_after``: a bound that holds however long either was on
-  the way. The least such bound seen is kept (``retry_after`` is whole seconds, so any
+  the way (a round trip counted up to 2 s, so that a stall teaches no gap as long as
+  itself). The least such bound seen is kept (``retry_after`` is whole seconds, so any
   one bound may be a second too long, and a gap that only grew would ratchet), except
   that a message refused after waiting the whole learned gap raises it to 5 % past what
   that message waited.
@@ -77,6 +78,11 @@ INFLIGHT_POLL = 0.02  # seconds between looks while the whole window is in fligh
 MAX_RETRIES = 3  # RetryAfter answers a normal request waits out before giving up
 MAX_PRIVATE_GAP = 60.0  # the most a learned private chat's gap may grow to, in seconds
 WIDENING = 1.05  # a private gap proved short grows past what the refused message waited
+# The most a 429's round trip counts toward a private chat's gap bound, in seconds: a
+# message refused after a stall (a circuit rebuilt, a host paused) would otherwise teach
+# a gap as long as the stall, and the chats would send that slowly with no later 429 to
+# correct it. A path slower than this one way is what the widening corrects.
+MAX_ON_THE_WAY = 2.0
 # A send refused within this many gaps (or seconds, the more) of the chat's last accepted
 # message is put down to the chat's own limit; one to a chat quiet longer, to the overall.
 CHAT_SUSPECT = 1.5
@@ -341,17 +347,19 @@ class ChatRateLimiter(BaseRateLimiter[str]):
         # Telegram let the last message in when it arrived, after it left (`last`), and
         # refused this one when it arrived, before its answer came back (`now`), to be
         # taken `delay` s later (whole seconds, rounded up): the gap is at most
-        # `now - last + delay`, however long either spent on the way. The least such
-        # bound is the estimate; never below the model we started from. Counted from when
-        # this one left instead, the bound came out short by its time on the way (1.1 s
-        # against 2 s with arrivals jittered by up to 2.5 s), and a short least bound is
-        # never corrected by a later, longer one. A bound that holds needs no margin:
-        # each chat's gap runs from the answer to its last message, which came after
-        # Telegram counted it, so no two arrivals come closer than the gap. A later
-        # message answered first bounds nothing about this one.
+        # `now - last + delay`, however long either spent on the way (up to
+        # MAX_ON_THE_WAY). The least such bound is the estimate; never below the model we
+        # started from. Counted from when this one left instead, the bound came out short
+        # by its time on the way (1.1 s against 2 s with arrivals jittered by up to
+        # 2.5 s), and a short least bound is never corrected by a later, longer one. A
+        # bound that holds needs no margin: each chat's gap runs from the answer to its
+        # last message, which came after Telegram counted it, so no two arrivals come
+        # closer than the gap. A later message answered first bounds nothing about this.
         since_last = sent_at - last
         if last <= sent_at:
-            self._private_gap_bound = min(self._private_gap_bound, now - last + delay)
+            on_the_way = min(now - sent_at, MAX_ON_THE_WAY)
+            bound = since_last + on_the_way + delay
+            self._private_gap_bound = min(self._private_gap_bound, bound)
         if last >= self._private_learned and since_last > self.private_gap - 0.01:
             # Refused after waiting the whole learned gap: the gap is longer than that (a
             # server that rounds its `retry_after` down, or counts otherwise), by how much
