@@ -613,7 +613,7 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
     how much each term moved the ETA at those refreshes, as a share of the ETA then."""
     causes = dict.fromkeys(TERMS, 0)
     weight = dict.fromkeys(TERMS, 0.0)
-    worst: list[tuple[float, int, str, dict[str, float]]] = []
+    worst: list[tuple[float, int, str, dict[str, float], list[str]]] = []
     jobs: set[int] = set()
     not_finished: set[int] = set()  # jobs with a jump not led by a job that finished
     moments: Counter[float] = Counter()  # refreshes with jumps
@@ -634,7 +634,13 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
                 not_finished.add(index)
             for t, v in moved.items():
                 weight[t] += abs(v) / left
-            worst.append((change, index, term, moved))
+            # the jobs ahead that went to a GPU in between: planned there, or not
+            went = [
+                f"{i}:{a.ahead[i].plan or '-'}>{b.busy[i].backend}"
+                for i in b.busy
+                if i not in a.busy and i in a.ahead
+            ]
+            worst.append((change, index, term, moved, went))
     worst.sort(key=lambda w: -abs(w[0]))
     return {
         "jumps": sum(causes.values()),
@@ -646,8 +652,14 @@ def explain_all(snaps: dict[int, list[Snapshot]], done: dict[int, float]) -> dic
         "by_largest_term": causes,
         "share_moved": {t: round(v / max(1, sum(causes.values())), 3) for t, v in weight.items()},
         "worst": [
-            {"job": i, "change": round(c, 2), "term": t, **{k: round(v, 2) for k, v in m.items()}}
-            for c, i, t, m in worst[:8]
+            {
+                "job": i,
+                "change": round(c, 2),
+                "term": t,
+                **{k: round(v, 2) for k, v in m.items()},
+                "went": went,
+            }
+            for c, i, t, m, went in worst[:8]
         ],
     }
 
