@@ -33,6 +33,7 @@ WEIGHTS = {
     "telegram-500": 4,
     "telegram-502": 2,
     "telegram-timeout": 3,
+    "telegram-slow": 3,
     "disk-full": 2,
 }
 
@@ -215,6 +216,15 @@ class Faults:
 
     async def _release_telegram(self) -> None:
         self.system.telegram.release()
+
+    async def _telegram_slow(self) -> str | None:
+        most, pause = self.rng.uniform(0.5, 3.0), self.rng.uniform(5, 30)
+        self.system.telegram.delay_arrivals(most, seed=self.rng.randrange(2**32))
+        self._later(pause, self._telegram_quick)
+        return f"calls up to {most:.1f} s on the way, unevenly, for {pause:.1f} s"
+
+    async def _telegram_quick(self) -> None:
+        self.system.telegram.delay_arrivals(0)
 
     async def _telegram_502(self) -> str | None:
         n = self.rng.randint(1, 5)

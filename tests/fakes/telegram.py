@@ -462,8 +462,9 @@ class FakeTelegram:
     def delay_arrivals(self, most: float, *, seed: int = 0) -> None:
         """From now on each bot call (not getUpdates) reaches the server up to `most`
         seconds after it was sent, unevenly (seeded): a slow path, as a loaded host or a
-        circuit makes it. Telegram counts a message toward its limits when it arrives."""
-        self._arrival_delay = (most, random.Random(seed))
+        circuit makes it. Telegram counts a message toward its limits when it arrives.
+        `most` 0: the path is quick again."""
+        self._arrival_delay = (most, random.Random(seed)) if most > 0 else None
 
     def enforce_limits(self, limits: Limits | None = None) -> None:
         """From now on, answer messages over Telegram's limits with 429 (see the module
