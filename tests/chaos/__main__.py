@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -315,6 +316,9 @@ async def main(args: argparse.Namespace) -> int:
         report.add("the run itself held (a harness failure, not the product's)", None, failure)
     if system.anon is not None and system.anon.gpu is not None:
         report.notes.update(system.anon.notes())
+    limited = collections.Counter(call.method for call in system.telegram.limited)
+    for method, count in limited.items():
+        report.notes[f"Bot API calls refused by Telegram's limits (429): {method}"] += count
     for name, process in system.processes.items():
         for exit_line in process.exits:
             report.notes[

@@ -309,6 +309,7 @@ class System:
     async def start(self) -> None:
         self.database_url = await self.postgres.start()
         await self.telegram.start()
+        self.telegram.enforce_limits()  # as Telegram always does
         for index in range(3):
             fake = FakeComfyUI(root=self.tmp / f"gpu{index}")
             await fake.start()

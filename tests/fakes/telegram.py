@@ -765,9 +765,10 @@ class FakeTelegram:
         call = BotCall(method=name, params=params, files=files)
         self.sent.append(call)
         try:
-            failure = self._take_failure(name) or self._over_limit(name, params)
+            scripted = self._take_failure(name)
+            failure = scripted or self._over_limit(name, params)
             if failure is not None:
-                if failure.code == 429 and self._limits is not None:
+                if scripted is None:  # a limit's 429, not one a test scripted
                     self.limited.append(call)
                 raise failure
             call.result = handler(params, files)
