@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 from telegram.ext import ExtBot
@@ -31,6 +32,25 @@ async def _bot(fake: FakeTelegram, limiter: limits.ChatRateLimiter) -> ExtBot:
     )
     await bot.initialize()
     return bot
+
+
+async def _sent(
+    fake: FakeTelegram,
+    chats: list[int],
+    send: Callable[[ExtBot], Awaitable[None]],
+    limiter: limits.ChatRateLimiter | None = None,
+) -> limits.ChatRateLimiter:
+    """Open `chats`, have `send` send to them through a bot with `limiter` (a fresh one
+    by default) and shut the bot down; returns the limiter, with what it learned."""
+    for chat in chats:
+        fake.open_chat(chat)
+    limiter = limiter or limits.ChatRateLimiter()
+    bot = await _bot(fake, limiter)
+    try:
+        await send(bot)
+    finally:
+        await bot.shutdown()
+    return limiter
 
 
 def _refused_after_learning(fake: FakeTelegram, method: str) -> list[float]:
@@ -74,14 +94,7 @@ async def test_a_lower_overall_rate_is_learned_and_then_kept(
 ) -> None:
     fake_telegram.enforce_limits(Limits(overall=10))
     chats = list(range(5000, 5080))
-    for chat in chats:
-        fake_telegram.open_chat(chat)
-    limiter = limits.ChatRateLimiter()
-    bot = await _bot(fake_telegram, limiter)
-    try:
-        await _results(bot, chats, 1)
-    finally:
-        await bot.shutdown()
+    limiter = await _sent(fake_telegram, chats, lambda bot: _results(bot, chats, 1))
     sent = [c for c in fake_telegram.calls("sendMessage") if c.ok]
     assert len(sent) == 80  # every result, none given up on
     assert fake_telegram.limited  # the model was wrong: Telegram said so
@@ -97,14 +110,9 @@ async def test_deletions_counted_by_the_server_are_learned_and_wait_for_results(
 ) -> None:
     fake_telegram.enforce_limits(Limits(overall=12, count_deletions=True))
     chats = list(range(6000, 6030))
-    for chat in chats:
-        fake_telegram.open_chat(chat)
-    limiter = limits.ChatRateLimiter()
-    bot = await _bot(fake_telegram, limiter)
-    try:
-        await _results_replacing_status(bot, chats, ["result"])
-    finally:
-        await bot.shutdown()
+    limiter = await _sent(
+        fake_telegram, chats, lambda bot: _results_replacing_status(bot, chats, ["result"])
+    )
     assert limiter.count_deletions, limiter.lessons
     for chat in chats:  # each got its result, and its status message went away
         assert [m["text"] for m in fake_telegram.messages(chat)] == ["result"]
@@ -121,14 +129,11 @@ async def test_deletions_counted_at_telegrams_own_rate_keep_the_overall_rate(
     not that the rate is lower, so results keep going at the full rate."""
     fake_telegram.enforce_limits(Limits(count_deletions=True))
     chats = list(range(6100, 6130))
-    for chat in chats:
-        fake_telegram.open_chat(chat)
-    limiter = limits.ChatRateLimiter()
-    bot = await _bot(fake_telegram, limiter)
-    try:
-        await _results_replacing_status(bot, chats, ["result", "another result"])
-    finally:
-        await bot.shutdown()
+    limiter = await _sent(
+        fake_telegram,
+        chats,
+        lambda bot: _results_replacing_status(bot, chats, ["result", "another result"]),
+    )
     for chat in chats:
         assert [m["text"] for m in fake_telegram.messages(chat)] == ["result", "another result"]
     if fake_telegram.limited:  # (a slow machine may stay under the server's rate)
@@ -142,15 +147,8 @@ async def test_a_slower_private_chat_is_learned_without_slowing_the_others(
 ) -> None:
     fake_telegram.enforce_limits(Limits(private=0.5, private_burst=1))  # 1 every 2 s
     chats = list(range(7000, 7020))
-    for chat in chats:
-        fake_telegram.open_chat(chat)
-    limiter = limits.ChatRateLimiter()
-    bot = await _bot(fake_telegram, limiter)
     started = time.monotonic()
-    try:
-        await _results(bot, chats, 4)
-    finally:
-        await bot.shutdown()
+    limiter = await _sent(fake_telegram, chats, lambda bot: _results(bot, chats, 4))
     took = time.monotonic() - started
     sent = [c for c in fake_telegram.calls("sendMessage") if c.ok]
     assert len(sent) == 80
@@ -177,14 +175,7 @@ async def test_a_private_chat_is_learned_whole_when_messages_are_long_on_the_way
     fake_telegram.enforce_limits(Limits(private=0.5, private_burst=1))
     fake_telegram.delay_arrivals(1.5, seed=2)
     chats = list(range(7100, 7120))
-    for chat in chats:
-        fake_telegram.open_chat(chat)
-    limiter = limits.ChatRateLimiter()
-    bot = await _bot(fake_telegram, limiter)
-    try:
-        await _results(bot, chats, 4)
-    finally:
-        await bot.shutdown()
+    limiter = await _sent(fake_telegram, chats, lambda bot: _results(bot, chats, 4))
     assert len([c for c in fake_telegram.calls("sendMessage") if c.ok]) == 80
     assert limiter.private_gap >= 2.0, limiter.lessons
     assert _refused_after_learning(fake_telegram, "sendMessage") == [], limiter.lessons
@@ -197,12 +188,10 @@ async def test_under_the_limits_it_was_built_for_nothing_is_learned(
     """Telegram's documented limits: no 429, so the model stays as it was."""
     fake_telegram.enforce_limits(Limits())
     chats = list(range(8000, 8040))
-    for chat in chats:
-        fake_telegram.open_chat(chat)
-    limiter = limits.ChatRateLimiter(count_deletions=count_deletions)
-    bot = await _bot(fake_telegram, limiter)
-    try:
-        await _results(bot, chats, 2)
-    finally:
-        await bot.shutdown()
+    limiter = await _sent(
+        fake_telegram,
+        chats,
+        lambda bot: _results(bot, chats, 2),
+        limits.ChatRateLimiter(count_deletions=count_deletions),
+    )
     assert fake_telegram.limited == [] and limiter.lessons == []

@@ -51,18 +51,26 @@ class _Clock:
         return self.now
 
 
+def _one_taken_one_refused(
+    *, taken: tuple[float, float], refused: tuple[float, float], retry_after: float
+) -> limits.ChatRateLimiter:
+    """A fresh limiter told of one private chat's message taken and another refused with
+    `retry_after`, each as (when it left, when its answer came back)."""
+    clock = _Clock(taken[1])
+    limiter = limits.ChatRateLimiter(clock=clock)
+    limiter._taken(7000, taken[0], False)
+    clock.now = refused[1]
+    limiter._learn(7000, refused[0], retry_after, deletion=False)
+    return limiter
+
+
 def test_a_private_gap_is_learned_whole_when_a_refused_message_was_long_on_the_way() -> None:
     """Telegram counts a message when it arrives. Two left together (a burst); the second
     sat 1.2 s on the way (a loaded host, a circuit), so Telegram, allowing one every 2 s,
     asked for 1 s more. Counted from when it left, the 429 said the gap was at most 1 s,
     and the gap stayed at 1.1 s: every later message was refused once."""
-    clock = _Clock(100.0)
-    limiter = limits.ChatRateLimiter(clock=clock)
-    chat = 7000
-    clock.now = 100.01
-    limiter._taken(chat, 100.0, False)  # the first, answered at once
-    clock.now = 101.21  # the second's 429, answered after its arrival at 101.2
-    limiter._learn(chat, 100.0, 1.0, deletion=False)
+    # the first answered at once; the second's 429 answered after its arrival at 101.2
+    limiter = _one_taken_one_refused(taken=(100.0, 100.01), refused=(100.0, 101.21), retry_after=1)
     assert limiter.private_gap >= 2.0, limiter.lessons
     assert limiter.private_burst == 1
 
@@ -70,13 +78,7 @@ def test_a_private_gap_is_learned_whole_when_a_refused_message_was_long_on_the_w
 def test_a_429_answered_after_a_stall_teaches_no_gap_as_long_as_the_stall() -> None:
     """A 429 whose answer took 20 s (a circuit rebuilt): counted whole, every private
     chat would send one message every 22 s from then on, and nothing would correct it."""
-    clock = _Clock(100.0)
-    limiter = limits.ChatRateLimiter(clock=clock)
-    chat = 7000
-    clock.now = 100.01
-    limiter._taken(chat, 100.0, False)
-    clock.now = 120.5
-    limiter._learn(chat, 100.5, 2.0, deletion=False)
+    limiter = _one_taken_one_refused(taken=(100.0, 100.01), refused=(100.5, 120.5), retry_after=2)
     # 0.5 s since the last, 2 s on the way at most, and the 2 s Telegram asked for
     assert 2.0 <= limiter.private_gap <= 4.5, limiter.lessons
 
@@ -84,13 +86,7 @@ def test_a_429_answered_after_a_stall_teaches_no_gap_as_long_as_the_stall() -> N
 def test_a_429_to_a_message_older_than_the_last_one_taken_teaches_no_gap() -> None:
     """A message that left before the chat's last accepted one and was answered after
     it: nothing bounds the gap between them (the model stays, not 60 s a message)."""
-    clock = _Clock(100.0)
-    limiter = limits.ChatRateLimiter(clock=clock)
-    chat = 7000
-    clock.now = 100.5
-    limiter._taken(chat, 100.2, False)
-    clock.now = 100.6
-    limiter._learn(chat, 100.0, 2.0, deletion=False)
+    limiter = _one_taken_one_refused(taken=(100.2, 100.5), refused=(100.0, 100.6), retry_after=2)
     assert limiter.private_gap == limits.PRIVATE_GAP, limiter.lessons
 
 
