@@ -460,10 +460,10 @@ class FakeTelegram:
         self._retry_after = retry_after
 
     def delay_arrivals(self, most: float, *, seed: int = 0) -> None:
-        """From now on each bot call (not getUpdates) reaches the server up to `most`
-        seconds after it was sent, unevenly (seeded): a slow path, as a loaded host or a
-        circuit makes it. Telegram counts a message toward its limits when it arrives.
-        `most` 0: the path is quick again."""
+        """From now on each call reaches the server up to `most` seconds after it was
+        sent, unevenly (seeded): a slow path, as a loaded host or an anon circuit makes
+        the real one, where Telegram counts a message toward its limits when it arrives,
+        not when it left. `most` 0: the path is quick again."""
         self._arrival_delay = (most, random.Random(seed)) if most > 0 else None
 
     def enforce_limits(self, limits: Limits | None = None) -> None:
@@ -747,7 +747,7 @@ class FakeTelegram:
         handler = getattr(self, f"_api_{name.lower()}", None)
         if handler is None:
             return _error(ApiError(404, "Not Found"))
-        if self._arrival_delay is not None and name.lower() != "getupdates":
+        if self._arrival_delay is not None:
             most, draws = self._arrival_delay
             await asyncio.sleep(draws.uniform(0.0, most))
         params, files = await _read_params(request)
@@ -768,7 +768,9 @@ class FakeTelegram:
             scripted = self._take_failure(name)
             failure = scripted or self._over_limit(name, params)
             if failure is not None:
-                if scripted is None:  # a limit's 429, not one a test scripted
+                # (bookkeeping, no behaviour: a test reads which 429s the limits gave,
+                # as Telegram's own answers do not say)
+                if scripted is None:
                     self.limited.append(call)
                 raise failure
             call.result = handler(params, files)
