@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = [
+    "tests.fixtures.memory_tmp",  # first: the other plugins make temporary directories
     "tests.fixtures.comfy",
     "tests.fixtures.database",
     "tests.fixtures.anyone",
@@ -109,6 +110,19 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COMFYVEIL_DATA_DIR", str(tmp_path / "comfyveil-data"))
     # No test may ever start anon on the public Anyone network (see anyone/network.py).
     monkeypatch.setenv("COMFYVEIL_ANYONE_FORBID_PUBLIC", "1")
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A private (0700) temporary directory with a short path, for a test that expects a
+    Unix socket (about 100 bytes of path at most) in it: tmp_path's depth depends on
+    TMPDIR, the worker and the test's name."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="t-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -75,14 +75,14 @@ def test_private_network_must_name_loopback_authorities() -> None:
         assert required in lines
 
 
-def test_written_anonrc_is_private(tmp_path: Path) -> None:
+def test_written_anonrc_is_private(tmp_path: Path, short_tmp_path: Path) -> None:
+    state = short_tmp_path / "state"
     anon = process.ManagedAnon(network=network_mod.PrivateNetwork(AUTH),
-                               binary=_fake_anon(tmp_path), data_dir=tmp_path / "state")
+                               binary=_fake_anon(tmp_path), data_dir=state)
     text = anon._anonrc()
     network_mod.check_anonrc(text)  # passes
     # Unix sockets in the private state directory, never a TCP port: no flag that
     # would let anon accept a group- or world-accessible directory.
-    state = tmp_path / "state"
     assert f'SocksPort unix:"{state / "socks.sock"}" ExtendedErrors' in text.splitlines()
     assert f'ControlPort unix:"{state / "control.sock"}"' in text.splitlines()
     assert "127.0.0.1:" not in text.replace("127.0.0.1:5001", "") and "9050" not in text

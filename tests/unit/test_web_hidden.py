@@ -55,7 +55,9 @@ def test_a_hidden_service_needs_a_fixed_port(tmp_path: Path) -> None:
         hidden.prepare(_settings(tmp_path, binary, port=0))
 
 
-def test_anonrc_asks_for_the_pow_defence_of_that_service_only(tmp_path: Path) -> None:
+def test_anonrc_asks_for_the_pow_defence_of_that_service_only(
+    tmp_path: Path, short_tmp_path: Path
+) -> None:
     from comfyveil.anyone import network as network_mod
     from comfyveil.anyone import process
 
@@ -65,7 +67,7 @@ def test_anonrc_asks_for_the_pow_defence_of_that_service_only(tmp_path: Path) ->
     anon = process.ManagedAnon(
         network=network_mod.PrivateNetwork(auth),
         binary=_fake_anon(tmp_path, ""),
-        data_dir=tmp_path / "state",
+        data_dir=short_tmp_path / "state",  # its sockets go in it
         hidden_services=[web, other],
     )
     lines = anon._anonrc().splitlines()
