@@ -37,8 +37,9 @@ chromium:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -q --no-install-recommends $(CHROMIUM_PACKAGES); }
 
 # deploy/systemd's units are checked with `systemd-analyze verify` and `security`, from
-# Debian's systemd package; installed only when missing, as chromium is.
-systemd-analyze:
+# Debian's systemd package; installed only when missing, as chromium is, and after it:
+# two apt-get at once would fight over dpkg's lock.
+systemd-analyze: chromium
 	@command -v systemd-analyze >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y systemd; \
 	  else sudo apt-get update && sudo apt-get install -y systemd; fi; }
@@ -73,9 +74,12 @@ $(BYTECODE): $(STAMP)
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# What runs before the suite, side by side (one compiles, one downloads, two read files).
-test: install chromium systemd-analyze
-	$(MAKE) --no-print-directory -j 4 $(VENV)/anon/anon $(BYTECODE) ruff-check docs
+# What runs before the suite, side by side: Debian's packages install while uv builds the
+# venv (a fresh machine has no chromium: apt takes 10-25 s of mostly waiting on the
+# network and dpkg), then one compiles, one downloads, two read files.
+test:
+	$(MAKE) --no-print-directory -j 4 chromium systemd-analyze $(VENV)/anon/anon $(BYTECODE) \
+		ruff-check docs
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) --durations=15
 
 ruff-check: install

@@ -155,10 +155,12 @@ async def test_a_slower_private_chat_is_learned_without_slowing_the_others(
     assert _refused_after_learning(fake_telegram, "sendMessage") == []
     # Not much more than the 2 s asked for: a gap that grew with every 429 would cost
     # every later result (tests/unit/test_telegram_limiter_waits.py bounds the widening
-    # exactly). The least bound the 429s prove counts a refused message's round trip,
-    # which a loaded loop stretches: 2.07-2.1 s here idle, 2.48-2.55 s beside eight busy
-    # processes on two cores.
-    assert 2.0 <= limiter.private_gap < 2.8 and limiter.private_burst == 1, limiter.lessons
+    # exactly, and `took` below the cost of a gap too wide). The least bound the 429s
+    # prove counts a refused message's round trip, up to MAX_ON_THE_WAY, which a loaded
+    # loop stretches: 2.07-2.1 s here idle, 2.48-2.9 s beside eight busy processes on two
+    # cores.
+    most = 2.0 + limits.MAX_ON_THE_WAY
+    assert 2.0 <= limiter.private_gap <= most and limiter.private_burst == 1, limiter.lessons
     assert limiter.overall == limits.OVERALL_PER_SECOND  # the other chats were not slowed
     # Four results a chat, 2 s apart at best, with the learning: not much more than 6 s.
     assert took < 6 + LEARNING + 4, took
