@@ -1,13 +1,14 @@
 """How ManagedAnon follows its hidden services' descriptor uploads (HS_DESC events, as
 anon sends them on the control port: one UPLOAD per directory when a publication starts,
-then UPLOADED or FAILED for each)."""
+then UPLOADED or FAILED for each; a publication again first closes the uploads of that
+descriptor still on their way, with no event)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from comfyveil.anyone import control, process
+from comfyveil.anyone import control, process, uploads
 from comfyveil.anyone import network as network_mod
 
 SERVICE = "a" * 56
@@ -25,10 +26,15 @@ def _anon(tmp_path: Path) -> process.ManagedAnon:
     )
 
 
-def _event(action: str, directory: int) -> control.Event:
-    return control.Event(
-        "HS_DESC", f"HS_DESC {action} {SERVICE} UNKNOWN ${'C' * 39}{directory} DESCID"
-    )
+def _event(action: str, directory: int, descriptor: str = "DESCID") -> control.Event:
+    """As anon words them: only an UPLOAD names the descriptor (its blinded key)."""
+    hsdir = f"${'C' * 39}{directory}~relay{directory}"
+    text = f"HS_DESC {action} {SERVICE} UNKNOWN {hsdir}"
+    if action == "UPLOAD":
+        text += f" {descriptor} HSDIR_INDEX={'D' * 64}"
+    elif action == "FAILED":
+        text += " REASON=UPLOAD_REJECTED"
+    return control.Event("HS_DESC", text)
 
 
 async def _drained(events: asyncio.Queue[control.Event]) -> None:
@@ -64,3 +70,52 @@ async def test_a_publication_is_everywhere_only_when_every_directory_has_answere
         assert anon.upload_count(SERVICE) == 2
     finally:
         watching.cancel()
+
+
+async def test_a_publication_again_replaces_the_uploads_anon_closed_unsaid(
+    tmp_path: Path,
+) -> None:
+    """A client revoked while the last publication was still on its way: anon closes those
+    uploads without an event and starts again. Counted one by one they stayed on their
+    way for ever, and the wait for every directory ran out."""
+    anon = _anon(tmp_path)
+    events: asyncio.Queue[control.Event] = asyncio.Queue()
+    watching = asyncio.create_task(anon._watch_events(events))
+    try:
+        for directory in range(3):
+            events.put_nowait(_event("UPLOAD", directory))
+        events.put_nowait(_event("UPLOADED", 0))
+        for directory in range(3):  # closed: 1 and 2 never answer; all three again
+            events.put_nowait(_event("UPLOAD", directory))
+        await _drained(events)
+        after = anon.upload_count(SERVICE)
+        everywhere = asyncio.create_task(
+            anon.wait_published(SERVICE, after=after, within=5, everywhere=True)
+        )
+        for directory in range(3):
+            events.put_nowait(_event("UPLOADED", directory))
+        await asyncio.wait_for(everywhere, 5)
+    finally:
+        watching.cancel()
+
+
+def test_a_round_to_other_directories_forgets_the_last_rounds_unanswered_ones() -> None:
+    """The directories of a descriptor change with the consensus: a round begun more than
+    ROUND_GAP after the last one waits only for its own directories."""
+    now = [0.0]
+    seen = uploads.DescriptorUploads(clock=lambda: now[0])
+    for directory in (1, 2):
+        assert seen.feed(_event("UPLOAD", directory, "BLINDED1").text)
+    assert seen.on_the_way(SERVICE) == 2
+    now[0] += uploads.ROUND_GAP + 1
+    for directory in (3, 4):
+        seen.feed(_event("UPLOAD", directory, "BLINDED1").text)
+    seen.feed(_event("UPLOAD", 1, "BLINDED2").text)  # the next period's descriptor: its own
+    assert seen.on_the_way(SERVICE) == 3
+    for directory in (3, 4):
+        seen.feed(_event("UPLOADED", directory).text)
+    assert seen.on_the_way(SERVICE) == 1
+    seen.feed(_event("FAILED", 1).text)
+    assert seen.on_the_way(SERVICE) == 0
+    assert seen.uploaded(SERVICE) == 2
+    assert not seen.feed("HS_DESC RECEIVED " + SERVICE + " NO_AUTH $" + "C" * 40 + " X")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from comfyveil import config
 from comfyveil import tasks as background
-from comfyveil.anyone import control, errors, hidden, install
+from comfyveil.anyone import control, errors, hidden, install, uploads
 from comfyveil.anyone import network as network_mod
 from comfyveil.anyone.daemon import AnonClient, AttachedAnon, suffix_for_version
 
@@ -83,8 +83,7 @@ class ManagedAnon(AnonClient):
         self._event_task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._stopping = False
-        self._uploads: dict[str, int] = {}
-        self._uploads_pending: dict[str, int] = {}  # started, neither uploaded nor failed
+        self._uploads = uploads.DescriptorUploads()
         self._uploads_changed = asyncio.Condition()
 
     # -- public ------------------------------------------------------------------------
@@ -151,7 +150,7 @@ class ManagedAnon(AnonClient):
 
     def upload_count(self, service_id: str) -> int:
         """How many hidden-service descriptor uploads anon reported for this service."""
-        return self._uploads.get(service_id, 0)
+        return self._uploads.uploaded(service_id)
 
     async def wait_published(self, service_id: str, *, after: int = 0,
                              within: float = 120.0, everywhere: bool = False) -> None:
@@ -161,7 +160,7 @@ class ManagedAnon(AnonClient):
         client, a directory not reached yet still serves a descriptor its key opens)."""
         def done() -> bool:
             return self.upload_count(service_id) > after and not (
-                everywhere and self._uploads_pending.get(service_id, 0)
+                everywhere and self._uploads.on_the_way(service_id)
             )
 
         async def _wait() -> None:
@@ -377,20 +376,8 @@ class ManagedAnon(AnonClient):
             event = await queue.get()
             parts = event.text.split()
             logger.debug("anon event: %s", " ".join(parts[:3]))
-            # One UPLOAD per directory when a publication starts, then UPLOADED or FAILED
-            # for each (FAILED also ends a fetch this anon made as a client: never below 0).
-            if len(parts) >= 3 and parts[1] in ("UPLOAD", "UPLOADED", "FAILED"):
-                service_id = parts[2].lower()
-                for suffix in hidden.KNOWN_SUFFIXES:
-                    service_id = service_id.removesuffix(suffix)
-                pending = self._uploads_pending.get(service_id, 0)
+            if parts and parts[0] == "HS_DESC" and self._uploads.feed(event.text):
                 async with self._uploads_changed:
-                    if parts[1] == "UPLOAD":
-                        self._uploads_pending[service_id] = pending + 1
-                    else:
-                        self._uploads_pending[service_id] = max(0, pending - 1)
-                    if parts[1] == "UPLOADED":
-                        self._uploads[service_id] = self._uploads.get(service_id, 0) + 1
                     self._uploads_changed.notify_all()
 
     async def _terminate(self) -> None:
