@@ -5,15 +5,17 @@
 Four equal fake backends, three workflows (Flux Schnell, Flux Dev, SD 3.5) whose model
 loads cost 3 s (as benchmarks/routing.py's mixed case), and jobs that ask for different
 work: 1x to 8x the sampler steps (Flux Schnell 1-8, the others 2-16) at 512x512 to
-1024x1024. The fake ComfyUI's run time
-grows as a real one's does: each sampler step costs time per megapixel, the decoder a
-fixed part. Poisson arrivals (seeded) at 30 % and 80 % of the pool's capacity, dispatched
-in arrival order through the real pool (routing "finish"), the fakes real HTTP and
-WebSocket on 127.0.0.1. The database is left out: the queue state each ETA needs is kept
-here as the store holds it (the jobs queued; those claimed, waiting for a GPU; those on a
-backend, since ComfyUI started them, with their progress: steps done and a step's
-seconds, as the worker records them; the finished runs, from ComfyUI's start to result,
-with whether each loaded models and the seconds its loaders took, as the worker keeps them).
+1024x1024. The fake ComfyUI's run time grows as a real one's does: each sampler step
+costs time per megapixel, the decoder a fixed part. Poisson arrivals (seeded) at 30 % and
+80 % of the pool's capacity, dispatched in arrival order through the real pool (routing
+"finish"), the fakes real HTTP and WebSocket on 127.0.0.1, served by a process of their
+own (`tests/fakes/apart.py`): in this one's event loop their runs stretched with its
+CPU, which a GPU's do not (`--fakes-here` for the old way). The database is left out:
+the queue state each ETA needs is kept here as the store holds it (the jobs queued;
+those claimed, waiting for a GPU; those on a backend, since ComfyUI started them, with
+their progress: steps done and a step's seconds, as the worker records them; the
+finished runs, from ComfyUI's start to result, with whether each loaded models and the
+seconds its loaders took, as the worker keeps them).
 
 ETAs compared, each from the same state at the same moment:
 
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -71,6 +74,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict, deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +82,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.fakes
 
+from tests.fakes.apart import fakes_apart  # noqa: E402
 from tests.fakes.comfyui import FakeComfyUI  # noqa: E402
 
 from comfyveil import config  # noqa: E402
@@ -303,23 +308,52 @@ def estimate(
     return snap.seconds(spread)
 
 
+@contextlib.asynccontextmanager
+async def fake_gpus(specs: list[dict[str, Any]], *, apart: bool) -> AsyncIterator[list[str]]:
+    """The fakes' URLs: served by a process of their own (`apart`), or by this one."""
+    if apart:
+        async with fakes_apart(specs) as urls:
+            yield urls
+        return
+    fakes = [FakeComfyUI(**{**spec, "root": Path(spec["root"])}) for spec in specs]
+    for fake in fakes:
+        await fake.start()
+    try:
+        yield [fake.url for fake in fakes]
+    finally:
+        for fake in fakes:
+            await fake.stop()
+
+
 async def run_once(
-    load: float, jobs: int, scale: float, seed: int, tmp: Path, *, plans_kept: bool = True
+    load: float,
+    jobs: int,
+    scale: float,
+    seed: int,
+    tmp: Path,
+    *,
+    plans_kept: bool = True,
+    fakes_here: bool = False,
 ) -> dict[str, Any]:
     delays = {"VAEDecode": DECODE_S * scale}
     for loader in LOADERS:
         delays[loader] = LOAD_S * scale
-    fakes = [
-        FakeComfyUI(
-            step_cost=STEP_S_PER_MP * scale, delays=dict(delays), root=tmp / f"eta-{load}-{i}"
-        )
+    specs = [
+        {"step_cost": STEP_S_PER_MP * scale, "delays": dict(delays),
+         "root": str(tmp / f"eta-{load}-{plans_kept}-{i}")}
         for i in range(BACKENDS)
-    ]
-    for fake in fakes:
-        await fake.start()
+    ]  # fmt: skip
+    async with fake_gpus(specs, apart=not fakes_here) as urls:
+        row = await _run_on(urls, load, jobs, scale, seed, plans_kept=plans_kept)
+    return {**row, "fakes": "here" if fakes_here else "apart"}
+
+
+async def _run_on(
+    urls: list[str], load: float, jobs: int, scale: float, seed: int, *, plans_kept: bool
+) -> dict[str, Any]:
     configs = [
-        config.BackendConfig(name=f"gpu{i}", url=f.url, via="direct", max_waiting=1)
-        for i, f in enumerate(fakes)
+        config.BackendConfig(name=f"gpu{i}", url=url, via="direct", max_waiting=1)
+        for i, url in enumerate(urls)
     ]
     names = [c.name for c in configs]
     rng = random.Random(seed)
@@ -379,108 +413,104 @@ async def run_once(
         if old is not None:
             looks["old"][index].append((at, old))
 
-    try:
-        async with pool.Pool(configs, probe_interval=0.5, routing="finish") as p:
-            start = time.monotonic()
+    async with pool.Pool(configs, probe_interval=0.5, routing="finish") as p:
+        start = time.monotonic()
 
-            async def run_job(index: int, slot: pool.Slot) -> None:
-                ask = asks[index]
-                wf = flows[ask.command]
-                gpu = state.on_gpu[index]
-                released = False
+        async def run_job(index: int, slot: pool.Slot) -> None:
+            ask = asks[index]
+            wf = flows[ask.command]
+            gpu = state.on_gpu[index]
+            released = False
 
-                async def release() -> None:
-                    nonlocal released
-                    if not released:
-                        released = True
-                        await p.release(slot)
+            async def release() -> None:
+                nonlocal released
+                if not released:
+                    released = True
+                    await p.release(slot)
 
-                async def on_event(event: events.Event) -> None:
-                    # What the worker records: ComfyUI's start, the steps done and the
-                    # pace of the sampler's steps so far.
-                    # The pool is told the same, as the worker tells it.
-                    if isinstance(event, events.ExecutionStart):
-                        gpu.started = now()
-                        p.progress(slot, started=True)
-                    elif isinstance(event, events.Progress) and event.max > 1:
-                        at = now()
-                        gpu.done, gpu.steps = float(event.value), int(event.max)
-                        if gpu.first_tick is None or event.value <= gpu.first_tick[0]:
-                            gpu.first_tick = (float(event.value), at)
-                        else:
-                            first, then = gpu.first_tick
-                            gpu.step_s = (at - then) / (event.value - first)
-                        # the pool's clock is not scaled: a step's seconds as they pass
-                        pace = gpu.step_s * scale if gpu.step_s is not None else None
-                        p.progress(slot, done=gpu.done, steps=gpu.steps, step_s=pace)
-
-                values = dict(
-                    wf.validate({"prompt": f"eta bench {index}", "seed": index, **ask.params})
-                )
-                try:
-                    outcome = await execute.execute(
-                        slot.backend.client,
-                        wf,
-                        values,
-                        prompt_id=slot.job_id,
-                        on_event=on_event,
-                        on_ran=release,
-                    )
-                finally:
-                    await release()
-                p.learn(slot, outcome.result.timings)
-                del state.on_gpu[index]
-                done[index] = now()
-                began = gpu.started if gpu.started is not None else done[index]
-                # as the worker keeps it with the job: models loaded or not, their seconds
-                ran = routing.measured(slot.workflow, outcome.result.timings)
-                load = ran.get("load_s")
-                state.spans.append(
-                    (gpu.backend, ask.command, began, done[index], ask.work, ask.steps,
-                     gpu.step_s, ran.get("cold"), None if load is None else load / scale)
-                )  # fmt: skip
-
-            async def dispatch() -> None:
-                for _ in range(jobs):
-                    index = await queue.get()
-                    state.queued.remove(index)
-                    state.claimed[index] = now()
-                    slot = await p.acquire(
-                        flows[asks[index].command],
-                        str(uuid.uuid4()),
-                        behind=queue.qsize(),
-                        params=asks[index].params,
-                        planned=plans.get(index),
-                    )
-                    del state.claimed[index]
-                    state.on_gpu[index] = OnGpu(slot.backend.name)
-                    placed_on[index] = slot.backend.name
-                    task = asyncio.create_task(run_job(index, slot))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-
-            async def watch() -> None:
-                while True:
-                    await asyncio.sleep(SAMPLE_S * scale)
+            async def on_event(event: events.Event) -> None:
+                # What the worker records: ComfyUI's start, the steps done and the
+                # pace of the sampler's steps so far.
+                # The pool is told the same, as the worker tells it.
+                if isinstance(event, events.ExecutionStart):
+                    gpu.started = now()
+                    p.progress(slot, started=True)
+                elif isinstance(event, events.Progress) and event.max > 1:
                     at = now()
-                    for index in [*state.on_gpu, *state.claimed, *state.queued]:
-                        look(index, at)
+                    gpu.done, gpu.steps = float(event.value), int(event.max)
+                    if gpu.first_tick is None or event.value <= gpu.first_tick[0]:
+                        gpu.first_tick = (float(event.value), at)
+                    else:
+                        first, then = gpu.first_tick
+                        gpu.step_s = (at - then) / (event.value - first)
+                    # the pool's clock is not scaled: a step's seconds as they pass
+                    pace = gpu.step_s * scale if gpu.step_s is not None else None
+                    p.progress(slot, done=gpu.done, steps=gpu.steps, step_s=pace)
 
-            dispatcher = asyncio.create_task(dispatch())
-            watcher = asyncio.create_task(watch())
-            for index, due in enumerate(arrivals):
-                await asyncio.sleep(max(0.0, start + due - time.monotonic()))
-                state.queued.append(index)
-                learnt[index] = len(state.spans)
-                look(index, now())
-                queue.put_nowait(index)
-            await dispatcher
-            while tasks:
-                await asyncio.gather(*tasks)
-            watcher.cancel()
-    finally:
-        for fake in fakes:
-            await fake.stop()
+            values = dict(
+                wf.validate({"prompt": f"eta bench {index}", "seed": index, **ask.params})
+            )
+            try:
+                outcome = await execute.execute(
+                    slot.backend.client,
+                    wf,
+                    values,
+                    prompt_id=slot.job_id,
+                    on_event=on_event,
+                    on_ran=release,
+                )
+            finally:
+                await release()
+            p.learn(slot, outcome.result.timings)
+            del state.on_gpu[index]
+            done[index] = now()
+            began = gpu.started if gpu.started is not None else done[index]
+            # as the worker keeps it with the job: models loaded or not, their seconds
+            ran = routing.measured(slot.workflow, outcome.result.timings)
+            load = ran.get("load_s")
+            state.spans.append(
+                (gpu.backend, ask.command, began, done[index], ask.work, ask.steps,
+                 gpu.step_s, ran.get("cold"), None if load is None else load / scale)
+            )  # fmt: skip
+
+        async def dispatch() -> None:
+            for _ in range(jobs):
+                index = await queue.get()
+                state.queued.remove(index)
+                state.claimed[index] = now()
+                slot = await p.acquire(
+                    flows[asks[index].command],
+                    str(uuid.uuid4()),
+                    behind=queue.qsize(),
+                    params=asks[index].params,
+                    planned=plans.get(index),
+                )
+                del state.claimed[index]
+                state.on_gpu[index] = OnGpu(slot.backend.name)
+                placed_on[index] = slot.backend.name
+                task = asyncio.create_task(run_job(index, slot))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(SAMPLE_S * scale)
+                at = now()
+                for index in [*state.on_gpu, *state.claimed, *state.queued]:
+                    look(index, at)
+
+        dispatcher = asyncio.create_task(dispatch())
+        watcher = asyncio.create_task(watch())
+        for index, due in enumerate(arrivals):
+            await asyncio.sleep(max(0.0, start + due - time.monotonic()))
+            state.queued.append(index)
+            learnt[index] = len(state.spans)
+            look(index, now())
+            queue.put_nowait(index)
+        await dispatcher
+        while tasks:
+            await asyncio.gather(*tasks)
+        watcher.cancel()
 
     for index, seen in snaps.items():
         for snap in seen:
@@ -676,6 +706,12 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="kept: each job keeps the backend its first ETA announced; rule: the pool's "
         "rule alone (the baseline); both: each load run twice, the same arrivals",
     )
+    parser.add_argument(
+        "--fakes-here",
+        action="store_true",
+        help="serve the fake GPUs from this process's event loop (as before 2026-12-07): "
+        "their runs then stretch with the benchmark's own CPU",
+    )
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     rows = []
@@ -690,6 +726,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                         args.seed,
                         Path(tmpdir),
                         plans_kept=mode == "kept",
+                        fakes_here=args.fakes_here,
                     )
                 )
     print(
