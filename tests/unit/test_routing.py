@@ -28,10 +28,22 @@ def test_a_plan_the_runs_strayed_far_from_gives_way_to_the_rule() -> None:
     )
 
 
-def test_a_plan_on_a_full_or_missing_gpu_gives_way_to_the_rule() -> None:
+def test_a_job_waits_for_its_full_planned_gpu_while_it_still_finishes_there_in_time() -> None:
+    """Sent elsewhere, it took a slot other planned jobs counted on, and they strayed in
+    turn: every ETA behind them moved."""
     free = option("gpu1", 9.0)
-    full = option("gpu0", 9.0, routing.OVERFLOW * 2)
-    assert routing.choose([free, full], [free], waited=0.0, behind=1, planned="gpu0") is free
+    full = option("gpu0", 9.5, routing.OVERFLOW * 2)
+    assert routing.choose([free, full], [free], waited=0.0, behind=1) is free
+    assert routing.choose([free, full], [free], waited=0.0, behind=1, planned="gpu0") is None
+    # No longer than a run on the free GPU would take (the rule's aging bound)...
+    assert routing.choose([free, full], [free], waited=9.0, behind=1, planned="gpu0") is free
+    # ...and not when it would finish there far later than where the rule sends it.
+    far = option("gpu0", 9.0 * (1 + routing.STRAY) + 0.5, routing.OVERFLOW * 2)
+    assert routing.choose([free, far], [free], waited=0.0, behind=1, planned="gpu0") is free
+
+
+def test_a_plan_on_a_missing_gpu_gives_way_to_the_rule() -> None:
+    free = option("gpu1", 9.0)
     # A backend that went down (or cannot run the job) is not among those able.
     assert routing.choose([free], [free], waited=0.0, behind=1, planned="gpu0") is free
 

@@ -85,7 +85,11 @@ def choose(
     if planned is None or (chosen is not None and chosen.name == planned):
         return chosen
     plan = next((o for o in able if o.name == planned), None)
-    return plan if plan is not None and keep_plan(plan, chosen, free) else chosen
+    if plan is None:
+        return chosen
+    if keep_plan(plan, chosen, free):
+        return plan
+    return None if waits_for_plan(plan, chosen, free, waited) else chosen
 
 
 def keep_plan(plan: Option, chosen: Option | None, free: Sequence[Option]) -> bool:
@@ -103,6 +107,21 @@ def keep_plan(plan: Option, chosen: Option | None, free: Sequence[Option]) -> bo
         return False
     best = chosen if chosen is not None else min(free, key=lambda o: o.order)
     return within_stray(plan.finish, best.finish)
+
+
+def waits_for_plan(
+    plan: Option, chosen: Option | None, free: Sequence[Option], waited: float
+) -> bool:
+    """Whether a job waits for its planned backend, full now (it holds all it may), rather
+    than go where the rule sends it: while the job would still finish there within STRAY
+    of the best, and for no longer than a run on the best free backend (the aging bound).
+    Sent elsewhere, it took a slot that other planned jobs counted on, and those were
+    sent away from their plans in turn."""
+    if not free or plan.load < OVERFLOW * plan.capacity:
+        return False
+    best_free = min(free, key=lambda o: o.order)
+    best = chosen if chosen is not None else best_free
+    return within_stray(plan.finish, best.finish) and waited < best_free.finish
 
 
 def within_stray(planned_finish: float, best_finish: float) -> bool:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import collections
 import hashlib
+import math
 import random
 import statistics
 import uuid
@@ -373,7 +374,17 @@ def estimate(
                 for b in able
                 if (i := bisect.bisect_right(queue := ends[b], t)) < len(queue)
             ]
-            t = min([*later, at + best_free.finish])
+            upcoming = min([*later, at + best_free.finish])
+            if upcoming <= t:
+                # Only the aging bound is left, and it is due (t - at can fall short of
+                # it by a rounding, and the playback would wait on the spot for ever).
+                chosen = routing.choose(
+                    options, free, waited=math.inf, behind=after, planned=planned
+                )
+                if chosen is not None:
+                    break
+                upcoming = t + best_free.finish  # unreachable by the rule; never spin
+            t = upcoming
         seconds = switch(chosen.name, cmd) + run(chosen.name, cmd, units)
         return chosen.name, t, put(chosen.name, cmd, seconds, t)
 
