@@ -150,6 +150,22 @@ def test_the_estimate_grows_with_the_steps_and_pixels_asked_for() -> None:
     assert mid.seconds == pytest.approx(9.0)  # neither 5 s nor 33 s: what it asks
 
 
+def test_one_odd_warm_run_does_not_set_the_pace_the_cold_runs_there_measured() -> None:
+    """The sampler starts once the models are loaded, so a cold run's pace is as good as a
+    warm one's. The benchmark's first warm run of Flux Schnell on one GPU read its steps
+    late (three times the pace) and alone set the rate: every ETA of that workflow there
+    rose by 5 s, and fell back two runs later."""
+    rate, fixed = 0.2, 0.3  # seconds per unit of work; decoding, saving, sending
+    cold = [
+        eta.Run("gpu0", "f", 3.0 + fixed + rate * work, work, steps=steps,
+                step_s=rate * work / steps, cold=True, load=3.0)
+        for work, steps in ((2.0, 2), (1.75, 7), (1.125, 2))
+    ]  # fmt: skip
+    odd = eta.Run("gpu0", "f", fixed + rate * 0.75, 0.75, steps=3, step_s=0.157, cold=False)
+    model = eta.estimator_from([*cold, odd])
+    assert model.run_seconds("gpu0", "f", 8.0) == pytest.approx(fixed + rate * 8.0, rel=0.1)
+
+
 def test_a_running_job_still_needs_its_steps_left_at_the_pace_it_showed() -> None:
     # Learnt from progress events: 0.5 s a step of 20, 2 s of loading and decoding.
     model = eta.estimator_from([eta.Run("gpu0", "f", 12.0, 1.0, steps=20, step_s=0.5)] * 3)

@@ -113,17 +113,21 @@ class Cost:
         return self.fixed + self.rate * work
 
 
-def fit(runs: Sequence[Run]) -> Cost:
+def fit(runs: Sequence[Run], paces: Sequence[float] = ()) -> Cost:
     """A command's cost on one backend from its warm runs (any order).
 
     Runs with a measured step: the sampler's share is its steps at that pace, the rest is
-    fixed. Otherwise runs of different sizes: the median of the slopes between them (one
-    odd run moves it little), the fixed part what is left. One size only: in proportion.
+    fixed. `paces`: seconds per unit of work the sampler showed in runs there, cold ones
+    included (their models loaded before the sampler started, so its pace is as good);
+    by default those of `runs`. Otherwise runs of different sizes: the median of the
+    slopes between them (one odd run moves it little), the fixed part what is left. One
+    size only: in proportion.
     """
     paced = [r for r in runs if r.step_s is not None and r.steps]
-    if paced:
-        rate = statistics.median(r.step_s * r.steps / r.work for r in paced)  # type: ignore[operator]
-        fixed = statistics.median(max(0.0, r.seconds - rate * r.work) for r in paced)
+    rates = list(paces) or [r.step_s * r.steps / r.work for r in paced]  # type: ignore[operator]
+    if rates and runs:
+        rate = statistics.median(rates)
+        fixed = statistics.median(max(0.0, r.seconds - rate * r.work) for r in paced or runs)
         return Cost(fixed, rate)
     slopes = [
         (b.seconds - a.seconds) / (b.work - a.work)
@@ -161,7 +165,12 @@ class Model:
         previous: dict[str, str] = {}
         cold: list[Run] = []
         unsure: list[Run] = []
+        # The sampler's pace in every run that measured it, cold or warm: a pair's first
+        # warm run alone set it before, and one odd one (steps read late) tripled it.
+        paces: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
         for run in runs:
+            if run.step_s is not None and run.steps and run.work > 0:
+                paces[(run.backend, run.command)].append(run.step_s * run.steps / run.work)
             before = previous.get(run.backend)
             previous[run.backend] = run.command
             self._ran.add(run.backend)
@@ -179,7 +188,11 @@ class Model:
                 cold.append(run)  # the models were switched: weighed once the warm are fit
             else:
                 self._warm[(run.backend, run.command)].append(run)
-        self._costs = {key: fit(runs[-WINDOW:]) for key, runs in self._warm.items() if runs}
+        self._costs = {
+            key: fit(runs[-WINDOW:], paces.get(key, [])[-WINDOW:])
+            for key, runs in self._warm.items()
+            if runs
+        }
         extras: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
         for run in cold:
             key = (run.backend, run.command)
@@ -213,7 +226,9 @@ class Model:
                     )
                 )
                 guess[key].append(replace(run, seconds=run.seconds - load))
-        self._costs.update({key: fit(runs[-WINDOW:]) for key, runs in guess.items()})
+        self._costs.update(
+            {key: fit(runs[-WINDOW:], paces.get(key, [])[-WINDOW:]) for key, runs in guess.items()}
+        )
         self._others: dict[str, list[Cost]] = collections.defaultdict(list)
         for (_, command), cost in self._costs.items():
             self._others[command].append(cost)
