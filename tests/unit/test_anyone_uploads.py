@@ -117,5 +117,11 @@ def test_a_round_to_other_directories_forgets_the_last_rounds_unanswered_ones() 
     assert seen.on_the_way(SERVICE) == 1
     seen.feed(_event("FAILED", 1).text)
     assert seen.on_the_way(SERVICE) == 0
+    # A round no answer ended, of a descriptor never published again (its time period
+    # gone), is not waited for past STALE_AFTER.
+    seen.feed(_event("UPLOAD", 5, "BLINDED0").text)
+    assert seen.on_the_way(SERVICE) == 1
+    now[0] += uploads.STALE_AFTER + 1
+    assert seen.on_the_way(SERVICE) == 0
     assert seen.uploaded(SERVICE) == 2
     assert not seen.feed("HS_DESC RECEIVED " + SERVICE + " NO_AUTH $" + "C" * 40 + " X")

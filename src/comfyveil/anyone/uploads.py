@@ -16,7 +16,7 @@ ever, and a wait for the publication to reach every directory ran out (once in a
 runs of the suite, after revoking a client). So an upload is known by its descriptor and
 directory: a new UPLOAD to the same directory takes the place of the one closed, and a new
 round of a descriptor (its first UPLOAD after ROUND_GAP) forgets that descriptor's
-earlier uploads, wherever they went.
+earlier uploads, wherever they went; a round older than STALE_AFTER is not waited for.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from comfyveil.anyone import hidden
 # Seconds between two UPLOADs of one descriptor that start a new round: anon sends a
 # round's UPLOADs together, one per directory, in one pass over them.
 ROUND_GAP = 5.0
+# Seconds after which a round's uploads no answer ended are no longer waited for: a
+# descriptor of a time period gone is never published again to replace them, and a
+# directory request that still lives has long been answered or timed out by then.
+STALE_AFTER = 300.0
 
 
 class DescriptorUploads:
@@ -46,8 +50,14 @@ class DescriptorUploads:
         return self._uploaded.get(service_id, 0)
 
     def on_the_way(self, service_id: str) -> int:
-        """Uploads started and not ended (neither accepted nor failed nor replaced)."""
-        return sum(len(dirs) for dirs in self._on_the_way.get(service_id, {}).values())
+        """Uploads started and not ended (neither accepted nor failed nor replaced), of
+        rounds begun within STALE_AFTER."""
+        now = self._clock()
+        return sum(
+            len(directories)
+            for descriptor, directories in self._on_the_way.get(service_id, {}).items()
+            if now - self._round_at.get((service_id, descriptor), now) <= STALE_AFTER
+        )
 
     def feed(self, text: str) -> bool:
         """Take one event's text ("HS_DESC ..."); True when it concerned an upload."""
