@@ -6,6 +6,8 @@ descriptor still on their way, with no event)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from comfyveil.anyone import control, process, uploads
@@ -37,6 +39,20 @@ def _event(action: str, directory: int, descriptor: str = "DESCID") -> control.E
     return control.Event("HS_DESC", text)
 
 
+@contextlib.asynccontextmanager
+async def _watched(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[process.ManagedAnon, asyncio.Queue[control.Event]]]:
+    """A ManagedAnon following the events put on the queue, as from its control port."""
+    anon = _anon(tmp_path)
+    events: asyncio.Queue[control.Event] = asyncio.Queue()
+    watching = asyncio.create_task(anon._watch_events(events))
+    try:
+        yield anon, events
+    finally:
+        watching.cancel()
+
+
 async def _drained(events: asyncio.Queue[control.Event]) -> None:
     """Until the watcher has taken every event, and any waiter it woke has run."""
     while not events.empty():
@@ -48,10 +64,7 @@ async def _drained(events: asyncio.Queue[control.Event]) -> None:
 async def test_a_publication_is_everywhere_only_when_every_directory_has_answered(
     tmp_path: Path,
 ) -> None:
-    anon = _anon(tmp_path)
-    events: asyncio.Queue[control.Event] = asyncio.Queue()
-    watching = asyncio.create_task(anon._watch_events(events))
-    try:
+    async with _watched(tmp_path) as (anon, events):
         for directory in range(3):
             events.put_nowait(_event("UPLOAD", directory))
         events.put_nowait(_event("UPLOADED", 0))
@@ -68,8 +81,6 @@ async def test_a_publication_is_everywhere_only_when_every_directory_has_answere
         events.put_nowait(_event("UPLOADED", 2))
         await asyncio.wait_for(everywhere, 5)
         assert anon.upload_count(SERVICE) == 2
-    finally:
-        watching.cancel()
 
 
 async def test_a_publication_again_replaces_the_uploads_anon_closed_unsaid(
@@ -78,10 +89,7 @@ async def test_a_publication_again_replaces_the_uploads_anon_closed_unsaid(
     """A client revoked while the last publication was still on its way: anon closes those
     uploads without an event and starts again. Counted one by one they stayed on their
     way for ever, and the wait for every directory ran out."""
-    anon = _anon(tmp_path)
-    events: asyncio.Queue[control.Event] = asyncio.Queue()
-    watching = asyncio.create_task(anon._watch_events(events))
-    try:
+    async with _watched(tmp_path) as (anon, events):
         for directory in range(3):
             events.put_nowait(_event("UPLOAD", directory))
         events.put_nowait(_event("UPLOADED", 0))
@@ -95,8 +103,6 @@ async def test_a_publication_again_replaces_the_uploads_anon_closed_unsaid(
         for directory in range(3):
             events.put_nowait(_event("UPLOADED", directory))
         await asyncio.wait_for(everywhere, 5)
-    finally:
-        watching.cancel()
 
 
 def test_a_round_to_other_directories_forgets_the_last_rounds_unanswered_ones() -> None:

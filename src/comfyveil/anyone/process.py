@@ -376,7 +376,7 @@ class ManagedAnon(AnonClient):
             event = await queue.get()
             parts = event.text.split()
             logger.debug("anon event: %s", " ".join(parts[:3]))
-            if parts and parts[0] == "HS_DESC" and self._uploads.feed(event.text):
+            if self._uploads.feed(event.text):
                 async with self._uploads_changed:
                     self._uploads_changed.notify_all()
 

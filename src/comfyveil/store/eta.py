@@ -346,6 +346,7 @@ def estimate(
             return name, at, put(name, cmd, costs_there[name], at)
         # The pool sends a job when a backend it can use has a free slot.
         t = max(at, min(_slot_free(ends[b], capacity[b], at) for b in able))
+        aged = False  # its wait reached the aging bound (then the rule always sends it)
         while True:
             options: list[routing.Option] = []
             free: list[routing.Option] = []
@@ -363,7 +364,8 @@ def estimate(
                 options.append(option)
                 if load < option.capacity:
                     free.append(option)
-            chosen = routing.choose(options, free, waited=t - at, behind=after, planned=planned)
+            waited = math.inf if aged else t - at
+            chosen = routing.choose(options, free, waited=waited, behind=after, planned=planned)
             if chosen is not None:
                 break
             # It waits for a busy backend: until a job ends somewhere, or as long as a
@@ -375,16 +377,10 @@ def estimate(
                 if (i := bisect.bisect_right(queue := ends[b], t)) < len(queue)
             ]
             upcoming = min([*later, at + best_free.finish])
-            if upcoming <= t:
-                # Only the aging bound is left, and it is due (t - at can fall short of
-                # it by a rounding, and the playback would wait on the spot for ever).
-                chosen = routing.choose(
-                    options, free, waited=math.inf, behind=after, planned=planned
-                )
-                if chosen is not None:
-                    break
-                upcoming = t + best_free.finish  # unreachable by the rule; never spin
-            t = upcoming
+            # Only the aging bound left, and due: t - at can fall short of it by a
+            # rounding, and the playback waited on the spot for ever.
+            aged = upcoming <= t
+            t = max(t, upcoming)
         seconds = switch(chosen.name, cmd) + run(chosen.name, cmd, units)
         return chosen.name, t, put(chosen.name, cmd, seconds, t)
 
