@@ -64,9 +64,14 @@ def kind_of(item: pytest.Item) -> str:
     return "unit"
 
 
+@pytest.hookimpl(trylast=True)  # after TMPDIR is set (tests/fixtures/memory_tmp.py)
 def pytest_configure(config: pytest.Config) -> None:
     for kind in KINDS[:-1]:  # `anyone` is declared in pyproject.toml
         config.addinivalue_line("markers", f"{kind}: a test of that kind (tests/conftest.py)")
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        from tests import zygote
+
+        zygote.start_shared()  # one for the run: the workers, started next, share it
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

@@ -3,8 +3,9 @@
 Why: a fresh `python -m comfyveil` spends most of its CPU importing (0.5 s for `jobs`,
 1 s for `generate`, 1.2 s for `run` on the 2-core reference machine), and the suite
 starts about 150 of them: a quarter of the suite's CPU went to imports it had already
-done. A zygote, one per xdist worker, imports every subcommand once; each command then
-runs in a child forked from it. The child is a real process of its own, as the product
+done. A zygote, one for the whole run (the xdist controller starts it before its workers:
+`start_shared`), imports every subcommand once; each command then runs in a child forked
+from it. The child is a real process of its own, as the product
 runs: its own pid, stdin/stdout/stderr, working directory, environment, session and
 signals, and its exit status is the one `comfyveil/__main__.py` gives, run by runpy as
 `python -m` runs it. Only the imports are shared (and with them whatever a module does
@@ -164,6 +165,12 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
 # The client ----------------------------------------------------------------------------
 
 
+# Where the xdist controller's zygote listens (`start_shared`): the workers, started after
+# it, inherit the variable and fork their commands there.
+SHARED_ENV = "TESTS_ZYGOTE_SOCKET"
+_SHARED = os.environ.pop(SHARED_ENV, None)  # read in a worker; its commands need not see it
+
+
 class _Zygote:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -171,6 +178,8 @@ class _Zygote:
         self.path = ""
 
     def socket_path(self) -> str:
+        if _SHARED:
+            return _SHARED
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self._start()
@@ -198,6 +207,13 @@ class _Zygote:
 
 
 _zygote = _Zygote()
+
+
+def start_shared() -> None:
+    """Start one zygote for the whole run, from the xdist controller before its workers:
+    each worker started its own, and each zygote's imports cost about 2 s of CPU."""
+    _zygote.socket_path()
+    os.environ[SHARED_ENV] = _zygote.path
 
 
 class Process:
