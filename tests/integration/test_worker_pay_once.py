@@ -10,6 +10,7 @@ import pytest
 
 from comfyveil.comfy import health
 from comfyveil.store import database, jobs
+from comfyveil.worker.options import UNREACHABLE_WAIT
 from tests.fakes.comfyui import FakeComfyUI
 from tests.integration.worker_support import FAST, enqueue, running_worker, wait_for, wait_status
 
@@ -117,6 +118,8 @@ async def test_a_prompt_left_on_an_unreachable_backend_is_taken_back_when_it_ans
     cut_off = await fake_comfy_factory(step_delay=1.5)
     second = await fake_comfy_factory(step_delay=0.01)
     job = await enqueue(db, steps=8)
+    # Cut off for longer than the retry waits for it (FAST's 2 s; the default, 60 s, in
+    # the test below): the job runs elsewhere, and the prompt is taken back there later.
     async with running_worker(db, [cut_off.url, second.url]):
         await wait_for(
             lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
@@ -133,6 +136,38 @@ async def test_a_prompt_left_on_an_unreachable_backend_is_taken_back_when_it_ans
     assert {"prompt_id": str(job.id)} in cut_off.interrupts
     history = cut_off.history_entries[str(job.id)]
     assert history["status"]["messages"][-1][0] == "execution_interrupted"
+
+
+async def test_a_prompt_on_a_backend_cut_off_for_a_while_is_followed_there_not_run_twice(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """The bot's host loses its way to a GPU for a few seconds (its anon starting again)
+    while the GPU runs the job's prompt to the end: the retry waits for that GPU to answer
+    and takes the result there; it ran twice when the retry went to the other GPU."""
+    cut_off = await fake_comfy_factory(step_delay=0.2)
+    second = await fake_comfy_factory(step_delay=0.01)
+    sink = _Recorder()
+    job = await enqueue(db, steps=8)
+    patient = dataclasses.replace(FAST, unreachable_wait=UNREACHABLE_WAIT)  # the default
+    async with running_worker(
+        db, [cut_off.url, second.url], delivery=[sink], options=patient
+    ) as worker:
+        await wait_for(
+            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
+            timeout=10,
+            interval=0.02,
+        )
+        await cut_off.partition()
+        # The attempt fails, the pool marks gpu0 down and the retry finds it so.
+        await wait_for(lambda: _now(not worker.pool.get("gpu0").healthy), timeout=15)
+        await wait_for(lambda: _now(str(job.id) in cut_off.history_entries), timeout=15)  # done
+        await cut_off.heal()
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=60)
+        await wait_for(lambda: _now(sink.delivered == [job.id]), timeout=5)
+    assert done.backend == "gpu0" and done.attempts == 2
+    assert cut_off.executions[str(job.id)] == 1 and _posted(cut_off, job) == 1
+    assert str(job.id) not in second.executions and _posted(second, job) == 0
+    assert len(await db.jobs.outputs(job.id)) == 1
 
 
 async def _now(value: bool) -> bool:

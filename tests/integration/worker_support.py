@@ -22,6 +22,7 @@ FAST = WorkerOptions(
     recover_interval=0.3,
     delivery_grace=0.5,
     job_timeout=60.0,
+    unreachable_wait=2.0,
 )
 
 

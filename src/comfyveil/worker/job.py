@@ -16,11 +16,12 @@ from typing import Any
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import execute, notrace, pool, routing, uploads, workflow
 from comfyveil.errors import UsageError
+from comfyveil.i18n import N_
 from comfyveil.store import errors as store_errors
 from comfyveil.store import jobs
 from comfyveil.store.traces import JobTraces
 from comfyveil.worker.failures import AllGpusOffline, not_users_fault
-from comfyveil.worker.options import DB_RETRY_DELAY, OFFLINE_CHECK
+from comfyveil.worker.options import DB_RETRY_DELAY, OFFLINE_CHECK, UNREACHABLE_PROBE
 from comfyveil.worker.running import Running
 
 logger = logging.getLogger("comfyveil.worker")  # the name it logged under before the split
@@ -187,36 +188,37 @@ class JobRunner:
         # accepted the prompt) may have left the prompt running there: never pay twice.
         earlier = job.backend if job.submitted else None
         there = self.pool.get(earlier) if earlier is not None else None
-        if there is not None and there.healthy:
+
+        async def waiting(text: str) -> None:
+            running.waiting = True
+            running.placed.set()
+            self._record_progress(
+                running,
+                {"state": "waiting", "text": text, "offline": not self.pool.any_healthy},
+                force=True,
+            )
+
+        withdrawn = False
+        if there is not None and not there.healthy:
+            # Its backend is down: take the prompt back out there, if it can be reached,
+            # before it runs elsewhere. If not (a partition, its anon starting again), its
+            # GPU may still run it: wait a while for it to answer, then follow it there.
+            withdrawn = await self._withdraw(there, prompt_id)
+            if not withdrawn and not await self._answers_again(there, waiting):
+                self._orphaned(there.name, prompt_id)  # taken back once it answers
+        if there is not None and there.healthy and not withdrawn:
             running.slot = self.pool.take(there.name, prompt_id)
             running.placed.set()
             assert running.slot is not None
             outcome = await self._reattach(running, wf, values, there)
         else:
-            withdrawn = False
-            if there is not None:
-                # Its backend is down: take the prompt back out there, if it can be
-                # reached, before it runs elsewhere; if not, once it answers again.
-                withdrawn = await self._withdraw(there, prompt_id)
-                if not withdrawn:
-                    self._orphaned(there.name, prompt_id)
-            elif earlier is not None:
+            if there is None and earlier is not None:
                 logger.info(
                     "the job was sent to backend %s, which this worker does not know; "
                     "running it here",
                     earlier,
                     extra={"action": "job_rerun", "job_id": prompt_id},
                 )
-
-            async def waiting(text: str) -> None:
-                running.waiting = True
-                running.placed.set()
-                self._record_progress(
-                    running,
-                    {"state": "waiting", "text": text, "offline": not self.pool.any_healthy},
-                    force=True,
-                )
-
             try:
                 others = sum(
                     1 for r in self._running.values() if r is not running and not r.placed.is_set()
@@ -312,6 +314,24 @@ class JobRunner:
                 extra={"action": "job_resubmit", "job_id": prompt_id},
             )
             return await self._run_on(running, wf, values, backend, attach=False)
+
+    async def _answers_again(
+        self, backend: pool.Backend, waiting: Callable[[str], Awaitable[None]]
+    ) -> bool:
+        """Whether `backend`, which may still run the job's prompt but cannot be reached,
+        answers again within `unreachable_wait` seconds (probed every UNREACHABLE_PROBE
+        seconds: the pool's own probes back off up to half a minute). Run elsewhere at
+        once, the prompt ran twice whenever the outage outlasted it: an anon killed on the
+        bot's host and started again takes seconds to reach a hidden service again."""
+        deadline = time.monotonic() + self.options.unreachable_wait
+        await waiting(N_("waiting for a GPU"))  # stored in English, as the pool's are
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(UNREACHABLE_PROBE, left))
+            if backend.healthy or await self.pool.probe(backend):
+                return True
 
     async def _slot_unless_offline(self, acquire: Awaitable[pool.Slot]) -> pool.Slot:
         """The slot `acquire` gets, unless every GPU stays offline for `max_wait_offline`

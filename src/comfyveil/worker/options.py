@@ -30,6 +30,11 @@ CANCELLED_HERE_KEPT = 1000  # ids of jobs a worker cancelled itself, remembered 
 PROGRESS_INTERVAL = 0.5  # seconds between two progress writes of one job
 PROGRESS_SETTLE = 0.2  # seconds a change of state (waiting, queued, running) waits to be written
 WITHDRAW_TIMEOUT = 10.0  # seconds to take an earlier attempt's prompt back from a backend
+# Seconds a retry waits for a backend that cannot be reached but may still run the job's
+# prompt (a partition, anon starting again on the bot's host), probing it every
+# UNREACHABLE_PROBE seconds, before it runs the prompt elsewhere.
+UNREACHABLE_WAIT = 60.0
+UNREACHABLE_PROBE = 2.0
 MAX_ORPHANS = 1000  # prompts remembered per backend, to take back once it answers again
 DELIVERY_BACKOFF = 30.0  # seconds before a failed delivery is tried again, then doubled
 DELIVERY_BACKOFF_MAX = 1800.0  # seconds, the longest wait between two tries of a delivery
@@ -60,6 +65,7 @@ class WorkerOptions:
     delivery_refused_tries: int = DELIVERY_REFUSED_TRIES
     delivery_tries: int = DELIVERY_TRIES
     max_wait_offline: float = MAX_WAIT_OFFLINE  # seconds a job waits with every GPU offline
+    unreachable_wait: float = UNREACHABLE_WAIT  # for the backend that may run its prompt
 
 
 def default_worker_id() -> str:
