@@ -204,8 +204,12 @@ class JobRunner:
             # before it runs elsewhere. If not (a partition, its anon starting again), its
             # GPU may still run it: wait a while for it to answer, then follow it there.
             withdrawn = await self._withdraw(there, prompt_id)
-            if not withdrawn and not await self._answers_again(there, waiting):
-                self._orphaned(there.name, prompt_id)  # taken back once it answers
+            if not withdrawn:
+                # Remembered first, so that a cancel during the wait still takes it back
+                # once it answers; forgotten when the job follows it there.
+                self._orphaned(there.name, prompt_id)
+                if await self._answers_again(there, waiting):
+                    self._orphans.get(there.name, set()).discard(prompt_id)
         if there is not None and there.healthy and not withdrawn:
             running.slot = self.pool.take(there.name, prompt_id)
             running.placed.set()
