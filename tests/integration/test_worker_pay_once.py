@@ -170,6 +170,36 @@ async def test_a_prompt_on_a_backend_cut_off_for_a_while_is_followed_there_not_r
     assert len(await db.jobs.outputs(job.id)) == 1
 
 
+async def test_while_a_retry_waits_for_its_cut_off_backend_other_jobs_run_on_the_others(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    cut_off = await fake_comfy_factory(step_delay=0.5)
+    second = await fake_comfy_factory(step_delay=0.01)
+    job = await enqueue(db, steps=8)
+    patient = dataclasses.replace(FAST, unreachable_wait=UNREACHABLE_WAIT)  # the default
+    async with running_worker(db, [cut_off.url, second.url], options=patient):
+        await wait_for(
+            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
+            timeout=10,
+            interval=0.02,
+        )
+        await cut_off.partition()
+
+        async def retry_waits() -> bool:
+            current = await db.jobs.get(job.id)
+            return current is not None and current.attempts == 2 and not current.status.finished
+
+        await wait_for(retry_waits, timeout=15)
+        other = await enqueue(db, steps=2)
+        done_other = await wait_status(db, other.id, jobs.Status.SUCCEEDED, timeout=15)
+        assert done_other.backend == "gpu1"
+        assert await retry_waits()  # still waiting for gpu0, not run on gpu1
+        await cut_off.heal()
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=60)
+    assert done.backend == "gpu0" and cut_off.executions[str(job.id)] == 1
+    assert str(job.id) not in second.executions
+
+
 async def test_a_cancel_while_the_retry_waits_for_its_cut_off_backend_takes_the_prompt_back(
     db: database.Database, fake_comfy_factory
 ) -> None:

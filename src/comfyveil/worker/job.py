@@ -189,15 +189,6 @@ class JobRunner:
         earlier = job.backend if job.submitted else None
         there = self.pool.get(earlier) if earlier is not None else None
 
-        async def waiting(text: str) -> None:
-            running.waiting = True
-            running.placed.set()
-            self._record_progress(
-                running,
-                {"state": "waiting", "text": text, "offline": not self.pool.any_healthy},
-                force=True,
-            )
-
         withdrawn = False
         if there is not None and not there.healthy:
             # Its backend is down: take the prompt back out there, if it can be reached,
@@ -208,7 +199,7 @@ class JobRunner:
                 # Remembered first, so that a cancel during the wait still takes it back
                 # once it answers; forgotten when the job follows it there.
                 self._orphaned(there.name, prompt_id)
-                if await self._answers_again(there, waiting):
+                if await self._answers_again(there, running):
                     self._orphans.get(there.name, set()).discard(prompt_id)
         if there is not None and there.healthy and not withdrawn:
             running.slot = self.pool.take(there.name, prompt_id)
@@ -223,6 +214,16 @@ class JobRunner:
                     earlier,
                     extra={"action": "job_rerun", "job_id": prompt_id},
                 )
+
+            async def waiting(text: str) -> None:
+                running.waiting = True
+                running.placed.set()
+                self._record_progress(
+                    running,
+                    {"state": "waiting", "text": text, "offline": not self.pool.any_healthy},
+                    force=True,
+                )
+
             try:
                 others = sum(
                     1 for r in self._running.values() if r is not running and not r.placed.is_set()
@@ -319,16 +320,21 @@ class JobRunner:
             )
             return await self._run_on(running, wf, values, backend, attach=False)
 
-    async def _answers_again(
-        self, backend: pool.Backend, waiting: Callable[[str], Awaitable[None]]
-    ) -> bool:
+    async def _answers_again(self, backend: pool.Backend, running: Running) -> bool:
         """Whether `backend`, which may still run the job's prompt but cannot be reached,
         answers again within `unreachable_wait` seconds (probed every UNREACHABLE_PROBE
         seconds: the pool's own probes back off up to half a minute). Run elsewhere at
         once, the prompt ran twice whenever the outage outlasted it: an anon killed on the
-        bot's host and started again takes seconds to reach a hidden service again."""
+        bot's host and started again takes seconds to reach a hidden service again.
+        Meanwhile the worker goes on claiming jobs for its other GPUs (the job is not
+        `waiting` for a free slot), and the job shows as waiting for a GPU."""
         deadline = time.monotonic() + self.options.unreachable_wait
-        await waiting(N_("waiting for a GPU"))  # stored in English, as the pool's are
+        self._record_progress(
+            running,
+            # stored in English, as the pool's are; the front ends say it in the job's language
+            {"state": "waiting", "text": N_("waiting for a GPU"), "offline": False},
+            force=True,
+        )
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
