@@ -588,6 +588,11 @@ class FakeTelegram:
                 except TimeoutError:
                     pass
 
+    @property
+    def polls(self) -> int:
+        """getUpdates calls taken so far, and one at close (each ends the poll open)."""
+        return self._poll_generation
+
     async def wait_for_call(
         self,
         method: str,
