@@ -112,6 +112,38 @@ async def test_a_job_whose_backend_went_down_is_taken_back_there_before_running_
     assert first.executions[str(job.id)] == 1 and second.executions[str(job.id)] == 1
 
 
+async def test_a_prompt_that_ended_while_its_backend_was_cut_off_is_followed_there(
+    db: database.Database, fake_comfy_factory
+) -> None:
+    """The way to a GPU is cut (the bot host's anon killed) while the GPU finishes the
+    prompt; it answers again, still marked down, when the retry asks it to drop the
+    prompt, which is neither running nor waiting there any more: the result is taken
+    there. It ran again on the other GPU (five prompts in a chaos run, seed 20261209)."""
+    cut_off = await fake_comfy_factory(step_delay=0.2)
+    second = await fake_comfy_factory(step_delay=0.01)
+    job = await enqueue(db, steps=8)
+    patient = dataclasses.replace(FAST, retry_backoff=60.0)  # released by the test below
+    async with running_worker(db, [cut_off.url, second.url], options=patient) as worker:
+        await wait_for(
+            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
+            timeout=10,
+            interval=0.02,
+        )
+        await cut_off.partition()
+        await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
+        await wait_for(lambda: _now(str(job.id) in cut_off.history_entries), timeout=15)
+        gpu0 = worker.pool.get("gpu0")
+        gpu0.failures = 6  # its next probe far off: still down when the retry comes
+        await worker.pool.mark_down(gpu0, "probe timed out")
+        await cut_off.heal()
+        async with db.pool.connection() as conn:
+            await conn.execute("UPDATE jobs SET not_before = now() WHERE id = %s", (job.id,))
+        done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=30)
+    assert done.backend == "gpu0" and done.attempts == 2
+    assert cut_off.executions[str(job.id)] == 1 and _posted(cut_off, job) == 1
+    assert str(job.id) not in second.executions and _posted(second, job) == 0
+
+
 async def test_a_prompt_left_on_an_unreachable_backend_is_taken_back_when_it_answers(
     db: database.Database, fake_comfy_factory
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Literal
 
 from comfyveil.comfy import errors as comfy_errors
 from comfyveil.comfy import notrace, pool
@@ -25,6 +26,14 @@ class Cancelling:
     async def _withdraw(self, backend: pool.Backend, prompt_id: str) -> bool:
         """Interrupt or drop a prompt an earlier attempt left on `backend`; False when the
         backend could not be asked (it may still hold the prompt)."""
+        return await self._withdrawn(backend, prompt_id) is not None
+
+    async def _withdrawn(
+        self, backend: pool.Backend, prompt_id: str
+    ) -> Literal["interrupted", "removed", "unknown"] | None:
+        """`_withdraw`, saying what became of the prompt: "unknown" when it was neither
+        running nor waiting there (it ended there, or never arrived); None when the
+        backend could not be asked."""
         try:
             async with asyncio.timeout(WITHDRAW_TIMEOUT):
                 outcome = await backend.client.cancel(prompt_id)
@@ -35,14 +44,14 @@ class Cancelling:
                 str(exc) or type(exc).__name__,
                 extra={"action": "job_withdraw_failed", "job_id": prompt_id},
             )
-            return False
+            return None
         logger.info(
             "took the job's earlier prompt back from backend %s: %s",
             backend.name,
             outcome,
             extra={"action": "job_withdrawn", "job_id": prompt_id},
         )
-        return True
+        return outcome
 
     async def _withdraw_cancelled(
         self, job_id: uuid.UUID, after: asyncio.Task[None] | None = None

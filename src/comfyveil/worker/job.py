@@ -189,19 +189,24 @@ class JobRunner:
         earlier = job.backend if job.submitted else None
         there = self.pool.get(earlier) if earlier is not None else None
 
-        withdrawn = False
+        withdrawn = ended_there = False
         if there is not None and not there.healthy:
             # Its backend is down: take the prompt back out there, if it can be reached,
             # before it runs elsewhere. If not (a partition, its anon starting again), its
             # GPU may still run it: wait a while for it to answer, then follow it there.
-            withdrawn = await self._withdraw(there, prompt_id)
-            if not withdrawn:
+            taken = await self._withdrawn(there, prompt_id)
+            # Neither running nor waiting there: it may have ended there while the way to
+            # it was cut (an anon starting again): its result is followed there, not run
+            # again elsewhere (a prompt that never arrived is posted there again).
+            ended_there = taken == "unknown"
+            withdrawn = taken is not None and not ended_there
+            if taken is None:
                 # Remembered first, so that a cancel during the wait still takes it back
                 # once it answers; forgotten when the job follows it there.
                 self._orphaned(there.name, prompt_id)
                 if await self._answers_again(there, running):
                     self._orphans.get(there.name, set()).discard(prompt_id)
-        if there is not None and there.healthy and not withdrawn:
+        if there is not None and (there.healthy or ended_there) and not withdrawn:
             running.slot = self.pool.take(there.name, prompt_id)
             running.placed.set()
             assert running.slot is not None
