@@ -590,7 +590,8 @@ class FakeTelegram:
 
     @property
     def polls(self) -> int:
-        """getUpdates calls taken so far, and one at close (each ends the poll open)."""
+        """getUpdates calls taken so far, and one at close (each ends the poll open).
+        An observation for the tests only: what the server answers is unchanged."""
         return self._poll_generation
 
     async def wait_for_call(

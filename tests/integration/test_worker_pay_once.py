@@ -124,12 +124,7 @@ async def test_a_prompt_that_ended_while_its_backend_was_cut_off_is_followed_the
     job = await enqueue(db, steps=8)
     patient = dataclasses.replace(FAST, retry_backoff=60.0)  # released by the test below
     async with running_worker(db, [cut_off.url, second.url], options=patient) as worker:
-        await wait_for(
-            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
-            timeout=10,
-            interval=0.02,
-        )
-        await cut_off.partition()
+        await _cut_off_while_running(cut_off, job)
         await wait_status(db, job.id, jobs.Status.QUEUED, timeout=10)
         await wait_for(lambda: _now(str(job.id) in cut_off.history_entries), timeout=15)
         gpu0 = worker.pool.get("gpu0")
@@ -184,12 +179,7 @@ async def test_a_prompt_on_a_backend_cut_off_for_a_while_is_followed_there_not_r
     async with running_worker(
         db, [cut_off.url, second.url], delivery=[sink], options=patient
     ) as worker:
-        await wait_for(
-            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
-            timeout=10,
-            interval=0.02,
-        )
-        await cut_off.partition()
+        await _cut_off_while_running(cut_off, job)
         # The attempt fails, the pool marks gpu0 down and the retry finds it so.
         await wait_for(lambda: _now(not worker.pool.get("gpu0").healthy), timeout=15)
         await wait_for(lambda: _now(str(job.id) in cut_off.history_entries), timeout=15)  # done
@@ -210,22 +200,13 @@ async def test_while_a_retry_waits_for_its_cut_off_backend_other_jobs_run_on_the
     job = await enqueue(db, steps=8)
     patient = dataclasses.replace(FAST, unreachable_wait=UNREACHABLE_WAIT)  # the default
     async with running_worker(db, [cut_off.url, second.url], options=patient):
-        await wait_for(
-            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
-            timeout=10,
-            interval=0.02,
-        )
-        await cut_off.partition()
+        await _cut_off_while_running(cut_off, job)
 
-        async def retry_waits() -> bool:
-            current = await db.jobs.get(job.id)
-            return current is not None and current.attempts == 2 and not current.status.finished
-
-        await wait_for(retry_waits, timeout=15)
+        await wait_for(lambda: _retry_waits(db, job), timeout=15)
         other = await enqueue(db, steps=2)
         done_other = await wait_status(db, other.id, jobs.Status.SUCCEEDED, timeout=15)
         assert done_other.backend == "gpu1"
-        assert await retry_waits()  # still waiting for gpu0, not run on gpu1
+        assert await _retry_waits(db, job)  # still waiting for gpu0, not run on gpu1
         await cut_off.heal()
         done = await wait_status(db, job.id, jobs.Status.SUCCEEDED, timeout=60)
     assert done.backend == "gpu0" and cut_off.executions[str(job.id)] == 1
@@ -240,18 +221,9 @@ async def test_a_cancel_while_the_retry_waits_for_its_cut_off_backend_takes_the_
     job = await enqueue(db, steps=8)
     patient = dataclasses.replace(FAST, unreachable_wait=UNREACHABLE_WAIT)  # the default
     async with running_worker(db, [cut_off.url, second.url], options=patient):
-        await wait_for(
-            lambda: _now(cut_off.running is not None and cut_off.running.prompt_id == str(job.id)),
-            timeout=10,
-            interval=0.02,
-        )
-        await cut_off.partition()
+        await _cut_off_while_running(cut_off, job)
 
-        async def retry_waits() -> bool:
-            current = await db.jobs.get(job.id)
-            return current is not None and current.attempts == 2 and not current.status.finished
-
-        await wait_for(retry_waits, timeout=15)
+        await wait_for(lambda: _retry_waits(db, job), timeout=15)
         await db.jobs.cancel(job.id)
         ended = await wait_status(db, job.id, jobs.Status.CANCELLED, timeout=15)
         await cut_off.heal()
@@ -260,6 +232,22 @@ async def test_a_cancel_while_the_retry_waits_for_its_cut_off_backend_takes_the_
             timeout=health.BACKOFF_MAX + 10,
         )
     assert ended.attempts == 2 and str(job.id) not in second.executions
+
+
+async def _cut_off_while_running(fake: FakeComfyUI, job: jobs.Job) -> None:
+    """Once the job's prompt runs on the fake, cut the way to it (the GPU works on)."""
+    await wait_for(
+        lambda: _now(fake.running is not None and fake.running.prompt_id == str(job.id)),
+        timeout=10,
+        interval=0.02,
+    )
+    await fake.partition()
+
+
+async def _retry_waits(db: database.Database, job: jobs.Job) -> bool:
+    """Its second attempt holds it, not ended: the retry waits for the cut-off backend."""
+    current = await db.jobs.get(job.id)
+    return current is not None and current.attempts == 2 and not current.status.finished
 
 
 async def _now(value: bool) -> bool:
