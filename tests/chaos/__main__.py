@@ -198,7 +198,7 @@ async def _retention(system: System, report: checks.Report) -> int:
 
 async def main(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
-    system = System(anon=chaos_anon.wanted())
+    system = System(anon=chaos_anon.wanted(), verbose=args.verbose)
     history = History()
     report = checks.Report()
     print(
@@ -397,6 +397,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=1.5, help="requests a second")
     parser.add_argument("--fault-min", type=float, default=5.0, help="seconds between faults")
     parser.add_argument("--fault-max", type=float, default=15.0)
+    parser.add_argument(
+        "--verbose", action="store_true", help="the processes under test log at INFO"
+    )
     args = parser.parse_args(argv)
     if args.hours is not None:
         args.minutes = args.hours * 60

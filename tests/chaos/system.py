@@ -292,7 +292,7 @@ class Process:
 class System:
     """Everything the run starts, in one temporary directory."""
 
-    def __init__(self, *, anon: bool = False) -> None:
+    def __init__(self, *, anon: bool = False, verbose: bool = False) -> None:
         from tests.chaos.anon import ChaosAnon  # not at the top: it imports this module
 
         self.tmp = Path(tempfile.mkdtemp(prefix="comfyveil-chaos-"))
@@ -303,6 +303,9 @@ class System:
         self.processes: dict[str, Process] = {}
         self.web_url = ""
         self.database_url = ""
+        # INFO logs as JSON lines carry each job's id beside its claim, backend and retry:
+        # what a violation's cause is read from (WARNING, the default, names only failures).
+        self.verbose = verbose
         self.config = self.tmp / "comfyveil.toml"
         self.anon = ChaosAnon(self.tmp / "anon") if anon else None
 
@@ -346,7 +349,8 @@ class System:
         env.pop("DATABASE_URL", None)
         env["COMFYVEIL_TELEGRAM_TOKEN"] = self.telegram.token
         env["COMFYVEIL_ANYONE_FORBID_PUBLIC"] = "1"
-        python = [sys.executable, "-m", "comfyveil"]
+        logging = ["-v", "--log-format", "json"] if self.verbose else []
+        python = [sys.executable, "-m", "comfyveil", *logging]
         self.processes["run"] = Process(
             "run", [*python, "run", "--config", str(self.config)], env, self.tmp / "run.log"
         )
