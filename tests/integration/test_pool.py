@@ -206,3 +206,31 @@ async def test_a_probe_on_its_way_when_the_backend_is_marked_down_does_not_bring
         assert not backend.healthy and backend.failures == 1
         assert await p.probe(backend)  # one sent after it does
         assert backend.healthy and backend.failures == 0
+
+
+async def test_callers_probing_a_backend_at_once_share_one_probe(fake_comfy_factory) -> None:
+    """Three jobs' retries wait for a cut-off backend, each probing it, beside the health
+    loop: one probe goes out and all hear its answer. A probe of a backend that is down
+    reads its /object_info too; through anon four such reads at once outlasted the
+    probe's deadline together and voided each other, and one worker saw the backend down
+    for a minute and a half while the other processes reached it (chaos, anon mode)."""
+    fake = await fake_comfy_factory()
+    async with pool.Pool(backend_configs([fake.url]), probe_interval=60) as p:
+        backend = p.get("gpu0")
+        assert backend is not None and backend.healthy
+        await p.mark_down(backend, "backend gpu0 cannot be reached")
+        fake.hold("/object_info")
+        try:
+            probes = [asyncio.create_task(p.probe(backend)) for _ in range(3)]
+            await wait_for(lambda: _true(fake.held["GET /object_info"] >= 1), timeout=5)
+            await asyncio.sleep(0.2)  # time for the others' requests to arrive, if sent
+            assert fake.held["GET /object_info"] == 1
+        finally:
+            fake.release("/object_info")
+        assert await asyncio.wait_for(asyncio.gather(*probes), 5) == [True, True, True]
+        assert backend.healthy
+        probe_queue_reads = [r for r in fake.requests if r.path.endswith("/queue")]
+        assert await p.probe(backend)  # the next probe is a probe of its own
+        assert len([r for r in fake.requests if r.path.endswith("/queue")]) == (
+            len(probe_queue_reads) + 1
+        )

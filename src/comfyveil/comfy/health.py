@@ -186,8 +186,22 @@ class Probing:
         `as_of`: the backend's `downs` when the probe was decided on (default: now). A
         probe whose answer may predate the backend's last marking down (a job that found
         it unreachable meanwhile) brings no news: it stays down until a later probe.
+
+        One probe of a backend at a time: a caller that finds one on its way shares its
+        answer. A probe of a backend that is down reads its /object_info too (390 KB);
+        the retries of three jobs each probing a hidden service every 2 s, beside the
+        health loop, read it four times at once through anon, outlasted the probe's
+        deadline together, and each failure voided the others' answers: that worker saw
+        the backend down for a minute and a half while the other processes reached it.
         """
         as_of = backend.downs if as_of is None else as_of
+        on_its_way = backend.probing
+        if on_its_way is None or on_its_way.done():
+            on_its_way = backend.probing = asyncio.ensure_future(self._probe(backend, as_of))
+        # Shielded: a caller cancelled (a job's retry given up) leaves the others' answer.
+        return await asyncio.shield(on_its_way)
+
+    async def _probe(self, backend: Backend, as_of: int) -> bool:
         # Jobs of ours released while the probe runs may still show in its answer.
         released_before = set(backend.released)
         try:

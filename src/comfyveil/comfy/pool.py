@@ -96,6 +96,8 @@ class Backend:
     kept: Mapping[str, Any] | None = field(default=None, repr=False)  # last handed to memory
     failures: int = 0
     downs: int = 0  # times marked down: a probe begun before the last one cannot undo it
+    # The probe on its way, which every other caller joins (`Probing.probe`).
+    probing: asyncio.Future[bool] | None = field(default=None, repr=False, compare=False)
     next_probe: float = 0.0
     remote_queue: int = 0  # running + pending at the last probe
     local_at_probe: int = 0  # of which were ours
@@ -243,6 +245,10 @@ class Pool(Probing, RunTimes):
         if self._health_task is not None:
             await background.cancel_and_wait([self._health_task])
             self._health_task = None
+        # A probe outlives the callers that were waiting on it (they share it, shielded).
+        await background.cancel_and_wait(
+            b.probing for b in self.backends.values() if b.probing is not None
+        )
         await self._stack.aclose()
 
     # --- state -------------------------------------------------------------------
