@@ -362,13 +362,18 @@ def _endings_sent_at(system: System, request: Request, job: dict[str, Any]) -> l
 
 
 def _api(request: Request, jobs: list[dict[str, Any]], report: Report) -> None:
-    if len(jobs) > 1:
+    # A job that failed through no fault of the user's gave its quota back: the SDK's
+    # retry of the error it answered queues a new job, and the user has paid once.
+    paid = [j for j in jobs if not (j["status"] == "failed" and j["quota_refunded"])]
+    if len(paid) > 1:
         report.add(
             "a retry never pays twice",
             request,
             f"{len(jobs)} jobs for one images.generate: "
             + ", ".join(f"{j['id']}={j['status']}" for j in jobs),
         )
+    elif len(jobs) > 1:
+        report.notes["API requests retried after their job failed (its quota given back)"] += 1
     if request.told == "result" and not any(j["status"] == "succeeded" for j in jobs):
         report.add("a result comes from a job", request, "an image with no succeeded job")
     if request.told in ("nothing", "error"):

@@ -756,7 +756,12 @@ class FakeTelegram:
         if self._arrival_delay is not None:
             most, draws = self._arrival_delay
             await asyncio.sleep(draws.uniform(0.0, most))
-        params, files = await _read_params(request)
+        try:
+            params, files = await _read_params(request)
+        except ConnectionResetError:
+            # The client went away mid-request (a process killed while it sent): the
+            # server drops the half-read call, as Telegram does, and logs no traceback.
+            raise web.HTTPBadRequest() from None
         if name.lower() == "getupdates":
             try:
                 # Only failures scripted for getUpdates by name: a long poll is not a
