@@ -174,6 +174,16 @@ class Probing:
                 delay,
                 extra={"action": "backend_down", "backend": backend.name},
             )
+        else:
+            # Every failure while down, at INFO: how long a backend stays down after its
+            # way back opened (anon starting again) is read from these, process by process.
+            logger.info(
+                "backend %s still down (%s); probing again in %.1f s",
+                backend.name,
+                reason,
+                delay,
+                extra={"action": "backend_still_down", "backend": backend.name},
+            )
         backend.healthy = False
         backend.last_error = reason
         if self._on_down is not None:
