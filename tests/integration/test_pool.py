@@ -234,3 +234,22 @@ async def test_callers_probing_a_backend_at_once_share_one_probe(fake_comfy_fact
         assert len([r for r in fake.requests if r.path.endswith("/queue")]) == (
             len(probe_queue_reads) + 1
         )
+
+
+async def test_jobs_failing_on_a_backend_already_down_do_not_put_its_next_probe_off(
+    fake_comfy_factory,
+) -> None:
+    """The jobs on a GPU whose way was cut fail together, and their retries fail again:
+    only the first takes it down. Each had doubled the wait for the next probe and put it
+    off anew, so the GPU stayed down for up to 155 s in a worker with several jobs
+    there, while the other processes saw it up within seconds (chaos, anon mode)."""
+    fake = await fake_comfy_factory()
+    async with pool.Pool(backend_configs([fake.url])) as p:
+        backend = p.get("gpu0")
+        assert backend is not None and backend.healthy
+        await fake.partition()
+        for _ in range(7):  # the first job's failure, then the others' and their retries'
+            await p.mark_down(backend, "backend gpu0 cannot be reached")
+        assert not backend.healthy
+        await fake.heal()
+        await wait_for(lambda: _true(backend.healthy), timeout=5)

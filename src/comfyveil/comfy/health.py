@@ -160,12 +160,24 @@ class Probing:
         await self._keep(backend)
         return changed
 
-    async def mark_down(self, backend: Backend, reason: str) -> None:
-        """A job or probe found the backend failing: stop sending it work for a while."""
-        backend.failures += 1
+    async def mark_down(self, backend: Backend, reason: str, *, probed: bool = False) -> None:
+        """A job or probe (`probed`) found the backend failing: stop sending it work for
+        a while.
+
+        Only a failed probe, or the failure that takes it down, makes the next probe
+        wait longer. The jobs that were on a backend when its way was cut all fail at
+        once and their retries fail again: each had doubled the wait and put the next
+        probe off anew, so a worker with several jobs there waited 30 s between probes
+        and saw a hidden service down for up to 155 s after anon came back, where the
+        other processes saw it up within seconds (chaos, anon mode).
+        """
         backend.downs += 1
-        delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1))
-        backend.next_probe = time.monotonic() + delay
+        if backend.healthy or probed:
+            backend.failures += 1
+            delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1))
+            backend.next_probe = time.monotonic() + delay
+        else:
+            delay = max(0.0, backend.next_probe - time.monotonic())
         if backend.healthy:
             logger.warning(
                 "backend %s is down (%s); probing again in %.1f s",
@@ -229,15 +241,19 @@ class Probing:
                     backend.capabilities_at = now
         except TimeoutError:  # the probe's own deadline: its error has no words
             await self.mark_down(
-                backend, f"backend {backend.name} did not answer within {PROBE_TIMEOUT:g} s"
+                backend,
+                f"backend {backend.name} did not answer within {PROBE_TIMEOUT:g} s",
+                probed=True,
             )
             return False
         except (errors.ComfyError, OSError) as exc:
-            await self.mark_down(backend, str(exc) if str(exc) else type(exc).__name__)
+            await self.mark_down(
+                backend, str(exc) if str(exc) else type(exc).__name__, probed=True
+            )
             return False
         except Exception as exc:  # one odd answer must not end health checks for all
             logger.exception("probing backend %s failed unexpectedly", backend.name)
-            await self.mark_down(backend, f"probe failed ({type(exc).__name__})")
+            await self.mark_down(backend, f"probe failed ({type(exc).__name__})", probed=True)
             return False
         if backend.downs != as_of:
             # Marked down while this probe was on its way: its answer may be from before
