@@ -759,8 +759,9 @@ class FakeTelegram:
         try:
             params, files = await _read_params(request)
         except ConnectionResetError:
-            # The client went away mid-request (a process killed while it sent): the
-            # server drops the half-read call, as Telegram does, and logs no traceback.
+            # The client went away mid-request (a process killed while it sent): like any
+            # HTTP server, the Bot API never acts on a call whose body did not arrive, and
+            # nobody is left to read an answer. Dropped here too, without a traceback.
             raise web.HTTPBadRequest() from None
         if name.lower() == "getupdates":
             try:

@@ -172,30 +172,26 @@ class Probing:
         other processes saw it up within seconds (chaos, anon mode).
         """
         backend.downs += 1
+        now = time.monotonic()
         if backend.healthy or probed:
             backend.failures += 1
-            delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1))
-            backend.next_probe = time.monotonic() + delay
-        else:
-            delay = max(0.0, backend.next_probe - time.monotonic())
-        if backend.healthy:
-            logger.warning(
-                "backend %s is down (%s); probing again in %.1f s",
-                backend.name,
-                reason,
-                delay,
-                extra={"action": "backend_down", "backend": backend.name},
+            backend.next_probe = now + min(
+                BACKOFF_MAX, BACKOFF_START * 2 ** (backend.failures - 1)
             )
-        else:
-            # Every failure while down, at INFO: how long a backend stays down after its
-            # way back opened (anon starting again) is read from these, process by process.
-            logger.info(
-                "backend %s still down (%s); probing again in %.1f s",
-                backend.name,
-                reason,
-                delay,
-                extra={"action": "backend_still_down", "backend": backend.name},
-            )
+        # Every failure while down too, at INFO: how long a backend stays down after its
+        # way back opened (anon starting again) is read from these, process by process.
+        logger.log(
+            logging.WARNING if backend.healthy else logging.INFO,
+            "backend %s %s (%s); probing again in %.1f s",
+            backend.name,
+            "is down" if backend.healthy else "still down",
+            reason,
+            max(0.0, backend.next_probe - now),
+            extra={
+                "action": "backend_down" if backend.healthy else "backend_still_down",
+                "backend": backend.name,
+            },
+        )
         backend.healthy = False
         backend.last_error = reason
         if self._on_down is not None:
